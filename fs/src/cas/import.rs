@@ -1,0 +1,329 @@
+//! Importing a directory into the store, and materializing a tree back into one.
+
+use super::digest::{Digest, Hasher};
+use super::store::{ObjectKind, Store, Writer};
+use super::tree::{Entry, Kind, Tree};
+use crate::error::{Error, Result};
+use serde::Serialize;
+use std::ffi::OsStr;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// Ceilings for one import. A breach is a TOO_LARGE error naming the path and the limit.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_files: u64,
+    pub max_bytes: u64,
+    pub max_file_bytes: u64,
+    pub max_depth: usize,
+}
+
+impl Default for Limits {
+    /// Generous ceilings for local directories the operator points at; toolkits fetched from
+    /// the network get the tighter staging limits.
+    fn default() -> Self {
+        Limits {
+            max_files: 200_000,
+            max_bytes: 8 << 30,
+            max_file_bytes: 2 << 30,
+            max_depth: 64,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Imported {
+    pub digest: Digest,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+impl Store {
+    /// Imports the directory at `path` (following `path` itself if it is a symlink, nothing
+    /// below it) and publishes it. Regular files keep their executable bit, symlinks are kept
+    /// as data; anything else is an INVALID_ARGUMENT error naming its path, and then nothing
+    /// of the import is published.
+    pub fn import_dir(&self, path: &Path, limits: &Limits) -> Result<Imported> {
+        let mut writer = self.writer()?;
+        let imported = import_dir(&mut writer, path, limits)?;
+        writer.commit()?;
+        Ok(imported)
+    }
+}
+
+/// Imports into an open batch; the caller commits.
+pub fn import_dir(writer: &mut Writer<'_>, path: &Path, limits: &Limits) -> Result<Imported> {
+    let meta = fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_dir() {
+        return Err(Error::invalid(format!(
+            "{} is not a directory",
+            path.display()
+        )));
+    }
+    let mut walk = Walk {
+        writer,
+        limits,
+        files: 0,
+        bytes: 0,
+    };
+    let digest = walk.dir(path, 0)?;
+    Ok(Imported {
+        digest,
+        files: walk.files,
+        bytes: walk.bytes,
+    })
+}
+
+struct Walk<'w, 's> {
+    writer: &'w mut Writer<'s>,
+    limits: &'w Limits,
+    files: u64,
+    bytes: u64,
+}
+
+impl Walk<'_, '_> {
+    fn dir(&mut self, path: &Path, depth: usize) -> Result<Digest> {
+        if depth > self.limits.max_depth {
+            return Err(Error::too_large(format!(
+                "{}: deeper than the limit of {} levels",
+                path.display(),
+                self.limits.max_depth
+            )));
+        }
+        let mut entries = Vec::new();
+        for item in fs::read_dir(path).map_err(|e| Error::io(path, e))? {
+            let item = item.map_err(|e| Error::io(path, e))?;
+            let child = item.path();
+            let name = entry_name(&item.file_name(), &child)?;
+            let ftype = item.file_type().map_err(|e| Error::io(&child, e))?;
+            let entry = if ftype.is_dir() {
+                let digest = self.dir(&child, depth + 1)?;
+                Entry {
+                    name,
+                    kind: Kind::Tree,
+                    size: 0,
+                    digest,
+                }
+            } else if ftype.is_symlink() {
+                let target = fs::read_link(&child).map_err(|e| Error::io(&child, e))?;
+                let bytes = target.as_os_str().as_bytes();
+                self.count(&child, bytes.len() as u64)?;
+                let digest = self.writer.put_blob(bytes)?;
+                Entry {
+                    name,
+                    kind: Kind::Symlink,
+                    size: bytes.len() as u64,
+                    digest,
+                }
+            } else if ftype.is_file() {
+                self.file(&child, name)?
+            } else {
+                return Err(Error::invalid(format!(
+                    "{}: a {} is not a regular file, directory or symlink",
+                    child.display(),
+                    describe(&ftype)
+                ))
+                .with_details(serde_json::json!({ "path": child.to_string_lossy() })));
+            };
+            entries.push(entry);
+        }
+        let tree = Tree::new(entries)?;
+        self.writer.put_tree(&tree)
+    }
+
+    fn file(&mut self, path: &Path, name: String) -> Result<Entry> {
+        // O_NOFOLLOW: a file swapped for a symlink after the listing is refused, not followed.
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+        if !meta.is_file() {
+            return Err(Error::invalid(format!(
+                "{}: changed type during the import",
+                path.display()
+            )));
+        }
+        if meta.len() > self.limits.max_file_bytes {
+            return Err(self.file_too_large(path));
+        }
+        self.count(path, meta.len())?;
+        let (digest, size) = self
+            .writer
+            .put_blob_from(file, meta.len(), self.limits.max_file_bytes)
+            .map_err(|e| match e.code {
+                crate::error::Code::TooLarge => self.file_too_large(path),
+                _ => Error::new(e.code, format!("{}: {}", path.display(), e.message)),
+            })?;
+        if size != meta.len() {
+            self.bytes = self.bytes - meta.len() + size;
+        }
+        let kind = if meta.permissions().mode() & 0o111 != 0 {
+            Kind::Executable
+        } else {
+            Kind::File
+        };
+        Ok(Entry {
+            name,
+            kind,
+            size,
+            digest,
+        })
+    }
+
+    fn file_too_large(&self, path: &Path) -> Error {
+        Error::too_large(format!(
+            "{}: larger than the limit of {} bytes per file",
+            path.display(),
+            self.limits.max_file_bytes
+        ))
+        .with_details(serde_json::json!({
+            "path": path.to_string_lossy(),
+            "limit": self.limits.max_file_bytes,
+        }))
+    }
+
+    fn count(&mut self, path: &Path, bytes: u64) -> Result<()> {
+        self.files += 1;
+        self.bytes += bytes;
+        if self.files > self.limits.max_files {
+            return Err(Error::too_large(format!(
+                "{}: more than the limit of {} files",
+                path.display(),
+                self.limits.max_files
+            )));
+        }
+        if self.bytes > self.limits.max_bytes {
+            return Err(Error::too_large(format!(
+                "{}: more than the limit of {} bytes in all",
+                path.display(),
+                self.limits.max_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn entry_name(name: &OsStr, path: &Path) -> Result<String> {
+    name.to_str().map(str::to_owned).ok_or_else(|| {
+        Error::invalid(format!("{}: the name is not valid UTF-8", path.display()))
+            .with_details(serde_json::json!({ "path": path.to_string_lossy() }))
+    })
+}
+
+fn describe(ftype: &fs::FileType) -> &'static str {
+    if ftype.is_fifo() {
+        "FIFO"
+    } else if ftype.is_socket() {
+        "socket"
+    } else if ftype.is_block_device() {
+        "block device"
+    } else if ftype.is_char_device() {
+        "character device"
+    } else {
+        "special file"
+    }
+}
+
+/// Writes the tree `digest` to `dest`, which must not exist. Everything is written under a
+/// temporary sibling and renamed into place at the end, so `dest` is either complete or
+/// absent. Every blob is checked against its digest on the way.
+pub fn materialize(store: &Store, digest: &Digest, dest: &Path) -> Result<()> {
+    if fs::symlink_metadata(dest).is_ok() {
+        return Err(Error::conflict(format!(
+            "{} already exists",
+            dest.display()
+        )));
+    }
+    let parent = dest
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let staging = tempdir_in(parent, dest)?;
+    let result = write_tree(store, digest, &staging).and_then(|()| {
+        nix::fcntl::renameat2(
+            nix::fcntl::AT_FDCWD,
+            &staging,
+            nix::fcntl::AT_FDCWD,
+            dest,
+            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+        )
+        .map_err(|errno| Error::io(dest, io::Error::from_raw_os_error(errno as i32)))
+    });
+    if result.is_err() {
+        let _ = fs::remove_dir_all(&staging);
+    }
+    result
+}
+
+fn tempdir_in(parent: &Path, dest: &Path) -> Result<PathBuf> {
+    let base = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    for attempt in 0..100u32 {
+        let candidate = parent.join(format!(".{base}.partial-{}-{attempt}", std::process::id()));
+        match fs::create_dir(&candidate) {
+            Ok(()) => return Ok(candidate),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(Error::io(&candidate, e)),
+        }
+    }
+    Err(Error::internal(format!(
+        "no free temporary name next to {}",
+        dest.display()
+    )))
+}
+
+fn write_tree(store: &Store, digest: &Digest, dir: &Path) -> Result<()> {
+    let tree = store.tree(digest)?;
+    for entry in tree.entries() {
+        let path = dir.join(&entry.name);
+        match entry.kind {
+            Kind::Tree => {
+                fs::create_dir(&path).map_err(|e| Error::io(&path, e))?;
+                write_tree(store, &entry.digest, &path)?;
+            }
+            Kind::Symlink => {
+                let target = store.blob(&entry.digest)?;
+                std::os::unix::fs::symlink(OsStr::from_bytes(&target), &path)
+                    .map_err(|e| Error::io(&path, e))?;
+            }
+            Kind::File | Kind::Executable => {
+                copy_verified(store, &entry.digest, &path)?;
+                fs::set_permissions(&path, fs::Permissions::from_mode(entry.kind.mode()))
+                    .map_err(|e| Error::io(&path, e))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Copies a blob to `path`, hashing on the way; a mismatch is an error (the caller removes
+/// the partial output).
+fn copy_verified(store: &Store, digest: &Digest, path: &Path) -> Result<()> {
+    let src_path = store.object_path(ObjectKind::Blob, digest);
+    let mut src = File::open(&src_path).map_err(|e| Error::io(&src_path, e))?;
+    let mut dst = File::create(path).map_err(|e| Error::io(path, e))?;
+    let mut hasher = Hasher::default();
+    let mut buf = vec![0u8; 256 << 10];
+    loop {
+        let n = src.read(&mut buf).map_err(|e| Error::io(&src_path, e))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        dst.write_all(&buf[..n]).map_err(|e| Error::io(path, e))?;
+    }
+    if hasher.finish() != *digest {
+        tracing::error!(object = %digest, "corrupt object");
+        return Err(Error::internal(format!(
+            "object {digest} is corrupt: its content does not match its digest"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,15 @@
+//! The content-addressed store: blobs and canonical trees named by SHA-256, published
+//! atomically, verified on read, collected from roots.
+
+mod check;
+mod digest;
+mod import;
+mod roots;
+mod store;
+mod tree;
+
+pub use check::{GcReport, Problem, ProblemKind, VerifyReport};
+pub use digest::{Digest, Hasher};
+pub use import::{import_dir, materialize, Imported, Limits};
+pub use store::{ObjectKind, Store, Writer};
+pub use tree::{canonical_order, check_name, Entry, Kind, Tree};

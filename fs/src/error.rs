@@ -1,0 +1,120 @@
+//! The one error type of Cloud Harness: a stable code with an HTTP-like status, a message for
+//! people and structured details for programs (MCP clients read them to correct themselves).
+
+use serde::Serialize;
+use std::fmt;
+use std::path::Path;
+
+/// Stable error codes. Their names and statuses are part of the public interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Code {
+    InvalidArgument,
+    Forbidden,
+    NotFound,
+    Conflict,
+    TooLarge,
+    Internal,
+    Upstream,
+    Timeout,
+}
+
+impl Code {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::InvalidArgument => "INVALID_ARGUMENT",
+            Code::Forbidden => "FORBIDDEN",
+            Code::NotFound => "NOT_FOUND",
+            Code::Conflict => "CONFLICT",
+            Code::TooLarge => "TOO_LARGE",
+            Code::Internal => "INTERNAL",
+            Code::Upstream => "UPSTREAM",
+            Code::Timeout => "TIMEOUT",
+        }
+    }
+
+    pub fn status(self) -> u16 {
+        match self {
+            Code::InvalidArgument => 400,
+            Code::Forbidden => 403,
+            Code::NotFound => 404,
+            Code::Conflict => 409,
+            Code::TooLarge => 413,
+            Code::Internal => 500,
+            Code::Upstream => 502,
+            Code::Timeout => 504,
+        }
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error, Serialize)]
+#[error("{code}: {message}")]
+pub struct Error {
+    pub code: Code,
+    pub status: u16,
+    pub message: String,
+    #[serde(skip_serializing_if = "serde_json::Value::is_null")]
+    pub details: serde_json::Value,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn new(code: Code, message: impl Into<String>) -> Self {
+        Error {
+            code,
+            status: code.status(),
+            message: message.into(),
+            details: serde_json::Value::Null,
+        }
+    }
+
+    pub fn with_details(mut self, details: serde_json::Value) -> Self {
+        self.details = details;
+        self
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Error::new(Code::InvalidArgument, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Error::new(Code::NotFound, message)
+    }
+
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Error::new(Code::Conflict, message)
+    }
+
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Error::new(Code::TooLarge, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Error::new(Code::Internal, message)
+    }
+
+    /// An I/O failure on `path`, classified: a missing file is NOT_FOUND, a symlink loop or a
+    /// name that is too long is INVALID_ARGUMENT (bad input), anything else INTERNAL.
+    pub fn io(path: &Path, err: std::io::Error) -> Self {
+        let code = match err.kind() {
+            std::io::ErrorKind::NotFound => Code::NotFound,
+            std::io::ErrorKind::PermissionDenied => Code::Forbidden,
+            _ => match err.raw_os_error() {
+                Some(libc_eloop) if libc_eloop == nix::libc::ELOOP => Code::InvalidArgument,
+                Some(e) if e == nix::libc::ENAMETOOLONG || e == nix::libc::ENOTDIR => {
+                    Code::InvalidArgument
+                }
+                _ => Code::Internal,
+            },
+        };
+        Error::new(code, format!("{}: {err}", path.display()))
+            .with_details(serde_json::json!({ "path": path.to_string_lossy() }))
+    }
+}

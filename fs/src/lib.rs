@@ -1,0 +1,11 @@
+//! The ground Cloud Harness stands on: the content-addressed store, the skill model and the
+//! tier resolver. Nothing here knows about networks, MCP or workspaces.
+
+pub mod cas;
+pub mod error;
+
+pub use error::{Code, Error, Result};
+pub mod discovery;
+pub mod resolver;
+pub mod skill;
+pub mod stack;

@@ -1,0 +1,23 @@
+use clap::Parser;
+use cloud_harness::cli::{self, Cli};
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    match cli::run(Cli::parse()) {
+        Ok(code) => ExitCode::from(code),
+        Err(err) => {
+            eprintln!("error: {err}");
+            if !err.details.is_null() {
+                eprintln!("details: {}", err.details);
+            }
+            ExitCode::from(1)
+        }
+    }
+}
