@@ -335,11 +335,7 @@ fn join(base: &str, name: &str) -> String {
 /// Reads and parses one skill folder. An error here skips the skill with its reason; only
 /// store failures (a missing or corrupt object) are hard errors, and those are reported as a
 /// skip too so one bad folder never hides the rest.
-fn read_skill(
-    store: &Store,
-    folder_name: Option<&str>,
-    digest: &Digest,
-) -> SkillRead {
+fn read_skill(store: &Store, folder_name: Option<&str>, digest: &Digest) -> SkillRead {
     let fail = |e: Error| (e.code, e.message);
     let tree = store.tree(digest).map_err(fail)?;
     let entry = tree

@@ -319,8 +319,9 @@ pub fn resolve(sources: &[Source], overrides: &[Override]) -> Index {
     names.sort_unstable();
     let mut resolutions = Vec::with_capacity(names.len());
     for name in names {
-        // Candidates arrive in (tier, source order, path order): the precedence order.
         let mut candidates = by_name.remove(name).unwrap_or_default();
+        // Precedence order: tier, then source order (sources are sorted by tier), then path.
+        candidates.sort_by(|a, b| (a.source, &a.path).cmp(&(b.source, &b.path)));
         let top_tier = candidates[0].tier;
         let top_len = candidates.iter().take_while(|c| c.tier == top_tier).count();
         let mut shadowed = candidates.split_off(top_len);
