@@ -198,15 +198,15 @@ proptest! {
             let id = &index.source(c).id;
             (id[1..].parse::<usize>().unwrap(), c.path.clone(), c.digest())
         };
-        for name in 0..NAMES.len() {
+        for (name, text) in NAMES.iter().enumerate() {
             let expected = model(&specs, &overrides, name);
-            let got = index.lookup(NAMES[name]).map(|r| Expected {
+            let got = index.lookup(text).map(|r| Expected {
                 winner: r.winner.as_ref().map(id_of),
                 conflict: r.conflict.iter().map(id_of).collect(),
                 shadowed: r.shadowed.iter().map(id_of).collect(),
                 settled: r.settled_by_override,
             });
-            prop_assert_eq!(got, expected, "skill {}", NAMES[name]);
+            prop_assert_eq!(got, expected, "skill {}", text);
         }
         prop_assert!(index.lookup("missing").is_none());
         // Same inputs, same generation; any change of inputs, another.

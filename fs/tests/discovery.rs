@@ -1,0 +1,253 @@
+//! Discovery of skills in trees, by layout, with the real-world shapes and bad input.
+
+use cloud_harness_fs::cas::{Limits, Store};
+use cloud_harness_fs::discovery::{discover, Discovery, Layout, SkillCache};
+use cloud_harness_fs::resolver::{resolve, Tier};
+use cloud_harness_fs::{stack, Code};
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::Path;
+
+fn write(root: &Path, rel: &str, content: impl AsRef<[u8]>) {
+    let p = root.join(rel);
+    fs::create_dir_all(p.parent().unwrap()).unwrap();
+    fs::write(p, content).unwrap();
+}
+
+fn skill_md(name: &str) -> String {
+    format!("---\nname: {name}\ndescription: The {name} skill.\n---\n# {name}\n")
+}
+
+fn run(root: &Path, layout: &Layout) -> Discovery {
+    let store = Store::open(root.with_extension("store")).unwrap();
+    let tree = store.import_dir(root, &Limits::default()).unwrap().digest;
+    discover(&store, &tree, layout, &SkillCache::default()).unwrap()
+}
+
+fn names(d: &Discovery) -> Vec<(&str, &str)> {
+    d.skills
+        .iter()
+        .map(|s| (s.name.as_str(), s.path.as_str()))
+        .collect()
+}
+
+#[test]
+fn bucketed_and_flat_layouts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("repo");
+    write(&root, "skills/engineering/tdd/SKILL.md", skill_md("tdd"));
+    write(
+        &root,
+        "skills/engineering/tdd/references/deep/notes.md",
+        "not a skill",
+    );
+    write(
+        &root,
+        "skills/productivity/triage/SKILL.md",
+        skill_md("triage"),
+    );
+    write(&root, "skills/flat-one/SKILL.md", skill_md("flat-one"));
+    write(&root, "custom/workflows/ship/SKILL.md", skill_md("ship"));
+    write(&root, "README.md", "# repo");
+
+    let d = run(&root, &Layout::default());
+    assert_eq!(
+        names(&d),
+        [
+            ("flat-one", "skills/flat-one"),
+            ("tdd", "skills/engineering/tdd"),
+            ("triage", "skills/productivity/triage")
+        ]
+    );
+    assert!(d.skipped.is_empty() && d.warnings.is_empty(), "{d:?}");
+
+    // Not recursive: category folders are not searched.
+    let flat = Layout {
+        recursive: false,
+        ..Layout::default()
+    };
+    assert_eq!(names(&run(&root, &flat)), [("flat-one", "skills/flat-one")]);
+
+    // Several roots, one of them missing (a warning, not an error).
+    let roots = Layout {
+        skill_roots: vec!["skills".into(), "custom/workflows".into(), "nope".into()],
+        ..Layout::default()
+    };
+    let d = run(&root, &roots);
+    assert_eq!(d.skills.len(), 4);
+    assert!(
+        d.warnings.iter().any(|w| w.contains("`nope`")),
+        "{:?}",
+        d.warnings
+    );
+}
+
+#[test]
+fn include_and_exclude_take_names_and_globs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("repo");
+    for n in [
+        "review-code",
+        "review-docs",
+        "review-legacy",
+        "tdd",
+        "triage",
+    ] {
+        write(&root, &format!("skills/{n}/SKILL.md"), skill_md(n));
+    }
+    let layout = Layout {
+        include: vec!["review-*".into(), "tdd".into(), "nothing-*".into()],
+        exclude: vec!["*-legacy".into()],
+        ..Layout::default()
+    };
+    let d = run(&root, &layout);
+    let found: Vec<_> = d.skills.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(found, ["review-code", "review-docs", "tdd"]);
+    let skipped: Vec<_> = d
+        .skipped
+        .iter()
+        .map(|s| (s.path.as_str(), s.code.as_str()))
+        .collect();
+    assert!(
+        skipped.contains(&("skills/review-legacy", "EXCLUDED")),
+        "{skipped:?}"
+    );
+    assert!(
+        skipped.contains(&("skills/triage", "NOT_INCLUDED")),
+        "{skipped:?}"
+    );
+    assert!(
+        d.warnings.iter().any(|w| w.contains("nothing-*")),
+        "{:?}",
+        d.warnings
+    );
+
+    let bad = Layout {
+        include: vec!["[".into()],
+        ..Layout::default()
+    };
+    let err = bad.validate().unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument);
+    assert!(err.message.starts_with("skills.include"), "{err}");
+    let escape = Layout {
+        skill_roots: vec!["../up".into()],
+        ..Layout::default()
+    };
+    assert!(escape
+        .validate()
+        .unwrap_err()
+        .message
+        .starts_with("layout.skillRoots"));
+}
+
+#[test]
+fn bad_skills_are_skipped_with_typed_reasons_and_never_panic() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("repo");
+    write(&root, "skills/good/SKILL.md", skill_md("good"));
+    let mut huge = skill_md("huge").into_bytes();
+    huge.resize(10 << 20, b'x');
+    write(&root, "skills/huge/SKILL.md", huge);
+    write(
+        &root,
+        "skills/junk/SKILL.md",
+        (0..4096u32)
+            .map(|i| (i * 7919 % 251) as u8)
+            .collect::<Vec<_>>(),
+    );
+    write(
+        &root,
+        "skills/list/SKILL.md",
+        "---\n- just\n- a list\n---\n",
+    );
+    write(
+        &root,
+        "skills/broken/SKILL.md",
+        "---\nname: broken\ndescription: \"unclosed\n---\n",
+    );
+    write(&root, "skills/nodesc/SKILL.md", "---\nname: nodesc\n---\n");
+    fs::create_dir_all(root.join("skills/dirmd/SKILL.md")).unwrap();
+    write(
+        &root,
+        "skills/dirmd/SKILL.md/x",
+        "a directory named SKILL.md",
+    );
+    fs::create_dir_all(root.join("skills/looped")).unwrap();
+    symlink("SKILL.md", root.join("skills/looped/SKILL.md")).unwrap();
+
+    let d = run(&root, &Layout::default());
+    assert_eq!(names(&d), [("good", "skills/good")]);
+    let reasons: std::collections::BTreeMap<_, _> = d
+        .skipped
+        .iter()
+        .map(|s| {
+            (
+                s.path.trim_start_matches("skills/"),
+                (s.code.as_str(), s.reason.as_str()),
+            )
+        })
+        .collect();
+    assert_eq!(reasons["huge"].0, "TOO_LARGE");
+    assert!(
+        reasons["junk"].1.contains("UTF-8") || reasons["junk"].1.contains("binary"),
+        "{reasons:?}"
+    );
+    assert!(reasons["list"].1.contains("not a mapping"), "{reasons:?}");
+    assert!(reasons["broken"].1.contains("YAML"), "{reasons:?}");
+    assert!(
+        reasons["nodesc"].1.contains("no description"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons["dirmd"].1.contains("not a regular file"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons["looped"].1.contains("not a regular file"),
+        "{reasons:?}"
+    );
+    assert_eq!(reasons.len(), 7, "{reasons:?}");
+    for (code, _) in reasons.values() {
+        assert!(matches!(*code, "TOO_LARGE" | "INVALID_ARGUMENT"), "{code}");
+    }
+}
+
+#[test]
+fn a_single_skill_repository_is_one_skill_named_by_its_front_matter() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("repo");
+    write(&root, "SKILL.md", skill_md("solo"));
+    write(&root, "scripts/run.py", "print('hi')");
+    let d = run(&root, &Layout::folder());
+    assert_eq!(names(&d), [("solo", "")]);
+}
+
+#[test]
+fn repository_tier_reads_agents_and_claude_skills_through_a_root_symlink() {
+    let tmp = tempfile::tempdir().unwrap();
+    let project = tmp.path().join("project");
+    write(&project, "skills/shared/SKILL.md", skill_md("shared"));
+    write(
+        &project,
+        ".claude/skills/claude-only/SKILL.md",
+        skill_md("claude-only"),
+    );
+    fs::create_dir_all(project.join(".agents")).unwrap();
+    symlink("../skills", project.join(".agents/skills")).unwrap();
+
+    let store = Store::open(tmp.path().join("store")).unwrap();
+    let cache = SkillCache::default();
+    let sources = stack::repository_sources(&store, &cache, &project).unwrap();
+    assert_eq!(sources.len(), 2);
+    assert!(sources.iter().all(|s| s.tier == Tier::Repository));
+    let index = resolve(&sources, &[]);
+    let winners: Vec<_> = index.winners().map(|c| c.name.as_str()).collect();
+    assert_eq!(winners, ["claude-only", "shared"]);
+    // The source id names where the skills really are.
+    let shared = index.winner("shared").unwrap();
+    assert!(
+        index.source(shared).id.ends_with("/project/skills"),
+        "{}",
+        index.source(shared).id
+    );
+}
