@@ -4,8 +4,9 @@ use crate::builtin;
 use clap::{Args, Parser, Subcommand};
 use cloud_harness_fs::cas::{self, Digest, Limits, Store};
 use cloud_harness_fs::discovery::{Layout, SkillCache};
-use cloud_harness_fs::resolver::{self, Candidate, Index, Override, Provenance, Tier};
-use cloud_harness_fs::{stack, Error, Result};
+use cloud_harness_fs::resolver::{Candidate, Index, Override, Provenance, Tier};
+use cloud_harness_fs::stack::{self, StackSpec};
+use cloud_harness_fs::{Error, Result};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -32,6 +33,8 @@ pub enum Command {
     /// The content-addressed store.
     #[command(subcommand)]
     Cas(CasCommand),
+    /// Serve the resolved tiers as a read-only file system until SIGTERM or SIGINT.
+    Mount(crate::mount::MountArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -110,44 +113,45 @@ pub fn run(cli: Cli) -> Result<u8> {
     match cli.command {
         Command::Skills(SkillsCommand::Resolve(args)) => resolve_cmd(&store, &args),
         Command::Cas(cmd) => cas_cmd(&store, cmd),
+        Command::Mount(args) => crate::mount::run(&store, &args),
+    }
+}
+
+impl TierArgs {
+    /// The tier stack these arguments describe (the built-in tier is put into the store).
+    pub fn stack(&self, store: &Store, cache: &SkillCache) -> Result<StackSpec> {
+        let mut spec = StackSpec {
+            overrides: self.overrides.clone(),
+            repository: self.repository.clone(),
+            ..StackSpec::default()
+        };
+        if !self.no_builtin {
+            let tree = builtin::store_builtin(store)?;
+            spec.trees.push(stack::tree_source(
+                store,
+                cache,
+                "builtin".into(),
+                Tier::Builtin,
+                Provenance {
+                    toolkit: Some("cloud-harness".into()),
+                    ..Provenance::default()
+                },
+                tree,
+                &Layout::folder(),
+            )?);
+        }
+        spec.dirs
+            .extend(self.owner.iter().map(|d| (Tier::Owner, d.clone())));
+        spec.dirs
+            .extend(self.workspace.iter().map(|d| (Tier::Workspace, d.clone())));
+        Ok(spec)
     }
 }
 
 /// Builds the tier stack the arguments describe and resolves it.
 pub fn resolve_tiers(store: &Store, args: &TierArgs) -> Result<Index> {
     let cache = SkillCache::default();
-    let mut sources = Vec::new();
-    if !args.no_builtin {
-        let tree = builtin::store_builtin(store)?;
-        sources.push(stack::tree_source(
-            store,
-            &cache,
-            "builtin".into(),
-            Tier::Builtin,
-            Provenance {
-                toolkit: Some("cloud-harness".into()),
-                ..Provenance::default()
-            },
-            tree,
-            &Layout::folder(),
-        )?);
-    }
-    for dir in &args.owner {
-        sources.push(stack::dir_source(store, &cache, Tier::Owner, dir)?);
-    }
-    for dir in &args.workspace {
-        sources.push(stack::dir_source(store, &cache, Tier::Workspace, dir)?);
-    }
-    if let Some(root) = &args.repository {
-        sources.extend(stack::repository_sources(store, &cache, root)?);
-    }
-    let mut seen = std::collections::HashSet::new();
-    for s in &sources {
-        if !seen.insert(s.id.as_str()) {
-            return Err(Error::invalid(format!("source {} is given twice", s.id)));
-        }
-    }
-    Ok(resolver::resolve(&sources, &args.overrides))
+    args.stack(store, &cache)?.resolve(store, &cache)
 }
 
 fn resolve_cmd(store: &Store, args: &ResolveArgs) -> Result<u8> {

@@ -3,5 +3,6 @@
 
 pub mod builtin;
 pub mod cli;
+pub mod mount;
 
 pub use cloud_harness_fs as fs;

@@ -6,6 +6,10 @@ pub mod error;
 
 pub use error::{Code, Error, Result};
 pub mod discovery;
+pub mod fuse;
+pub mod generation;
+pub mod live;
+pub mod namespace;
 pub mod resolver;
 pub mod skill;
 pub mod stack;

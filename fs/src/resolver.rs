@@ -49,6 +49,21 @@ impl Tier {
     }
 }
 
+impl std::str::FromStr for Tier {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Tier, Error> {
+        match s {
+            "builtin" | "built-in" => Ok(Tier::Builtin),
+            "owner" => Ok(Tier::Owner),
+            "workspace" => Ok(Tier::Workspace),
+            "repository" => Ok(Tier::Repository),
+            other => Err(Error::invalid(format!(
+                "unknown tier {other:?} (builtin, owner, workspace or repository)"
+            ))),
+        }
+    }
+}
+
 impl fmt::Display for Tier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

@@ -5,6 +5,7 @@
 
 use crate::cas::{Digest, Limits, Store};
 use crate::discovery::{discover, Layout, SkillCache};
+
 use crate::error::{Error, Result};
 use crate::resolver::{Provenance, Source, Tier};
 use std::path::{Path, PathBuf};
@@ -76,4 +77,71 @@ fn absolute(dir: &Path) -> Result<PathBuf> {
     // canonicalize: the source id names the real folder, and a folder reached through a
     // symlink (a common repository-root shape) is read where it really is.
     dir.canonicalize().map_err(|e| Error::io(dir, e))
+}
+
+/// Everything a tier stack is made of. Folders are read again for each generation; sources
+/// already in the store (the built-in tier, toolkit bundles) are fixed.
+#[derive(Debug, Clone, Default)]
+pub struct StackSpec {
+    pub trees: Vec<Source>,
+    /// Folders of skills on disk, each one source of its tier.
+    pub dirs: Vec<(Tier, PathBuf)>,
+    /// A project whose `.agents/skills` and `.claude/skills` form the repository tier.
+    pub repository: Option<PathBuf>,
+    pub overrides: Vec<crate::resolver::Override>,
+}
+
+impl StackSpec {
+    /// Reads the folders and returns every source, in tier order as given.
+    pub fn sources(&self, store: &Store, cache: &SkillCache) -> Result<Vec<Source>> {
+        let mut sources = self.trees.clone();
+        for (tier, dir) in &self.dirs {
+            sources.push(dir_source(store, cache, *tier, dir)?);
+        }
+        if let Some(root) = &self.repository {
+            sources.extend(repository_sources(store, cache, root)?);
+        }
+        let mut seen = std::collections::HashSet::new();
+        for s in &sources {
+            if !seen.insert(s.id.as_str()) {
+                return Err(Error::invalid(format!("source {} is given twice", s.id)));
+            }
+        }
+        Ok(sources)
+    }
+
+    pub fn resolve(&self, store: &Store, cache: &SkillCache) -> Result<crate::resolver::Index> {
+        Ok(crate::resolver::resolve(
+            &self.sources(store, cache)?,
+            &self.overrides,
+        ))
+    }
+
+    pub fn generation(
+        &self,
+        store: &Store,
+        cache: &SkillCache,
+    ) -> Result<crate::generation::Generation> {
+        Ok(crate::generation::Generation::build(
+            &self.sources(store, cache)?,
+            &self.overrides,
+        ))
+    }
+
+    /// The folders whose changes make a new generation: every skill folder, and the project
+    /// folders where `.agents/skills` or `.claude/skills` may appear.
+    pub fn live_paths(&self) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = self.dirs.iter().map(|(_, d)| d.clone()).collect();
+        if let Some(root) = &self.repository {
+            out.push(root.clone());
+            for sub in REPOSITORY_SKILL_DIRS {
+                let dir = root.join(sub);
+                if let Some(parent) = dir.parent() {
+                    out.push(parent.to_path_buf());
+                }
+                out.push(dir);
+            }
+        }
+        out
+    }
 }

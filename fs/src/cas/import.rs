@@ -244,16 +244,21 @@ pub fn materialize(store: &Store, digest: &Digest, dest: &Path) -> Result<()> {
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     let staging = tempdir_in(parent, dest)?;
-    let result = write_tree(store, digest, &staging).and_then(|()| {
-        nix::fcntl::renameat2(
-            nix::fcntl::AT_FDCWD,
-            &staging,
-            nix::fcntl::AT_FDCWD,
-            dest,
-            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
-        )
-        .map_err(|errno| Error::io(dest, io::Error::from_raw_os_error(errno as i32)))
-    });
+    let result = write_tree(store, digest, &staging)
+        .and_then(|()| {
+            fs::set_permissions(&staging, fs::Permissions::from_mode(Kind::Tree.mode()))
+                .map_err(|e| Error::io(&staging, e))
+        })
+        .and_then(|()| {
+            nix::fcntl::renameat2(
+                nix::fcntl::AT_FDCWD,
+                &staging,
+                nix::fcntl::AT_FDCWD,
+                dest,
+                nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+            )
+            .map_err(|errno| Error::io(dest, io::Error::from_raw_os_error(errno as i32)))
+        });
     if result.is_err() {
         let _ = fs::remove_dir_all(&staging);
     }
@@ -287,6 +292,9 @@ fn write_tree(store: &Store, digest: &Digest, dir: &Path) -> Result<()> {
             Kind::Tree => {
                 fs::create_dir(&path).map_err(|e| Error::io(&path, e))?;
                 write_tree(store, &entry.digest, &path)?;
+                // Whatever the umask: a materialized tree looks the same everywhere.
+                fs::set_permissions(&path, fs::Permissions::from_mode(Kind::Tree.mode()))
+                    .map_err(|e| Error::io(&path, e))?;
             }
             Kind::Symlink => {
                 let target = store.blob(&entry.digest)?;

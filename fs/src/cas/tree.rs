@@ -122,9 +122,13 @@ impl Tree {
     }
 
     pub fn get(&self, name: &str) -> Option<&Entry> {
-        // Canonical order is by name bytes except for the `/` of directories, so a binary
-        // search by plain name is not exact; trees are small, a scan is fine.
-        self.entries.iter().find(|e| e.name == name)
+        // A directory sorts as `name/`, anything else as `name`: search for both keys.
+        [Kind::File, Kind::Tree].into_iter().find_map(|kind| {
+            self.entries
+                .binary_search_by(|e| canonical_order(&e.name, e.kind, name, kind))
+                .ok()
+                .map(|i| &self.entries[i])
+        })
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -228,6 +232,10 @@ mod tests {
         .unwrap();
         let names: Vec<_> = t.entries().iter().map(|e| e.name.as_str()).collect();
         assert_eq!(names, ["a.md", "a", "a0"]);
+        for name in ["a.md", "a", "a0"] {
+            assert_eq!(t.get(name).unwrap().name, name);
+        }
+        assert!(t.get("a/").is_none() && t.get("b").is_none());
     }
 
     #[test]

@@ -1,0 +1,560 @@
+//! The FUSE adapter: each handler calls one function of [`Namespace`] and translates its value
+//! or errno for the kernel. Every call that would write gets `EROFS`.
+//!
+//! Caching, as measured on this kind of machine (see the README's benchmark table): long
+//! entry and attribute TTLs with explicit invalidation on a generation change; negative
+//! entries (inode 0) cached as long; readdirplus; parallel directory operations; several
+//! worker threads with their own device fd; zero-message open for files (the kernel then keeps
+//! their pages, safe because a file inode's content never changes); and real opendir handles
+//! with `FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR`, so a reader keeps the listing of the generation
+//! it opened while the kernel still caches listings.
+
+use crate::namespace::{Attr, FileKind, Invalidation, Namespace};
+use fuser::{
+    AccessFlags, BsdFileFlags, Config, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType,
+    Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, MountOption,
+    Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, Session, SessionACL, TimeOrNow, WriteFlags,
+};
+use std::ffi::OsStr;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// Entries and attributes change only with a generation, which invalidates them explicitly.
+const TTL: Duration = Duration::from_secs(24 * 3600);
+
+fn errno(e: nix::errno::Errno) -> Errno {
+    Errno::from_i32(e as i32)
+}
+
+pub struct SkillsFs {
+    ns: Arc<Namespace>,
+    uid: u32,
+    gid: u32,
+    time: SystemTime,
+}
+
+impl SkillsFs {
+    pub fn new(ns: Arc<Namespace>) -> SkillsFs {
+        SkillsFs {
+            ns,
+            uid: nix::unistd::getuid().as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+            time: SystemTime::now(),
+        }
+    }
+
+    fn attr(&self, a: Attr) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(a.ino),
+            size: a.size,
+            blocks: a.size.div_ceil(512),
+            atime: self.time,
+            mtime: self.time,
+            ctime: self.time,
+            crtime: self.time,
+            kind: match a.kind {
+                FileKind::Directory => FileType::Directory,
+                FileKind::File => FileType::RegularFile,
+                FileKind::Symlink => FileType::Symlink,
+            },
+            perm: a.perm,
+            // 1 for directories too: "unknown", so no tool skips subdirectories by link count.
+            nlink: 1,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    fn negative(&self) -> FileAttr {
+        self.attr(Attr {
+            ino: 0,
+            kind: FileKind::File,
+            size: 0,
+            perm: 0,
+        })
+    }
+}
+
+fn kind_of(a: &Attr) -> FileType {
+    match a.kind {
+        FileKind::Directory => FileType::Directory,
+        FileKind::File => FileType::RegularFile,
+        FileKind::Symlink => FileType::Symlink,
+    }
+}
+
+impl Filesystem for SkillsFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        let wanted = InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_NO_OPEN_SUPPORT;
+        let supported = config.capabilities() & wanted;
+        let _ = config.add_capabilities(supported);
+        let _ = config.set_max_readahead(1 << 20);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let Some(name) = name.to_str() else {
+            return reply.entry(&TTL, &self.negative(), Generation(0));
+        };
+        match self.ns.lookup(parent.0, name) {
+            Ok(Some(a)) => reply.entry(&TTL, &self.attr(a), Generation(0)),
+            Ok(None) => reply.entry(&TTL, &self.negative(), Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.ns.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.ns.getattr(ino.0) {
+            Ok(a) => reply.attr(&TTL, &self.attr(a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.ns.readlink(ino.0) {
+            Ok(target) => reply.data(&target),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// Zero-message open: after this ENOSYS the kernel opens files without asking, keeping
+    /// their cached pages (a file inode's content never changes).
+    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.ns.read(ino.0, offset, size) {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.ns.opendir(ino.0) {
+            Ok(fh) => reply.opened(
+                FileHandle(fh),
+                FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR,
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let listing = match self.ns.listing(fh.0) {
+            Ok(l) => l,
+            Err(e) => return reply.error(errno(e)),
+        };
+        // Positions: 0 is ".", 1 is "..", then the children; an entry's offset is the
+        // position of the next one.
+        let total = listing.children.len() as u64 + 2;
+        for pos in offset..total {
+            let full = match pos {
+                0 => reply.add(ino, 1, FileType::Directory, "."),
+                1 => reply.add(INodeNo(listing.dir), 2, FileType::Directory, ".."),
+                _ => {
+                    let c = &listing.children[(pos - 2) as usize];
+                    reply.add(INodeNo(c.attr.ino), pos + 1, kind_of(&c.attr), &c.name)
+                }
+            };
+            if full {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let listing = match self.ns.listing(fh.0) {
+            Ok(l) => l,
+            Err(e) => return reply.error(errno(e)),
+        };
+        let total = listing.children.len() as u64 + 2;
+        for pos in offset..total {
+            let full = match pos {
+                0 | 1 => {
+                    let dir = self.ns.getattr(if pos == 0 { ino.0 } else { listing.dir });
+                    let attr = dir
+                        .map(|a| self.attr(a))
+                        .unwrap_or_else(|_| self.negative());
+                    let name = if pos == 0 { "." } else { ".." };
+                    reply.add(attr.ino, pos + 1, name, &TTL, &attr, Generation(0))
+                }
+                _ => {
+                    let c = &listing.children[(pos - 2) as usize];
+                    // Every entry the kernel receives is a lookup reference.
+                    let attr = self.attr(self.ns.remember_child(c));
+                    let full = reply.add(attr.ino, pos + 1, &c.name, &TTL, &attr, Generation(0));
+                    if full {
+                        self.ns.forget(attr.ino.0, 1);
+                    }
+                    full
+                }
+            };
+            if full {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.ns.releasedir(fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        reply.statfs(0, 0, 0, self.ns.node_count() as u64, 0, 4096, 255, 4096);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let attrs = match self.ns.xattrs(ino.0) {
+            Ok(a) => a,
+            Err(e) => return reply.error(errno(e)),
+        };
+        match attrs.iter().find(|(k, _)| OsStr::new(k) == name) {
+            None => reply.error(Errno::NO_XATTR),
+            Some((_, v)) if size == 0 => reply.size(v.len() as u32),
+            Some((_, v)) if v.len() > size as usize => reply.error(Errno::ERANGE),
+            Some((_, v)) => reply.data(v.as_bytes()),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let attrs = match self.ns.xattrs(ino.0) {
+            Ok(a) => a,
+            Err(e) => return reply.error(errno(e)),
+        };
+        let mut names = Vec::new();
+        for (k, _) in &attrs {
+            names.extend_from_slice(k.as_bytes());
+            names.push(0);
+        }
+        if size == 0 {
+            reply.size(names.len() as u32);
+        } else if names.len() > size as usize {
+            reply.error(Errno::ERANGE);
+        } else {
+            reply.data(&names);
+        }
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        if mask.contains(AccessFlags::W_OK) {
+            reply.error(Errno::EROFS);
+        } else {
+            reply.ok();
+        }
+    }
+
+    // Everything below would change the tree: the mount is read-only.
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: FileHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct MountConfig {
+    /// Let every user read the mount (`allow_other`); otherwise root and the owner.
+    pub allow_other: bool,
+    pub threads: usize,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        MountConfig {
+            allow_other: false,
+            threads: 4,
+        }
+    }
+}
+
+/// A mounted session, not yet serving.
+pub struct Mounted {
+    session: Session<SkillsFs>,
+    pub notifier: Notifier,
+}
+
+/// Mounts `ns` read-only at `mountpoint`. The kernel unmounts it if this process dies
+/// (`auto_unmount`), so a killed daemon leaves no hung mount.
+pub fn mount(ns: Arc<Namespace>, mountpoint: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
+    clear_stale_mount(mountpoint);
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::FSName("cloud-harness".into()),
+        MountOption::DefaultPermissions,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::NoAtime,
+        MountOption::AutoUnmount,
+    ];
+    config.acl = if cfg.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::RootAndOwner
+    };
+    config.n_threads = Some(cfg.threads.max(1));
+    config.clone_fd = true;
+    let session = Session::new(SkillsFs::new(ns), mountpoint, &config)?;
+    let notifier = session.notifier();
+    Ok(Mounted { session, notifier })
+}
+
+impl Mounted {
+    /// Serves requests until the file system is unmounted.
+    pub fn run(self) -> io::Result<()> {
+        self.session.run()
+    }
+}
+
+/// Unmounts `mountpoint`, which ends [`Mounted::run`]. (`auto_unmount` only covers a daemon
+/// that died: fusermount leaves a live file system alone.) A busy mount is detached lazily.
+pub fn unmount(mountpoint: &Path) -> io::Result<()> {
+    use nix::mount::{umount2, MntFlags};
+    match umount2(mountpoint, MntFlags::empty()) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EBUSY) => {
+            umount2(mountpoint, MntFlags::MNT_DETACH).map_err(io::Error::from)
+        }
+        // Not root: the setuid helper may unmount what this user mounted.
+        Err(nix::errno::Errno::EPERM) => {
+            let status = std::process::Command::new("fusermount3")
+                .arg("-u")
+                .arg("-z")
+                .arg(mountpoint)
+                .status()?;
+            if status.success() {
+                Ok(())
+            } else {
+                Err(io::Error::other(format!("fusermount3 -u failed: {status}")))
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A mount point left behind by a daemon that died without cleaning up answers ENOTCONN;
+/// detach it so mounting again works.
+fn clear_stale_mount(mountpoint: &Path) {
+    if let Err(e) = std::fs::metadata(mountpoint) {
+        if e.raw_os_error() == Some(nix::libc::ENOTCONN) {
+            tracing::warn!(mountpoint = %mountpoint.display(), "detaching a stale mount");
+            let _ = std::process::Command::new("fusermount3")
+                .arg("-u")
+                .arg("-z")
+                .arg(mountpoint)
+                .status();
+            let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+/// Tells the kernel what a generation change made stale. Errors (an entry the kernel no
+/// longer has) are expected and ignored.
+pub fn invalidate(notifier: &Notifier, items: &[Invalidation]) {
+    for item in items {
+        let result = match item {
+            Invalidation::Entry { parent, name } => {
+                notifier.inval_entry(INodeNo(*parent), OsStr::new(name))
+            }
+            Invalidation::Inode { ino } => notifier.inval_inode(INodeNo(*ino), 0, 0),
+        };
+        if let Err(e) = result {
+            tracing::debug!(?item, error = %e, "invalidation not applied");
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! A generation: one resolved, immutable picture of the tiers, as the filesystem serves it.
+//!
+//! It holds the merged view (the resolver's winners) and each tier's own view (that tier's
+//! sources resolved alone, so a toolkit's skills sit side by side with their siblings), each a
+//! sorted map from skill name to the skill folder's tree, plus the resolution as JSON.
+
+use crate::cas::Digest;
+use crate::resolver::{resolve, Index, Override, Source, Tier};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+/// Which view a skill folder is seen through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum View {
+    Merged,
+    Tier(Tier),
+}
+
+/// Where a served skill folder comes from; shown as extended attributes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkillOrigin {
+    pub tier: Tier,
+    pub source: String,
+    pub toolkit: Option<String>,
+    pub url: Option<String>,
+    pub commit: Option<String>,
+    /// The skill's folder digest.
+    pub digest: Digest,
+}
+
+pub type ViewMap = BTreeMap<String, Arc<SkillOrigin>>;
+
+#[derive(Debug)]
+pub struct Generation {
+    pub index: Arc<Index>,
+    views: HashMap<View, ViewMap>,
+    pub resolution_json: Arc<[u8]>,
+    empty: ViewMap,
+}
+
+impl Generation {
+    pub fn build(sources: &[Source], overrides: &[Override]) -> Generation {
+        let index = resolve(sources, overrides);
+        let mut views = HashMap::new();
+        views.insert(View::Merged, view_of(&index));
+        for tier in Tier::ALL {
+            let mine: Vec<Source> = sources.iter().filter(|s| s.tier == tier).cloned().collect();
+            if !mine.is_empty() {
+                views.insert(View::Tier(tier), view_of(&resolve(&mine, overrides)));
+            }
+        }
+        let mut json = serde_json::to_vec_pretty(&index.to_json()).unwrap_or_default();
+        json.push(b'\n');
+        Generation {
+            index: Arc::new(index),
+            views,
+            resolution_json: json.into(),
+            empty: ViewMap::new(),
+        }
+    }
+
+    pub fn digest(&self) -> Digest {
+        self.index.generation
+    }
+
+    pub fn view(&self, view: View) -> &ViewMap {
+        self.views.get(&view).unwrap_or(&self.empty)
+    }
+
+    pub fn skill(&self, view: View, name: &str) -> Option<&Arc<SkillOrigin>> {
+        self.view(view).get(name)
+    }
+
+    /// The tiers that have a view (at least one source).
+    pub fn tiers(&self) -> impl Iterator<Item = Tier> + '_ {
+        Tier::ALL
+            .into_iter()
+            .filter(|t| self.views.contains_key(&View::Tier(*t)))
+    }
+}
+
+fn view_of(index: &Index) -> ViewMap {
+    index
+        .winners()
+        // Names starting with a dot would hide among the mount's own entries.
+        .filter(|c| !c.name.starts_with('.'))
+        .map(|c| {
+            let src = index.source(c);
+            let origin = SkillOrigin {
+                tier: c.tier,
+                source: src.id.clone(),
+                toolkit: src.provenance.toolkit.clone(),
+                url: src.provenance.url.clone(),
+                commit: src.provenance.commit.clone(),
+                digest: c.digest(),
+            };
+            (c.name.clone(), Arc::new(origin))
+        })
+        .collect()
+}

@@ -1,0 +1,149 @@
+//! Live tiers: the folders of a stack are watched (inotify), and a change builds a new
+//! generation, makes it current and reports what the kernel must forget.
+
+use crate::cas::Store;
+use crate::discovery::SkillCache;
+use crate::namespace::{Invalidation, Namespace};
+use crate::stack::StackSpec;
+use notify::{EventKind, RecursiveMode, Watcher};
+use std::path::Path;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Changes that arrive together (an editor's save, a `git checkout`) make one generation.
+const SETTLE: Duration = Duration::from_millis(100);
+
+enum Msg {
+    Changed,
+    Stop,
+}
+
+pub struct LiveTiers {
+    tx: Sender<Msg>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl LiveTiers {
+    /// Watches the folders of `spec`; `apply` receives the invalidations of each new
+    /// generation after it is current.
+    pub fn start(
+        spec: StackSpec,
+        store: Store,
+        cache: Arc<SkillCache>,
+        ns: Arc<Namespace>,
+        apply: impl Fn(&[Invalidation]) + Send + 'static,
+    ) -> LiveTiers {
+        let (tx, rx) = channel();
+        let watcher_tx = tx.clone();
+        let thread = std::thread::Builder::new()
+            .name("live-tiers".into())
+            .spawn(move || run(spec, store, cache, ns, apply, rx, watcher_tx))
+            .expect("spawn the live-tier thread");
+        LiveTiers {
+            tx,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for LiveTiers {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Msg::Stop);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn arm(spec: &StackSpec, tx: &Sender<Msg>) -> Option<notify::RecommendedWatcher> {
+    let tx = tx.clone();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        // Reads (ours included: every generation re-reads the folders) change nothing.
+        if let Ok(e) = event {
+            if !matches!(e.kind, EventKind::Access(_)) {
+                let _ = tx.send(Msg::Changed);
+            }
+        }
+    })
+    .map_err(|e| tracing::warn!(error = %e, "cannot watch live tiers"))
+    .ok()?;
+    for path in spec.live_paths() {
+        let Ok(real) = path.canonicalize() else {
+            continue;
+        };
+        // Project folders only announce skill folders appearing; skill folders, everything.
+        let mode = if is_skill_folder(spec, &path) {
+            RecursiveMode::Recursive
+        } else {
+            RecursiveMode::NonRecursive
+        };
+        if let Err(e) = watcher.watch(&real, mode) {
+            tracing::warn!(path = %real.display(), error = %e, "cannot watch");
+        }
+    }
+    Some(watcher)
+}
+
+fn existing(spec: &StackSpec) -> Vec<std::path::PathBuf> {
+    spec.live_paths()
+        .iter()
+        .filter_map(|p| p.canonicalize().ok())
+        .collect()
+}
+
+fn is_skill_folder(spec: &StackSpec, path: &Path) -> bool {
+    spec.dirs.iter().any(|(_, d)| d == path)
+        || spec.repository.as_ref().is_some_and(|root| {
+            crate::stack::REPOSITORY_SKILL_DIRS
+                .iter()
+                .any(|sub| root.join(sub) == path)
+        })
+}
+
+fn run(
+    spec: StackSpec,
+    store: Store,
+    cache: Arc<SkillCache>,
+    ns: Arc<Namespace>,
+    apply: impl Fn(&[Invalidation]),
+    rx: Receiver<Msg>,
+    tx: Sender<Msg>,
+) {
+    let mut watched = existing(&spec);
+    let mut _watcher = arm(&spec, &tx);
+    loop {
+        match rx.recv() {
+            Ok(Msg::Changed) => {}
+            Ok(Msg::Stop) | Err(_) => return,
+        }
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(Msg::Changed) => continue,
+                Ok(Msg::Stop) => return,
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+        match spec.generation(&store, &cache) {
+            Ok(next) if next.digest() != ns.generation().digest() => {
+                let digest = next.digest();
+                let invalidations = ns.set_generation(next);
+                apply(&invalidations);
+                tracing::info!(generation = %digest, invalidated = invalidations.len(), "new generation");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "a live tier changed but cannot be read; still serving the previous generation")
+            }
+        }
+        // Folders may have appeared (a new `.claude/skills`) or gone.
+        let now = existing(&spec);
+        if now != watched {
+            watched = now;
+            _watcher = arm(&spec, &tx);
+        }
+    }
+}

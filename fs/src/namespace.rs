@@ -1,0 +1,773 @@
+//! The skills filesystem without the kernel: inodes, lookups, listings, reads and extended
+//! attributes over the current generation, as plain functions that return a value or an errno.
+//! The FUSE adapter (`fuse.rs`) only translates.
+//!
+//! ```text
+//! /                      the merged view: one folder per winning skill
+//! /.tiers/<tier>/        each tier's own view (its sources resolved alone)
+//! /.resolution.json      the resolution: winners, shadowed, conflicts, warnings, generation
+//! ```
+//!
+//! Inode numbers: a directory's number is a hash of its place (view, skill, path inside the
+//! skill), so it is stable across generations; a file's number also covers its content digest,
+//! so a file whose content changes gets a new inode and the kernel's cached pages of the old
+//! one are never served for the new content. Nodes live while the kernel holds a lookup
+//! reference (dropped on forget), so memory follows the kernel's own cache. Directory handles
+//! keep the listing of the generation they were opened in.
+
+use crate::cas::{Digest, Hasher, Kind, ObjectKind, Store, Tree};
+use crate::generation::{Generation, SkillOrigin, View, ViewMap};
+use crate::resolver::Tier;
+use lru::LruCache;
+use nix::errno::Errno;
+use std::collections::{BTreeSet, HashMap};
+use std::fs::File;
+use std::hash::{Hash, Hasher as _};
+use std::io::Read;
+use std::num::NonZeroUsize;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+pub const ROOT_INO: u64 = 1;
+pub const TIERS_DIR: &str = ".tiers";
+pub const RESOLUTION_FILE: &str = ".resolution.json";
+pub const XATTR_PREFIX: &str = "user.cloud-harness.";
+
+const TREE_CACHE: usize = 4096;
+const VERIFIED_CACHE: usize = 65536;
+const OPEN_BLOBS: usize = 256;
+
+pub type Result<T> = std::result::Result<T, Errno>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    Directory,
+    File,
+    Symlink,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub kind: FileKind,
+    pub size: u64,
+    pub perm: u16,
+}
+
+/// What a node is, independently of the generation.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Ident {
+    Root,
+    TiersDir,
+    TierDir(Tier),
+    Resolution(Digest),
+    /// A folder of a skill; `rel` is empty for the skill folder itself.
+    SkillDir {
+        view: View,
+        skill: Arc<str>,
+        rel: Arc<str>,
+    },
+    /// A file or symlink of a skill, named by its content too.
+    SkillBlob {
+        view: View,
+        skill: Arc<str>,
+        rel: Arc<str>,
+        kind: Kind,
+        digest: Digest,
+    },
+}
+
+impl Ident {
+    fn ino(&self, salt: u64) -> u64 {
+        if *self == Ident::Root {
+            return ROOT_INO;
+        }
+        let mut h = std::hash::DefaultHasher::new();
+        self.hash(&mut h);
+        salt.hash(&mut h);
+        // 0 means "no entry" to the kernel and 1 is the root.
+        h.finish().max(2)
+    }
+
+    fn is_dir(&self) -> bool {
+        matches!(
+            self,
+            Ident::Root | Ident::TiersDir | Ident::TierDir(_) | Ident::SkillDir { .. }
+        )
+    }
+}
+
+#[derive(Debug)]
+struct Node {
+    ident: Ident,
+    attr: Attr,
+    /// The bytes of a synthetic file (the resolution).
+    data: Option<Arc<[u8]>>,
+    lookups: AtomicU64,
+}
+
+/// A child found in a directory, not yet known to the kernel.
+#[derive(Debug, Clone)]
+pub struct Child {
+    pub name: String,
+    pub attr: Attr,
+    ident: Ident,
+    data: Option<Arc<[u8]>>,
+}
+
+/// A directory's listing as of the generation it was opened in.
+#[derive(Debug)]
+pub struct Listing {
+    pub dir: u64,
+    pub children: Vec<Child>,
+}
+
+/// A kernel cache entry to drop after a generation change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Invalidation {
+    /// The name `name` in directory `parent` (a positive or negative dentry).
+    Entry { parent: u64, name: String },
+    /// The attributes and cached listing of a directory.
+    Inode { ino: u64 },
+}
+
+pub struct Namespace {
+    store: Store,
+    root_view: View,
+    current: RwLock<Arc<Generation>>,
+    nodes: RwLock<HashMap<u64, Arc<Node>>>,
+    trees: Mutex<LruCache<Digest, Arc<Tree>>>,
+    verified: Mutex<LruCache<Digest, ()>>,
+    open_blobs: Mutex<LruCache<Digest, Arc<File>>>,
+    handles: Mutex<HashMap<u64, Arc<Listing>>>,
+    next_handle: AtomicU64,
+}
+
+fn perm_of(kind: Kind) -> u16 {
+    kind.mode() as u16
+}
+
+fn dir_attr(ino: u64) -> Attr {
+    Attr {
+        ino,
+        kind: FileKind::Directory,
+        size: 0,
+        perm: 0o755,
+    }
+}
+
+fn join(rel: &str, name: &str) -> Arc<str> {
+    if rel.is_empty() {
+        name.into()
+    } else {
+        format!("{rel}/{name}").into()
+    }
+}
+
+impl Namespace {
+    /// A namespace whose root shows `root_view`: the merged view with `.tiers/` and the
+    /// resolution, or one tier's view alone.
+    pub fn new(store: Store, root_view: View, generation: Generation) -> Namespace {
+        let root = Node {
+            ident: Ident::Root,
+            attr: dir_attr(ROOT_INO),
+            data: None,
+            lookups: AtomicU64::new(u64::MAX / 2),
+        };
+        let cap = |n| NonZeroUsize::new(n).expect("cache sizes are non-zero");
+        Namespace {
+            store,
+            root_view,
+            current: RwLock::new(Arc::new(generation)),
+            nodes: RwLock::new(HashMap::from([(ROOT_INO, Arc::new(root))])),
+            trees: Mutex::new(LruCache::new(cap(TREE_CACHE))),
+            verified: Mutex::new(LruCache::new(cap(VERIFIED_CACHE))),
+            open_blobs: Mutex::new(LruCache::new(cap(OPEN_BLOBS))),
+            handles: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+        }
+    }
+
+    pub fn generation(&self) -> Arc<Generation> {
+        self.current.read().expect("generation lock").clone()
+    }
+
+    /// Nodes the kernel holds references to (for tests and memory accounting).
+    pub fn node_count(&self) -> usize {
+        self.nodes.read().expect("node lock").len()
+    }
+
+    fn node(&self, ino: u64) -> Result<Arc<Node>> {
+        self.nodes
+            .read()
+            .expect("node lock")
+            .get(&ino)
+            .cloned()
+            .ok_or(Errno::ENOENT)
+    }
+
+    /// Records one kernel reference to the child, allocating its inode number.
+    fn remember(&self, child: &Child) -> Attr {
+        let mut salt = 0;
+        loop {
+            let ino = child.ident.ino(salt);
+            if let Some(node) = self.nodes.read().expect("node lock").get(&ino) {
+                if node.ident == child.ident {
+                    node.lookups.fetch_add(1, Ordering::Relaxed);
+                    return node.attr;
+                }
+                salt += 1; // a hash collision: try the next number
+                continue;
+            }
+            let mut nodes = self.nodes.write().expect("node lock");
+            match nodes.get(&ino) {
+                Some(node) if node.ident == child.ident => {
+                    node.lookups.fetch_add(1, Ordering::Relaxed);
+                    return node.attr;
+                }
+                Some(_) => salt += 1,
+                None => {
+                    let attr = Attr { ino, ..child.attr };
+                    nodes.insert(
+                        ino,
+                        Arc::new(Node {
+                            ident: child.ident.clone(),
+                            attr,
+                            data: child.data.clone(),
+                            lookups: AtomicU64::new(1),
+                        }),
+                    );
+                    return attr;
+                }
+            }
+        }
+    }
+
+    /// The kernel dropped `n` references to `ino`.
+    pub fn forget(&self, ino: u64, n: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        // Under the write lock no lookup can add a reference meanwhile.
+        let mut nodes = self.nodes.write().expect("node lock");
+        if let Some(node) = nodes.get(&ino) {
+            let left = node.lookups.load(Ordering::Relaxed).saturating_sub(n);
+            if left == 0 {
+                nodes.remove(&ino);
+            } else {
+                node.lookups.store(left, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn tree(&self, digest: &Digest) -> Result<Arc<Tree>> {
+        if let Some(t) = self.trees.lock().expect("tree cache lock").get(digest) {
+            return Ok(t.clone());
+        }
+        let tree = Arc::new(self.store.tree(digest).map_err(|e| {
+            tracing::error!(object = %digest, error = %e, "cannot read tree");
+            Errno::EIO
+        })?);
+        self.trees
+            .lock()
+            .expect("tree cache lock")
+            .put(*digest, tree.clone());
+        Ok(tree)
+    }
+
+    /// The current tree of a skill folder, and its digest.
+    fn skill_tree(
+        &self,
+        g: &Generation,
+        view: View,
+        skill: &str,
+        rel: &str,
+    ) -> Result<(Arc<Tree>, Digest)> {
+        let origin = g.skill(view, skill).ok_or(Errno::ENOENT)?;
+        let mut digest = origin.digest;
+        let mut tree = self.tree(&digest)?;
+        for part in rel.split('/').filter(|p| !p.is_empty()) {
+            let entry = tree
+                .get(part)
+                .filter(|e| e.kind == Kind::Tree)
+                .ok_or(Errno::ENOENT)?;
+            digest = entry.digest;
+            tree = self.tree(&digest)?;
+        }
+        Ok((tree, digest))
+    }
+
+    fn skill_child(view: View, skill: &str) -> Child {
+        let ident = Ident::SkillDir {
+            view,
+            skill: skill.into(),
+            rel: "".into(),
+        };
+        Child {
+            name: skill.to_owned(),
+            attr: dir_attr(ident.ino(0)),
+            ident,
+            data: None,
+        }
+    }
+
+    fn resolution_child(g: &Generation) -> Child {
+        let ident = Ident::Resolution(Digest::of(&g.resolution_json));
+        Child {
+            name: RESOLUTION_FILE.to_owned(),
+            attr: Attr {
+                ino: ident.ino(0),
+                kind: FileKind::File,
+                size: g.resolution_json.len() as u64,
+                perm: 0o444,
+            },
+            ident,
+            data: Some(g.resolution_json.clone()),
+        }
+    }
+
+    fn tiers_child() -> Child {
+        Child {
+            name: TIERS_DIR.to_owned(),
+            attr: dir_attr(Ident::TiersDir.ino(0)),
+            ident: Ident::TiersDir,
+            data: None,
+        }
+    }
+
+    fn tier_child(tier: Tier) -> Child {
+        let ident = Ident::TierDir(tier);
+        Child {
+            name: tier.as_str().to_owned(),
+            attr: dir_attr(ident.ino(0)),
+            ident,
+            data: None,
+        }
+    }
+
+    fn tree_child(view: View, skill: &Arc<str>, rel: &str, entry: &crate::cas::Entry) -> Child {
+        let rel = join(rel, &entry.name);
+        let (ident, attr) = if entry.kind == Kind::Tree {
+            let ident = Ident::SkillDir {
+                view,
+                skill: skill.clone(),
+                rel,
+            };
+            (ident.clone(), dir_attr(ident.ino(0)))
+        } else {
+            let ident = Ident::SkillBlob {
+                view,
+                skill: skill.clone(),
+                rel,
+                kind: entry.kind,
+                digest: entry.digest,
+            };
+            let kind = if entry.kind == Kind::Symlink {
+                FileKind::Symlink
+            } else {
+                FileKind::File
+            };
+            let attr = Attr {
+                ino: ident.ino(0),
+                kind,
+                size: entry.size,
+                perm: perm_of(entry.kind),
+            };
+            (ident, attr)
+        };
+        Child {
+            name: entry.name.clone(),
+            attr,
+            ident,
+            data: None,
+        }
+    }
+
+    fn root_is_merged(&self) -> bool {
+        self.root_view == View::Merged
+    }
+
+    /// The child `name` of the directory `parent`, in generation `g`.
+    fn find_child(&self, g: &Generation, parent: &Ident, name: &str) -> Result<Option<Child>> {
+        Ok(match parent {
+            Ident::Root => {
+                if self.root_is_merged() && name == TIERS_DIR {
+                    Some(Self::tiers_child())
+                } else if self.root_is_merged() && name == RESOLUTION_FILE {
+                    Some(Self::resolution_child(g))
+                } else {
+                    g.skill(self.root_view, name)
+                        .map(|_| Self::skill_child(self.root_view, name))
+                }
+            }
+            Ident::TiersDir => g.tiers().find(|t| t.as_str() == name).map(Self::tier_child),
+            Ident::TierDir(t) => g
+                .skill(View::Tier(*t), name)
+                .map(|_| Self::skill_child(View::Tier(*t), name)),
+            Ident::SkillDir { view, skill, rel } => {
+                let (tree, _) = self.skill_tree(g, *view, skill, rel)?;
+                tree.get(name)
+                    .map(|e| Self::tree_child(*view, skill, rel, e))
+            }
+            Ident::Resolution(_) | Ident::SkillBlob { .. } => return Err(Errno::ENOTDIR),
+        })
+    }
+
+    fn view_children(view: View, map: &ViewMap) -> impl Iterator<Item = Child> + '_ {
+        map.keys().map(move |name| Self::skill_child(view, name))
+    }
+
+    /// Every child of `parent` in generation `g`, in listing order.
+    fn children(&self, g: &Generation, parent: &Ident) -> Result<Vec<Child>> {
+        Ok(match parent {
+            Ident::Root => {
+                let mut out = Vec::new();
+                if self.root_is_merged() {
+                    out.push(Self::resolution_child(g));
+                    out.push(Self::tiers_child());
+                }
+                out.extend(Self::view_children(self.root_view, g.view(self.root_view)));
+                out
+            }
+            Ident::TiersDir => g.tiers().map(Self::tier_child).collect(),
+            Ident::TierDir(t) => {
+                Self::view_children(View::Tier(*t), g.view(View::Tier(*t))).collect()
+            }
+            Ident::SkillDir { view, skill, rel } => {
+                let (tree, _) = self.skill_tree(g, *view, skill, rel)?;
+                tree.entries()
+                    .iter()
+                    .map(|e| Self::tree_child(*view, skill, rel, e))
+                    .collect()
+            }
+            Ident::Resolution(_) | Ident::SkillBlob { .. } => return Err(Errno::ENOTDIR),
+        })
+    }
+
+    /// Looks `name` up in `parent`. `Ok(None)` is a negative entry the kernel may cache.
+    pub fn lookup(&self, parent: u64, name: &str) -> Result<Option<Attr>> {
+        let dir = self.node(parent)?;
+        if !dir.ident.is_dir() {
+            return Err(Errno::ENOTDIR);
+        }
+        let g = self.generation();
+        match self.find_child(&g, &dir.ident, name) {
+            Ok(Some(child)) => Ok(Some(self.remember(&child))),
+            Ok(None) => Ok(None),
+            // The directory itself is gone in this generation: nothing below it exists.
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        Ok(self.node(ino)?.attr)
+    }
+
+    /// Opens a directory: its listing of this generation, kept under the returned handle.
+    pub fn opendir(&self, ino: u64) -> Result<u64> {
+        let dir = self.node(ino)?;
+        if !dir.ident.is_dir() {
+            return Err(Errno::ENOTDIR);
+        }
+        let children = self.children(&self.generation(), &dir.ident)?;
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.handles
+            .lock()
+            .expect("handle lock")
+            .insert(fh, Arc::new(Listing { dir: ino, children }));
+        Ok(fh)
+    }
+
+    pub fn listing(&self, fh: u64) -> Result<Arc<Listing>> {
+        self.handles
+            .lock()
+            .expect("handle lock")
+            .get(&fh)
+            .cloned()
+            .ok_or(Errno::EBADF)
+    }
+
+    /// A readdirplus entry handed to the kernel counts as a lookup.
+    pub fn remember_child(&self, child: &Child) -> Attr {
+        self.remember(child)
+    }
+
+    pub fn releasedir(&self, fh: u64) {
+        self.handles.lock().expect("handle lock").remove(&fh);
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        match &self.node(ino)?.ident {
+            Ident::SkillBlob {
+                kind: Kind::Symlink,
+                digest,
+                ..
+            } => self.store.blob(digest).map_err(|e| {
+                tracing::error!(object = %digest, error = %e, "cannot read symlink target");
+                Errno::EIO
+            }),
+            _ => Err(Errno::EINVAL),
+        }
+    }
+
+    /// Reads up to `size` bytes at `offset`. A blob is checked against its digest before its
+    /// first byte is served; a corrupt one gives EIO (and a log line naming it), never bytes.
+    pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let node = self.node(ino)?;
+        match &node.ident {
+            Ident::Resolution(_) => {
+                let data = node.data.as_deref().unwrap_or_default();
+                let start = (offset as usize).min(data.len());
+                let end = start.saturating_add(size as usize).min(data.len());
+                Ok(data[start..end].to_vec())
+            }
+            Ident::SkillBlob {
+                kind: Kind::File | Kind::Executable,
+                digest,
+                ..
+            } => {
+                let file = self.open_blob(digest)?;
+                let want = (size as u64).min(node.attr.size.saturating_sub(offset)) as usize;
+                let mut buf = vec![0u8; want];
+                let mut done = 0;
+                while done < want {
+                    match file.read_at(&mut buf[done..], offset + done as u64) {
+                        Ok(0) => break,
+                        Ok(n) => done += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(e) => {
+                            tracing::error!(object = %digest, error = %e, "read failed");
+                            return Err(Errno::EIO);
+                        }
+                    }
+                }
+                buf.truncate(done);
+                Ok(buf)
+            }
+            Ident::SkillBlob { .. } => Err(Errno::EINVAL),
+            _ => Err(Errno::EISDIR),
+        }
+    }
+
+    fn open_blob(&self, digest: &Digest) -> Result<Arc<File>> {
+        if let Some(f) = self.open_blobs.lock().expect("blob cache lock").get(digest) {
+            return Ok(f.clone());
+        }
+        let path = self.store.object_path(ObjectKind::Blob, digest);
+        let mut file = File::open(&path).map_err(|e| {
+            tracing::error!(object = %digest, error = %e, "blob missing from the store");
+            Errno::EIO
+        })?;
+        let known_good = self
+            .verified
+            .lock()
+            .expect("verified lock")
+            .get(digest)
+            .is_some();
+        if !known_good {
+            let mut hasher = Hasher::default();
+            let mut buf = vec![0u8; 256 << 10];
+            loop {
+                let n = file.read(&mut buf).map_err(|_| Errno::EIO)?;
+                if n == 0 {
+                    break;
+                }
+                hasher.update(&buf[..n]);
+            }
+            if hasher.finish() != *digest {
+                tracing::error!(object = %digest, path = %path.display(), "corrupt object: its content does not match its digest; serving EIO");
+                return Err(Errno::EIO);
+            }
+            self.verified
+                .lock()
+                .expect("verified lock")
+                .put(*digest, ());
+        }
+        let file = Arc::new(file);
+        self.open_blobs
+            .lock()
+            .expect("blob cache lock")
+            .put(*digest, file.clone());
+        Ok(file)
+    }
+
+    /// The extended attributes of a node: provenance of skills, the generation at the root.
+    pub fn xattrs(&self, ino: u64) -> Result<Vec<(String, String)>> {
+        let node = self.node(ino)?;
+        let g = self.generation();
+        let mut out = Vec::new();
+        let mut put = |k: &str, v: String| out.push((format!("{XATTR_PREFIX}{k}"), v));
+        match &node.ident {
+            Ident::Root | Ident::Resolution(_) | Ident::TiersDir => {
+                put("generation", g.digest().to_string())
+            }
+            Ident::TierDir(t) => put("tier", t.to_string()),
+            Ident::SkillDir { view, skill, rel }
+            | Ident::SkillBlob {
+                view, skill, rel, ..
+            } => {
+                let origin: &SkillOrigin = g.skill(*view, skill).ok_or(Errno::ENOENT)?;
+                put("skill", skill.to_string());
+                put("tier", origin.tier.to_string());
+                put("source", origin.source.clone());
+                if let Some(t) = &origin.toolkit {
+                    put("toolkit", t.clone());
+                }
+                if let Some(u) = &origin.url {
+                    put("url", u.clone());
+                }
+                if let Some(c) = &origin.commit {
+                    put("commit", c.clone());
+                }
+                put("skill-digest", origin.digest.to_string());
+                let digest = match &node.ident {
+                    Ident::SkillBlob { digest, .. } => *digest,
+                    _ => self.skill_tree(&g, *view, skill, rel)?.1,
+                };
+                put("digest", digest.to_string());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Makes `next` current and returns what the kernel must forget: every name whose entry
+    /// changed (including names that appeared, to drop negative entries) and every directory
+    /// whose listing changed, as far as the kernel knows those directories.
+    pub fn set_generation(&self, next: Generation) -> Vec<Invalidation> {
+        let next = Arc::new(next);
+        let prev = std::mem::replace(
+            &mut *self.current.write().expect("generation lock"),
+            next.clone(),
+        );
+        let mut out = Vec::new();
+        let known = |ident: &Ident| -> Option<u64> {
+            let ino = ident.ino(0);
+            let nodes = self.nodes.read().expect("node lock");
+            nodes.get(&ino).filter(|n| n.ident == *ident).map(|_| ino)
+        };
+
+        let root_view = self.root_view;
+        let mut root_changed = self.diff_view(&prev, &next, root_view, ROOT_INO, &mut out);
+        if self.root_is_merged() {
+            if prev.resolution_json != next.resolution_json {
+                out.push(Invalidation::Entry {
+                    parent: ROOT_INO,
+                    name: RESOLUTION_FILE.into(),
+                });
+                root_changed = true;
+            }
+            if let Some(tiers_ino) = known(&Ident::TiersDir) {
+                let before: BTreeSet<Tier> = prev.tiers().collect();
+                let after: BTreeSet<Tier> = next.tiers().collect();
+                for t in before.symmetric_difference(&after) {
+                    out.push(Invalidation::Entry {
+                        parent: tiers_ino,
+                        name: t.to_string(),
+                    });
+                }
+                if before != after {
+                    out.push(Invalidation::Inode { ino: tiers_ino });
+                }
+            }
+            for tier in Tier::ALL {
+                if let Some(ino) = known(&Ident::TierDir(tier)) {
+                    if self.diff_view(&prev, &next, View::Tier(tier), ino, &mut out) {
+                        out.push(Invalidation::Inode { ino });
+                    }
+                }
+            }
+        }
+        if root_changed {
+            out.push(Invalidation::Inode { ino: ROOT_INO });
+        }
+        out
+    }
+
+    /// Differences of one view between generations; true when its listing changed.
+    fn diff_view(
+        &self,
+        prev: &Generation,
+        next: &Generation,
+        view: View,
+        parent: u64,
+        out: &mut Vec<Invalidation>,
+    ) -> bool {
+        let (a, b) = (prev.view(view), next.view(view));
+        let names: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+        let mut changed = false;
+        for name in names {
+            let (old, new) = (a.get(name), b.get(name));
+            if old == new {
+                continue;
+            }
+            changed = true;
+            match (old, new) {
+                (Some(o), Some(n)) if o.digest != n.digest => {
+                    // Same folder, new content: its inode stays, its children may not.
+                    let ident = Ident::SkillDir {
+                        view,
+                        skill: name.as_str().into(),
+                        rel: "".into(),
+                    };
+                    self.diff_tree(&ident, &o.digest, &n.digest, out);
+                }
+                (Some(_), Some(_)) => {} // only the provenance changed
+                _ => out.push(Invalidation::Entry {
+                    parent,
+                    name: name.clone(),
+                }),
+            }
+        }
+        changed
+    }
+
+    /// Differences inside a skill folder the kernel knows.
+    fn diff_tree(&self, dir: &Ident, old: &Digest, new: &Digest, out: &mut Vec<Invalidation>) {
+        let ino = dir.ino(0);
+        let known = self
+            .nodes
+            .read()
+            .expect("node lock")
+            .get(&ino)
+            .is_some_and(|n| n.ident == *dir);
+        if !known || old == new {
+            return;
+        }
+        let (Ok(a), Ok(b)) = (self.tree(old), self.tree(new)) else {
+            out.push(Invalidation::Inode { ino });
+            return;
+        };
+        let Ident::SkillDir { view, skill, rel } = dir else {
+            return;
+        };
+        let names: BTreeSet<&str> = a
+            .entries()
+            .iter()
+            .chain(b.entries())
+            .map(|e| e.name.as_str())
+            .collect();
+        for name in names {
+            let (x, y) = (a.get(name), b.get(name));
+            if x == y {
+                continue;
+            }
+            match (x, y) {
+                (Some(x), Some(y)) if x.kind == Kind::Tree && y.kind == Kind::Tree => {
+                    let child = Ident::SkillDir {
+                        view: *view,
+                        skill: skill.clone(),
+                        rel: join(rel, name),
+                    };
+                    self.diff_tree(&child, &x.digest, &y.digest, out);
+                }
+                _ => out.push(Invalidation::Entry {
+                    parent: ino,
+                    name: name.to_owned(),
+                }),
+            }
+        }
+        out.push(Invalidation::Inode { ino });
+    }
+}

@@ -1,0 +1,78 @@
+//! `cloud-harness mount`: the skills filesystem daemon.
+
+use crate::cli::TierArgs;
+use clap::Args;
+use cloud_harness_fs::cas::Store;
+use cloud_harness_fs::discovery::SkillCache;
+use cloud_harness_fs::fuse::{self, MountConfig};
+use cloud_harness_fs::generation::View;
+use cloud_harness_fs::live::LiveTiers;
+use cloud_harness_fs::namespace::Namespace;
+use cloud_harness_fs::resolver::Tier;
+use cloud_harness_fs::{Error, Result};
+use nix::sys::signal::{SigSet, Signal};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    /// An existing, empty directory to mount on.
+    pub mountpoint: PathBuf,
+    #[command(flatten)]
+    pub tiers: TierArgs,
+    /// Serve one tier's view alone at the root (e.g. `--only owner` for an owner-skills mount).
+    #[arg(long, value_name = "TIER")]
+    pub only: Option<Tier>,
+    /// Let every user read the mount (otherwise root and the mounting user).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Worker threads serving the kernel.
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+}
+
+/// Mounts, serves until SIGTERM or SIGINT (or an external unmount), then unmounts.
+pub fn run(store: &Store, args: &MountArgs) -> Result<u8> {
+    // Blocked here, before any thread exists, so only the waiter below receives them.
+    let signals = SigSet::from_iter([Signal::SIGINT, Signal::SIGTERM]);
+    signals
+        .thread_block()
+        .map_err(|e| Error::internal(format!("blocking signals: {e}")))?;
+
+    let cache = Arc::new(SkillCache::default());
+    let spec = args.tiers.stack(store, &cache)?;
+    let generation = spec.generation(store, &cache)?;
+    let digest = generation.digest();
+    let view = args.only.map_or(View::Merged, View::Tier);
+    let ns = Arc::new(Namespace::new(store.clone(), view, generation));
+    let config = MountConfig {
+        allow_other: args.allow_other,
+        threads: args.threads,
+    };
+    let mounted = fuse::mount(ns.clone(), &args.mountpoint, &config)
+        .map_err(|e| Error::internal(format!("mounting at {}: {e}", args.mountpoint.display())))?;
+    let notifier = mounted.notifier.clone();
+    let _live = LiveTiers::start(spec, store.clone(), cache, ns, move |items| {
+        fuse::invalidate(&notifier, items)
+    });
+    let mountpoint = args.mountpoint.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Ok(sig) = signals.wait() {
+                tracing::info!(signal = ?sig, "unmounting");
+                if let Err(e) = fuse::unmount(&mountpoint) {
+                    tracing::error!(error = %e, mountpoint = %mountpoint.display(), "unmount failed");
+                }
+            }
+        })
+        .map_err(|e| Error::internal(format!("spawning the signal thread: {e}")))?;
+    eprintln!(
+        "cloud-harness: serving skills at {} (generation {digest})",
+        args.mountpoint.display()
+    );
+    mounted
+        .run()
+        .map_err(|e| Error::internal(format!("serving {}: {e}", args.mountpoint.display())))?;
+    Ok(0)
+}
