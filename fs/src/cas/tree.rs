@@ -122,6 +122,9 @@ impl Tree {
     }
 
     pub fn get(&self, name: &str) -> Option<&Entry> {
+        if name.contains('/') {
+            return None;
+        }
         // A directory sorts as `name/`, anything else as `name`: search for both keys.
         [Kind::File, Kind::Tree].into_iter().find_map(|kind| {
             self.entries
