@@ -1,0 +1,210 @@
+//! The filesystem logic without the kernel: what each handler's function returns.
+
+use cloud_harness_fs::cas::Store;
+use cloud_harness_fs::discovery::SkillCache;
+use cloud_harness_fs::generation::{Generation, View};
+use cloud_harness_fs::namespace::{
+    FileKind, Invalidation, Namespace, RESOLUTION_FILE, ROOT_INO, TIERS_DIR,
+};
+use cloud_harness_fs::resolver::Tier;
+use cloud_harness_fs::stack::StackSpec;
+use nix::errno::Errno;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn skill(root: &Path, name: &str, body: &str) {
+    let dir = root.join(name);
+    fs::create_dir_all(dir.join("refs")).unwrap();
+    fs::write(
+        dir.join("SKILL.md"),
+        format!("---\nname: {name}\ndescription: d\n---\n{body}\n"),
+    )
+    .unwrap();
+    fs::write(dir.join("refs/notes.md"), format!("notes of {name}")).unwrap();
+}
+
+struct Setup {
+    _tmp: tempfile::TempDir,
+    store: Store,
+    spec: StackSpec,
+    owner: PathBuf,
+    ws: PathBuf,
+}
+
+fn setup() -> Setup {
+    let tmp = tempfile::tempdir().unwrap();
+    let (owner, ws) = (tmp.path().join("owner"), tmp.path().join("ws"));
+    skill(&owner, "tdd", "owner tdd");
+    skill(&ws, "tdd", "ws tdd");
+    skill(&ws, "lint", "ws lint");
+    let store = Store::open(tmp.path().join("store")).unwrap();
+    let spec = StackSpec {
+        dirs: vec![(Tier::Owner, owner.clone()), (Tier::Workspace, ws.clone())],
+        ..StackSpec::default()
+    };
+    Setup {
+        _tmp: tmp,
+        store,
+        spec,
+        owner,
+        ws,
+    }
+}
+
+impl Setup {
+    fn generation(&self) -> Generation {
+        self.spec
+            .generation(&self.store, &SkillCache::default())
+            .unwrap()
+    }
+}
+
+fn path(ns: &Namespace, parts: &[&str]) -> u64 {
+    parts.iter().fold(ROOT_INO, |dir, p| {
+        ns.lookup(dir, p)
+            .unwrap()
+            .unwrap_or_else(|| panic!("no {p}"))
+            .ino
+    })
+}
+
+fn names(ns: &Namespace, dir: u64) -> Vec<String> {
+    let fh = ns.opendir(dir).unwrap();
+    let out = ns
+        .listing(fh)
+        .unwrap()
+        .children
+        .iter()
+        .map(|c| c.name.clone())
+        .collect();
+    ns.releasedir(fh);
+    out
+}
+
+#[test]
+fn lookups_listings_and_reads_follow_the_tiers() {
+    let s = setup();
+    let ns = Namespace::new(s.store.clone(), View::Merged, s.generation());
+    assert_eq!(
+        names(&ns, ROOT_INO),
+        [RESOLUTION_FILE, TIERS_DIR, "lint", "tdd"]
+    );
+    let tdd_md = path(&ns, &["tdd", "SKILL.md"]);
+    let text = ns.read(tdd_md, 0, 4096).unwrap();
+    assert!(String::from_utf8(text).unwrap().contains("owner tdd"));
+    let ws_md = path(&ns, &[TIERS_DIR, "workspace", "tdd", "SKILL.md"]);
+    assert!(String::from_utf8(ns.read(ws_md, 0, 4096).unwrap())
+        .unwrap()
+        .contains("ws tdd"));
+    assert_eq!(names(&ns, path(&ns, &[TIERS_DIR])), ["owner", "workspace"]);
+
+    // Reads past the end, partial reads, a missing name, a file as a directory.
+    let size = ns.getattr(tdd_md).unwrap().size;
+    assert_eq!(ns.read(tdd_md, size, 10).unwrap(), b"");
+    assert_eq!(ns.read(tdd_md, 4, 3).unwrap(), b"nam");
+    assert_eq!(ns.lookup(ROOT_INO, "nope").unwrap(), None);
+    assert_eq!(ns.lookup(tdd_md, "x"), Err(Errno::ENOTDIR));
+    assert_eq!(ns.read(path(&ns, &["tdd"]), 0, 1), Err(Errno::EISDIR));
+    assert_eq!(
+        ns.getattr(path(&ns, &["tdd", "refs"])).unwrap().kind,
+        FileKind::Directory
+    );
+
+    let xattrs = ns.xattrs(tdd_md).unwrap();
+    let get = |k: &str| {
+        xattrs
+            .iter()
+            .find(|(n, _)| n == &format!("user.cloud-harness.{k}"))
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(get("tier").as_deref(), Some("owner"));
+    assert!(get("source").unwrap().starts_with("owner:"));
+}
+
+#[test]
+fn a_new_generation_keeps_directory_inodes_and_renumbers_changed_files() {
+    let s = setup();
+    let ns = Namespace::new(s.store.clone(), View::Merged, s.generation());
+    let lint_dir = path(&ns, &["lint"]);
+    let lint_md = path(&ns, &["lint", "SKILL.md"]);
+    let lint_notes = path(&ns, &["lint", "refs", "notes.md"]);
+    let refs = path(&ns, &["lint", "refs"]);
+    assert_eq!(ns.lookup(ROOT_INO, "fresh").unwrap(), None);
+
+    skill(&s.ws, "lint", "ws lint v2"); // SKILL.md changes, refs/notes.md does not
+    skill(&s.ws, "fresh", "new");
+    fs::remove_dir_all(s.owner.join("tdd")).unwrap(); // tdd now comes from the workspace
+    let inv = ns.set_generation(s.generation());
+
+    let entry = |parent: u64, name: &str| Invalidation::Entry {
+        parent,
+        name: name.into(),
+    };
+    assert!(inv.contains(&entry(lint_dir, "SKILL.md")), "{inv:?}");
+    assert!(
+        inv.contains(&entry(ROOT_INO, "fresh")),
+        "the negative entry must go: {inv:?}"
+    );
+    assert!(
+        inv.contains(&Invalidation::Inode { ino: ROOT_INO }),
+        "{inv:?}"
+    );
+    assert!(
+        !inv.contains(&entry(refs, "notes.md")),
+        "unchanged files stay cached: {inv:?}"
+    );
+
+    assert_eq!(
+        path(&ns, &["lint"]),
+        lint_dir,
+        "directory inodes are stable"
+    );
+    assert_eq!(
+        path(&ns, &["lint", "refs", "notes.md"]),
+        lint_notes,
+        "unchanged file, same inode"
+    );
+    let new_md = path(&ns, &["lint", "SKILL.md"]);
+    assert_ne!(new_md, lint_md, "changed content, new inode");
+    assert!(String::from_utf8(ns.read(new_md, 0, 4096).unwrap())
+        .unwrap()
+        .contains("v2"));
+    // The old inode still reads the old bytes until the kernel forgets it.
+    assert!(String::from_utf8(ns.read(lint_md, 0, 4096).unwrap())
+        .unwrap()
+        .contains("ws lint\n"));
+    assert!(
+        String::from_utf8(ns.read(path(&ns, &["tdd", "SKILL.md"]), 0, 4096).unwrap())
+            .unwrap()
+            .contains("ws tdd")
+    );
+}
+
+#[test]
+fn forgotten_nodes_are_dropped_so_memory_follows_the_kernel() {
+    let s = setup();
+    let ns = Namespace::new(s.store.clone(), View::Merged, s.generation());
+    let base = ns.node_count();
+    let md = path(&ns, &["tdd", "SKILL.md"]); // one reference to tdd and one to SKILL.md
+    let dir = path(&ns, &["tdd"]); // tdd: two
+    ns.lookup(dir, "SKILL.md").unwrap(); // SKILL.md: two
+    assert_eq!(ns.node_count(), base + 2);
+    ns.forget(md, 1);
+    assert_eq!(ns.node_count(), base + 2);
+    ns.forget(md, 1);
+    ns.forget(dir, 1);
+    assert_eq!(ns.node_count(), base + 1);
+    ns.forget(dir, 1);
+    assert_eq!(ns.node_count(), base);
+    assert_eq!(ns.getattr(md), Err(Errno::ENOENT));
+    ns.forget(ROOT_INO, 100);
+    assert!(ns.getattr(ROOT_INO).is_ok(), "the root is never forgotten");
+}
+
+#[test]
+fn one_tier_alone_at_the_root() {
+    let s = setup();
+    let ns = Namespace::new(s.store.clone(), View::Tier(Tier::Workspace), s.generation());
+    assert_eq!(names(&ns, ROOT_INO), ["lint", "tdd"]);
+    assert_eq!(ns.lookup(ROOT_INO, TIERS_DIR).unwrap(), None);
+}
