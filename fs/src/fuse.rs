@@ -9,7 +9,7 @@
 //! with `FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR`, so a reader keeps the listing of the generation
 //! it opened while the kernel still caches listings.
 
-use crate::namespace::{Attr, FileKind, Invalidation, Namespace};
+use crate::namespace::{Attr, FileKind, Invalidation, Namespace, XATTR_PREFIX};
 use fuser::{
     AccessFlags, BsdFileFlags, Config, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType,
     Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, MountOption,
@@ -254,6 +254,15 @@ impl Filesystem for SkillsFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        // No security labels, no POSIX ACLs: saying "not supported" (rather than "no such
+        // attribute") lets tools such as `ls -l` stop asking for every file of the mount.
+        let name_bytes = name.as_encoded_bytes();
+        if name_bytes.starts_with(b"security.") || name_bytes.starts_with(b"system.") {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
+        if !name_bytes.starts_with(XATTR_PREFIX.as_bytes()) {
+            return reply.error(Errno::NO_XATTR);
+        }
         let attrs = match self.ns.xattrs(ino.0) {
             Ok(a) => a,
             Err(e) => return reply.error(errno(e)),

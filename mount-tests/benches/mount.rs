@@ -1,1 +1,358 @@
-fn main() {}
+//! The skills mount against a tmpfs copy of the same merged tree and against Debian's mergerfs
+//! over the same tier folders, in one run, warm and cold.
+//!
+//! `cargo bench --bench mount` (root, /dev/fuse, fuse3 and mergerfs; `.ci/setup` installs them).
+//! BENCH_RUNS sets the runs per figure (default 9 warm, 5 cold); figures are medians.
+
+use cloud_harness::cli::TierArgs;
+use cloud_harness::fs::cas::{materialize, Store};
+use cloud_harness::fs::discovery::SkillCache;
+use cloud_harness::fs::generation::View;
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cloud-harness");
+const SKILLS: usize = 2000; // x 5 files = the 10,000-file tree
+const BIG_DIR: usize = 10_000;
+const BIG_FILE: usize = 64 << 20;
+const MISSING: usize = 10_000;
+
+struct Rng(u64);
+impl Rng {
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                (self.0 >> 24) as u8
+            })
+            .collect()
+    }
+}
+
+fn write(path: &Path, bytes: &[u8]) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(path, bytes).unwrap();
+}
+
+/// Owner: 2,000 skills of 5 files, a skill with a 10,000-entry folder, one with a 64 MiB
+/// file. Workspace: 500 of the same names (shadowed) and 200 of its own.
+fn make_tiers(root: &Path) -> (PathBuf, PathBuf) {
+    let mut rng = Rng(0x9e3779b97f4a7c15);
+    let (owner, ws) = (root.join("owner"), root.join("workspace"));
+    let skill_md = |name: &str, who: &str| {
+        format!("---\nname: {name}\ndescription: {name} of the {who}\n---\n# {name}\n")
+    };
+    for i in 0..SKILLS {
+        let dir = owner.join(format!("skill-{i:04}"));
+        write(
+            &dir.join("SKILL.md"),
+            skill_md(&format!("skill-{i:04}"), "owner").as_bytes(),
+        );
+        write(&dir.join("references/guide.md"), &rng.bytes(4096));
+        write(&dir.join("references/api.md"), &rng.bytes(2048));
+        write(&dir.join("scripts/run.sh"), &rng.bytes(1024));
+        write(&dir.join("assets/template.txt"), &rng.bytes(4096));
+    }
+    let big_dir = owner.join("big-dir");
+    write(
+        &big_dir.join("SKILL.md"),
+        skill_md("big-dir", "owner").as_bytes(),
+    );
+    for i in 0..BIG_DIR {
+        write(
+            &big_dir.join(format!("entries/entry-{i:05}.md")),
+            format!("entry {i}\n").as_bytes(),
+        );
+    }
+    let big_file = owner.join("big-file");
+    write(
+        &big_file.join("SKILL.md"),
+        skill_md("big-file", "owner").as_bytes(),
+    );
+    write(&big_file.join("assets/model.bin"), &rng.bytes(BIG_FILE));
+    for i in 0..500 {
+        let name = format!("skill-{:04}", i * 4);
+        write(
+            &ws.join(&name).join("SKILL.md"),
+            skill_md(&name, "workspace").as_bytes(),
+        );
+    }
+    for i in 0..200 {
+        let name = format!("ws-skill-{i:03}");
+        write(
+            &ws.join(&name).join("SKILL.md"),
+            skill_md(&name, "workspace").as_bytes(),
+        );
+        write(
+            &ws.join(&name).join("references/notes.md"),
+            &rng.bytes(3000),
+        );
+    }
+    (owner, ws)
+}
+
+fn is_mounted(mountpoint: &Path) -> bool {
+    let real = mountpoint.canonicalize().unwrap();
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(real.to_str().unwrap()))
+}
+
+fn wait_mounted(mountpoint: &Path) {
+    let start = Instant::now();
+    while !is_mounted(mountpoint) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "{} never mounted",
+            mountpoint.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn drop_caches() {
+    nix::unistd::sync();
+    fs::write("/proc/sys/vm/drop_caches", "3").expect("dropping caches needs root");
+}
+
+fn median(mut xs: Vec<Duration>) -> Duration {
+    xs.sort();
+    xs[xs.len() / 2]
+}
+
+struct Workload {
+    files: Vec<PathBuf>,
+    small: Vec<PathBuf>,
+    missing: Vec<PathBuf>,
+    big_dir: PathBuf,
+    big_file: PathBuf,
+}
+
+fn workload() -> Workload {
+    let mut files = Vec::new();
+    let mut small = Vec::new();
+    for i in 0..SKILLS {
+        let s = PathBuf::from(format!("skill-{i:04}"));
+        for f in [
+            "SKILL.md",
+            "references/guide.md",
+            "references/api.md",
+            "scripts/run.sh",
+            "assets/template.txt",
+        ] {
+            files.push(s.join(f));
+        }
+        small.push(s.join("assets/template.txt"));
+    }
+    let missing = (0..MISSING)
+        .map(|i| PathBuf::from(format!("skill-{:04}/missing-{i}.md", i % SKILLS)))
+        .collect();
+    Workload {
+        files,
+        small,
+        missing,
+        big_dir: PathBuf::from("big-dir/entries"),
+        big_file: PathBuf::from("big-file/assets/model.bin"),
+    }
+}
+
+type Metric = (&'static str, fn(&Path, &Workload) -> Duration);
+
+fn stat_all(root: &Path, w: &Workload) -> Duration {
+    let t = Instant::now();
+    for f in &w.files {
+        std::hint::black_box(fs::symlink_metadata(root.join(f)).unwrap());
+    }
+    t.elapsed()
+}
+
+fn small_reads(root: &Path, w: &Workload) -> Duration {
+    let mut buf = vec![0u8; 4096];
+    let t = Instant::now();
+    for f in &w.small {
+        let mut file = fs::File::open(root.join(f)).unwrap();
+        file.read_exact(&mut buf).unwrap();
+    }
+    t.elapsed()
+}
+
+fn ls_l(root: &Path, w: &Workload) -> Duration {
+    let t = Instant::now();
+    let status = Command::new("ls")
+        .arg("-l")
+        .arg(root.join(&w.big_dir))
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    t.elapsed()
+}
+
+fn missing(root: &Path, w: &Workload) -> Duration {
+    let t = Instant::now();
+    for f in &w.missing {
+        assert!(fs::symlink_metadata(root.join(f)).is_err());
+    }
+    t.elapsed()
+}
+
+fn big_read(root: &Path, w: &Workload) -> Duration {
+    let mut file = fs::File::open(root.join(&w.big_file)).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    let t = Instant::now();
+    let mut n = 0;
+    loop {
+        let k = file.read(&mut buf).unwrap();
+        if k == 0 {
+            break;
+        }
+        n += k;
+    }
+    assert_eq!(n, BIG_FILE);
+    t.elapsed()
+}
+
+fn main() {
+    if !nix::unistd::geteuid().is_root() || !Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: the mount benchmark needs root and /dev/fuse");
+        return;
+    }
+    let runs: usize = std::env::var("BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(9);
+    let cold_runs = runs.div_ceil(2).max(3);
+    let work = tempfile::tempdir_in(
+        std::env::var_os("BENCH_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir),
+    )
+    .unwrap();
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    eprintln!("building the tiers...");
+    let (owner, ws) = make_tiers(work.path());
+    let store_dir = work.path().join("store");
+
+    // The tmpfs baseline: the merged view, materialized.
+    let store = Store::open(&store_dir).unwrap();
+    let cache = SkillCache::default();
+    let args = TierArgs {
+        no_builtin: true,
+        owner: vec![owner.clone()],
+        workspace: vec![ws.clone()],
+        repository: None,
+        overrides: vec![],
+    };
+    let generation = args
+        .stack(&store, &cache)
+        .unwrap()
+        .generation(&store, &cache)
+        .unwrap();
+    let tmpfs = shm.path().join("merged");
+    fs::create_dir(&tmpfs).unwrap();
+    for (name, origin) in generation.view(View::Merged) {
+        materialize(&store, &origin.digest, &tmpfs.join(name)).unwrap();
+    }
+
+    let ours = work.path().join("mnt-cloud-harness");
+    fs::create_dir(&ours).unwrap();
+    let mut daemon: Child = Command::new(BIN)
+        .arg("mount")
+        .arg(&ours)
+        .args(["--no-builtin", "--owner"])
+        .arg(&owner)
+        .arg("--workspace")
+        .arg(&ws)
+        .env("TOOLKIT_CACHE_ROOT", &store_dir)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_mounted(&ours);
+
+    let mfs = work.path().join("mnt-mergerfs");
+    fs::create_dir(&mfs).unwrap();
+    let mergerfs = Command::new("mergerfs")
+        .arg("-o")
+        .arg("ro,cache.files=full,cache.attr=86400,cache.entry=86400,cache.negative_entry=86400,cache.readdir=true,category.search=ff,fsname=mergerfs-bench")
+        .arg(format!("{}:{}", owner.display(), ws.display()))
+        .arg(&mfs)
+        .status();
+    let have_mergerfs = mergerfs.is_ok_and(|s| s.success());
+    if have_mergerfs {
+        wait_mounted(&mfs);
+    } else {
+        eprintln!("mergerfs is not installed: its column stays empty");
+    }
+
+    let w = workload();
+    let metrics: [Metric; 5] = [
+        ("stat of every file, 10,000-file tree", stat_all),
+        ("4 KiB open+read+close x2,000", small_reads),
+        ("`ls -l` of a 10,000-entry folder", ls_l),
+        ("lookups of 10,000 missing names", missing),
+        ("64 MiB sequential read", big_read),
+    ];
+    let mut contenders: Vec<(&str, &Path)> = vec![("tmpfs", &tmpfs), ("cloud-harness", &ours)];
+    if have_mergerfs {
+        contenders.push(("mergerfs", &mfs));
+    }
+
+    println!(
+        "| metric | state | tmpfs | cloud-harness | ratio to tmpfs | mergerfs | ratio to tmpfs |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (name, f) in metrics {
+        for cold in [false, true] {
+            // Runs alternate between the contenders, so drift on a shared machine hits all.
+            let mut times: Vec<Vec<Duration>> = vec![Vec::new(); contenders.len()];
+            if !cold {
+                for (_, root) in &contenders {
+                    f(root, &w); // warm-up
+                }
+            }
+            for _ in 0..(if cold { cold_runs } else { runs }) {
+                for (i, (_, root)) in contenders.iter().enumerate() {
+                    if cold {
+                        drop_caches();
+                    }
+                    times[i].push(f(root, &w));
+                }
+            }
+            let cells: Vec<Duration> = times.into_iter().map(median).collect();
+            let show = |d: Duration| {
+                if name.starts_with("64 MiB") {
+                    format!("{:.0} MiB/s", 64.0 / d.as_secs_f64())
+                } else {
+                    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+                }
+            };
+            let ratio = |d: Duration| format!("{:.2}x", d.as_secs_f64() / cells[0].as_secs_f64());
+            let (m, mr) = match cells.get(2) {
+                Some(d) => (show(*d), ratio(*d)),
+                None => ("-".into(), "-".into()),
+            };
+            println!(
+                "| {name} | {} | {} | {} | {} | {m} | {mr} |",
+                if cold { "cold" } else { "warm" },
+                show(cells[0]),
+                show(cells[1]),
+                ratio(cells[1]),
+            );
+        }
+    }
+    println!("(ratios are time ratios: for the 64 MiB read, below 1.25x means at least 0.8x the throughput)");
+
+    let _ = Command::new("fusermount3").arg("-u").arg(&mfs).status();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    daemon.wait().unwrap();
+}
