@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 /// Changes that arrive together (an editor's save, a `git checkout`) make one generation.
 const SETTLE: Duration = Duration::from_millis(100);
+const REPEAT_AFTER: Duration = Duration::from_millis(50);
 
 enum Msg {
     Changed,
@@ -131,6 +132,10 @@ fn run(
             Ok(next) if next.digest() != ns.generation().digest() => {
                 let digest = next.digest();
                 let invalidations = ns.set_generation(next);
+                apply(&invalidations);
+                // A lookup that read the previous generation may answer the kernel just after
+                // the invalidation; saying it again shortly after closes that window.
+                std::thread::sleep(REPEAT_AFTER);
                 apply(&invalidations);
                 tracing::info!(generation = %digest, invalidated = invalidations.len(), "new generation");
             }
