@@ -263,6 +263,7 @@ impl Fixture {
     fn tier_args(&self) -> TierArgs {
         TierArgs {
             no_builtin: false,
+            bundle: vec![],
             owner: vec![self.owner.clone()],
             workspace: vec![self.workspace.clone()],
             repository: Some(self.project.clone()),

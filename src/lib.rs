@@ -4,5 +4,8 @@
 pub mod builtin;
 pub mod cli;
 pub mod mount;
+pub mod presets;
+pub mod provision;
+pub mod toolkit;
 
 pub use cloud_harness_fs as fs;

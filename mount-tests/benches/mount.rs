@@ -244,6 +244,7 @@ fn main() {
     let cache = SkillCache::default();
     let args = TierArgs {
         no_builtin: true,
+        bundle: vec![],
         owner: vec![owner.clone()],
         workspace: vec![ws.clone()],
         repository: None,

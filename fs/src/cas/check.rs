@@ -253,7 +253,16 @@ impl Store {
         let tmp = self.tmp_dir();
         for item in fs::read_dir(&tmp).map_err(|e| Error::io(&tmp, e))? {
             let path = item.map_err(|e| Error::io(&tmp, e))?.path();
-            if older_than(&path, cutoff).is_some() && fs::remove_file(&path).is_ok() {
+            if older_than(&path, cutoff).is_none() {
+                continue;
+            }
+            // Temp files of a dead writer, or the scratch folder of a dead fetch.
+            let removed = if path.is_dir() && !path.is_symlink() {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
+            if removed.is_ok() {
                 report.removed_temp += 1;
             }
         }

@@ -83,7 +83,8 @@ impl Store {
         &self.root
     }
 
-    pub(crate) fn tmp_dir(&self) -> PathBuf {
+    /// Scratch space on the store's file system; `cas gc` sweeps what is left there.
+    pub fn tmp_dir(&self) -> PathBuf {
         self.root.join("tmp")
     }
 

@@ -1,0 +1,139 @@
+//! Cold acquisition of a 50-skill toolkit against `git clone --depth 1` of the same repository
+//! from the same local HTTPS server, and the warm start, in one run (medians).
+//!
+//! `cargo bench --bench acquire` (needs python3, git and openssl, as the tests do).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use cloud_harness::provision::fetch::Transport;
+use cloud_harness::provision::hosts::HostPolicy;
+use cloud_harness::provision::staging::Limits;
+use cloud_harness::provision::Provisioner;
+use cloud_harness::toolkit::{GitSpec, ToolkitSpec};
+use cloud_harness_fs::cas::Store;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::{dir, Node, Repo};
+
+const RUNS: usize = 7;
+
+fn median(mut xs: Vec<Duration>) -> Duration {
+    xs.sort();
+    xs[xs.len() / 2]
+}
+
+fn main() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repos = tmp.path().join("repos");
+    std::fs::create_dir_all(&repos).unwrap();
+    let certs = support::Certs::new(&tmp.path().join("certs"));
+    let server = support::GitServer::start(&repos, &certs);
+
+    // 50 skills of 5 files each (SKILL.md, two references, a script, an asset).
+    let mut seed = 0x2545_f491_u64;
+    let mut bytes = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                b'a' + (seed % 26) as u8
+            })
+            .collect()
+    };
+    let skills: Vec<(Vec<u8>, Node)> = (0..50)
+        .map(|i| {
+            let name = format!("skill-{i:02}");
+            let md = format!("---\nname: {name}\ndescription: Skill number {i}.\n---\n# {name}\n");
+            let node = Node::Dir(vec![
+                (b"SKILL.md".to_vec(), Node::File(md.into_bytes())),
+                (
+                    b"references".to_vec(),
+                    Node::Dir(vec![
+                        (b"guide.md".to_vec(), Node::File(bytes(6000))),
+                        (b"api.md".to_vec(), Node::File(bytes(3000))),
+                    ]),
+                ),
+                (
+                    b"scripts".to_vec(),
+                    Node::Dir(vec![(b"run.sh".to_vec(), Node::Exec(bytes(800)))]),
+                ),
+                (
+                    b"assets".to_vec(),
+                    Node::Dir(vec![(b"template.txt".to_vec(), Node::File(bytes(4000)))]),
+                ),
+            ]);
+            (name.into_bytes(), node)
+        })
+        .collect();
+    let repo = Repo::create(&repos, "toolkit.git", false);
+    let commit = repo.commit(dir(vec![("skills", Node::Dir(skills))]));
+    let url = server.url("toolkit.git");
+
+    let provisioner = |store: Store| Provisioner {
+        store,
+        hosts: HostPolicy::new(&server.host(), "").unwrap(),
+        transport: Transport {
+            extra_ca: Some(std::fs::read(&certs.ca).unwrap()),
+            proxy: None,
+        },
+        limits: Limits::default(),
+    };
+    let spec = ToolkitSpec::Git(GitSpec {
+        instance_id: "bench".into(),
+        url: url.clone(),
+        git_ref: Some(commit.clone()),
+        scope: None,
+        subdirectory: None,
+        layout: None,
+        skills: None,
+    });
+    let toolkit = spec
+        .resolve(&provisioner(Store::open(tmp.path().join("probe")).unwrap()).hosts)
+        .unwrap();
+
+    let (mut ours, mut clone, mut warm) = (Vec::new(), Vec::new(), Vec::new());
+    for run in 0..RUNS {
+        let store = Store::open(tmp.path().join(format!("store{run}"))).unwrap();
+        let p = provisioner(store);
+        let t = Instant::now();
+        let a = p.acquire(&toolkit).unwrap();
+        ours.push(t.elapsed());
+        assert!(!a.warm && a.record.skills == 50);
+
+        let t = Instant::now();
+        let a = p.acquire(&toolkit).unwrap();
+        warm.push(t.elapsed());
+        assert!(a.warm);
+
+        let dest = tmp.path().join(format!("clone{run}"));
+        let t = Instant::now();
+        let status = Command::new("git")
+            .args(["clone", "-q", "--depth", "1", &url])
+            .arg(&dest)
+            .env("GIT_SSL_CAINFO", &certs.ca)
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        clone.push(t.elapsed());
+        assert!(status.success());
+    }
+    let (ours, clone, warm) = (median(ours), median(clone), median(warm));
+    println!("acquisition of a 50-skill toolkit (250 files) from a local HTTPS server, median of {RUNS} runs");
+    println!("| what | median | ratio |");
+    println!("|---|---|---|");
+    println!(
+        "| `git clone --depth 1` (baseline) | {:.0} ms | 1.00x |",
+        clone.as_secs_f64() * 1e3
+    );
+    println!(
+        "| cold acquisition (fetch, stage, normalize, publish) | {:.0} ms | {:.2}x |",
+        ours.as_secs_f64() * 1e3,
+        ours.as_secs_f64() / clone.as_secs_f64()
+    );
+    println!(
+        "| warm start (index hit, all objects checked present) | {:.2} ms | goal < 20 ms |",
+        warm.as_secs_f64() * 1e3
+    );
+}

@@ -1,0 +1,82 @@
+//! `cloud-harness cas …`
+
+use clap::Subcommand;
+use cloud_harness_fs::cas::{self, Digest, Limits, Store};
+use cloud_harness_fs::{Error, Result};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Subcommand)]
+pub enum CasCommand {
+    /// Import a directory as a tree; prints its digest.
+    Import {
+        dir: PathBuf,
+        /// Also record a garbage-collection root of this name for the tree.
+        #[arg(long, value_name = "NAME")]
+        root: Option<String>,
+    },
+    /// Write a tree out into a new directory.
+    Materialize { digest: Digest, dest: PathBuf },
+    /// Re-hash every object and check every reference; exits 1 on any problem.
+    Verify {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove objects no root reaches, older than the grace period.
+    Gc {
+        /// Seconds an unreferenced object is kept after it was written or last reused.
+        #[arg(long, default_value_t = 3600, value_name = "SECONDS")]
+        grace: u64,
+    },
+}
+
+pub fn run(store: &Store, cmd: CasCommand) -> Result<u8> {
+    match cmd {
+        CasCommand::Import { dir, root } => {
+            let imported = store.import_dir(&dir, &Limits::default())?;
+            if let Some(name) = root {
+                store.set_root(&name, &imported.digest)?;
+            }
+            println!(
+                "{} {} files {} bytes",
+                imported.digest, imported.files, imported.bytes
+            );
+            Ok(0)
+        }
+        CasCommand::Materialize { digest, dest } => {
+            cas::materialize(store, &digest, &dest)?;
+            println!("{}", dest.display());
+            Ok(0)
+        }
+        CasCommand::Verify { json } => {
+            let report = store.verify()?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report)
+                        .map_err(|e| Error::internal(e.to_string()))?
+                );
+            } else {
+                println!(
+                    "{} blobs ({} bytes), {} trees, {} problems",
+                    report.blobs,
+                    report.bytes,
+                    report.trees,
+                    report.problems.len()
+                );
+                for p in &report.problems {
+                    println!("{:?} {}: {}", p.problem, p.object, p.detail);
+                }
+            }
+            Ok(if report.problems.is_empty() { 0 } else { 1 })
+        }
+        CasCommand::Gc { grace } => {
+            let report = store.gc(Duration::from_secs(grace))?;
+            println!(
+                "kept {} objects, removed {} objects ({} bytes) and {} temp files",
+                report.kept, report.removed, report.removed_bytes, report.removed_temp
+            );
+            Ok(0)
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! The `cloud-harness` command line.
+
+mod cas;
+mod skills;
+mod toolkit;
+
+use crate::builtin;
+use clap::{Args, Parser, Subcommand};
+use cloud_harness_fs::cas::{Digest, Store};
+use cloud_harness_fs::discovery::{Layout, SkillCache};
+use cloud_harness_fs::resolver::{Index, Override, Provenance, Tier};
+use cloud_harness_fs::stack::{self, StackSpec};
+use cloud_harness_fs::{Error, Result};
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "cloud-harness",
+    version,
+    about = "Agent skill toolkits, installed and served"
+)]
+pub struct Cli {
+    /// The content-addressed store.
+    #[arg(long, global = true, env = "TOOLKIT_CACHE_ROOT", value_name = "DIR")]
+    pub store: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Skills: resolve the tiers into the view agents get.
+    #[command(subcommand)]
+    Skills(skills::SkillsCommand),
+    /// The content-addressed store.
+    #[command(subcommand)]
+    Cas(cas::CasCommand),
+    /// Serve the resolved tiers as a read-only file system until SIGTERM or SIGINT.
+    Mount(crate::mount::MountArgs),
+    /// Toolkits: acquire presets and git toolkits into the store, list what is there.
+    #[command(subcommand)]
+    Toolkit(toolkit::ToolkitCommand),
+}
+
+/// The inputs of a tier stack, shared by every command that resolves one.
+#[derive(Debug, Args, Clone)]
+pub struct TierArgs {
+    /// Leave out the built-in tier.
+    #[arg(long)]
+    pub no_builtin: bool,
+    /// A toolkit bundle acquired with `toolkit add`, by digest, in the owner tier (repeatable).
+    #[arg(long, value_name = "DIGEST")]
+    pub bundle: Vec<Digest>,
+    /// A folder of owner-tier skills, searched recursively (repeatable: one source each).
+    #[arg(long, value_name = "DIR")]
+    pub owner: Vec<PathBuf>,
+    /// A folder of workspace-tier skills, searched recursively (repeatable).
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Vec<PathBuf>,
+    /// A project root whose .agents/skills and .claude/skills form the repository tier.
+    #[arg(long, value_name = "PROJECT_ROOT")]
+    pub repository: Option<PathBuf>,
+    /// Settle a same-tier conflict: serve SKILL from SOURCE (a source id or toolkit name).
+    #[arg(long = "override", value_name = "SKILL=SOURCE", value_parser = parse_override)]
+    pub overrides: Vec<Override>,
+}
+
+fn parse_override(text: &str) -> std::result::Result<Override, String> {
+    match text.split_once('=') {
+        Some((skill, source)) if !skill.is_empty() && !source.is_empty() => Ok(Override {
+            skill: skill.to_owned(),
+            source: source.to_owned(),
+        }),
+        _ => Err(format!("{text:?} is not SKILL=SOURCE")),
+    }
+}
+
+/// Runs a command; the exit code on success.
+pub fn run(cli: Cli) -> Result<u8> {
+    let store = Store::open(cli.store.clone().unwrap_or_else(Store::default_root))?;
+    match cli.command {
+        Command::Skills(cmd) => skills::run(&store, cmd),
+        Command::Cas(cmd) => cas::run(&store, cmd),
+        Command::Mount(args) => crate::mount::run(&store, &args),
+        Command::Toolkit(cmd) => toolkit::run(&store, cmd),
+    }
+}
+
+impl TierArgs {
+    /// The tier stack these arguments describe (the built-in tier is put into the store).
+    pub fn stack(&self, store: &Store, cache: &SkillCache) -> Result<StackSpec> {
+        let mut spec = StackSpec {
+            overrides: self.overrides.clone(),
+            repository: self.repository.clone(),
+            ..StackSpec::default()
+        };
+        if !self.no_builtin {
+            let tree = builtin::store_builtin(store)?;
+            spec.trees.push(stack::tree_source(
+                store,
+                cache,
+                "builtin".into(),
+                Tier::Builtin,
+                Provenance {
+                    toolkit: Some("cloud-harness".into()),
+                    ..Provenance::default()
+                },
+                tree,
+                &Layout::folder(),
+            )?);
+        }
+        let index = crate::provision::index::BundleIndex::open(store);
+        for digest in &self.bundle {
+            let record = index.by_bundle(digest)?.ok_or_else(|| {
+                Error::not_found(format!(
+                    "{digest} is not a bundle of this store (see `cloud-harness toolkit list`)"
+                ))
+            })?;
+            spec.trees.push(stack::tree_source(
+                store,
+                cache,
+                format!("owner:{}", record.instance_id),
+                Tier::Owner,
+                Provenance {
+                    toolkit: Some(record.instance_id.clone()),
+                    url: Some(record.key.url.clone()),
+                    commit: Some(record.key.commit.clone()),
+                    path: None,
+                },
+                *digest,
+                &Layout::folder(),
+            )?);
+        }
+        spec.dirs
+            .extend(self.owner.iter().map(|d| (Tier::Owner, d.clone())));
+        spec.dirs
+            .extend(self.workspace.iter().map(|d| (Tier::Workspace, d.clone())));
+        Ok(spec)
+    }
+}
+
+/// Builds the tier stack the arguments describe and resolves it.
+pub fn resolve_tiers(store: &Store, args: &TierArgs) -> Result<Index> {
+    let cache = SkillCache::default();
+    args.stack(store, &cache)?.resolve(store, &cache)
+}

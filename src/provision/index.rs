@@ -1,0 +1,190 @@
+//! The bundle index: `(url, commit, subdirectory, layout, include/exclude, normalizer version)`
+//! to the bundle digest, kept beside the store (`<store>/index/`), one small JSON file per key,
+//! written atomically. Tags resolved once are recorded too, so a tag pin starts warm.
+
+use crate::provision::normalize::NORMALIZER_VERSION;
+use crate::toolkit::{Revision, Toolkit};
+use cloud_harness_fs::cas::{Digest, Kind, ObjectKind, Store};
+use cloud_harness_fs::discovery::Layout;
+use cloud_harness_fs::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleKey {
+    pub url: String,
+    pub commit: String,
+    pub subdirectory: String,
+    pub layout: Layout,
+    pub explicit_layout: bool,
+    pub normalizer: u32,
+}
+
+impl BundleKey {
+    pub fn new(toolkit: &Toolkit, commit: &str) -> BundleKey {
+        BundleKey {
+            url: toolkit.url.clone(),
+            commit: commit.to_owned(),
+            subdirectory: toolkit.subdirectory.clone(),
+            layout: toolkit.layout.clone(),
+            explicit_layout: toolkit.explicit_layout,
+            normalizer: NORMALIZER_VERSION,
+        }
+    }
+
+    /// The file name of the key: a digest of its canonical JSON.
+    pub fn id(&self) -> String {
+        let json = serde_json::to_vec(self).expect("keys serialize");
+        Digest::of(&json).hex()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleRecord {
+    pub key: BundleKey,
+    pub bundle: Digest,
+    pub manifest: Digest,
+    pub skills: usize,
+    pub instance_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preset: Option<String>,
+    pub fetched_url: String,
+    pub object_format: String,
+    /// How the commit was chosen: a commit id, a tag, or the default branch head.
+    pub requested: String,
+    pub warnings: Vec<String>,
+    /// Seconds since the Unix epoch.
+    pub acquired_at: u64,
+}
+
+pub struct BundleIndex {
+    store: Store,
+    bundles: PathBuf,
+    tags: PathBuf,
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().expect("index files have a folder");
+    fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("record"),
+        std::process::id()
+    ));
+    let result = (|| -> std::io::Result<()> {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        fs::File::open(dir)?.sync_all()
+    })();
+    result.map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        Error::io(path, e)
+    })
+}
+
+pub fn describe(revision: &Revision) -> String {
+    match revision {
+        Revision::Commit(c) => format!("commit {c}"),
+        Revision::Tag(t) => format!("tag {t}"),
+        Revision::DefaultHead => "default branch head".into(),
+    }
+}
+
+impl BundleIndex {
+    pub fn open(store: &Store) -> BundleIndex {
+        let base = store.root().join("index");
+        BundleIndex {
+            store: store.clone(),
+            bundles: base.join("bundles"),
+            tags: base.join("tags"),
+        }
+    }
+
+    pub fn get(&self, key: &BundleKey) -> Option<BundleRecord> {
+        let bytes = fs::read(self.bundles.join(format!("{}.json", key.id()))).ok()?;
+        serde_json::from_slice::<BundleRecord>(&bytes)
+            .ok()
+            .filter(|r| r.key == *key)
+    }
+
+    /// Records a bundle and makes it (and its manifest) a garbage-collection root.
+    pub fn put(&self, record: &BundleRecord) -> Result<()> {
+        let id = record.key.id();
+        self.store
+            .set_root(&format!("bundles/{id}"), &record.bundle)?;
+        self.store
+            .set_root(&format!("manifests/{id}"), &record.manifest)?;
+        let json = serde_json::to_vec_pretty(record).map_err(|e| Error::internal(e.to_string()))?;
+        write_atomic(&self.bundles.join(format!("{id}.json")), &json)
+    }
+
+    /// Every recorded bundle, newest first.
+    pub fn list(&self) -> Result<Vec<BundleRecord>> {
+        let mut out = Vec::new();
+        let entries = match fs::read_dir(&self.bundles) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(Error::io(&self.bundles, e)),
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|x| x == "json") {
+                if let Ok(r) =
+                    serde_json::from_slice::<BundleRecord>(&fs::read(&path).unwrap_or_default())
+                {
+                    out.push(r);
+                }
+            }
+        }
+        out.sort_by(|a, b| {
+            b.acquired_at
+                .cmp(&a.acquired_at)
+                .then(a.bundle.cmp(&b.bundle))
+        });
+        Ok(out)
+    }
+
+    /// The record of a bundle digest, if any acquisition produced it.
+    pub fn by_bundle(&self, bundle: &Digest) -> Result<Option<BundleRecord>> {
+        Ok(self.list()?.into_iter().find(|r| r.bundle == *bundle))
+    }
+
+    fn tag_path(&self, url: &str, tag: &str) -> PathBuf {
+        let id = Digest::of(format!("{url}\0{tag}").as_bytes()).hex();
+        self.tags.join(format!("{id}.json"))
+    }
+
+    pub fn tag(&self, url: &str, tag: &str) -> Option<String> {
+        let bytes = fs::read(self.tag_path(url, tag)).ok()?;
+        let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+        (v["url"] == url && v["tag"] == tag).then(|| v["commit"].as_str().map(str::to_owned))?
+    }
+
+    pub fn set_tag(&self, url: &str, tag: &str, commit: &str) -> Result<()> {
+        let json = serde_json::json!({ "url": url, "tag": tag, "commit": commit });
+        write_atomic(&self.tag_path(url, tag), json.to_string().as_bytes())
+    }
+
+    /// Whether the bundle, its manifest and every object below them are in the store.
+    pub fn complete(&self, record: &BundleRecord) -> bool {
+        fn tree_complete(store: &Store, digest: &Digest) -> bool {
+            let Ok(tree) = store.tree(digest) else {
+                return false;
+            };
+            tree.entries().iter().all(|e| match e.kind {
+                Kind::Tree => tree_complete(store, &e.digest),
+                _ => store.contains(ObjectKind::Blob, &e.digest),
+            })
+        }
+        self.store.contains(ObjectKind::Blob, &record.manifest)
+            && tree_complete(&self.store, &record.bundle)
+    }
+}

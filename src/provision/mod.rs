@@ -1,0 +1,148 @@
+//! Provisioning: acquiring toolkits into the store. A toolkit already in the bundle index with
+//! all its objects present is a warm start (no DNS lookup, no connection); otherwise its
+//! commit is fetched (in-process, through the egress settings), staged under containment
+//! checks, normalized into a bundle and recorded.
+
+pub mod fetch;
+pub mod hosts;
+pub mod index;
+pub mod normalize;
+pub mod staging;
+
+use crate::toolkit::{Revision, Toolkit};
+use cloud_harness_fs::cas::Store;
+use cloud_harness_fs::{Error, Result};
+use index::{BundleIndex, BundleKey, BundleRecord};
+use serde::Serialize;
+use std::time::{Duration, Instant, SystemTime};
+
+/// The result of one acquisition.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Acquired {
+    #[serde(flatten)]
+    pub record: BundleRecord,
+    /// True when nothing was fetched: the bundle was in the index, complete.
+    pub warm: bool,
+    /// Where the fetch ran.
+    pub mode: &'static str,
+    pub millis: u64,
+}
+
+pub struct Provisioner {
+    pub store: Store,
+    pub hosts: hosts::HostPolicy,
+    pub transport: fetch::Transport,
+    pub limits: staging::Limits,
+}
+
+impl Provisioner {
+    /// Settings from the environment: `ALLOWED_GIT_HOSTS`, `CLOUD_HARNESS_URL_REWRITE`,
+    /// `CLOUD_HARNESS_EXTRA_CA`, `HTTPS_PROXY` and the `CLOUD_HARNESS_MAX_*` ceilings.
+    pub fn from_env(store: Store) -> Result<Provisioner> {
+        Ok(Provisioner {
+            store,
+            hosts: hosts::HostPolicy::from_env()?,
+            transport: fetch::Transport::from_env()?,
+            limits: staging::Limits::from_env()?,
+        })
+    }
+
+    pub fn index(&self) -> BundleIndex {
+        BundleIndex::open(&self.store)
+    }
+
+    /// Acquires `toolkit` into the store.
+    pub fn acquire(&self, toolkit: &Toolkit) -> Result<Acquired> {
+        let started = Instant::now();
+        let index = self.index();
+        let done = |mut record: BundleRecord, warm: bool| Acquired {
+            record: {
+                // The same bundle may have been acquired under another name before.
+                record.instance_id = toolkit.instance_id.clone();
+                record.preset = toolkit.preset.clone();
+                record
+            },
+            warm,
+            mode: "in-process",
+            millis: started.elapsed().as_millis() as u64,
+        };
+        let known = match &toolkit.revision {
+            Revision::Commit(c) => Some(c.clone()),
+            Revision::Tag(t) => index.tag(&toolkit.url, t),
+            Revision::DefaultHead => None,
+        };
+        if let Some(commit) = &known {
+            if let Some(record) = index.get(&BundleKey::new(toolkit, commit)) {
+                if index.complete(&record) {
+                    return Ok(done(record, true));
+                }
+            }
+        }
+
+        let fetched_url = self.hosts.check(&toolkit.url, "url")?;
+        let deadline = started + Duration::from_secs(self.limits.max_seconds);
+        let scratch = tempfile::Builder::new()
+            .prefix("fetch-")
+            .tempdir_in(self.store.tmp_dir())
+            .map_err(|e| Error::io(&self.store.tmp_dir(), e))?;
+        let revision = match &known {
+            Some(c) => Revision::Commit(c.clone()),
+            None => toolkit.revision.clone(),
+        };
+        let fetched = fetch::fetch(
+            &fetched_url,
+            &revision,
+            &self.transport,
+            &scratch.path().join("repo"),
+            deadline,
+        )?;
+        let commit = fetched.commit.to_string();
+        if let Revision::Tag(t) = &toolkit.revision {
+            index.set_tag(&toolkit.url, t, &commit)?;
+        }
+        let key = BundleKey::new(toolkit, &commit);
+        if let Some(record) = index.get(&key).filter(|r| index.complete(r)) {
+            return Ok(done(record, false));
+        }
+
+        let mut writer = self.store.writer()?;
+        let staged = staging::stage(
+            &fetched.repo,
+            fetched.commit,
+            &toolkit.subdirectory,
+            &mut writer,
+            self.limits,
+            deadline,
+        )?;
+        writer.commit()?;
+        let object_format = fetched.repo.object_hash().to_string();
+        drop(fetched);
+        let source = normalize::SourceInfo {
+            url: toolkit.url.clone(),
+            fetched_url: fetched_url.clone(),
+            commit: commit.clone(),
+            object_format: object_format.clone(),
+            subdirectory: toolkit.subdirectory.clone(),
+        };
+        let bundle =
+            normalize::normalize(&self.store, staged.tree, toolkit, source, staged.warnings)?;
+        let record = BundleRecord {
+            key,
+            bundle: bundle.tree,
+            manifest: bundle.manifest,
+            skills: bundle.skills,
+            instance_id: toolkit.instance_id.clone(),
+            preset: toolkit.preset.clone(),
+            fetched_url,
+            object_format,
+            requested: index::describe(&toolkit.revision),
+            warnings: bundle.warnings,
+            acquired_at: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        };
+        index.put(&record)?;
+        Ok(done(record, false))
+    }
+}

@@ -1,0 +1,312 @@
+//! Toolkit specs, exactly as users send them, and their validation into a [`Toolkit`] the
+//! provisioning code can act on. Every violation is an INVALID_ARGUMENT or FORBIDDEN error whose
+//! details name the field.
+
+use crate::presets;
+use crate::provision::hosts::HostPolicy;
+use cloud_harness_fs::discovery::Layout;
+use cloud_harness_fs::{Code, Error, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum ToolkitSpec {
+    Preset(PresetSpec),
+    Git(GitSpec),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PresetSpec {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
+    /// A commit id or a tag; absent: the default branch head, resolved and recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GitSpec {
+    pub instance_id: String,
+    pub url: String,
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub git_ref: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subdirectory: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<LayoutSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skills: Option<SkillFilter>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LayoutSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skill_roots: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recursive: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SkillFilter {
+    #[serde(default)]
+    pub include: Vec<String>,
+    #[serde(default)]
+    pub exclude: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    #[default]
+    Owner,
+    Workspace,
+}
+
+/// Which commit to take.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "camelCase", tag = "kind", content = "value")]
+pub enum Revision {
+    /// An exact commit id: 40 (SHA-1) or 64 (SHA-256) lowercase hex digits.
+    Commit(String),
+    /// A tag, resolved once and then pinned in the bundle index.
+    Tag(String),
+    /// The default branch head, resolved at acquisition and recorded.
+    DefaultHead,
+}
+
+/// A validated toolkit request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Toolkit {
+    pub instance_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preset: Option<String>,
+    pub url: String,
+    pub revision: Revision,
+    /// `/`-separated, empty for the repository's top.
+    pub subdirectory: String,
+    pub layout: Layout,
+    /// True when the spec chose the layout; otherwise a plugin manifest may narrow it.
+    pub explicit_layout: bool,
+    pub scope: Scope,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_start_skill: Option<String>,
+}
+
+fn field_error(code: Code, field: &str, what: impl std::fmt::Display) -> Error {
+    Error::new(code, format!("{field}: {what}")).with_details(serde_json::json!({ "field": field }))
+}
+
+/// Parses one toolkit spec from JSON; errors name the field.
+pub fn parse_spec(json: &str) -> Result<ToolkitSpec> {
+    let value: serde_json::Value = serde_json::from_str(json)
+        .map_err(|e| field_error(Code::InvalidArgument, "toolkit", format!("not JSON: {e}")))?;
+    spec_from_value(value)
+}
+
+/// A spec from a JSON value. The kind is read first, so the error for a bad field names it
+/// (serde's tagged enums would lose the path).
+pub fn spec_from_value(mut value: serde_json::Value) -> Result<ToolkitSpec> {
+    fn typed<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T> {
+        serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            let field = if path == "." {
+                "toolkit".to_owned()
+            } else {
+                path
+            };
+            field_error(Code::InvalidArgument, &field, e.inner())
+        })
+    }
+    let Some(object) = value.as_object_mut() else {
+        return Err(field_error(
+            Code::InvalidArgument,
+            "toolkit",
+            "must be a JSON object",
+        ));
+    };
+    let kind = object.remove("kind");
+    match kind.as_ref().and_then(|k| k.as_str()) {
+        Some("preset") => Ok(ToolkitSpec::Preset(typed(value)?)),
+        Some("git") => Ok(ToolkitSpec::Git(typed(value)?)),
+        Some(other) => Err(field_error(
+            Code::InvalidArgument,
+            "kind",
+            format!("{other:?} is neither \"preset\" nor \"git\""),
+        )),
+        None => Err(field_error(
+            Code::InvalidArgument,
+            "kind",
+            "missing: \"preset\" or \"git\"",
+        )),
+    }
+}
+
+fn is_hex_commit(s: &str) -> bool {
+    (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+fn check_instance_id(id: &str) -> Result<()> {
+    let ok = (1..=80).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(field_error(
+            Code::InvalidArgument,
+            "instanceId",
+            format!("{id:?} must be 1-80 letters, digits, `-` or `_`"),
+        ))
+    }
+}
+
+fn check_ref(field: &str, r: &str) -> Result<Revision> {
+    if is_hex_commit(r) {
+        return Ok(Revision::Commit(r.to_owned()));
+    }
+    Err(field_error(
+        Code::InvalidArgument,
+        field,
+        format!("{r:?} is not an exact commit id (40 or 64 lowercase hex digits); branch names move and are refused"),
+    ))
+}
+
+/// A relative path inside the repository, normalized to `a/b`.
+fn check_subdirectory(sub: &str) -> Result<String> {
+    let bad = |why: &str| {
+        field_error(
+            Code::InvalidArgument,
+            "subdirectory",
+            format!("{sub:?} {why}"),
+        )
+    };
+    if sub.starts_with('/') || sub.contains('\\') || sub.contains('\0') {
+        return Err(bad("must be a relative path inside the repository"));
+    }
+    let mut parts = Vec::new();
+    for part in sub.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => return Err(bad("must not leave the repository")),
+            p => parts.push(p),
+        }
+    }
+    Ok(parts.join("/"))
+}
+
+impl ToolkitSpec {
+    /// Validates the spec against the host policy and resolves presets.
+    pub fn resolve(&self, hosts: &HostPolicy) -> Result<Toolkit> {
+        match self {
+            ToolkitSpec::Preset(p) => {
+                let preset = presets::find(&p.id).ok_or_else(|| {
+                    let known: Vec<&str> = presets::all().iter().map(|p| p.id.as_str()).collect();
+                    field_error(
+                        Code::InvalidArgument,
+                        "id",
+                        format!("unknown preset {:?} (known: {})", p.id, known.join(", ")),
+                    )
+                })?;
+                let revision = match p.version.as_deref() {
+                    None => Revision::DefaultHead,
+                    Some(v) if is_hex_commit(v) => Revision::Commit(v.to_owned()),
+                    Some(v) => {
+                        let valid = gix::validate::reference::name_partial(v.into()).is_ok()
+                            && !v.starts_with('-');
+                        if !valid {
+                            return Err(field_error(
+                                Code::InvalidArgument,
+                                "version",
+                                format!("{v:?} is neither a commit id nor a valid tag name"),
+                            ));
+                        }
+                        Revision::Tag(v.to_owned())
+                    }
+                };
+                hosts.check(&preset.url, "url")?;
+                Ok(Toolkit {
+                    instance_id: p.id.replace('/', "-"),
+                    preset: Some(preset.id.clone()),
+                    url: preset.url.clone(),
+                    revision,
+                    subdirectory: String::new(),
+                    layout: preset.layout.clone(),
+                    explicit_layout: true,
+                    scope: p.scope.unwrap_or(preset.default_scope),
+                    session_start_skill: preset.session_start_skill.clone(),
+                })
+            }
+            ToolkitSpec::Git(g) => {
+                check_instance_id(&g.instance_id)?;
+                hosts.check(&g.url, "url")?;
+                let revision = match &g.git_ref {
+                    Some(r) => check_ref("ref", r)?,
+                    None => Revision::DefaultHead,
+                };
+                let subdirectory = check_subdirectory(g.subdirectory.as_deref().unwrap_or(""))?;
+                let defaults = Layout::default();
+                let spec_layout = g.layout.clone().unwrap_or_default();
+                let filter = g.skills.clone().unwrap_or_default();
+                let layout = Layout {
+                    skill_roots: spec_layout
+                        .skill_roots
+                        .clone()
+                        .unwrap_or(defaults.skill_roots),
+                    recursive: spec_layout.recursive.unwrap_or(defaults.recursive),
+                    include: filter.include,
+                    exclude: filter.exclude,
+                };
+                layout.validate()?;
+                Ok(Toolkit {
+                    instance_id: g.instance_id.clone(),
+                    preset: None,
+                    url: g.url.clone(),
+                    revision,
+                    subdirectory,
+                    layout,
+                    explicit_layout: spec_layout.skill_roots.is_some(),
+                    scope: g.scope.unwrap_or_default(),
+                    session_start_skill: None,
+                })
+            }
+        }
+    }
+}
+
+/// Validates every spec of a request; field names carry the index (`toolkits[1].url`), and
+/// instance ids must be unique.
+pub fn resolve_request(specs: &[ToolkitSpec], hosts: &HostPolicy) -> Result<Vec<Toolkit>> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::with_capacity(specs.len());
+    for (i, spec) in specs.iter().enumerate() {
+        let toolkit = spec.resolve(hosts).map_err(|mut e| {
+            let field = e.details["field"].as_str().unwrap_or("").to_owned();
+            let full = format!("toolkits[{i}].{field}");
+            if let Some(rest) = e.message.strip_prefix(&format!("{field}: ")) {
+                e.message = format!("{full}: {rest}");
+            }
+            e.details["field"] = full.into();
+            e
+        })?;
+        if !seen.insert(toolkit.instance_id.clone()) {
+            let field = format!("toolkits[{i}].instanceId");
+            return Err(field_error(
+                Code::InvalidArgument,
+                &field,
+                format!("{:?} is used twice in this request", toolkit.instance_id),
+            ));
+        }
+        out.push(toolkit);
+    }
+    Ok(out)
+}

@@ -1,0 +1,327 @@
+//! Test support: a local HTTPS git server with its own CA, and git repositories built object
+//! by object, so that hostile trees (names git itself would refuse) can be served too.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+fn run(cmd: &mut Command) -> Vec<u8> {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// A throwaway CA and a server certificate for localhost and 127.0.0.1.
+pub struct Certs {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl Certs {
+    pub fn new(dir: &Path) -> Certs {
+        std::fs::create_dir_all(dir).unwrap();
+        let p = |n: &str| dir.join(n);
+        run(Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=cloud-harness test CA",
+            ])
+            .args([
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign",
+            ])
+            .arg("-keyout")
+            .arg(p("ca.key"))
+            .arg("-out")
+            .arg(p("ca.pem"))
+            .stderr(Stdio::null()));
+        run(Command::new("openssl")
+            .args([
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                "/CN=localhost",
+            ])
+            .arg("-keyout")
+            .arg(p("server.key"))
+            .arg("-out")
+            .arg(p("server.csr"))
+            .stderr(Stdio::null()));
+        std::fs::write(p("ext.cnf"), "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n").unwrap();
+        run(Command::new("openssl")
+            .args(["x509", "-req", "-days", "2", "-CAcreateserial"])
+            .arg("-in")
+            .arg(p("server.csr"))
+            .arg("-CA")
+            .arg(p("ca.pem"))
+            .arg("-CAkey")
+            .arg(p("ca.key"))
+            .arg("-out")
+            .arg(p("server.pem"))
+            .arg("-extfile")
+            .arg(p("ext.cnf"))
+            .stderr(Stdio::null()));
+        Certs {
+            ca: p("ca.pem"),
+            cert: p("server.pem"),
+            key: p("server.key"),
+        }
+    }
+}
+
+/// `git http-backend` behind TLS on 127.0.0.1, serving every repository under `root`.
+pub struct GitServer {
+    child: Option<Child>,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl GitServer {
+    pub fn start(root: &Path, certs: &Certs) -> GitServer {
+        let log = root.with_extension("requests.log");
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/git_https_server.py");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .arg("--root")
+            .arg(root)
+            .arg("--cert")
+            .arg(&certs.cert)
+            .arg("--key")
+            .arg(&certs.key)
+            .arg("--log")
+            .arg(&log)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 runs the test git server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .trim()
+            .strip_prefix("PORT ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("server said {line:?}"));
+        GitServer {
+            child: Some(child),
+            port,
+            log,
+        }
+    }
+
+    pub fn host(&self) -> String {
+        format!("localhost:{}", self.port)
+    }
+
+    pub fn url(&self, repo: &str) -> String {
+        format!("https://localhost:{}/{repo}", self.port)
+    }
+
+    pub fn requests(&self) -> usize {
+        std::fs::read_to_string(&self.log)
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for GitServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// What a tree entry holds.
+pub enum Node {
+    File(Vec<u8>),
+    Exec(Vec<u8>),
+    Link(String),
+    Dir(Vec<(Vec<u8>, Node)>),
+    /// A gitlink (submodule) to this commit id.
+    Submodule(String),
+}
+
+pub fn file(s: &str) -> Node {
+    Node::File(s.as_bytes().to_vec())
+}
+
+pub fn dir(entries: Vec<(&str, Node)>) -> Node {
+    Node::Dir(
+        entries
+            .into_iter()
+            .map(|(n, e)| (n.as_bytes().to_vec(), e))
+            .collect(),
+    )
+}
+
+pub fn skill(name: &str, body: &str) -> Node {
+    dir(vec![(
+        "SKILL.md",
+        file(&format!(
+            "---\nname: {name}\ndescription: The {name} skill.\n---\n{body}\n"
+        )),
+    )])
+}
+
+/// A bare repository built object by object.
+pub struct Repo {
+    pub path: PathBuf,
+    pub sha256: bool,
+    /// Blob ids by content: a tree of 30,000 identical files hashes one blob.
+    blobs: std::cell::RefCell<std::collections::HashMap<Vec<u8>, String>>,
+}
+
+impl Repo {
+    pub fn create(root: &Path, name: &str, sha256: bool) -> Repo {
+        let path = root.join(name);
+        let mut init = Command::new("git");
+        init.args(["init", "-q", "--bare", "-b", "main"]);
+        if sha256 {
+            init.arg("--object-format=sha256");
+        }
+        run(init.arg(&path));
+        // GitHub serves any reachable commit by id; so does this server.
+        run(Command::new("git").arg("--git-dir").arg(&path).args([
+            "config",
+            "uploadpack.allowAnySHA1InWant",
+            "true",
+        ]));
+        Repo {
+            path,
+            sha256,
+            blobs: Default::default(),
+        }
+    }
+
+    fn git(&self) -> Command {
+        let mut c = Command::new("git");
+        c.arg("--git-dir").arg(&self.path);
+        c.env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@example.invalid")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@example.invalid");
+        c
+    }
+
+    fn hash(&self, kind: &str, bytes: &[u8], literally: bool) -> String {
+        if kind == "blob" {
+            if let Some(id) = self.blobs.borrow().get(bytes) {
+                return id.clone();
+            }
+        }
+        let id = self.hash_uncached(kind, bytes, literally);
+        if kind == "blob" {
+            self.blobs.borrow_mut().insert(bytes.to_vec(), id.clone());
+        }
+        id
+    }
+
+    fn hash_uncached(&self, kind: &str, bytes: &[u8], literally: bool) -> String {
+        let mut cmd = self.git();
+        cmd.args(["hash-object", "-w", "-t", kind, "--stdin"]);
+        if literally {
+            cmd.arg("--literally");
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(bytes).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+
+    /// Writes `node` and returns (mode, id).
+    fn write(&self, node: &Node) -> (&'static str, String) {
+        match node {
+            Node::File(b) => ("100644", self.hash("blob", b, false)),
+            Node::Exec(b) => ("100755", self.hash("blob", b, false)),
+            Node::Link(t) => ("120000", self.hash("blob", t.as_bytes(), false)),
+            Node::Submodule(id) => ("160000", id.clone()),
+            Node::Dir(entries) => {
+                let mut items: Vec<(Vec<u8>, &str, String)> = entries
+                    .iter()
+                    .map(|(name, n)| {
+                        let (mode, id) = self.write(n);
+                        (name.clone(), mode, id)
+                    })
+                    .collect();
+                // git's order: a directory sorts as `name/`.
+                items.sort_by_key(|(name, mode, _)| {
+                    let mut k = name.clone();
+                    if *mode == "40000" {
+                        k.push(b'/');
+                    }
+                    k
+                });
+                let mut raw = Vec::new();
+                for (name, mode, id) in items {
+                    raw.extend_from_slice(mode.as_bytes());
+                    raw.push(b' ');
+                    raw.extend_from_slice(&name);
+                    raw.push(0);
+                    raw.extend_from_slice(&hex_decode(&id));
+                }
+                ("40000", self.hash("tree", &raw, true))
+            }
+        }
+    }
+
+    /// Commits `root` on main and returns the commit id.
+    pub fn commit(&self, root: Node) -> String {
+        let (_, tree) = self.write(&root);
+        let mut cmd = self.git();
+        cmd.args(["commit-tree", &tree, "-m", "commit"]);
+        let parent = String::from_utf8(
+            self.git()
+                .args(["rev-parse", "-q", "--verify", "refs/heads/main"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        if !parent.trim().is_empty() {
+            cmd.args(["-p", parent.trim()]);
+        }
+        let id = String::from_utf8(run(&mut cmd)).unwrap().trim().to_owned();
+        run(self.git().args(["update-ref", "refs/heads/main", &id]));
+        id
+    }
+
+    pub fn tag(&self, name: &str, commit: &str) {
+        run(self.git().args(["tag", name, commit]));
+    }
+}
+
+fn hex_decode(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
