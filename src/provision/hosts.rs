@@ -93,7 +93,8 @@ impl HostPolicy {
         self.allowed.iter().any(|a| {
             let name_matches = if a.subdomains {
                 // `*.corp.example`: a subdomain, not the name itself.
-                host.strip_suffix(a.host.as_str()).is_some_and(|p| p.len() > 1 && p.ends_with('.'))
+                host.strip_suffix(a.host.as_str())
+                    .is_some_and(|p| p.len() > 1 && p.ends_with('.'))
             } else {
                 a.host == host
             };
