@@ -3,9 +3,16 @@
 
 pub mod builtin;
 pub mod cli;
+pub mod home;
+pub mod mcp;
 pub mod mount;
+pub mod operator;
 pub mod presets;
 pub mod provision;
+pub mod runner;
+pub mod serve;
+pub mod session_start;
 pub mod toolkit;
+pub mod workspace;
 
 pub use cloud_harness_fs as fs;

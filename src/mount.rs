@@ -45,7 +45,7 @@ pub fn run(store: &Store, args: &MountArgs) -> Result<u8> {
     let generation = spec.generation(store, &cache)?;
     let digest = generation.digest();
     let view = args.only.map_or(View::Merged, View::Tier);
-    let ns = Arc::new(Namespace::new(store.clone(), view, generation));
+    let ns = Arc::new(Namespace::new(store.clone(), view, Arc::new(generation)));
     let config = MountConfig {
         allow_other: args.allow_other,
         threads: args
@@ -55,9 +55,8 @@ pub fn run(store: &Store, args: &MountArgs) -> Result<u8> {
     let mounted = fuse::mount(ns.clone(), &args.mountpoint, &config)
         .map_err(|e| Error::internal(format!("mounting at {}: {e}", args.mountpoint.display())))?;
     let notifier = mounted.notifier.clone();
-    let _live = LiveTiers::start(spec, store.clone(), cache, ns, move |items| {
-        fuse::invalidate(&notifier, items)
-    });
+    let apply = Box::new(move |items: &[_]| fuse::invalidate(&notifier, items));
+    let _live = LiveTiers::start(spec, store.clone(), cache, vec![(ns, apply)]);
     let mountpoint = args.mountpoint.clone();
     std::thread::Builder::new()
         .name("signals".into())

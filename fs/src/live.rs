@@ -21,26 +21,28 @@ enum Msg {
     Stop,
 }
 
+/// A namespace kept current, and what to do with its invalidations (tell the kernel).
+pub type Target = (Arc<Namespace>, Box<dyn Fn(&[Invalidation]) + Send>);
+
 pub struct LiveTiers {
     tx: Sender<Msg>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl LiveTiers {
-    /// Watches the folders of `spec`; `apply` receives the invalidations of each new
-    /// generation after it is current.
+    /// Watches the folders of `spec`; each new generation is made current in every target,
+    /// whose callback then receives the invalidations.
     pub fn start(
         spec: StackSpec,
         store: Store,
         cache: Arc<SkillCache>,
-        ns: Arc<Namespace>,
-        apply: impl Fn(&[Invalidation]) + Send + 'static,
+        targets: Vec<Target>,
     ) -> LiveTiers {
         let (tx, rx) = channel();
         let watcher_tx = tx.clone();
         let thread = std::thread::Builder::new()
             .name("live-tiers".into())
-            .spawn(move || run(spec, store, cache, ns, apply, rx, watcher_tx))
+            .spawn(move || run(spec, store, cache, targets, rx, watcher_tx))
             .expect("spawn the live-tier thread");
         LiveTiers {
             tx,
@@ -107,8 +109,7 @@ fn run(
     spec: StackSpec,
     store: Store,
     cache: Arc<SkillCache>,
-    ns: Arc<Namespace>,
-    apply: impl Fn(&[Invalidation]),
+    targets: Vec<Target>,
     rx: Receiver<Msg>,
     tx: Sender<Msg>,
 ) {
@@ -128,16 +129,25 @@ fn run(
                 Err(RecvTimeoutError::Disconnected) => return,
             }
         }
+        let current = targets.first().map(|(ns, _)| ns.generation().digest());
         match spec.generation(&store, &cache) {
-            Ok(next) if next.digest() != ns.generation().digest() => {
+            Ok(next) if Some(next.digest()) != current => {
+                let next = Arc::new(next);
                 let digest = next.digest();
-                let invalidations = ns.set_generation(next);
-                apply(&invalidations);
+                let changes: Vec<Vec<Invalidation>> = targets
+                    .iter()
+                    .map(|(ns, _)| ns.set_generation(next.clone()))
+                    .collect();
+                for ((_, apply), items) in targets.iter().zip(&changes) {
+                    apply(items);
+                }
                 // A lookup that read the previous generation may answer the kernel just after
                 // the invalidation; saying it again shortly after closes that window.
                 std::thread::sleep(REPEAT_AFTER);
-                apply(&invalidations);
-                tracing::info!(generation = %digest, invalidated = invalidations.len(), "new generation");
+                for ((_, apply), items) in targets.iter().zip(&changes) {
+                    apply(items);
+                }
+                tracing::info!(generation = %digest, "new generation");
             }
             Ok(_) => {}
             Err(e) => {

@@ -168,7 +168,7 @@ fn join(rel: &str, name: &str) -> Arc<str> {
 impl Namespace {
     /// A namespace whose root shows `root_view`: the merged view with `.tiers/` and the
     /// resolution, or one tier's view alone.
-    pub fn new(store: Store, root_view: View, generation: Generation) -> Namespace {
+    pub fn new(store: Store, root_view: View, generation: Arc<Generation>) -> Namespace {
         let root = Node {
             ident: Ident::Root,
             attr: dir_attr(ROOT_INO),
@@ -179,7 +179,7 @@ impl Namespace {
         Namespace {
             store,
             root_view,
-            current: RwLock::new(Arc::new(generation)),
+            current: RwLock::new(generation),
             nodes: RwLock::new(HashMap::from([(ROOT_INO, Arc::new(root))])),
             trees: Mutex::new(LruCache::new(cap(TREE_CACHE))),
             verified: Mutex::new(LruCache::new(cap(VERIFIED_CACHE))),
@@ -635,8 +635,7 @@ impl Namespace {
     /// Makes `next` current and returns what the kernel must forget: every name whose entry
     /// changed (including names that appeared, to drop negative entries) and every directory
     /// whose listing changed, as far as the kernel knows those directories.
-    pub fn set_generation(&self, next: Generation) -> Vec<Invalidation> {
-        let next = Arc::new(next);
+    pub fn set_generation(&self, next: Arc<Generation>) -> Vec<Invalidation> {
         let prev = std::mem::replace(
             &mut *self.current.write().expect("generation lock"),
             next.clone(),

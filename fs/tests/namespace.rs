@@ -11,6 +11,7 @@ use cloud_harness_fs::stack::StackSpec;
 use nix::errno::Errno;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 fn skill(root: &Path, name: &str, body: &str) {
     let dir = root.join(name);
@@ -52,10 +53,12 @@ fn setup() -> Setup {
 }
 
 impl Setup {
-    fn generation(&self) -> Generation {
-        self.spec
-            .generation(&self.store, &SkillCache::default())
-            .unwrap()
+    fn generation(&self) -> Arc<Generation> {
+        Arc::new(
+            self.spec
+                .generation(&self.store, &SkillCache::default())
+                .unwrap(),
+        )
     }
 }
 

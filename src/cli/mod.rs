@@ -35,6 +35,8 @@ pub enum Command {
     /// The content-addressed store.
     #[command(subcommand)]
     Cas(cas::CasCommand),
+    /// The MCP server (the main job): stdio by default, Streamable HTTP with --http.
+    Serve(crate::serve::ServeArgs),
     /// Serve the resolved tiers as a read-only file system until SIGTERM or SIGINT.
     Mount(crate::mount::MountArgs),
     /// Toolkits: acquire presets and git toolkits into the store, list what is there.
@@ -82,6 +84,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Skills(cmd) => skills::run(&store, cmd),
         Command::Cas(cmd) => cas::run(&store, cmd),
         Command::Mount(args) => crate::mount::run(&store, &args),
+        Command::Serve(args) => crate::serve::run(&store, &args),
         Command::Toolkit(cmd) => toolkit::run(&store, cmd),
     }
 }

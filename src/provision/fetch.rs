@@ -88,14 +88,13 @@ fn upstream(url: &str, e: impl std::fmt::Display) -> Error {
         .with_details(serde_json::json!({ "url": url }))
 }
 
-/// Fetches `revision` of `url` into `dir` (which must not exist), giving up at `deadline`.
-pub fn fetch(
+/// Runs `work` with an interrupt flag that is raised at `deadline`; an interrupted run is a
+/// TIMEOUT error.
+fn with_deadline<T>(
     url: &str,
-    revision: &Revision,
-    transport: &Transport,
-    dir: &Path,
     deadline: Instant,
-) -> Result<Fetched> {
+    work: impl FnOnce(&AtomicBool) -> Result<T>,
+) -> Result<T> {
     let interrupt = Arc::new(AtomicBool::new(false));
     let (done, wait) = channel::<()>();
     let timer = {
@@ -108,7 +107,7 @@ pub fn fetch(
             }
         })
     };
-    let result = fetch_inner(url, revision, transport, dir, &interrupt);
+    let result = work(&interrupt);
     drop(done);
     let _ = timer.join();
     match result {
@@ -120,18 +119,19 @@ pub fn fetch(
     }
 }
 
-fn fetch_inner(
+/// A clone of one commit, depth 1, with the remote's object format and our transport.
+fn prepare(
     url: &str,
     revision: &Revision,
     transport: &Transport,
     dir: &Path,
-    interrupt: &AtomicBool,
-) -> Result<Fetched> {
+    kind: gix::create::Kind,
+) -> Result<gix::clone::PrepareFetch> {
     let transport = transport.clone();
-    let mut prepare = gix::clone::PrepareFetch::new(
+    let prepare = gix::clone::PrepareFetch::new(
         url,
         dir,
-        gix::create::Kind::Bare,
+        kind,
         gix::create::Options::default(),
         // No user or system git configuration: nothing may rewrite URLs or add helpers.
         gix::open::Options::isolated(),
@@ -165,34 +165,82 @@ fn fetch_inner(
         conn.set_transport_options(options);
         Ok(())
     });
-    prepare = match revision {
+    match revision {
         Revision::Commit(hex) => prepare.with_revision(Some(hex.as_str())),
         Revision::Tag(tag) => prepare.with_ref_name(Some(format!("refs/tags/{tag}").as_str())),
         Revision::DefaultHead => Ok(prepare),
     }
-    .map_err(|e| upstream(url, e))?;
-    let (repo, outcome) = prepare
-        .fetch_only(gix::progress::Discard, interrupt)
-        .map_err(|e| upstream(url, e))?;
+    .map_err(|e| upstream(url, e))
+}
 
+/// The commit `revision` names, from what the remote advertised.
+fn fetched_commit(
+    url: &str,
+    revision: &Revision,
+    refs: &gix::remote::fetch::RefMap,
+) -> Result<gix::ObjectId> {
     let wanted = |name: &str| {
-        outcome.ref_map.remote_refs.iter().find_map(|r| {
+        refs.remote_refs.iter().find_map(|r| {
             let (full, target, peeled) = r.unpack();
             (full == name).then(|| peeled.or(target).map(|id| id.to_owned()))?
         })
     };
-    let commit = match revision {
+    match revision {
         Revision::Commit(hex) => {
-            gix::ObjectId::from_hex(hex.as_bytes()).map_err(|e| upstream(url, e))?
+            gix::ObjectId::from_hex(hex.as_bytes()).map_err(|e| upstream(url, e))
         }
         Revision::Tag(tag) => wanted(&format!("refs/tags/{tag}"))
-            .ok_or_else(|| Error::not_found(format!("tag {tag:?} is not in {url}")))?,
-        Revision::DefaultHead => wanted("HEAD").ok_or_else(|| {
-            Error::new(Code::Upstream, format!("{url} has no default branch head"))
-        })?,
-    };
-    // The fetched commit must be there (a server may answer without it).
-    repo.find_commit(commit)
-        .map_err(|e| upstream(url, format!("commit {commit}: {e}")))?;
-    Ok(Fetched { repo, commit })
+            .ok_or_else(|| Error::not_found(format!("tag {tag:?} is not in {url}"))),
+        Revision::DefaultHead => wanted("HEAD")
+            .ok_or_else(|| Error::new(Code::Upstream, format!("{url} has no default branch head"))),
+    }
+}
+
+/// Fetches `revision` of `url` into `dir` (which must not exist), a bare repository, giving
+/// up at `deadline`.
+pub fn fetch(
+    url: &str,
+    revision: &Revision,
+    transport: &Transport,
+    dir: &Path,
+    deadline: Instant,
+) -> Result<Fetched> {
+    with_deadline(url, deadline, |interrupt| {
+        let (repo, outcome) = prepare(url, revision, transport, dir, gix::create::Kind::Bare)?
+            .fetch_only(gix::progress::Discard, interrupt)
+            .map_err(|e| upstream(url, e))?;
+        let commit = fetched_commit(url, revision, &outcome.ref_map)?;
+        // The fetched commit must be there (a server may answer without it).
+        repo.find_commit(commit)
+            .map_err(|e| upstream(url, format!("commit {commit}: {e}")))?;
+        Ok(Fetched { repo, commit })
+    })
+}
+
+/// Clones `revision` of `url` into `dir` with a checked-out working tree (a project
+/// repository), depth 1; returns the commit.
+pub fn clone_worktree(
+    url: &str,
+    revision: &Revision,
+    transport: &Transport,
+    dir: &Path,
+    deadline: Instant,
+) -> Result<gix::ObjectId> {
+    with_deadline(url, deadline, |interrupt| {
+        let mut prepare = prepare(
+            url,
+            revision,
+            transport,
+            dir,
+            gix::create::Kind::WithWorktree,
+        )?;
+        let (mut checkout, outcome) = prepare
+            .fetch_then_checkout(gix::progress::Discard, interrupt)
+            .map_err(|e| upstream(url, e))?;
+        let commit = fetched_commit(url, revision, &outcome.ref_map)?;
+        checkout
+            .main_worktree(gix::progress::Discard, interrupt)
+            .map_err(|e| upstream(url, format!("checking out: {e}")))?;
+        Ok(commit)
+    })
 }

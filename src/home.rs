@@ -1,0 +1,51 @@
+//! Where the server keeps its state: `CLOUD_HARNESS_HOME`.
+//!
+//! ```text
+//! <home>/operator.json                 operator decisions (overrides, approved skills)
+//! <home>/keys/<sha256 of key>.json     idempotency keys: key -> request digest, workspace
+//! <home>/workspaces/<id>/workspace.json
+//! <home>/workspaces/<id>/repo/         the working tree
+//! <home>/workspaces/<id>/skills/       the merged skills mount
+//! <home>/workspaces/<id>/owner-skills/ the owner tier alone
+//! ```
+
+use cloud_harness_fs::{Error, Result};
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// `CLOUD_HARNESS_HOME`, else `$XDG_DATA_HOME/cloud-harness`, else
+/// `~/.local/share/cloud-harness`.
+pub fn default_home() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CLOUD_HARNESS_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(std::env::temp_dir)
+        .join("cloud-harness")
+}
+
+/// Writes `bytes` to `path` atomically: temp file, fsync, rename, fsync the folder.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().expect("state files have a folder");
+    fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("state"),
+        std::process::id()
+    ));
+    let result = (|| -> std::io::Result<()> {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        fs::File::open(dir)?.sync_all()
+    })();
+    result.map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        Error::io(path, e)
+    })
+}

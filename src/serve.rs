@@ -1,0 +1,126 @@
+//! `cloud-harness serve`: the MCP server over stdio (default) or Streamable HTTP.
+
+use crate::home;
+use crate::mcp::HarnessServer;
+use crate::provision::Provisioner;
+use crate::workspace::Workspaces;
+use clap::Args;
+use cloud_harness_fs::cas::Store;
+use cloud_harness_fs::{Error, Result};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::ServiceExt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Serve Streamable HTTP at ADDR (path /mcp) instead of stdio, e.g. 127.0.0.1:8765.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<SocketAddr>,
+    /// An extra browser origin allowed to call the HTTP endpoint (repeatable); loopback
+    /// origins are always allowed, any other Origin gets 403.
+    #[arg(long = "allow-origin", value_name = "ORIGIN")]
+    pub allow_origins: Vec<String>,
+    /// Where workspaces and operator decisions live.
+    #[arg(long, env = "CLOUD_HARNESS_HOME", value_name = "DIR")]
+    pub home: Option<PathBuf>,
+    /// Do not mount skills file systems (skills_read and skills_run still work).
+    #[arg(long)]
+    pub no_mount: bool,
+}
+
+pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
+    let home = args.home.clone().unwrap_or_else(home::default_home);
+    let provisioner = Provisioner::from_env(store.clone())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::internal(format!("starting the runtime: {e}")))?;
+    let mounting = !args.no_mount;
+    let workspaces = Arc::new(runtime.block_on(async {
+        let home = home.clone();
+        tokio::task::spawn_blocking(move || Workspaces::new(home, provisioner, mounting))
+            .await
+            .map_err(|e| Error::internal(e.to_string()))?
+    })?);
+    let result = runtime.block_on(serve(workspaces.clone(), args));
+    // Unmount before exiting; the records stay, so the next start restores the workspaces.
+    workspaces.shutdown();
+    result.map(|()| 0)
+}
+
+async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
+    let server = HarnessServer::new(workspaces);
+    let stop = CancellationToken::new();
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+            }
+            stop.cancel();
+        });
+    }
+    match args.http {
+        None => {
+            let service = server
+                .serve(rmcp::transport::stdio())
+                .await
+                .map_err(|e| Error::internal(format!("stdio: {e}")))?;
+            tokio::select! {
+                _ = service.waiting() => {}
+                _ = stop.cancelled() => {}
+            }
+            Ok(())
+        }
+        Some(addr) => {
+            let mut origins: Vec<String> = [
+                "http://localhost:*",
+                "http://127.0.0.1:*",
+                "http://[::1]:*",
+                "https://localhost:*",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            origins.extend(args.allow_origins.iter().cloned());
+            let mut hosts = vec![
+                "localhost".to_owned(),
+                "127.0.0.1".to_owned(),
+                "::1".to_owned(),
+            ];
+            if !addr.ip().is_loopback() {
+                hosts.push(addr.ip().to_string());
+                tracing::warn!(%addr, "serving MCP beyond loopback");
+            }
+            let config = StreamableHttpServerConfig::default()
+                .with_allowed_hosts(hosts)
+                .with_allowed_origins(origins)
+                .with_legacy_session_mode(true)
+                .with_cancellation_token(stop.child_token());
+            let service = StreamableHttpService::new(
+                move || Ok(server.clone()),
+                Arc::new(LocalSessionManager::default()),
+                config,
+            );
+            let router = axum::Router::new().nest_service("/mcp", service);
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| Error::internal(format!("binding {addr}: {e}")))?;
+            let bound = listener
+                .local_addr()
+                .map_err(|e| Error::internal(e.to_string()))?;
+            eprintln!("cloud-harness: MCP over Streamable HTTP at http://{bound}/mcp");
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async move { stop.cancelled_owned().await })
+                .await
+                .map_err(|e| Error::internal(format!("serving: {e}")))
+        }
+    }
+}
