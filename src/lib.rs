@@ -4,6 +4,7 @@
 pub mod builtin;
 pub mod cli;
 pub mod home;
+pub mod input;
 pub mod mcp;
 pub mod mount;
 pub mod operator;

@@ -152,16 +152,7 @@ fn tools() -> Vec<Tool> {
 
 /// Tool arguments into `T`; a problem is an INVALID_ARGUMENT naming the field.
 fn parse<T: serde::de::DeserializeOwned>(arguments: Option<JsonObject>) -> Result<T, Error> {
-    let value = Value::Object(arguments.unwrap_or_default());
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        let field = if path == "." {
-            "arguments".to_owned()
-        } else {
-            path
-        };
-        Error::invalid(format!("{field}: {}", e.inner())).with_details(json!({ "field": field }))
-    })
+    crate::input::parse(Value::Object(arguments.unwrap_or_default()), "arguments")
 }
 
 #[derive(Deserialize)]
@@ -224,13 +215,36 @@ fn success(value: Value) -> CallToolResult {
     result
 }
 
+/// Input echoed back in an error stays short: a 1 MiB argument makes a short message.
+fn clip(value: &mut Value) {
+    const MAX: usize = 1024;
+    match value {
+        Value::String(s) if s.len() > MAX => {
+            let cut = (0..=MAX)
+                .rev()
+                .find(|&i| s.is_char_boundary(i))
+                .unwrap_or(0);
+            s.truncate(cut);
+            s.push('…');
+        }
+        Value::Array(items) => items.iter_mut().for_each(clip),
+        Value::Object(map) => map.values_mut().for_each(clip),
+        _ => {}
+    }
+}
+
 fn failure(error: Error) -> CallToolResult {
-    let value = json!({
+    let mut value = json!({
         "code": error.code,
         "status": error.status,
         "message": error.message,
         "details": error.details,
     });
+    clip(&mut value);
+    let error = Error {
+        message: value["message"].as_str().unwrap_or_default().to_owned(),
+        ..error
+    };
     let mut result = CallToolResult::error(vec![ContentBlock::text(format!(
         "{}: {}",
         error.code, error.message

@@ -116,15 +116,7 @@ pub fn parse_spec(json: &str) -> Result<ToolkitSpec> {
 /// (serde's tagged enums would lose the path).
 pub fn spec_from_value(mut value: serde_json::Value) -> Result<ToolkitSpec> {
     fn typed<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T> {
-        serde_path_to_error::deserialize(value).map_err(|e| {
-            let path = e.path().to_string();
-            let field = if path == "." {
-                "toolkit".to_owned()
-            } else {
-                path
-            };
-            field_error(Code::InvalidArgument, &field, e.inner())
-        })
+        crate::input::parse(value, "toolkit")
     }
     let Some(object) = value.as_object_mut() else {
         return Err(field_error(

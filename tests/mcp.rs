@@ -1,0 +1,296 @@
+//! The MCP server driven by the official Python MCP SDK (`tests/mcp/scenario.py`), over stdio
+//! and Streamable HTTP, with both protocol eras. Needs python3 with `mcp` (see
+//! `tests/mcp/requirements.txt`; `.ci/setup` installs it): skipped where it is missing,
+//! except under CI.
+
+mod support;
+
+use serde_json::json;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use support::{dir, file, skill, Certs, GitServer, Node, Repo};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cloud-harness");
+
+fn python() -> Option<String> {
+    let python = std::env::var("CLOUD_HARNESS_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = Command::new(&python)
+        .args(["-c", "import mcp, mcp.client.stdio; from mcp import Client"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        return Some(python);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must run the MCP tests: install tests/mcp/requirements.txt"
+    );
+    eprintln!("skipped: python3 with the `mcp` package is needed (pip install -r tests/mcp/requirements.txt)");
+    None
+}
+
+struct World {
+    tmp: tempfile::TempDir,
+    _certs: Certs,
+    _server: GitServer,
+    env: Vec<(String, String)>,
+    fixtures: serde_json::Value,
+}
+
+fn skill_with(name: &str, body: &str, extra: Vec<(&str, Node)>) -> Node {
+    match skill(name, body) {
+        Node::Dir(mut entries) => {
+            entries.extend(extra.into_iter().map(|(n, e)| (n.as_bytes().to_vec(), e)));
+            Node::Dir(entries)
+        }
+        other => other,
+    }
+}
+
+fn world() -> World {
+    let tmp = tempfile::tempdir().unwrap();
+    let repos = tmp.path().join("repos");
+    std::fs::create_dir_all(&repos).unwrap();
+    let certs = Certs::new(&tmp.path().join("certs"));
+    let server = GitServer::start(&repos, &certs);
+
+    let superpowers = Repo::create(&repos, "obra/superpowers.git", false);
+    superpowers.commit(dir(vec![(
+        "skills",
+        dir(vec![
+            ("using-superpowers", skill("using-superpowers", "Before any task, use the Skill tool to load the relevant skill. Track steps with TodoWrite.")),
+            (
+                "brainstorm",
+                dir(vec![("SKILL.md", file("---\nname: brainstorm\ndescription: Brainstorm with the user.\ndisable-model-invocation: true\n---\nAsk questions.\n"))]),
+            ),
+        ]),
+    )]));
+    let team = Repo::create(&repos, "team/skills.git", false);
+    let team_commit = team.commit(dir(vec![(
+        "skills",
+        dir(vec![
+            (
+                "review",
+                skill_with(
+                    "review",
+                    "Review code carefully.",
+                    vec![
+                        ("references", dir(vec![("big.md", Node::File(vec![b'r'; 300_000]))])),
+                        (
+                            "scripts",
+                            dir(vec![
+                                ("check.sh", file("echo \"args: $1|$2\"\ntest -f README.md && echo 'cwd ok'\n")),
+                                ("slow.sh", file("sleep 2.5\necho done\n")),
+                                ("forever.sh", file("sleep 60\n")),
+                            ]),
+                        ),
+                    ],
+                ),
+            ),
+            ("lint", skill("lint", "Lint, the team's way.")),
+            ("tdd", skill_with("tdd", "Test first.", vec![("run.sh", Node::Exec(b"#!/bin/sh\necho tdd\n".to_vec()))])),
+        ]),
+    )]));
+    let clash = Repo::create(&repos, "clash/skills.git", false);
+    let clash_commit = clash.commit(dir(vec![(
+        "skills",
+        dir(vec![("review", skill("review", "A different review."))]),
+    )]));
+    let ws_kit = Repo::create(&repos, "ws/skills.git", false);
+    let ws_commit = ws_kit.commit(dir(vec![(
+        "skills",
+        dir(vec![("wsx", skill("wsx", "Workspace skill."))]),
+    )]));
+    let project = Repo::create(&repos, "project.git", false);
+    project.commit(dir(vec![
+        ("README.md", file("# project\n")),
+        (
+            ".claude",
+            dir(vec![(
+                "skills",
+                dir(vec![("lint", skill("lint", "The project's own lint."))]),
+            )]),
+        ),
+    ]));
+    let conflict_project = Repo::create(&repos, "conflict-project.git", false);
+    conflict_project.commit(dir(vec![
+        ("README.md", file("# project\n")),
+        (
+            ".cloud-harness",
+            dir(vec![(
+                "skills",
+                dir(vec![("wsx", skill("wsx", "Someone else's wsx."))]),
+            )]),
+        ),
+    ]));
+
+    let env = vec![
+        (
+            "CLOUD_HARNESS_HOME".to_owned(),
+            tmp.path().join("home").display().to_string(),
+        ),
+        (
+            "TOOLKIT_CACHE_ROOT".to_owned(),
+            tmp.path().join("store").display().to_string(),
+        ),
+        ("ALLOWED_GIT_HOSTS".to_owned(), server.host()),
+        (
+            "CLOUD_HARNESS_EXTRA_CA".to_owned(),
+            certs.ca.display().to_string(),
+        ),
+        (
+            "CLOUD_HARNESS_URL_REWRITE".to_owned(),
+            format!("https://github.com/={}", server.url("")),
+        ),
+        ("RUST_LOG".to_owned(), "warn".to_owned()),
+        ("PATH".to_owned(), std::env::var("PATH").unwrap_or_default()),
+    ];
+    let git = |id: &str, repo: &str, commit: &str| json!({ "kind": "git", "instanceId": id, "url": server.url(repo), "ref": commit });
+    let mut ws_scope = git("ws-kit", "ws/skills.git", &ws_commit);
+    ws_scope["scope"] = json!("workspace");
+    let fixtures = json!({
+        "key": "key-1",
+        "project": server.url("project.git"),
+        "conflictProject": server.url("conflict-project.git"),
+        "preset": { "kind": "preset", "id": "obra/superpowers" },
+        "team": git("team", "team/skills.git", &team_commit),
+        "clash": git("clash", "clash/skills.git", &clash_commit),
+        "wsScope": ws_scope,
+    });
+    World {
+        tmp,
+        _certs: certs,
+        _server: server,
+        env,
+        fixtures,
+    }
+}
+
+impl World {
+    fn home(&self) -> PathBuf {
+        self.tmp.path().join("home")
+    }
+
+    fn scenario(&self, python: &str, transport: &str, mode: &str, url: Option<&str>, part: &str) {
+        let config = json!({
+            "binary": BIN,
+            "env": self.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
+            "transport": transport,
+            "mode": mode,
+            "url": url,
+            "home": self.home(),
+            "fixtures": self.fixtures,
+        });
+        let path = self
+            .tmp
+            .path()
+            .join(format!("config-{transport}-{mode}-{part}.json"));
+        std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/scenario.py");
+        let out = Command::new(python)
+            .arg(script)
+            .arg(&path)
+            .arg(part)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success(),
+            "{part} over {transport} ({mode}) failed:\n{text}"
+        );
+        eprintln!("{}", text.trim());
+    }
+
+    /// `serve --http` on an ephemeral loopback port; returns the process and the URL.
+    fn http_server(&self) -> (Serve, String) {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--http", "127.0.0.1:0"])
+            .envs(self.env.iter().cloned())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let url = loop {
+            let line = lines
+                .next()
+                .expect("the server said where it listens")
+                .unwrap();
+            if let Some(at) = line.find("http://") {
+                break line[at..].trim().to_owned();
+            }
+        };
+        // Keep draining its log so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        (Serve(Some(child)), url)
+    }
+}
+
+/// A `serve --http` process, killed if a test fails before stopping it.
+struct Serve(Option<Child>);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// SIGTERM: the server must unmount and exit 0.
+fn stop(mut serve: Serve) {
+    let mut child = serve.0.take().unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "serve exited with {status}");
+}
+
+#[test]
+fn stdio_session_less_full_scenario_and_bad_input() {
+    let Some(python) = python() else { return };
+    let w = world();
+    w.scenario(&python, "stdio", "modern", None, "full");
+    w.scenario(&python, "stdio", "modern", None, "bad-input");
+}
+
+#[test]
+fn http_initialize_handshake_full_scenario_and_origin_check() {
+    let Some(python) = python() else { return };
+    let w = world();
+    let (server, url) = w.http_server();
+    w.scenario(&python, "http", "legacy", Some(&url), "full");
+    w.scenario(&python, "http", "legacy", Some(&url), "origin");
+    stop(server);
+}
+
+#[test]
+fn the_other_two_combinations_refuse_bad_input() {
+    let Some(python) = python() else { return };
+    let w = world();
+    w.scenario(&python, "stdio", "legacy", None, "bad-input");
+    let (server, url) = w.http_server();
+    w.scenario(&python, "http", "modern", Some(&url), "bad-input");
+    stop(server);
+}
+
+#[test]
+fn an_idempotency_key_survives_a_restart() {
+    let Some(python) = python() else { return };
+    let w = world();
+    let (server, url) = w.http_server();
+    w.scenario(&python, "http", "modern", Some(&url), "restart-1");
+    stop(server);
+    let (server, url) = w.http_server();
+    w.scenario(&python, "http", "modern", Some(&url), "restart-2");
+    stop(server);
+}

@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""Drives `cloud-harness serve` with the official MCP Python SDK (`mcp` from PyPI).
+
+    scenario.py CONFIG.json PART
+
+CONFIG holds how to reach the server (stdio command or HTTP URL), the protocol mode
+("legacy": the 2025-11-25 initialize handshake; "modern": session-less 2026-07-28), and the
+fixtures the Rust side built (toolkit specs, project URLs). PART picks the scenario. Every
+check is an assert; the exit status tells the Rust test the outcome.
+"""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+CONFIG = json.load(open(sys.argv[1]))
+PART = sys.argv[2]
+
+
+def client():
+    # "auto" discovers the server and adopts the session-less 2026-07-28 protocol.
+    mode = "legacy" if CONFIG["mode"] == "legacy" else "auto"
+    if CONFIG["transport"] == "stdio":
+        target = StdioServerParameters(command=CONFIG["binary"], args=["serve"], env=CONFIG["env"])
+    else:
+        target = CONFIG["url"]
+    return Client(target, mode=mode, read_timeout_seconds=120)
+
+
+async def call(c, name, args, **kw):
+    r = await c.call_tool(name, args, **kw)
+    return r.is_error, r.structured_content
+
+
+async def ok(c, name, args, **kw):
+    err, out = await call(c, name, args, **kw)
+    assert not err, f"{name} {args} failed: {out}"
+    return out
+
+
+async def refused(c, name, args, code, field=None):
+    err, out = await call(c, name, args)
+    assert err, f"{name} {args} should fail with {code}, got {out}"
+    assert out["code"] == code, f"{name} {args}: {out}"
+    assert out["status"] == {"INVALID_ARGUMENT": 400, "FORBIDDEN": 403, "NOT_FOUND": 404, "CONFLICT": 409}[code]
+    if field is not None:
+        assert (out.get("details") or {}).get("field") == field, f"{name} {args}: {out}"
+    return out
+
+
+def git_status(path):
+    return subprocess.run(["git", "-C", path, "status", "--porcelain"], capture_output=True, text=True, check=True).stdout
+
+
+async def full():
+    fx = CONFIG["fixtures"]
+    async with client() as c:
+        assert c.server_info.name == "cloud-harness" and c.server_info.version, c.server_info
+        want = "2025-11-25" if CONFIG["mode"] == "legacy" else "2026-07-28"
+        assert c.protocol_version == want, c.protocol_version
+        names = sorted(t.name for t in (await c.list_tools()).tools)
+        assert names == ["skills_list", "skills_read", "skills_run", "workspace_close", "workspace_open"], names
+        for t in (await c.list_tools()).tools:
+            assert "$ref" not in json.dumps(t.input_schema), t.name
+
+        # Open: a preset-shaped toolkit (through the mirror) and a git toolkit, owner scope.
+        request = {
+            "repositoryUrl": fx["project"],
+            "idempotencyKey": fx["key"],
+            "toolkits": [fx["preset"], fx["team"]],
+        }
+        ws = await ok(c, "workspace_open", request)
+        handle = ws["workspace"]
+        assert handle.startswith("ws_") and len(handle) >= 32, handle
+        assert os.path.isdir(os.path.join(ws["path"], ".git")), ws["path"]
+        assert git_status(ws["path"]) == "", "owner scope must leave the working tree clean"
+        kits = {t["instanceId"]: t for t in ws["toolkits"]}
+        assert set(kits) == {"obra-superpowers", "team"}, kits
+        assert kits["team"]["commit"] == fx["team"]["ref"] and kits["team"]["bundle"].startswith("sha256:")
+        assert kits["obra-superpowers"]["skillCount"] == 2
+        served = {s["name"]: s for s in ws["skills"]}
+        assert served["review"]["tier"] == "owner" and served["review"]["toolkit"] == "team", served["review"]
+        assert served["cloud-harness-skills"]["tier"] == "builtin"
+        # The project's own copy of `lint` is shadowed by the team toolkit's.
+        shadowed = [s for s in ws["shadowed"] if s["name"] == "lint"]
+        assert shadowed and shadowed[0]["tier"] == "repository", ws["shadowed"]
+        assert ws["conflicts"] == []
+        start = ws["sessionStart"]
+        assert start and start[0]["skill"] == "using-superpowers", start
+        assert any(m["mentioned"] == "Skill" and m["use"] == "skills_read" for m in start[0]["toolMapping"]), start
+        if ws["skillsMount"]:
+            with open(os.path.join(ws["skillsMount"], "review", "SKILL.md")) as f:
+                assert "Review code" in f.read()
+            assert os.path.isdir(os.path.join(ws["ownerSkillsMount"], "review"))
+
+        prompts = await c.list_prompts()
+        assert [p.name for p in prompts.prompts] == ["session-start"]
+        prompt = await c.get_prompt("session-start", {"workspace": handle})
+        assert "skills_read" in prompt.messages[0].content.text
+
+        # Idempotency: the same key and request, the same result; sixteen at once, one workspace.
+        again = await ok(c, "workspace_open", request)
+        assert again == ws, "a replayed key must return the same result"
+        same = await asyncio.gather(*[ok(c, "workspace_open", request) for _ in range(16)])
+        assert all(r["workspace"] == handle for r in same)
+        other = dict(request, toolkits=[fx["team"]])
+        await refused(c, "workspace_open", other, "CONFLICT", "idempotencyKey")
+        concurrent_key = dict(request, idempotencyKey=fx["key"] + "-burst")
+        burst = await asyncio.gather(*[ok(c, "workspace_open", concurrent_key) for _ in range(16)])
+        assert len({r["workspace"] for r in burst}) == 1, "sixteen concurrent opens must make one workspace"
+        await ok(c, "workspace_close", {"workspace": burst[0]["workspace"]})
+
+        # List and read.
+        listing = await ok(c, "skills_list", {"workspace": handle, "includeShadowed": True})
+        by_name = {s["name"]: s for s in listing["skills"]}
+        assert by_name["lint"]["shadowed"][0]["tier"] == "repository"
+        assert by_name["brainstorm"]["userOnly"] is True
+        owner_only = await ok(c, "skills_list", {"workspace": handle, "tier": "repository"})
+        assert [s["name"] for s in owner_only["skills"]] == ["lint"] and owner_only["skills"][0]["served"] is False
+        page = await ok(c, "skills_read", {"workspace": handle, "skill": "review"})
+        assert page["path"] == "SKILL.md" and "Review code" in page["content"] and page["eof"]
+        big, offset, pages = b"", 0, 0
+        while True:
+            p = await ok(c, "skills_read", {"workspace": handle, "skill": "review", "path": "references/big.md", "offset": offset, "length": 100000})
+            big += p["content"].encode()
+            pages += 1
+            if p["eof"]:
+                break
+            offset = p["nextOffset"]
+        assert len(big) == p["size"] == 300000 and pages == 3, (len(big), pages)
+
+        # Run: refused until approved, then run, with progress.
+        out = await refused(c, "skills_run", {"workspace": handle, "skill": "review", "script": "scripts/check.sh"}, "FORBIDDEN")
+        assert "approvedSkills" in out["message"], out
+        operator = os.path.join(CONFIG["home"], "operator.json")
+        with open(operator, "w") as f:
+            json.dump({"approvedSkills": [by_name["review"]["digest"]]}, f)
+        run = await ok(c, "skills_run", {"workspace": handle, "skill": "review", "script": "scripts/check.sh", "args": ["a b", "c"]})
+        assert run["exitCode"] == 0 and run["stdout"] == "args: a b|c\ncwd ok\n", run
+        assert run["command"][0] == "sh", "a .sh without its executable bit runs through sh"
+        progress = []
+
+        async def on_progress(value, total, message):
+            progress.append((value, message))
+
+        slow = await ok(c, "skills_run", {"workspace": handle, "skill": "review", "script": "scripts/slow.sh"}, progress_callback=on_progress)
+        assert slow["exitCode"] == 0 and progress, (slow, progress)
+        timeout = await ok(c, "skills_run", {"workspace": handle, "skill": "review", "script": "scripts/forever.sh", "timeoutSeconds": 1})
+        assert timeout["timedOut"] is True, timeout
+        await refused(c, "skills_run", {"workspace": handle, "skill": "tdd", "script": "run.sh"}, "FORBIDDEN")
+        os.remove(operator)
+
+        # Conflicts: two owner toolkits with different `review` skills, and a workspace-scope
+        # skill that differs from the project's own copy. Neither leaves a workspace behind.
+        before = set(os.listdir(os.path.join(CONFIG["home"], "workspaces")))
+        out = await refused(c, "workspace_open", {"idempotencyKey": fx["key"] + "-clash", "toolkits": [fx["team"], fx["clash"]]}, "CONFLICT")
+        assert "review" in out["message"] and "team" in out["message"] and "clash" in out["message"], out
+        out = await refused(c, "workspace_open", {"idempotencyKey": fx["key"] + "-ws-clash", "repositoryUrl": fx["conflictProject"], "toolkits": [fx["wsScope"]], "allowToolkitWorkspaceChanges": True}, "CONFLICT")
+        assert "wsx" in out["message"] and out["details"]["existing"] != out["details"]["incoming"], out
+        await refused(c, "workspace_open", {"idempotencyKey": fx["key"] + "-noflag", "toolkits": [fx["wsScope"]]}, "INVALID_ARGUMENT", "allowToolkitWorkspaceChanges")
+        assert set(os.listdir(os.path.join(CONFIG["home"], "workspaces"))) == before
+
+        # Workspace scope, allowed: written into .cloud-harness/skills/, served from the workspace tier.
+        wss = await ok(c, "workspace_open", {"idempotencyKey": fx["key"] + "-ws", "toolkits": [fx["wsScope"]], "allowToolkitWorkspaceChanges": True})
+        assert os.path.isfile(os.path.join(wss["path"], ".cloud-harness", "skills", "wsx", "SKILL.md"))
+        wsx = [s for s in wss["skills"] if s["name"] == "wsx"][0]
+        assert wsx["tier"] == "workspace" and wsx["toolkit"] == "ws-kit", wsx
+        await ok(c, "workspace_close", {"workspace": wss["workspace"]})
+
+        closed = await ok(c, "workspace_close", {"workspace": handle})
+        assert closed["closed"] is True
+        await refused(c, "skills_list", {"workspace": handle}, "NOT_FOUND", "workspace")
+        assert not os.path.exists(ws["path"])
+
+
+async def bad_input():
+    async with client() as c:
+        ws = await ok(c, "workspace_open", {"idempotencyKey": "bad-input"})
+        h = ws["workspace"]
+        huge = "x" * (1 << 20)
+        cases = [
+            ("workspace_open", {}, "idempotencyKey"),
+            ("workspace_open", {"idempotencyKey": 7}, "idempotencyKey"),
+            ("workspace_open", {"idempotencyKey": huge}, "idempotencyKey"),
+            ("workspace_open", {"idempotencyKey": "k\x00"}, "idempotencyKey"),
+            ("workspace_open", {"idempotencyKey": "k", "toolkits": "obra/superpowers"}, "toolkits"),
+            ("workspace_open", {"idempotencyKey": "k", "toolkits": [{"kind": "git", "instanceId": "x", "url": "http://example.com/x.git"}]}, "toolkits[0].url"),
+            ("workspace_open", {"idempotencyKey": "k", "toolkits": [{"kind": "git", "instanceId": "x", "url": huge}]}, "toolkits[0].url"),
+            ("workspace_open", {"idempotencyKey": "k", "repositoryUrl": "file:///etc"}, "repositoryUrl"),
+            ("workspace_open", {"idempotencyKey": "k", "allowToolkitWorkspaceChanges": "yes"}, "allowToolkitWorkspaceChanges"),
+            ("workspace_open", {"idempotencyKey": "k", "surprise": 1}, "surprise"),
+            ("workspace_close", {}, "workspace"),
+            ("workspace_close", {"workspace": ["a"]}, "workspace"),
+            ("skills_list", {"workspace": h, "tier": "everything"}, "tier"),
+            ("skills_list", {"workspace": h, "includeShadowed": 1}, "includeShadowed"),
+            ("skills_read", {"workspace": h}, "skill"),
+            ("skills_read", {"workspace": h, "skill": "cloud-harness-skills", "path": "../../etc/passwd"}, "path"),
+            ("skills_read", {"workspace": h, "skill": "cloud-harness-skills", "path": "/etc/passwd"}, "path"),
+            ("skills_read", {"workspace": h, "skill": "cloud-harness-skills", "path": "SKILL.md\x00"}, "path"),
+            ("skills_read", {"workspace": h, "skill": "cloud-harness-skills", "path": huge}, "path"),
+            ("skills_read", {"workspace": h, "skill": "cloud-harness-skills", "offset": -1}, "offset"),
+            ("skills_read", {"workspace": h, "skill": "cloud-harness-skills", "length": 0}, "length"),
+            ("skills_read", {"workspace": h, "skill": "cloud-harness-skills", "length": 1 << 30}, "length"),
+            ("skills_run", {"workspace": h, "skill": "cloud-harness-skills"}, "script"),
+            ("skills_run", {"workspace": h, "skill": "cloud-harness-skills", "script": "../x.sh"}, "script"),
+            ("skills_run", {"workspace": h, "skill": "cloud-harness-skills", "script": "/bin/sh"}, "script"),
+            ("skills_run", {"workspace": h, "skill": "cloud-harness-skills", "script": "a.sh", "args": "no"}, "args"),
+            ("skills_run", {"workspace": h, "skill": "cloud-harness-skills", "script": "a.sh", "args": ["\x00"]}, "args[0]"),
+            ("skills_run", {"workspace": h, "skill": "cloud-harness-skills", "script": "a.sh", "timeoutSeconds": 100000}, "timeoutSeconds"),
+        ]
+        for name, args, field in cases:
+            err, out = await call(c, name, args)
+            assert err and out["code"] == "INVALID_ARGUMENT", f"{name} {str(args)[:120]}: {str(out)[:300]}"
+            if field:
+                assert out["details"]["field"] == field, f"{name} {str(args)[:120]}: {str(out)[:300]}"
+        for name, args in [
+            ("skills_list", {"workspace": "ws_nope"}),
+            ("skills_list", {"workspace": huge}),
+            ("skills_read", {"workspace": h, "skill": "no-such-skill"}),
+            ("skills_read", {"workspace": h, "skill": huge}),
+            ("skills_read", {"workspace": h, "skill": "cloud-harness-skills", "path": "missing.md"}),
+            ("workspace_close", {"workspace": "ws_nope"}),
+        ]:
+            err, out = await call(c, name, args)
+            assert err and out["code"] == "NOT_FOUND", f"{name} {str(args)[:120]}: {str(out)[:300]}"
+        try:
+            await c.call_tool("no_such_tool", {})
+            raise AssertionError("an unknown tool must be a JSON-RPC error")
+        except Exception as e:  # MCPError from the SDK
+            assert "no_such_tool" in str(e), e
+        # Still serving.
+        assert len((await c.list_tools()).tools) == 5
+        await ok(c, "workspace_close", {"workspace": h})
+
+
+async def restart(step):
+    fx = CONFIG["fixtures"]
+    request = {"idempotencyKey": fx["key"] + "-restart", "toolkits": [fx["team"]]}
+    async with client() as c:
+        result = await ok(c, "workspace_open", request)
+        saved = os.path.join(CONFIG["home"], "restart.json")
+        if step == 1:
+            json.dump(result, open(saved, "w"))
+        else:
+            assert result == json.load(open(saved)), "the same key and request must give the same result after a restart"
+            page = await ok(c, "skills_read", {"workspace": result["workspace"], "skill": "review"})
+            assert "Review code" in page["content"]
+            await refused(c, "workspace_open", dict(request, toolkits=[]), "CONFLICT", "idempotencyKey")
+            await ok(c, "workspace_close", {"workspace": result["workspace"]})
+
+
+async def origin():
+    import urllib.request, urllib.error
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}).encode()
+    req = urllib.request.Request(CONFIG["url"], data=body, method="POST", headers={
+        "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+        "Origin": "http://evil.example", "MCP-Protocol-Version": "2025-11-25"})
+    try:
+        urllib.request.urlopen(req, timeout=10)
+        raise AssertionError("a foreign Origin must be refused")
+    except urllib.error.HTTPError as e:
+        assert e.code == 403, e.code
+
+
+PARTS = {"full": full, "bad-input": bad_input, "restart-1": lambda: restart(1), "restart-2": lambda: restart(2), "origin": origin}
+started = time.time()
+asyncio.run(PARTS[PART]())
+print(f"{PART} ({CONFIG['transport']}, {CONFIG['mode']}): ok in {time.time() - started:.1f}s")
