@@ -209,7 +209,7 @@ struct RunArgs {
 }
 
 fn success(value: Value) -> CallToolResult {
-    let text = serde_json::to_string_pretty(&value).unwrap_or_default();
+    let text = serde_json::to_string(&value).unwrap_or_default();
     let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
     result.structured_content = Some(value);
     result

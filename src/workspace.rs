@@ -686,6 +686,32 @@ impl Workspaces {
     }
 }
 
+/// A skill as listings show it.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SkillView<'a> {
+    name: &'a str,
+    description: &'a str,
+    tier: Tier,
+    toolkit: Option<&'a str>,
+    source: &'a str,
+    digest: Digest,
+    user_only: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    served: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shadowed: Option<Vec<SkillView<'a>>>,
+}
+
+#[derive(Serialize)]
+struct Listing<'a> {
+    workspace: &'a str,
+    generation: Digest,
+    count: usize,
+    skills: Vec<SkillView<'a>>,
+    conflicts: Vec<Value>,
+}
+
 /// One page of a file.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -761,23 +787,33 @@ impl Workspace {
         mounts.first().map(|m| m.path.clone())
     }
 
-    fn toolkit_of(&self, index: &Index, c: &Candidate) -> Option<String> {
+    fn toolkit_of<'a>(&'a self, index: &'a Index, c: &'a Candidate) -> Option<&'a str> {
         match c.tier {
-            Tier::Workspace => self.record.workspace_skills.get(&c.name).cloned(),
-            _ => index.source(c).provenance.toolkit.clone(),
+            Tier::Workspace => self
+                .record
+                .workspace_skills
+                .get(&c.name)
+                .map(String::as_str),
+            _ => index.source(c).provenance.toolkit.as_deref(),
+        }
+    }
+
+    fn view<'a>(&'a self, index: &'a Index, c: &'a Candidate) -> SkillView<'a> {
+        SkillView {
+            name: &c.name,
+            description: &c.info.meta.description,
+            tier: c.tier,
+            toolkit: self.toolkit_of(index, c),
+            source: &index.source(c).id,
+            digest: c.digest(),
+            user_only: c.info.meta.user_only,
+            served: None,
+            shadowed: None,
         }
     }
 
     fn skill_json(&self, index: &Index, c: &Candidate) -> Value {
-        json!({
-            "name": c.name,
-            "description": c.info.meta.description,
-            "tier": c.tier,
-            "toolkit": self.toolkit_of(index, c),
-            "source": index.source(c).id,
-            "digest": c.digest(),
-            "userOnly": c.info.meta.user_only,
-        })
+        serde_json::to_value(self.view(index, c)).expect("views serialize")
     }
 
     /// `skills_list`: every visible skill, or one tier's, with its shadowed candidates.
@@ -795,20 +831,28 @@ impl Workspace {
                     .find(|c| c.tier == t),
             };
             let Some(c) = shown else { continue };
-            let mut v = self.skill_json(index, c);
-            v["served"] = json!(std::ptr::eq(c, winner));
+            let mut v = self.view(index, c);
+            v.served = Some(std::ptr::eq(c, winner));
             if include_shadowed {
-                v["shadowed"] = r
-                    .shadowed
-                    .iter()
-                    .filter(|s| !std::ptr::eq(*s, c))
-                    .map(|s| self.skill_json(index, s))
-                    .collect();
+                v.shadowed = Some(
+                    r.shadowed
+                        .iter()
+                        .filter(|s| !std::ptr::eq(*s, c))
+                        .map(|s| self.view(index, s))
+                        .collect(),
+                );
             }
             skills.push(v);
         }
         let conflicts: Vec<Value> = index.conflicts().map(|r| index.conflict_json(r)).collect();
-        json!({ "workspace": self.id, "generation": g.digest(), "count": skills.len(), "skills": skills, "conflicts": conflicts })
+        serde_json::to_value(Listing {
+            workspace: &self.id,
+            generation: g.digest(),
+            count: skills.len(),
+            skills,
+            conflicts,
+        })
+        .expect("listings serialize")
     }
 
     /// The folder and digest of a served skill.

@@ -1,0 +1,160 @@
+//! `workspace_open` on a warm store (three toolkits, 100 skills; no network), median and p99,
+//! and `skills_list` over 10,000 skills.
+//!
+//! `cargo bench --bench serve` (mounts for real when run as root with /dev/fuse; otherwise
+//! without mounts, and says so).
+
+use cloud_harness::mcp::HarnessServer;
+use cloud_harness::provision::fetch::Transport;
+use cloud_harness::provision::hosts::HostPolicy;
+use cloud_harness::provision::index::{BundleIndex, BundleKey, BundleRecord};
+use cloud_harness::provision::staging::Limits;
+use cloud_harness::provision::Provisioner;
+use cloud_harness::toolkit::{self, ToolkitSpec};
+use cloud_harness::workspace::{OpenRequest, Workspaces};
+use cloud_harness_fs::cas::{Limits as ImportLimits, Store};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const OPENS: usize = 40;
+
+/// A toolkit of `n` skills already in the store and the bundle index, as a warm start finds it.
+fn warm_toolkit(store: &Store, root: &Path, name: &str, n: usize) -> ToolkitSpec {
+    let dir = root.join(name);
+    for i in 0..n {
+        let skill = dir.join(format!("{name}-skill-{i:05}"));
+        std::fs::create_dir_all(skill.join("references")).unwrap();
+        std::fs::write(
+            skill.join("SKILL.md"),
+            format!(
+                "---\nname: {name}-skill-{i:05}\ndescription: Skill {i} of {name}.\n---\nBody.\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(skill.join("references/notes.md"), format!("notes {i}")).unwrap();
+    }
+    let bundle = store
+        .import_dir(&dir, &ImportLimits::default())
+        .unwrap()
+        .digest;
+    let mut writer = store.writer().unwrap();
+    let manifest = writer
+        .put_blob(format!("{{\"bench\":\"{name}\"}}").as_bytes())
+        .unwrap();
+    writer.commit().unwrap();
+    let url = format!("https://bench.invalid/{name}.git");
+    let commit = "0123456789abcdef0123456789abcdef01234567".to_owned();
+    let spec = toolkit::parse_spec(&format!(
+        r#"{{"kind":"git","instanceId":"{name}","url":"{url}","ref":"{commit}"}}"#
+    ))
+    .unwrap();
+    let hosts = HostPolicy::new("bench.invalid", "").unwrap();
+    let t = spec.resolve(&hosts).unwrap();
+    BundleIndex::open(store)
+        .put(&BundleRecord {
+            key: BundleKey::new(&t, &commit),
+            bundle,
+            manifest,
+            skills: n,
+            instance_id: name.into(),
+            preset: None,
+            fetched_url: url,
+            object_format: "sha1".into(),
+            requested: "commit".into(),
+            warnings: vec![],
+            acquired_at: 0,
+        })
+        .unwrap();
+    spec
+}
+
+fn percentile(mut xs: Vec<Duration>, p: f64) -> Duration {
+    xs.sort();
+    xs[((xs.len() - 1) as f64 * p).round() as usize]
+}
+
+fn main() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path().join("store")).unwrap();
+    let kits: Vec<ToolkitSpec> = [("alpha", 33), ("beta", 33), ("gamma", 34)]
+        .iter()
+        .map(|(n, k)| warm_toolkit(&store, &tmp.path().join("src"), n, *k))
+        .collect();
+    let big = warm_toolkit(&store, &tmp.path().join("src"), "big", 10_000);
+
+    let mounting = nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists();
+    let provisioner = Provisioner {
+        store: store.clone(),
+        hosts: HostPolicy::new("bench.invalid", "").unwrap(),
+        // Any connection attempt would fail: nothing is listening for bench.invalid.
+        transport: Transport::default(),
+        limits: Limits::default(),
+    };
+    let workspaces =
+        Arc::new(Workspaces::new(tmp.path().join("home"), provisioner, mounting).unwrap());
+    let _server = HarnessServer::new(workspaces.clone());
+
+    let mut opens = Vec::new();
+    for i in 0..OPENS {
+        let request = OpenRequest {
+            repository_url: None,
+            idempotency_key: format!("bench-{i}"),
+            toolkits: kits.clone(),
+            allow_toolkit_workspace_changes: false,
+        };
+        let t = Instant::now();
+        let result = workspaces.open(request).unwrap();
+        opens.push(t.elapsed());
+        assert_eq!(result["skills"].as_array().unwrap().len(), 103); // 100 + the 3 built-in
+        if mounting {
+            assert!(result["skillsMount"].is_string(), "{result}");
+        }
+        workspaces
+            .close(result["workspace"].as_str().unwrap())
+            .unwrap();
+    }
+
+    let result = workspaces
+        .open(OpenRequest {
+            repository_url: None,
+            idempotency_key: "bench-big".into(),
+            toolkits: vec![big],
+            allow_toolkit_workspace_changes: false,
+        })
+        .unwrap();
+    let ws = workspaces
+        .get(result["workspace"].as_str().unwrap())
+        .unwrap();
+    let mut lists = Vec::new();
+    for _ in 0..21 {
+        let t = Instant::now();
+        let listing = ws.list(None, false);
+        // What the MCP layer does with it: one JSON text.
+        let text = serde_json::to_string(&listing).unwrap();
+        lists.push(t.elapsed());
+        assert!(text.len() > 1_000_000 && listing["count"] == 10_003);
+    }
+    workspaces.close(&ws.id).unwrap();
+
+    println!(
+        "workspace_open on a warm store: 3 toolkits, 100 skills, no network, {} ({OPENS} opens)",
+        if mounting {
+            "two FUSE mounts each"
+        } else {
+            "no mounts (not root or no /dev/fuse)"
+        }
+    );
+    println!("| what | median | p99 | goal |");
+    println!("|---|---|---|---|");
+    println!(
+        "| workspace_open, warm | {:.1} ms | {:.1} ms | median < 100 ms |",
+        percentile(opens.clone(), 0.5).as_secs_f64() * 1e3,
+        percentile(opens, 0.99).as_secs_f64() * 1e3
+    );
+    println!(
+        "| skills_list over 10,000 skills (listed and serialized) | {:.1} ms | {:.1} ms | < 20 ms |",
+        percentile(lists.clone(), 0.5).as_secs_f64() * 1e3,
+        percentile(lists, 0.99).as_secs_f64() * 1e3
+    );
+}
