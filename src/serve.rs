@@ -17,8 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Serve Streamable HTTP at ADDR (path /mcp) instead of stdio, e.g. 127.0.0.1:8765.
-    #[arg(long, value_name = "ADDR")]
+    /// Serve Streamable HTTP at ADDR (path /mcp) instead of stdio; without ADDR, loopback
+    /// port 8765.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:8765")]
     pub http: Option<SocketAddr>,
     /// An extra browser origin allowed to call the HTTP endpoint (repeatable); loopback
     /// origins are always allowed, any other Origin gets 403.

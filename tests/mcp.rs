@@ -84,6 +84,7 @@ fn world() -> World {
                                 ("check.sh", file("echo \"args: $1|$2\"\ntest -f README.md && echo 'cwd ok'\n")),
                                 ("slow.sh", file("sleep 2.5\necho done\n")),
                                 ("forever.sh", file("sleep 60\n")),
+                                ("spawn.sh", file("sleep 60 &\necho $! > spawned.pids\necho $$ >> spawned.pids\nwait\n")),
                             ]),
                         ),
                     ],
@@ -126,6 +127,18 @@ fn world() -> World {
         ),
     ]));
 
+    let same_project = Repo::create(&repos, "same-project.git", false);
+    same_project.commit(dir(vec![
+        ("README.md", file("# project\n")),
+        (
+            ".cloud-harness",
+            dir(vec![(
+                "skills",
+                dir(vec![("wsx", skill("wsx", "Workspace skill."))]),
+            )]),
+        ),
+    ]));
+
     let env = vec![
         (
             "CLOUD_HARNESS_HOME".to_owned(),
@@ -154,6 +167,7 @@ fn world() -> World {
         "key": "key-1",
         "project": server.url("project.git"),
         "conflictProject": server.url("conflict-project.git"),
+        "sameProject": server.url("same-project.git"),
         "preset": { "kind": "preset", "id": "obra/superpowers" },
         "team": git("team", "team/skills.git", &team_commit),
         "clash": git("clash", "clash/skills.git", &clash_commit),

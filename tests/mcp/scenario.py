@@ -154,6 +154,22 @@ async def full():
         timeout = await ok(c, "skills_run", {"workspace": handle, "skill": "review", "script": "scripts/forever.sh", "timeoutSeconds": 1})
         assert timeout["timedOut"] is True, timeout
         await refused(c, "skills_run", {"workspace": handle, "skill": "tdd", "script": "run.sh"}, "FORBIDDEN")
+
+        # Cancelling a run kills its whole process group.
+        spawn = {"workspace": handle, "skill": "review", "script": "scripts/spawn.sh"}
+        try:
+            await asyncio.wait_for(c.call_tool("skills_run", spawn), timeout=2)
+            raise AssertionError("spawn.sh runs for a minute; the call should have been cancelled")
+        except (asyncio.TimeoutError, TimeoutError):
+            pass
+        pid_file = os.path.join(ws["path"], "spawned.pids")
+        pids = [int(p) for p in open(pid_file).read().split()]
+        assert len(pids) == 2, pids
+        deadline = time.time() + 10
+        while any(os.path.exists(f"/proc/{p}") and "zombie" not in open(f"/proc/{p}/status").read() for p in pids):
+            assert time.time() < deadline, f"cancelled processes still alive: {pids}"
+            await asyncio.sleep(0.1)
+        os.remove(pid_file)
         os.remove(operator)
 
         # Conflicts: two owner toolkits with different `review` skills, and a workspace-scope
@@ -165,6 +181,20 @@ async def full():
         assert "wsx" in out["message"] and out["details"]["existing"] != out["details"]["incoming"], out
         await refused(c, "workspace_open", {"idempotencyKey": fx["key"] + "-noflag", "toolkits": [fx["wsScope"]]}, "INVALID_ARGUMENT", "allowToolkitWorkspaceChanges")
         assert set(os.listdir(os.path.join(CONFIG["home"], "workspaces"))) == before
+
+        # An operator override settles the owner-tier collision.
+        with open(operator, "w") as f:
+            json.dump({"overrides": [{"skill": "review", "source": "owner:clash"}]}, f)
+        settled = await ok(c, "workspace_open", {"idempotencyKey": fx["key"] + "-settled", "toolkits": [fx["team"], fx["clash"]]})
+        review = [s for s in settled["skills"] if s["name"] == "review"][0]
+        assert review["toolkit"] == "clash", review
+        assert [x["skill"] for x in settled["conflicts"]] == ["review"], settled["conflicts"]
+        os.remove(operator)
+        await ok(c, "workspace_close", {"workspace": settled["workspace"]})
+
+        # The same workspace skill already in the project, with the same content: fine.
+        same = await ok(c, "workspace_open", {"idempotencyKey": fx["key"] + "-ws-same", "repositoryUrl": fx["sameProject"], "toolkits": [fx["wsScope"]], "allowToolkitWorkspaceChanges": True})
+        await ok(c, "workspace_close", {"workspace": same["workspace"]})
 
         # Workspace scope, allowed: written into .cloud-harness/skills/, served from the workspace tier.
         wss = await ok(c, "workspace_open", {"idempotencyKey": fx["key"] + "-ws", "toolkits": [fx["wsScope"]], "allowToolkitWorkspaceChanges": True})
