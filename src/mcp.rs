@@ -277,15 +277,8 @@ impl HarnessServer {
                 let args: OpenArgs = parse(request.arguments)?;
                 let mut toolkits = Vec::with_capacity(args.toolkits.len());
                 for (i, value) in args.toolkits.into_iter().enumerate() {
-                    let spec = toolkit::spec_from_value(value).map_err(|mut e| {
-                        let field = e.details["field"].as_str().unwrap_or("toolkit").to_owned();
-                        let full = format!("toolkits[{i}].{field}");
-                        if let Some(rest) = e.message.strip_prefix(&format!("{field}: ")) {
-                            e.message = format!("{full}: {rest}");
-                        }
-                        e.details["field"] = full.into();
-                        e
-                    })?;
+                    let spec =
+                        toolkit::spec_from_value(value).map_err(|e| toolkit::in_request(e, i))?;
                     toolkits.push(spec);
                 }
                 let request = OpenRequest {

@@ -275,21 +275,24 @@ impl ToolkitSpec {
     }
 }
 
+/// Places an error about one spec inside a request: its field becomes `toolkits[i].<field>`.
+pub fn in_request(mut e: Error, i: usize) -> Error {
+    let field = e.details["field"].as_str().unwrap_or("toolkit").to_owned();
+    let full = format!("toolkits[{i}].{field}");
+    if let Some(rest) = e.message.strip_prefix(&format!("{field}: ")) {
+        e.message = format!("{full}: {rest}");
+    }
+    e.details["field"] = full.into();
+    e
+}
+
 /// Validates every spec of a request; field names carry the index (`toolkits[1].url`), and
 /// instance ids must be unique.
 pub fn resolve_request(specs: &[ToolkitSpec], hosts: &HostPolicy) -> Result<Vec<Toolkit>> {
     let mut seen = HashSet::new();
     let mut out = Vec::with_capacity(specs.len());
     for (i, spec) in specs.iter().enumerate() {
-        let toolkit = spec.resolve(hosts).map_err(|mut e| {
-            let field = e.details["field"].as_str().unwrap_or("").to_owned();
-            let full = format!("toolkits[{i}].{field}");
-            if let Some(rest) = e.message.strip_prefix(&format!("{field}: ")) {
-                e.message = format!("{full}: {rest}");
-            }
-            e.details["field"] = full.into();
-            e
-        })?;
+        let toolkit = spec.resolve(hosts).map_err(|e| in_request(e, i))?;
         if !seen.insert(toolkit.instance_id.clone()) {
             let field = format!("toolkits[{i}].instanceId");
             return Err(field_error(

@@ -2,6 +2,7 @@
 //! to the bundle digest, kept beside the store (`<store>/index/`), one small JSON file per key,
 //! written atomically. Tags resolved once are recorded too, so a tag pin starts warm.
 
+use crate::home::write_atomic;
 use crate::provision::normalize::NORMALIZER_VERSION;
 use crate::toolkit::{Revision, Toolkit};
 use cloud_harness_fs::cas::{Digest, Kind, ObjectKind, Store};
@@ -9,8 +10,7 @@ use cloud_harness_fs::discovery::Layout;
 use cloud_harness_fs::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fs;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -65,29 +65,6 @@ pub struct BundleIndex {
     store: Store,
     bundles: PathBuf,
     tags: PathBuf,
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().expect("index files have a folder");
-    fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        path.file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("record"),
-        std::process::id()
-    ));
-    let result = (|| -> std::io::Result<()> {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        fs::File::open(dir)?.sync_all()
-    })();
-    result.map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        Error::io(path, e)
-    })
 }
 
 pub fn describe(revision: &Revision) -> String {
