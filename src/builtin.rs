@@ -1,7 +1,9 @@
 //! The built-in tier: skills shipped inside the binary (from `presets/builtin/`).
 
 use cloud_harness_fs::cas::{Digest, Entry, Kind, Store, Tree, Writer};
-use cloud_harness_fs::Result;
+use cloud_harness_fs::discovery::{Layout, SkillCache};
+use cloud_harness_fs::resolver::{Provenance, Source, Tier};
+use cloud_harness_fs::{stack, Result};
 use include_dir::{include_dir, Dir, DirEntry};
 
 static BUILTIN: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/presets/builtin");
@@ -12,6 +14,22 @@ pub fn store_builtin(store: &Store) -> Result<Digest> {
     let digest = put_dir(&mut writer, &BUILTIN)?;
     writer.commit()?;
     Ok(digest)
+}
+
+/// The built-in tier as a source of a stack.
+pub fn source(store: &Store, cache: &SkillCache) -> Result<Source> {
+    stack::tree_source(
+        store,
+        cache,
+        "builtin".into(),
+        Tier::Builtin,
+        Provenance {
+            toolkit: Some("cloud-harness".into()),
+            ..Provenance::default()
+        },
+        store_builtin(store)?,
+        &Layout::folder(),
+    )
 }
 
 fn put_dir(writer: &mut Writer<'_>, dir: &Dir<'_>) -> Result<Digest> {

@@ -15,13 +15,13 @@ use crate::provision::{fetch, Acquired, Provisioner};
 use crate::session_start::{self, SessionStart};
 use crate::toolkit::{self, Revision, Scope, ToolkitSpec};
 use cloud_harness_fs::cas::{self, Digest, Limits, Store};
-use cloud_harness_fs::discovery::{Layout, SkillCache};
+use cloud_harness_fs::discovery::SkillCache;
 use cloud_harness_fs::fuse::{self, MountConfig};
 use cloud_harness_fs::generation::{Generation, View};
 use cloud_harness_fs::live::{LiveTiers, Target};
 use cloud_harness_fs::namespace::{FileKind, Namespace, ROOT_INO};
-use cloud_harness_fs::resolver::{Candidate, Index, Provenance, Tier};
-use cloud_harness_fs::stack::{self, StackSpec};
+use cloud_harness_fs::resolver::{Candidate, Index, Tier};
+use cloud_harness_fs::stack::StackSpec;
 use cloud_harness_fs::{Error, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -438,32 +438,15 @@ impl Workspaces {
             overrides: Operator::load(&self.home)?.overrides,
             ..StackSpec::default()
         };
-        spec.trees.push(stack::tree_source(
-            store,
-            cache,
-            "builtin".into(),
-            Tier::Builtin,
-            Provenance {
-                toolkit: Some("cloud-harness".into()),
-                ..Provenance::default()
-            },
-            builtin::store_builtin(store)?,
-            &Layout::folder(),
-        )?);
+        spec.trees.push(builtin::source(store, cache)?);
         for b in &record.owner_bundles {
-            spec.trees.push(stack::tree_source(
+            spec.trees.push(crate::provision::bundle_source(
                 store,
                 cache,
-                format!("owner:{}", b.instance_id),
-                Tier::Owner,
-                Provenance {
-                    toolkit: Some(b.instance_id.clone()),
-                    url: Some(b.url.clone()),
-                    commit: Some(b.commit.clone()),
-                    path: None,
-                },
+                &b.instance_id,
+                &b.url,
+                &b.commit,
                 b.bundle,
-                &Layout::folder(),
             )?);
         }
         let ws_dir = repo.join(WORKSPACE_SKILLS);

@@ -7,9 +7,9 @@ mod toolkit;
 use crate::builtin;
 use clap::{Args, Parser, Subcommand};
 use cloud_harness_fs::cas::{Digest, Store};
-use cloud_harness_fs::discovery::{Layout, SkillCache};
-use cloud_harness_fs::resolver::{Index, Override, Provenance, Tier};
-use cloud_harness_fs::stack::{self, StackSpec};
+use cloud_harness_fs::discovery::SkillCache;
+use cloud_harness_fs::resolver::{Index, Override, Tier};
+use cloud_harness_fs::stack::StackSpec;
 use cloud_harness_fs::{Error, Result};
 use std::path::PathBuf;
 
@@ -98,19 +98,7 @@ impl TierArgs {
             ..StackSpec::default()
         };
         if !self.no_builtin {
-            let tree = builtin::store_builtin(store)?;
-            spec.trees.push(stack::tree_source(
-                store,
-                cache,
-                "builtin".into(),
-                Tier::Builtin,
-                Provenance {
-                    toolkit: Some("cloud-harness".into()),
-                    ..Provenance::default()
-                },
-                tree,
-                &Layout::folder(),
-            )?);
+            spec.trees.push(builtin::source(store, cache)?);
         }
         let index = crate::provision::index::BundleIndex::open(store);
         for digest in &self.bundle {
@@ -119,19 +107,13 @@ impl TierArgs {
                     "{digest} is not a bundle of this store (see `cloud-harness toolkit list`)"
                 ))
             })?;
-            spec.trees.push(stack::tree_source(
+            spec.trees.push(crate::provision::bundle_source(
                 store,
                 cache,
-                format!("owner:{}", record.instance_id),
-                Tier::Owner,
-                Provenance {
-                    toolkit: Some(record.instance_id.clone()),
-                    url: Some(record.key.url.clone()),
-                    commit: Some(record.key.commit.clone()),
-                    path: None,
-                },
+                &record.instance_id,
+                &record.key.url,
+                &record.key.commit,
                 *digest,
-                &Layout::folder(),
             )?);
         }
         spec.dirs

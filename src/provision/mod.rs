@@ -16,6 +16,32 @@ use index::{BundleIndex, BundleKey, BundleRecord};
 use serde::Serialize;
 use std::time::{Duration, Instant, SystemTime};
 
+/// An acquired toolkit's bundle as an owner-tier source named `owner:<instanceId>`.
+pub fn bundle_source(
+    store: &Store,
+    cache: &cloud_harness_fs::discovery::SkillCache,
+    instance_id: &str,
+    url: &str,
+    commit: &str,
+    bundle: cloud_harness_fs::cas::Digest,
+) -> Result<cloud_harness_fs::resolver::Source> {
+    use cloud_harness_fs::resolver::{Provenance, Tier};
+    cloud_harness_fs::stack::tree_source(
+        store,
+        cache,
+        format!("owner:{instance_id}"),
+        Tier::Owner,
+        Provenance {
+            toolkit: Some(instance_id.to_owned()),
+            url: Some(url.to_owned()),
+            commit: Some(commit.to_owned()),
+            path: None,
+        },
+        bundle,
+        &cloud_harness_fs::discovery::Layout::folder(),
+    )
+}
+
 /// The result of one acquisition.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
