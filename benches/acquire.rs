@@ -8,6 +8,7 @@ mod support;
 
 use cloud_harness::provision::fetch::Transport;
 use cloud_harness::provision::hosts::HostPolicy;
+use cloud_harness::provision::proxy::EgressPolicy;
 use cloud_harness::provision::staging::Limits;
 use cloud_harness::provision::Provisioner;
 use cloud_harness::toolkit::{GitSpec, ToolkitSpec};
@@ -71,14 +72,14 @@ fn main() {
     let commit = repo.commit(dir(vec![("skills", Node::Dir(skills))]));
     let url = server.url("toolkit.git");
 
-    let provisioner = |store: Store| Provisioner {
-        store,
-        hosts: HostPolicy::new(&server.host(), "").unwrap(),
-        transport: Transport {
+    let provisioner = |store: Store| {
+        let hosts = HostPolicy::new(&server.host(), "").unwrap();
+        let egress = EgressPolicy::new(hosts.clone(), "127.0.0.0/8", "").unwrap();
+        let transport = Transport {
             extra_ca: Some(std::fs::read(&certs.ca).unwrap()),
             proxy: None,
-        },
-        limits: Limits::default(),
+        };
+        Provisioner::new(store, hosts, transport, Limits::default(), egress)
     };
     let spec = ToolkitSpec::Git(GitSpec {
         instance_id: "bench".into(),

@@ -8,6 +8,7 @@ use cloud_harness::mcp::HarnessServer;
 use cloud_harness::provision::fetch::Transport;
 use cloud_harness::provision::hosts::HostPolicy;
 use cloud_harness::provision::index::{BundleIndex, BundleKey, BundleRecord};
+use cloud_harness::provision::proxy::EgressPolicy;
 use cloud_harness::provision::staging::Limits;
 use cloud_harness::provision::Provisioner;
 use cloud_harness::toolkit::{self, ToolkitSpec};
@@ -84,13 +85,15 @@ fn main() {
     let big = warm_toolkit(&store, &tmp.path().join("src"), "big", 10_000);
 
     let mounting = nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists();
-    let provisioner = Provisioner {
-        store: store.clone(),
-        hosts: HostPolicy::new("bench.invalid", "").unwrap(),
-        // Any connection attempt would fail: nothing is listening for bench.invalid.
-        transport: Transport::default(),
-        limits: Limits::default(),
-    };
+    let hosts = HostPolicy::new("bench.invalid", "").unwrap();
+    // Any connection attempt would fail: nothing is listening for bench.invalid.
+    let provisioner = Provisioner::new(
+        store.clone(),
+        hosts.clone(),
+        Transport::default(),
+        Limits::default(),
+        EgressPolicy::new(hosts, "", "").unwrap(),
+    );
     let workspaces =
         Arc::new(Workspaces::new(tmp.path().join("home"), provisioner, mounting).unwrap());
     let _server = HarnessServer::new(workspaces.clone());

@@ -280,10 +280,11 @@ impl Workspaces {
                 let commit = fetch::clone_worktree(
                     fetched,
                     &Revision::DefaultHead,
-                    &self.provisioner.transport,
+                    &self.provisioner.transport()?,
                     &repo,
                     deadline,
-                )?;
+                )
+                .map_err(|e| self.provisioner.explain(fetched, e))?;
                 repository = json!({ "url": request.repository_url, "fetchedUrl": fetched, "commit": commit.to_string() });
             }
             None => fs::create_dir_all(&repo).map_err(|e| Error::io(&repo, e))?,

@@ -5,6 +5,7 @@ mod support;
 
 use cloud_harness::provision::fetch::Transport;
 use cloud_harness::provision::hosts::HostPolicy;
+use cloud_harness::provision::proxy::EgressPolicy;
 use cloud_harness::provision::staging::Limits;
 use cloud_harness::provision::{Acquired, Provisioner};
 use cloud_harness::toolkit::{self, GitSpec, LayoutSpec, PresetSpec, ToolkitSpec};
@@ -41,15 +42,20 @@ fn world() -> World {
 
 impl World {
     fn provisioner(&self, rewrites: &str) -> Provisioner {
-        Provisioner {
-            store: self.store.clone(),
-            hosts: HostPolicy::new(&self.server.host(), rewrites).unwrap(),
-            transport: Transport {
-                extra_ca: Some(fs::read(&self.certs.ca).unwrap()),
-                proxy: None,
-            },
-            limits: Limits::default(),
-        }
+        let hosts = HostPolicy::new(&self.server.host(), rewrites).unwrap();
+        // The test server is on loopback, which the egress proxy opens only when told to.
+        let egress = EgressPolicy::new(hosts.clone(), "127.0.0.0/8", "").unwrap();
+        let transport = Transport {
+            extra_ca: Some(fs::read(&self.certs.ca).unwrap()),
+            proxy: None,
+        };
+        Provisioner::new(
+            self.store.clone(),
+            hosts,
+            transport,
+            Limits::default(),
+            egress,
+        )
     }
 
     fn acquire(&self, spec: ToolkitSpec) -> Result<Acquired, Error> {
@@ -805,6 +811,7 @@ fn the_command_line_adds_lists_and_serves_a_bundle() {
             .env("TOOLKIT_CACHE_ROOT", w.store.root())
             .env("ALLOWED_GIT_HOSTS", w.server.host())
             .env("CLOUD_HARNESS_EXTRA_CA", &w.certs.ca)
+            .env("CLOUD_HARNESS_ALLOW_CIDRS", "127.0.0.0/8")
             .env_remove("HTTPS_PROXY")
             .output()
             .unwrap()
@@ -891,4 +898,29 @@ fn the_command_line_adds_lists_and_serves_a_bundle() {
         "x",
     ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("FORBIDDEN"));
+}
+
+#[test]
+fn the_egress_proxy_refuses_a_loopback_server_unless_its_range_is_opened() {
+    let w = world();
+    let repo = Repo::create(&w.repos, "kit.git", false);
+    let commit = repo.commit(dir(vec![("skills", dir(vec![("a", skill("a", "a"))]))]));
+    let hosts = HostPolicy::new(&w.server.host(), "").unwrap();
+    let closed = Provisioner::new(
+        w.store.clone(),
+        hosts.clone(),
+        Transport {
+            extra_ca: Some(fs::read(&w.certs.ca).unwrap()),
+            proxy: None,
+        },
+        Limits::default(),
+        EgressPolicy::new(hosts.clone(), "", "").unwrap(),
+    );
+    let spec = ToolkitSpec::Git(git(w.server.url("kit.git"), "kit", Some(&commit)));
+    let before = w.server.requests();
+    let err = closed.acquire(&spec.resolve(&hosts).unwrap()).unwrap_err();
+    assert_eq!(err.code, Code::Forbidden, "{err}");
+    assert!(err.message.contains("loopback"), "{err}");
+    assert_eq!(w.server.requests(), before, "nothing reached the server");
+    assert!(w.acquire(spec).is_ok(), "with 127.0.0.0/8 opened it works");
 }

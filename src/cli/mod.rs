@@ -1,6 +1,7 @@
 //! The `cloud-harness` command line.
 
 mod cas;
+mod proxy;
 mod skills;
 mod toolkit;
 
@@ -37,6 +38,8 @@ pub enum Command {
     Cas(cas::CasCommand),
     /// The MCP server (the main job): stdio by default, Streamable HTTP with --http.
     Serve(crate::serve::ServeArgs),
+    /// The egress proxy: CONNECT to allowed hosts only, special-purpose addresses refused.
+    Proxy(proxy::ProxyArgs),
     /// Serve the resolved tiers as a read-only file system until SIGTERM or SIGINT.
     Mount(crate::mount::MountArgs),
     /// Toolkits: acquire presets and git toolkits into the store, list what is there.
@@ -85,6 +88,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Cas(cmd) => cas::run(&store, cmd),
         Command::Mount(args) => crate::mount::run(&store, &args),
         Command::Serve(args) => crate::serve::run(&store, &args),
+        Command::Proxy(args) => proxy::run(&args),
         Command::Toolkit(cmd) => toolkit::run(&store, cmd),
     }
 }

@@ -89,7 +89,8 @@ impl HostPolicy {
         url.to_owned()
     }
 
-    fn allows(&self, host: &str, port: u16) -> bool {
+    /// Whether `host` (normalized) on `port` is on the allowlist.
+    pub fn allows(&self, host: &str, port: u16) -> bool {
         self.allowed.iter().any(|a| {
             let name_matches = if a.subdomains {
                 // `*.corp.example`: a subdomain, not the name itself.

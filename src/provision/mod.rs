@@ -7,11 +7,12 @@ pub mod fetch;
 pub mod hosts;
 pub mod index;
 pub mod normalize;
+pub mod proxy;
 pub mod staging;
 
 use crate::toolkit::{Revision, Toolkit};
 use cloud_harness_fs::cas::Store;
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_fs::{Code, Error, Result};
 use index::{BundleIndex, BundleKey, BundleRecord};
 use serde::Serialize;
 use std::time::{Duration, Instant, SystemTime};
@@ -60,17 +61,74 @@ pub struct Provisioner {
     pub hosts: hosts::HostPolicy,
     pub transport: fetch::Transport,
     pub limits: staging::Limits,
+    pub egress: proxy::EgressPolicy,
+    /// The egress proxy in-process fetches go through, started on first use.
+    embedded: std::sync::Mutex<Option<proxy::EmbeddedProxy>>,
 }
 
 impl Provisioner {
-    /// Settings from the environment: `ALLOWED_GIT_HOSTS`, `CLOUD_HARNESS_URL_REWRITE`,
-    /// `CLOUD_HARNESS_EXTRA_CA`, `HTTPS_PROXY` and the `CLOUD_HARNESS_MAX_*` ceilings.
-    pub fn from_env(store: Store) -> Result<Provisioner> {
-        Ok(Provisioner {
+    pub fn new(
+        store: Store,
+        hosts: hosts::HostPolicy,
+        transport: fetch::Transport,
+        limits: staging::Limits,
+        egress: proxy::EgressPolicy,
+    ) -> Provisioner {
+        Provisioner {
             store,
-            hosts: hosts::HostPolicy::from_env()?,
-            transport: fetch::Transport::from_env()?,
-            limits: staging::Limits::from_env()?,
+            hosts,
+            transport,
+            limits,
+            egress,
+            embedded: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Settings from the environment: `ALLOWED_GIT_HOSTS`, `CLOUD_HARNESS_URL_REWRITE`,
+    /// `CLOUD_HARNESS_EXTRA_CA`, `HTTPS_PROXY`, `CLOUD_HARNESS_ALLOW_CIDRS`,
+    /// `CLOUD_HARNESS_RESOLVE` and the `CLOUD_HARNESS_MAX_*` ceilings.
+    pub fn from_env(store: Store) -> Result<Provisioner> {
+        let hosts = hosts::HostPolicy::from_env()?;
+        Ok(Provisioner::new(
+            store,
+            hosts.clone(),
+            fetch::Transport::from_env()?,
+            staging::Limits::from_env()?,
+            proxy::EgressPolicy::from_env(hosts)?,
+        ))
+    }
+
+    /// A fetch error, explained by the egress proxy when it refused the host.
+    pub fn explain(&self, url: &str, error: Error) -> Error {
+        let host = url::Url::parse(url)
+            .ok()
+            .and_then(|u| u.host_str().map(|h| h.to_ascii_lowercase()));
+        let reason = host.and_then(|h| {
+            let embedded = self.embedded.lock().expect("proxy lock");
+            embedded
+                .as_ref()
+                .and_then(|p| p.refusal(h.trim_start_matches('[').trim_end_matches(']')))
+        });
+        match reason {
+            Some(why) => Error::new(Code::Forbidden, format!("the egress proxy refused {why}"))
+                .with_details(serde_json::json!({ "url": url, "egress": why })),
+            None => error,
+        }
+    }
+
+    /// How fetches reach git hosts: through the egress proxy (on loopback, started on first
+    /// use), unless `HTTPS_PROXY` names another one (say a `cloud-harness proxy` elsewhere).
+    pub fn transport(&self) -> Result<fetch::Transport> {
+        if self.transport.proxy.is_some() {
+            return Ok(self.transport.clone());
+        }
+        let mut embedded = self.embedded.lock().expect("proxy lock");
+        if embedded.is_none() {
+            *embedded = Some(proxy::EmbeddedProxy::start(self.egress.clone())?);
+        }
+        Ok(fetch::Transport {
+            proxy: embedded.as_ref().map(|p| p.url()),
+            ..self.transport.clone()
         })
     }
 
@@ -119,10 +177,11 @@ impl Provisioner {
         let fetched = fetch::fetch(
             &fetched_url,
             &revision,
-            &self.transport,
+            &self.transport()?,
             &scratch.path().join("repo"),
             deadline,
-        )?;
+        )
+        .map_err(|e| self.explain(&fetched_url, e))?;
         let commit = fetched.commit.to_string();
         if let Revision::Tag(t) = &toolkit.revision {
             index.set_tag(&toolkit.url, t, &commit)?;
