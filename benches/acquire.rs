@@ -1,7 +1,9 @@
 //! Cold acquisition of a 50-skill toolkit against `git clone --depth 1` of the same repository
-//! from the same local HTTPS server, and the warm start, in one run (medians).
+//! from the same local HTTPS server, in-process and in a helper container, and the warm start,
+//! in one run (medians).
 //!
-//! `cargo bench --bench acquire` (needs python3, git and openssl, as the tests do).
+//! `cargo bench --bench acquire` (needs python3, git and openssl, as the tests do; the
+//! container row needs a Docker engine).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -9,6 +11,7 @@ mod support;
 use cloud_harness::provision::fetch::Transport;
 use cloud_harness::provision::hosts::HostPolicy;
 use cloud_harness::provision::proxy::EgressPolicy;
+use cloud_harness::provision::sandbox::Sandbox;
 use cloud_harness::provision::staging::Limits;
 use cloud_harness::provision::Provisioner;
 use cloud_harness::toolkit::{GitSpec, ToolkitSpec};
@@ -29,7 +32,29 @@ fn main() {
     let repos = tmp.path().join("repos");
     std::fs::create_dir_all(&repos).unwrap();
     let certs = support::Certs::new(&tmp.path().join("certs"));
-    let server = support::GitServer::start(&repos, &certs);
+    // With a Docker engine the server listens on the bridge address, so that helper containers
+    // (through their proxy) and in-process fetches reach the same server.
+    let sandbox = Sandbox::detect(std::path::PathBuf::from(env!(
+        "CARGO_BIN_EXE_cloud-harness"
+    )));
+    let address = match &sandbox {
+        Some(_) => {
+            let out = Command::new("ip")
+                .args(["-4", "-o", "addr", "show", "docker0"])
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let cidr = text
+                .split_whitespace()
+                .skip_while(|w| *w != "inet")
+                .nth(1)
+                .unwrap()
+                .to_owned();
+            cidr.split('/').next().unwrap().to_owned()
+        }
+        None => "127.0.0.1".to_owned(),
+    };
+    let server = support::GitServer::start_on(&repos, &certs, &address);
 
     // 50 skills of 5 files each (SKILL.md, two references, a script, an asset).
     let mut seed = 0x2545_f491_u64;
@@ -72,14 +97,19 @@ fn main() {
     let commit = repo.commit(dir(vec![("skills", Node::Dir(skills))]));
     let url = server.url("toolkit.git");
 
-    let provisioner = |store: Store| {
+    let provisioner = |store: Store, sandbox: Option<Sandbox>| {
         let hosts = HostPolicy::new(&server.host(), "").unwrap();
-        let egress = EgressPolicy::new(hosts.clone(), "127.0.0.0/8", "").unwrap();
+        let egress = EgressPolicy::new(
+            hosts.clone(),
+            &format!("{address}/32"),
+            &format!("localhost={address}"),
+        )
+        .unwrap();
         let transport = Transport {
             extra_ca: Some(std::fs::read(&certs.ca).unwrap()),
             proxy: None,
         };
-        Provisioner::new(store, hosts, transport, Limits::default(), egress)
+        Provisioner::new(store, hosts, transport, Limits::default(), egress).with_sandbox(sandbox)
     };
     let spec = ToolkitSpec::Git(GitSpec {
         instance_id: "bench".into(),
@@ -91,26 +121,50 @@ fn main() {
         skills: None,
     });
     let toolkit = spec
-        .resolve(&provisioner(Store::open(tmp.path().join("probe")).unwrap()).hosts)
+        .resolve(&provisioner(Store::open(tmp.path().join("probe")).unwrap(), None).hosts)
         .unwrap();
+    if let Some(s) = &sandbox {
+        // The helper image is built once; that is not what is measured.
+        let p = provisioner(
+            Store::open(tmp.path().join("image")).unwrap(),
+            Some(s.clone()),
+        );
+        p.acquire(&toolkit).unwrap();
+    }
 
-    let (mut ours, mut clone, mut warm) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ours, mut clone, mut warm, mut contained) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for run in 0..RUNS {
         let store = Store::open(tmp.path().join(format!("store{run}"))).unwrap();
-        let p = provisioner(store);
+        let p = provisioner(store, None);
         let t = Instant::now();
         let a = p.acquire(&toolkit).unwrap();
         ours.push(t.elapsed());
-        assert!(!a.warm && a.record.skills == 50);
+        assert!(!a.warm && a.record.skills == 50 && a.mode == "in-process");
 
         let t = Instant::now();
         let a = p.acquire(&toolkit).unwrap();
         warm.push(t.elapsed());
         assert!(a.warm);
 
+        if let Some(s) = &sandbox {
+            let store = Store::open(tmp.path().join(format!("contained{run}"))).unwrap();
+            let p = provisioner(store, Some(s.clone()));
+            let t = Instant::now();
+            let a = p.acquire(&toolkit).unwrap();
+            contained.push(t.elapsed());
+            assert!(a.mode == "container" && a.record.skills == 50);
+        }
+
         let dest = tmp.path().join(format!("clone{run}"));
         let t = Instant::now();
         let status = Command::new("git")
+            // The same server at the same address the fetches use.
+            .arg("-c")
+            .arg(format!(
+                "http.curloptResolve=localhost:{}:{address}",
+                server.port
+            ))
             .args(["clone", "-q", "--depth", "1", &url])
             .arg(&dest)
             .env("GIT_SSL_CAINFO", &certs.ca)
@@ -121,6 +175,7 @@ fn main() {
         assert!(status.success());
     }
     let (ours, clone, warm) = (median(ours), median(clone), median(warm));
+    let contained = (!contained.is_empty()).then(|| median(contained));
     println!("acquisition of a 50-skill toolkit (250 files) from a local HTTPS server, median of {RUNS} runs");
     println!("| what | median | ratio |");
     println!("|---|---|---|");
@@ -133,6 +188,14 @@ fn main() {
         ours.as_secs_f64() * 1e3,
         ours.as_secs_f64() / clone.as_secs_f64()
     );
+    if let Some(c) = contained {
+        println!(
+            "| cold acquisition in a helper container (+ proxy container, internal network) | {:.0} ms | {:.2}x (vs in-process: {:.2}x) |",
+            c.as_secs_f64() * 1e3,
+            c.as_secs_f64() / clone.as_secs_f64(),
+            c.as_secs_f64() / ours.as_secs_f64()
+        );
+    }
     println!(
         "| warm start (index hit, all objects checked present) | {:.2} ms | goal < 20 ms |",
         warm.as_secs_f64() * 1e3

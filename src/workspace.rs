@@ -526,6 +526,7 @@ impl Workspaces {
             "skillsMount": mounted.then(|| dir.join("skills")),
             "ownerSkillsMount": mounted.then(|| dir.join("owner-skills")),
             "generation": g.digest(),
+            "provisioning": self.provisioner.provisioning(),
             "toolkits": toolkits,
             "skills": skills,
             "shadowed": shadowed,

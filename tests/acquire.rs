@@ -812,6 +812,8 @@ fn the_command_line_adds_lists_and_serves_a_bundle() {
             .env("ALLOWED_GIT_HOSTS", w.server.host())
             .env("CLOUD_HARNESS_EXTRA_CA", &w.certs.ca)
             .env("CLOUD_HARNESS_ALLOW_CIDRS", "127.0.0.0/8")
+            // In-process: helper containers could not reach a loopback server.
+            .env("CLOUD_HARNESS_CONTAINERS", "off")
             .env_remove("HTTPS_PROXY")
             .output()
             .unwrap()

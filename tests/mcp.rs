@@ -153,11 +153,13 @@ fn world() -> World {
             "CLOUD_HARNESS_EXTRA_CA".to_owned(),
             certs.ca.display().to_string(),
         ),
-        // The test server is on loopback, which the egress proxy opens only when told to.
+        // The test server is on loopback, which the egress proxy opens only when told to, and
+        // which helper containers could not reach: fetches run in-process here.
         (
             "CLOUD_HARNESS_ALLOW_CIDRS".to_owned(),
             "127.0.0.0/8".to_owned(),
         ),
+        ("CLOUD_HARNESS_CONTAINERS".to_owned(), "off".to_owned()),
         (
             "CLOUD_HARNESS_URL_REWRITE".to_owned(),
             format!("https://github.com/={}", server.url("")),

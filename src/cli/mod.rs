@@ -1,6 +1,7 @@
 //! The `cloud-harness` command line.
 
 mod cas;
+mod fetch_pack;
 mod proxy;
 mod skills;
 mod toolkit;
@@ -38,6 +39,9 @@ pub enum Command {
     Cas(cas::CasCommand),
     /// The MCP server (the main job): stdio by default, Streamable HTTP with --http.
     Serve(crate::serve::ServeArgs),
+    /// What a helper container runs: fetch one commit, write its pack to stdout.
+    #[command(hide = true)]
+    FetchPack(fetch_pack::FetchPackArgs),
     /// The egress proxy: CONNECT to allowed hosts only, special-purpose addresses refused.
     Proxy(proxy::ProxyArgs),
     /// Serve the resolved tiers as a read-only file system until SIGTERM or SIGINT.
@@ -82,14 +86,20 @@ fn parse_override(text: &str) -> std::result::Result<Override, String> {
 
 /// Runs a command; the exit code on success.
 pub fn run(cli: Cli) -> Result<u8> {
+    // The commands helper containers run need no store (their root is read-only).
+    match &cli.command {
+        Command::Proxy(args) => return proxy::run(args),
+        Command::FetchPack(args) => return fetch_pack::run(args),
+        _ => {}
+    }
     let store = Store::open(cli.store.clone().unwrap_or_else(Store::default_root))?;
     match cli.command {
         Command::Skills(cmd) => skills::run(&store, cmd),
         Command::Cas(cmd) => cas::run(&store, cmd),
         Command::Mount(args) => crate::mount::run(&store, &args),
-        Command::Serve(args) => crate::serve::run(&store, &args),
-        Command::Proxy(args) => proxy::run(&args),
         Command::Toolkit(cmd) => toolkit::run(&store, cmd),
+        Command::Serve(args) => crate::serve::run(&store, &args),
+        Command::Proxy(_) | Command::FetchPack(_) => unreachable!("handled above"),
     }
 }
 

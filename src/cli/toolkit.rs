@@ -139,6 +139,11 @@ pub fn run(store: &Store, cmd: ToolkitCommand) -> Result<u8> {
                     r.key.url, r.fetched_url, r.object_format
                 );
                 println!("  mode     {}, {} ms", acquired.mode, acquired.millis);
+                if let Some(sandbox) = &provisioner.sandbox {
+                    for w in &sandbox.warnings {
+                        println!("  warning  {w}");
+                    }
+                }
                 if let Some(preset) = r.preset.as_deref().and_then(presets::find) {
                     if preset.tested_commit != r.key.commit {
                         println!("  note     preset last tested at {}", preset.tested_commit);

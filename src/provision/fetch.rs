@@ -22,6 +22,17 @@ pub struct Transport {
 
 impl Transport {
     pub fn from_env() -> Result<Transport> {
+        // Helper containers get the certificates themselves, not a path.
+        if let Some(pem) = std::env::var("CLOUD_HARNESS_EXTRA_CA_PEM")
+            .ok()
+            .filter(|v| !v.is_empty())
+        {
+            let proxy = std::env::var("HTTPS_PROXY").ok().filter(|v| !v.is_empty());
+            return Ok(Transport {
+                extra_ca: Some(pem.into_bytes()),
+                proxy,
+            });
+        }
         let extra_ca = match std::env::var_os("CLOUD_HARNESS_EXTRA_CA").filter(|v| !v.is_empty()) {
             Some(path) => {
                 let pem = std::fs::read(&path).map_err(|e| Error::io(Path::new(&path), e))?;

@@ -14,6 +14,8 @@ struct Allowed {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostPolicy {
+    /// The allowlist as configured, to hand on (to the proxy of helper containers).
+    source: String,
     allowed: Vec<Allowed>,
     /// `FROM=TO` prefix rewrites, longest `FROM` first, like git's `url.<TO>.insteadOf=<FROM>`.
     rewrites: Vec<(String, String)>,
@@ -74,9 +76,15 @@ impl HostPolicy {
         }
         pairs.sort_by_key(|p| std::cmp::Reverse(p.0.len()));
         Ok(HostPolicy {
+            source: hosts.to_owned(),
             allowed,
             rewrites: pairs,
         })
+    }
+
+    /// The allowlist in `ALLOWED_GIT_HOSTS` form.
+    pub fn allowlist(&self) -> &str {
+        &self.source
     }
 
     /// The URL that is fetched for `url`: the longest matching rewrite applied.

@@ -8,6 +8,7 @@ pub mod hosts;
 pub mod index;
 pub mod normalize;
 pub mod proxy;
+pub mod sandbox;
 pub mod staging;
 
 use crate::toolkit::{Revision, Toolkit};
@@ -62,6 +63,8 @@ pub struct Provisioner {
     pub transport: fetch::Transport,
     pub limits: staging::Limits,
     pub egress: proxy::EgressPolicy,
+    /// Helper containers, when a Docker engine is there.
+    pub sandbox: Option<sandbox::Sandbox>,
     /// The egress proxy in-process fetches go through, started on first use.
     embedded: std::sync::Mutex<Option<proxy::EmbeddedProxy>>,
 }
@@ -80,8 +83,15 @@ impl Provisioner {
             transport,
             limits,
             egress,
+            sandbox: None,
             embedded: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Fetches run in helper containers of this engine from now on.
+    pub fn with_sandbox(mut self, sandbox: Option<sandbox::Sandbox>) -> Provisioner {
+        self.sandbox = sandbox;
+        self
     }
 
     /// Settings from the environment: `ALLOWED_GIT_HOSTS`, `CLOUD_HARNESS_URL_REWRITE`,
@@ -89,13 +99,36 @@ impl Provisioner {
     /// `CLOUD_HARNESS_RESOLVE` and the `CLOUD_HARNESS_MAX_*` ceilings.
     pub fn from_env(store: Store) -> Result<Provisioner> {
         let hosts = hosts::HostPolicy::from_env()?;
+        let sandbox = std::env::current_exe()
+            .ok()
+            .and_then(sandbox::Sandbox::detect);
         Ok(Provisioner::new(
             store,
             hosts.clone(),
             fetch::Transport::from_env()?,
             staging::Limits::from_env()?,
             proxy::EgressPolicy::from_env(hosts)?,
-        ))
+        )
+        .with_sandbox(sandbox))
+    }
+
+    /// Where fetches run, for reports: the mode, the engine and its warnings.
+    pub fn provisioning(&self) -> serde_json::Value {
+        match &self.sandbox {
+            Some(s) => {
+                serde_json::json!({ "mode": "container", "engine": s.engine_version, "warnings": s.warnings })
+            }
+            None => serde_json::json!({ "mode": "in-process", "warnings": [] }),
+        }
+    }
+
+    /// Where fetches run: `container` (a helper per fetch) or `in-process`.
+    pub fn mode(&self) -> &'static str {
+        if self.sandbox.is_some() {
+            "container"
+        } else {
+            "in-process"
+        }
     }
 
     /// A fetch error, explained by the egress proxy when it refused the host.
@@ -148,7 +181,7 @@ impl Provisioner {
                 record
             },
             warm,
-            mode: "in-process",
+            mode: if warm { "warm" } else { self.mode() },
             millis: started.elapsed().as_millis() as u64,
         };
         let known = match &toolkit.revision {
@@ -174,14 +207,25 @@ impl Provisioner {
             Some(c) => Revision::Commit(c.clone()),
             None => toolkit.revision.clone(),
         };
-        let fetched = fetch::fetch(
-            &fetched_url,
-            &revision,
-            &self.transport()?,
-            &scratch.path().join("repo"),
-            deadline,
-        )
-        .map_err(|e| self.explain(&fetched_url, e))?;
+        let fetched = match &self.sandbox {
+            Some(sandbox) => sandbox.fetch(
+                &fetched_url,
+                &revision,
+                &self.transport,
+                &self.egress,
+                self.limits,
+                deadline,
+                &scratch.path().join("repo"),
+            ),
+            None => fetch::fetch(
+                &fetched_url,
+                &revision,
+                &self.transport()?,
+                &scratch.path().join("repo"),
+                deadline,
+            )
+            .map_err(|e| self.explain(&fetched_url, e)),
+        }?;
         let commit = fetched.commit.to_string();
         if let Revision::Tag(t) = &toolkit.revision {
             index.set_tag(&toolkit.url, t, &commit)?;

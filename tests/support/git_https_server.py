@@ -4,7 +4,7 @@
     git_https_server.py --root DIR --cert CERT --key KEY [--log FILE]
 
 Serves every repository under DIR (smart HTTP, protocol v2 included), prints
-"PORT <n>" on stdout once it listens on 127.0.0.1:<n>, and appends one line per request to
+"PORT <n>" on stdout once it listens on 127.0.0.1:<n> (or --bind ADDR:<n>), and appends one line per request to
 --log, so a test can tell whether anything connected. Stops on SIGTERM.
 """
 
@@ -15,6 +15,7 @@ import signal
 import ssl
 import subprocess
 import threading
+import time
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -40,6 +41,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def serve(self):
         path, _, query = self.path.partition("?")
+        if self.command == "POST" and self.server.slow:
+            time.sleep(self.server.slow)
         body = self.read_body()
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -96,11 +99,14 @@ def main():
     ap.add_argument("--cert", required=True)
     ap.add_argument("--key", required=True)
     ap.add_argument("--log")
+    ap.add_argument("--bind", default="127.0.0.1", help="an address of this machine (default loopback)")
+    ap.add_argument("--slow", type=float, default=0, help="seconds to wait before answering a fetch")
     args = ap.parse_args()
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = http.server.ThreadingHTTPServer((args.bind, 0), Handler)
     server.daemon_threads = True
     server.root = os.path.abspath(args.root)
+    server.slow = args.slow
     server.log_path = args.log
     server.log_lock = threading.Lock()
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

@@ -95,6 +95,16 @@ pub struct GitServer {
 
 impl GitServer {
     pub fn start(root: &Path, certs: &Certs) -> GitServer {
+        GitServer::start_on(root, certs, "127.0.0.1")
+    }
+
+    /// Listening on `bind`, an address of this machine (the Docker bridge's, for helpers).
+    pub fn start_on(root: &Path, certs: &Certs, bind: &str) -> GitServer {
+        GitServer::start_with(root, certs, bind, 0.0)
+    }
+
+    /// As `start_on`, answering each fetch after `slow` seconds.
+    pub fn start_with(root: &Path, certs: &Certs, bind: &str, slow: f64) -> GitServer {
         let log = root.with_extension("requests.log");
         let script =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/git_https_server.py");
@@ -108,6 +118,10 @@ impl GitServer {
             .arg(&certs.key)
             .arg("--log")
             .arg(&log)
+            .arg("--bind")
+            .arg(bind)
+            .arg("--slow")
+            .arg(slow.to_string())
             .stdout(Stdio::piped())
             .spawn()
             .expect("python3 runs the test git server");

@@ -1,0 +1,704 @@
+//! Helper containers: each fetch runs in a container of its own, on an internal Docker network
+//! whose only other member is the egress proxy (`provisioning-proxy:3128`).
+//!
+//! The helper image is built here, without any registry: a root file system holding the
+//! `cloud-harness` binary, the shared libraries it needs and the CA bundle, imported into the
+//! engine. The helper runs with every capability dropped, no new privileges, a read-only root,
+//! a tmpfs work folder, memory, pid and time limits, and no DNS of its own (the proxy's name is
+//! in its hosts file). It hands back git objects only — a pack on its standard output — which
+//! the host indexes itself (object ids recomputed from the bytes) before staging: a tree the
+//! container wrote is never trusted. The networks and containers of a fetch are removed on
+//! success, failure and timeout.
+
+use crate::provision::fetch::{Fetched, Transport};
+use crate::provision::proxy::EgressPolicy;
+use crate::provision::staging::Limits;
+use crate::toolkit::Revision;
+use bollard::models::{
+    ContainerCreateBody, EndpointSettings, HostConfig, NetworkConnectRequest, NetworkCreateRequest,
+};
+use bollard::query_parameters::{
+    AttachContainerOptions, CreateContainerOptions, CreateImageOptions, RemoveContainerOptions,
+    WaitContainerOptions,
+};
+use bollard::Docker;
+use cloud_harness_fs::cas::Digest;
+use cloud_harness_fs::{Code, Error, Result};
+use futures_util::StreamExt;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+/// What the helper writes before the pack: `cloud-harness-pack 1 <sha1|sha256> <commit>\n`.
+pub const PACK_MAGIC: &str = "cloud-harness-pack 1";
+const PROXY_PORT: u16 = 3128;
+const LABEL: &str = "io.cloud-harness.provisioning";
+
+/// Docker engine releases before these forward DNS queries from internal networks
+/// (CVE-2024-29018).
+fn dns_forwarding_fixed(version: &str) -> bool {
+    let parts: Vec<u32> = version
+        .split(['.', '-', '+', '~'])
+        .take(3)
+        .map(|p| p.parse().unwrap_or(0))
+        .collect();
+    let (major, minor, patch) = (
+        parts.first().copied().unwrap_or(0),
+        parts.get(1).copied().unwrap_or(0),
+        parts.get(2).copied().unwrap_or(0),
+    );
+    match major {
+        0..=22 => false,
+        23 => (minor, patch) >= (0, 11),
+        24 => false,
+        25 => (minor, patch) >= (0, 5),
+        _ => true,
+    }
+}
+
+fn docker_error(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::new(Code::Upstream, format!("docker: {what}: {e}"))
+}
+
+/// A Docker engine to run helpers in.
+#[derive(Clone)]
+pub struct Sandbox {
+    /// The `cloud-harness` binary the helper image holds.
+    helper_binary: PathBuf,
+    pub engine_version: String,
+    pub warnings: Vec<String>,
+}
+
+/// Runs `work` on a thread of its own with a runtime of its own (callers may be inside a
+/// runtime already).
+fn block_on<T: Send + 'static>(
+    work: impl std::future::Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::internal(format!("a runtime for docker: {e}")))?
+            .block_on(work)
+    })
+    .join()
+    .unwrap_or_else(|_| Err(Error::internal("the docker thread panicked")))
+}
+
+async fn connect() -> Result<Docker> {
+    let docker = Docker::connect_with_local_defaults().map_err(|e| docker_error("connect", e))?;
+    docker
+        .negotiate_version()
+        .await
+        .map_err(|e| docker_error("negotiate", e))
+}
+
+impl Sandbox {
+    /// The engine, if one answers (and `CLOUD_HARNESS_CONTAINERS` is not `off`).
+    pub fn detect(helper_binary: PathBuf) -> Option<Sandbox> {
+        if std::env::var("CLOUD_HARNESS_CONTAINERS").is_ok_and(|v| v == "off") {
+            return None;
+        }
+        let version = block_on(async {
+            let docker = connect().await?;
+            let v = docker
+                .version()
+                .await
+                .map_err(|e| docker_error("version", e))?;
+            Ok(v.version.unwrap_or_default())
+        })
+        .ok()?;
+        let mut warnings = Vec::new();
+        if !dns_forwarding_fixed(&version) {
+            let w = format!(
+                "Docker engine {version} forwards DNS queries from internal networks to the host's resolvers (CVE-2024-29018; fixed in 26.0.0, 25.0.5 and 23.0.11); helpers are also given no DNS of their own, but upgrade the engine"
+            );
+            tracing::warn!("{w}");
+            warnings.push(w);
+        }
+        Some(Sandbox {
+            helper_binary,
+            engine_version: version,
+            warnings,
+        })
+    }
+
+    /// Fetches `revision` of `url` in a helper container; the objects land in a bare repository
+    /// at `dir`, indexed by the host.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fetch(
+        &self,
+        url: &str,
+        revision: &Revision,
+        transport: &Transport,
+        egress: &EgressPolicy,
+        limits: Limits,
+        deadline: Instant,
+        dir: &Path,
+    ) -> Result<Fetched> {
+        let run = Run {
+            helper_binary: self.helper_binary.clone(),
+            url: url.to_owned(),
+            revision: revision.clone(),
+            extra_ca: transport.extra_ca.clone(),
+            egress: egress.clone(),
+            limits,
+            deadline,
+            env_overrides: Vec::new(),
+        };
+        let pack = block_on(run.execute())?;
+        index_pack(&pack, dir, limits)
+    }
+
+    /// Runs the helper with extra environment (tests use it to take the proxy away).
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn fetch_with_env(
+        &self,
+        url: &str,
+        revision: &Revision,
+        transport: &Transport,
+        egress: &EgressPolicy,
+        limits: Limits,
+        deadline: Instant,
+        env: Vec<String>,
+    ) -> Result<Vec<u8>> {
+        let run = Run {
+            helper_binary: self.helper_binary.clone(),
+            url: url.to_owned(),
+            revision: revision.clone(),
+            extra_ca: transport.extra_ca.clone(),
+            egress: egress.clone(),
+            limits,
+            deadline,
+            env_overrides: env,
+        };
+        block_on(run.execute())
+    }
+}
+
+struct Run {
+    helper_binary: PathBuf,
+    url: String,
+    revision: Revision,
+    extra_ca: Option<Vec<u8>>,
+    egress: EgressPolicy,
+    limits: Limits,
+    deadline: Instant,
+    env_overrides: Vec<String>,
+}
+
+/// The helper image's root file system: the binary, its shared libraries, CA certificates.
+fn rootfs(binary: &Path) -> Result<Vec<u8>> {
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut add = |path: &str, bytes: &[u8], mode: u32| -> Result<()> {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(bytes.len() as u64);
+        header.set_mode(mode);
+        header.set_cksum();
+        tar.append_data(&mut header, path.trim_start_matches('/'), bytes)
+            .map_err(|e| Error::internal(format!("helper image: {e}")))
+    };
+    let exe = std::fs::read(binary).map_err(|e| Error::io(binary, e))?;
+    add("cloud-harness", &exe, 0o755)?;
+    let ldd = std::process::Command::new("ldd")
+        .arg(binary)
+        .output()
+        .map_err(|e| Error::internal(format!("ldd: {e}")))?;
+    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+        // "libssl.so.3 => /lib/x86_64-linux-gnu/libssl.so.3 (0x…)" or "/lib64/ld-linux-x86-64.so.2 (0x…)"
+        let path = line
+            .split("=>")
+            .last()
+            .unwrap_or("")
+            .trim()
+            .split(' ')
+            .next()
+            .unwrap_or("");
+        if path.starts_with('/') {
+            let bytes = std::fs::read(path).map_err(|e| Error::io(Path::new(path), e))?;
+            add(path, &bytes, 0o755)?;
+        }
+    }
+    for ca in ["/etc/ssl/certs/ca-certificates.crt"] {
+        if let Ok(bytes) = std::fs::read(ca) {
+            add(ca, &bytes, 0o644)?;
+        }
+    }
+    add(
+        "/etc/passwd",
+        b"nobody:x:65534:65534:nobody:/work:/sbin/nologin\n",
+        0o644,
+    )?;
+    add("/etc/group", b"nogroup:x:65534:\n", 0o644)?;
+    add("/etc/hosts", b"127.0.0.1 localhost\n", 0o644)?;
+    for dir in ["tmp", "work"] {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Directory);
+        header.set_mode(0o1777);
+        header.set_size(0);
+        header.set_cksum();
+        tar.append_data(&mut header, dir, std::io::empty())
+            .map_err(|e| Error::internal(format!("helper image: {e}")))?;
+    }
+    tar.into_inner()
+        .map_err(|e| Error::internal(format!("helper image: {e}")))
+}
+
+/// The helper image for `binary`, imported once per binary.
+async fn ensure_image(docker: &Docker, binary: &Path) -> Result<String> {
+    let exe = std::fs::read(binary).map_err(|e| Error::io(binary, e))?;
+    let tag = Digest::of(&exe).hex()[..16].to_owned();
+    let name = format!("cloud-harness-helper:{tag}");
+    if docker.inspect_image(&name).await.is_ok() {
+        return Ok(name);
+    }
+    let body = rootfs(binary)?;
+    let options = CreateImageOptions {
+        from_src: Some("-".into()),
+        repo: Some("cloud-harness-helper".into()),
+        tag: Some(tag),
+        ..Default::default()
+    };
+    let mut stream =
+        docker.create_image(Some(options), Some(bollard::body_full(body.into())), None);
+    while let Some(item) = stream.next().await {
+        item.map_err(|e| docker_error("importing the helper image", e))?;
+    }
+    Ok(name)
+}
+
+fn hardened(network_mode: &str, memory: i64) -> HostConfig {
+    HostConfig {
+        network_mode: Some(network_mode.to_owned()),
+        cap_drop: Some(vec!["ALL".into()]),
+        security_opt: Some(vec!["no-new-privileges".into()]),
+        readonly_rootfs: Some(true),
+        memory: Some(memory),
+        pids_limit: Some(128),
+        ..Default::default()
+    }
+}
+
+impl Run {
+    async fn execute(self) -> Result<Vec<u8>> {
+        let docker = connect().await?;
+        let image = ensure_image(&docker, &self.helper_binary).await?;
+        let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+        let names = Names {
+            network: format!("cloud-harness-prov-{id}"),
+            proxy: format!("cloud-harness-proxy-{id}"),
+            helper: format!("cloud-harness-fetch-{id}"),
+        };
+        let outcome = tokio::time::timeout(
+            self.deadline.saturating_duration_since(Instant::now()),
+            self.inside(&docker, &image, &names),
+        )
+        .await;
+        // Whatever happened: no container and no network is left behind.
+        names.remove(&docker).await;
+        match outcome {
+            Ok(result) => result,
+            Err(_) => Err(Error::new(
+                Code::Timeout,
+                format!(
+                    "fetching {} in a helper container took longer than {} s",
+                    self.url, self.limits.max_seconds
+                ),
+            )),
+        }
+    }
+
+    async fn inside(&self, docker: &Docker, image: &str, names: &Names) -> Result<Vec<u8>> {
+        let mut labels = HashMap::new();
+        labels.insert(LABEL.to_owned(), "1".to_owned());
+        docker
+            .create_network(NetworkCreateRequest {
+                name: names.network.clone(),
+                driver: Some("bridge".into()),
+                internal: Some(true),
+                labels: Some(labels.clone()),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| docker_error("creating the internal network", e))?;
+
+        // The proxy: the only member of the internal network that can reach out.
+        let pins: Vec<String> = self
+            .egress
+            .pins
+            .iter()
+            .flat_map(|(h, addrs)| addrs.iter().map(move |a| format!("{h}={a}")))
+            .collect();
+        let cidrs: Vec<String> = self
+            .egress
+            .allow_cidrs
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let proxy_env = vec![
+            format!("ALLOWED_GIT_HOSTS={}", self.egress.hosts.allowlist()),
+            format!("CLOUD_HARNESS_ALLOW_CIDRS={}", cidrs.join(",")),
+            format!("CLOUD_HARNESS_RESOLVE={}", pins.join(",")),
+            "RUST_LOG=egress=info".into(),
+        ];
+        docker
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(names.proxy.clone()),
+                    ..Default::default()
+                }),
+                ContainerCreateBody {
+                    image: Some(image.to_owned()),
+                    cmd: Some(vec![
+                        "/cloud-harness".into(),
+                        "proxy".into(),
+                        "--listen".into(),
+                        format!("0.0.0.0:{PROXY_PORT}"),
+                    ]),
+                    env: Some(proxy_env),
+                    user: Some("65534:65534".into()),
+                    labels: Some(labels.clone()),
+                    host_config: Some(hardened("bridge", 256 << 20)),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| docker_error("creating the proxy container", e))?;
+        docker
+            .connect_network(
+                &names.network,
+                NetworkConnectRequest {
+                    container: names.proxy.clone(),
+                    endpoint_config: Some(EndpointSettings {
+                        aliases: Some(vec!["provisioning-proxy".into()]),
+                        ..Default::default()
+                    }),
+                },
+            )
+            .await
+            .map_err(|e| docker_error("attaching the proxy to the internal network", e))?;
+        docker
+            .start_container(
+                &names.proxy,
+                None::<bollard::query_parameters::StartContainerOptions>,
+            )
+            .await
+            .map_err(|e| docker_error("starting the proxy", e))?;
+        wait_listening(docker, &names.proxy).await?;
+        let inspect = docker
+            .inspect_container(
+                &names.proxy,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
+            .await
+            .map_err(|e| docker_error("inspecting the proxy", e))?;
+        let proxy_ip = inspect
+            .network_settings
+            .and_then(|n| n.networks)
+            .and_then(|n| n.get(&names.network).and_then(|e| e.ip_address.clone()))
+            .filter(|ip| !ip.is_empty())
+            .ok_or_else(|| Error::internal("the proxy has no address on the internal network"))?;
+
+        // The helper: the internal network alone, no DNS of its own.
+        let mut env = vec![
+            format!("HTTPS_PROXY=http://provisioning-proxy:{PROXY_PORT}"),
+            "HOME=/work".into(),
+            format!("CLOUD_HARNESS_FETCH_TIMEOUT={}", self.limits.max_seconds),
+        ];
+        if let Some(pem) = &self.extra_ca {
+            env.push(format!(
+                "CLOUD_HARNESS_EXTRA_CA_PEM={}",
+                String::from_utf8_lossy(pem)
+            ));
+        }
+        env.extend(self.env_overrides.iter().cloned());
+        let revision = match &self.revision {
+            Revision::Commit(c) => format!("commit:{c}"),
+            Revision::Tag(t) => format!("tag:{t}"),
+            Revision::DefaultHead => "head".into(),
+        };
+        let mut host = hardened(&names.network, 512 << 20);
+        host.extra_hosts = Some(vec![format!("provisioning-proxy:{proxy_ip}")]);
+        host.dns = Some(vec!["127.0.0.1".into()]);
+        let mut tmpfs = HashMap::new();
+        tmpfs.insert(
+            "/work".to_owned(),
+            format!(
+                "rw,size={}k,mode=1777",
+                (self.limits.max_bytes * 3 / 1024).max(65536)
+            ),
+        );
+        host.tmpfs = Some(tmpfs);
+        docker
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(names.helper.clone()),
+                    ..Default::default()
+                }),
+                ContainerCreateBody {
+                    image: Some(image.to_owned()),
+                    cmd: Some(vec![
+                        "/cloud-harness".into(),
+                        "fetch-pack".into(),
+                        "--url".into(),
+                        self.url.clone(),
+                        "--revision".into(),
+                        revision,
+                    ]),
+                    env: Some(env),
+                    user: Some("65534:65534".into()),
+                    working_dir: Some("/work".into()),
+                    labels: Some(labels),
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    host_config: Some(host),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| docker_error("creating the helper container", e))?;
+        let attached = docker
+            .attach_container(
+                &names.helper,
+                Some(AttachContainerOptions {
+                    stream: true,
+                    stdout: true,
+                    stderr: true,
+                    logs: true,
+                    ..Default::default()
+                }),
+            )
+            .await
+            .map_err(|e| docker_error("attaching to the helper", e))?;
+        docker
+            .start_container(
+                &names.helper,
+                None::<bollard::query_parameters::StartContainerOptions>,
+            )
+            .await
+            .map_err(|e| docker_error("starting the helper", e))?;
+        let cap = self.limits.max_bytes.saturating_mul(2) as usize;
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let mut output = attached.output;
+        while let Some(item) = output.next().await {
+            match item {
+                Ok(bollard::container::LogOutput::StdOut { message }) => {
+                    if stdout.len() + message.len() > cap {
+                        return Err(Error::too_large(format!(
+                            "the helper sent more than {cap} bytes for {}",
+                            self.url
+                        )));
+                    }
+                    stdout.extend_from_slice(&message);
+                }
+                Ok(bollard::container::LogOutput::StdErr { message }) => {
+                    if stderr.len() < 64 << 10 {
+                        stderr.extend_from_slice(&message);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => return Err(docker_error("reading the helper's output", e)),
+            }
+        }
+        let mut wait = docker.wait_container(&names.helper, None::<WaitContainerOptions>);
+        let code = match wait.next().await {
+            Some(Ok(r)) => r.status_code,
+            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
+            Some(Err(e)) => return Err(docker_error("waiting for the helper", e)),
+            None => -1,
+        };
+        if code != 0 {
+            let text = String::from_utf8_lossy(&stderr);
+            let last = text
+                .lines()
+                .rev()
+                .find(|l| l.starts_with("error: "))
+                .or_else(|| text.lines().rev().find(|l| !l.trim().is_empty()))
+                .unwrap_or("no output");
+            // The helper prints `error: CODE: message` like every cloud-harness command.
+            let code = [
+                Code::NotFound,
+                Code::Forbidden,
+                Code::Timeout,
+                Code::TooLarge,
+                Code::InvalidArgument,
+            ]
+            .into_iter()
+            .find(|c| last.contains(&format!("error: {c}:")))
+            .unwrap_or(Code::Upstream);
+            // The proxy says why it refused, if it did.
+            if let Some(refusal) = proxy_refusal(docker, &names.proxy).await {
+                return Err(Error::new(
+                    Code::Forbidden,
+                    format!("the egress proxy refused: {refusal}"),
+                )
+                .with_details(serde_json::json!({ "url": self.url, "helper": last })));
+            }
+            return Err(Error::new(
+                code,
+                format!(
+                    "the helper container failed (exit {code}): {last}",
+                    code = code.as_str()
+                ),
+            ));
+        }
+        Ok(stdout)
+    }
+}
+
+/// Waits until the proxy container says it listens (it prints so once bound).
+async fn wait_listening(docker: &Docker, proxy: &str) -> Result<()> {
+    for _ in 0..200 {
+        let options = bollard::query_parameters::LogsOptions {
+            stdout: true,
+            stderr: true,
+            ..Default::default()
+        };
+        let mut logs = docker.logs(proxy, Some(options));
+        let mut text = String::new();
+        while let Some(Ok(chunk)) = logs.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
+        }
+        if text.contains("listening on") {
+            return Ok(());
+        }
+        if let Some(error) = text.lines().find(|l| l.starts_with("error: ")) {
+            return Err(Error::new(
+                Code::Upstream,
+                format!("the egress proxy container failed: {error}"),
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    Err(Error::new(
+        Code::Upstream,
+        "the egress proxy container did not start",
+    ))
+}
+
+/// The reason of the proxy container's last refusal, from its log.
+async fn proxy_refusal(docker: &Docker, proxy: &str) -> Option<String> {
+    let options = bollard::query_parameters::LogsOptions {
+        stdout: true,
+        stderr: true,
+        ..Default::default()
+    };
+    let mut logs = docker.logs(proxy, Some(options));
+    let mut text = String::new();
+    while let Some(Ok(chunk)) = logs.next().await {
+        text.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
+    }
+    let line = text.lines().rev().find(|l| l.contains("refuse"))?;
+    Some(
+        line.split("reason=")
+            .nth(1)
+            .unwrap_or(line)
+            .trim()
+            .to_owned(),
+    )
+}
+
+struct Names {
+    network: String,
+    proxy: String,
+    helper: String,
+}
+
+impl Names {
+    async fn remove(&self, docker: &Docker) {
+        for c in [&self.helper, &self.proxy] {
+            let _ = docker
+                .remove_container(
+                    c,
+                    Some(RemoveContainerOptions {
+                        force: true,
+                        ..Default::default()
+                    }),
+                )
+                .await;
+        }
+        if let Err(e) = docker.remove_network(&self.network).await {
+            if !e.to_string().contains("No such network") && !e.to_string().contains("not found") {
+                tracing::warn!(network = %self.network, error = %e, "removing the network failed");
+            }
+        }
+    }
+}
+
+/// Indexes the helper's pack into a new bare repository at `dir`: the host recomputes every
+/// object id from the bytes and checks the commit it was promised is there.
+pub fn index_pack(output: &[u8], dir: &Path, limits: Limits) -> Result<Fetched> {
+    let bad = |what: &str| {
+        Error::new(
+            Code::Upstream,
+            format!("the helper's output is not a pack: {what}"),
+        )
+    };
+    let newline = output
+        .iter()
+        .position(|&b| b == b'\n')
+        .ok_or_else(|| bad("no header"))?;
+    let header = std::str::from_utf8(&output[..newline]).map_err(|_| bad("header"))?;
+    let mut fields = header
+        .strip_prefix(PACK_MAGIC)
+        .ok_or_else(|| bad("header"))?
+        .split_whitespace();
+    let (format, commit) = (fields.next().unwrap_or(""), fields.next().unwrap_or(""));
+    let kind = match format {
+        "sha1" => gix::hash::Kind::Sha1,
+        "sha256" => gix::hash::Kind::Sha256,
+        _ => return Err(bad("object format")),
+    };
+    let commit = gix::ObjectId::from_hex(commit.as_bytes()).map_err(|_| bad("commit id"))?;
+    let pack = &output[newline + 1..];
+    gix::create::into(
+        dir,
+        gix::create::Kind::Bare,
+        gix::create::Options {
+            object_hash: Some(kind),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| Error::internal(format!("scratch repository: {e}")))?;
+    let pack_dir = dir.join("objects").join("pack");
+    let mut reader = std::io::BufReader::new(pack);
+    gix::odb::pack::Bundle::write_to_directory(
+        &mut reader,
+        Some(&pack_dir),
+        &mut gix::progress::Discard,
+        &AtomicBool::new(false),
+        None::<gix::objs::find::Never>,
+        kind,
+        gix::odb::pack::bundle::write::Options {
+            alloc_limit_bytes: Some(limits.max_file_bytes.saturating_mul(2) as usize),
+            ..Default::default()
+        },
+    )
+    .map_err(|e| Error::new(Code::Upstream, format!("indexing the helper's pack: {e}")))?;
+    let repo = gix::open_opts(dir, gix::open::Options::isolated())
+        .map_err(|e| Error::internal(format!("scratch repository: {e}")))?;
+    repo.find_commit(commit).map_err(|_| {
+        Error::new(
+            Code::Upstream,
+            format!("the helper's pack lacks commit {commit}"),
+        )
+    })?;
+    Ok(Fetched { repo, commit })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dns_forwarding_fixed;
+
+    #[test]
+    fn engines_without_the_dns_fix_are_known() {
+        for old in ["20.10.24+dfsg1", "23.0.10", "24.0.9", "25.0.4"] {
+            assert!(!dns_forwarding_fixed(old), "{old}");
+        }
+        for new in ["23.0.11", "25.0.5", "26.0.0", "27.3.1", "28.2.2"] {
+            assert!(dns_forwarding_fixed(new), "{new}");
+        }
+    }
+}

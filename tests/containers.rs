@@ -1,0 +1,307 @@
+//! Fetches in helper containers, for real: an internal Docker network, the egress proxy as its
+//! only way out, and the test git server on this machine's Docker bridge address. Needs a
+//! Docker engine (`.ci/setup` installs Debian's docker.io and starts dockerd): skipped where
+//! there is none, except under CI.
+
+mod support;
+
+use cloud_harness::provision::fetch::Transport;
+use cloud_harness::provision::hosts::HostPolicy;
+use cloud_harness::provision::proxy::EgressPolicy;
+use cloud_harness::provision::sandbox::Sandbox;
+use cloud_harness::provision::staging::Limits;
+use cloud_harness::provision::Provisioner;
+use cloud_harness::toolkit::{Revision, ToolkitSpec};
+use cloud_harness_fs::cas::Store;
+use cloud_harness_fs::Code;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use support::{dir, skill, Certs, GitServer, Repo};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cloud-harness");
+const LABEL: &str = "label=io.cloud-harness.provisioning";
+
+fn sandbox() -> Option<Sandbox> {
+    let found = Sandbox::detect(PathBuf::from(BIN));
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run the container tests: install docker.io and start dockerd"
+        );
+        eprintln!("skipped: no Docker engine");
+    }
+    found
+}
+
+/// This machine's address on the Docker bridge, where the proxy container finds the server.
+fn bridge_address() -> String {
+    let out = Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "docker0"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .and_then(|cidr| cidr.split('/').next())
+        .expect("docker0 has an IPv4 address")
+        .to_owned()
+}
+
+fn leftovers() -> (String, String) {
+    let ps = Command::new("docker")
+        .args(["ps", "-aq", "--filter", LABEL])
+        .output()
+        .unwrap();
+    let nets = Command::new("docker")
+        .args(["network", "ls", "-q", "--filter", LABEL])
+        .output()
+        .unwrap();
+    (
+        String::from_utf8_lossy(&ps.stdout).trim().to_owned(),
+        String::from_utf8_lossy(&nets.stdout).trim().to_owned(),
+    )
+}
+
+struct World {
+    _tmp: tempfile::TempDir,
+    certs: Certs,
+    server: GitServer,
+    store: Store,
+    bridge: String,
+    commit: String,
+}
+
+fn world(slow: f64) -> World {
+    let tmp = tempfile::tempdir().unwrap();
+    let repos = tmp.path().join("repos");
+    std::fs::create_dir_all(&repos).unwrap();
+    let certs = Certs::new(&tmp.path().join("certs"));
+    let bridge = bridge_address();
+    let server = GitServer::start_with(&repos, &certs, &bridge, slow);
+    let repo = Repo::create(&repos, "team/skills.git", false);
+    let commit = repo.commit(dir(vec![(
+        "skills",
+        dir(vec![
+            ("review", skill("review", "Review.")),
+            ("lint", skill("lint", "Lint.")),
+        ]),
+    )]));
+    let store = Store::open(tmp.path().join("store")).unwrap();
+    World {
+        _tmp: tmp,
+        certs,
+        server,
+        store,
+        bridge,
+        commit,
+    }
+}
+
+impl World {
+    fn provisioner(&self, sandbox: Sandbox, limits: Limits) -> Provisioner {
+        let hosts = HostPolicy::new(&self.server.host(), "").unwrap();
+        // The proxy may reach exactly the test server: its name pinned to the bridge address,
+        // and only that address opened.
+        let egress = EgressPolicy::new(
+            hosts.clone(),
+            &format!("{}/32", self.bridge),
+            &format!("localhost={}", self.bridge),
+        )
+        .unwrap();
+        let transport = Transport {
+            extra_ca: Some(std::fs::read(&self.certs.ca).unwrap()),
+            proxy: None,
+        };
+        Provisioner::new(self.store.clone(), hosts, transport, limits, egress)
+            .with_sandbox(Some(sandbox))
+    }
+
+    fn spec(&self) -> ToolkitSpec {
+        cloud_harness::toolkit::parse_spec(&format!(
+            r#"{{"kind":"git","instanceId":"team","url":"{}","ref":"{}"}}"#,
+            self.server.url("team/skills.git"),
+            self.commit
+        ))
+        .unwrap()
+    }
+
+    fn objects(&self) -> Vec<PathBuf> {
+        fn walk(d: &Path, out: &mut Vec<PathBuf>) {
+            for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+                if e.path().is_dir() {
+                    walk(&e.path(), out)
+                } else {
+                    out.push(e.path())
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.store.root().join("objects"), &mut out);
+        out.sort();
+        out
+    }
+}
+
+#[test]
+fn a_toolkit_is_fetched_through_a_helper_container_and_the_proxy() {
+    let Some(sandbox) = sandbox() else { return };
+    let w = world(0.0);
+    let p = w.provisioner(sandbox, Limits::default());
+    let t = w.spec().resolve(&p.hosts).unwrap();
+    let a = p.acquire(&t).unwrap();
+    assert_eq!(a.mode, "container");
+    assert_eq!(a.record.skills, 2);
+    assert_eq!(a.record.key.commit, w.commit);
+    assert!(w.server.requests() > 0);
+    assert_eq!(
+        leftovers(),
+        (String::new(), String::new()),
+        "containers or networks were left behind"
+    );
+    // Warm afterwards, without any container.
+    assert!(p.acquire(&t).unwrap().warm);
+}
+
+#[test]
+fn a_helper_cannot_reach_anything_but_the_proxy() {
+    let Some(sandbox) = sandbox() else { return };
+    let w = world(0.0);
+    let hosts = HostPolicy::new(&w.server.host(), "").unwrap();
+    let egress = EgressPolicy::new(
+        hosts,
+        &format!("{}/32", w.bridge),
+        &format!("localhost={}", w.bridge),
+    )
+    .unwrap();
+    let transport = Transport {
+        extra_ca: Some(std::fs::read(&w.certs.ca).unwrap()),
+        proxy: None,
+    };
+    let before = w.server.requests();
+    // Straight to the server's address, no proxy: the internal network has no way there.
+    let direct = format!("https://{}:{}/team/skills.git", w.bridge, w.server.port);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let revision = Revision::Commit(w.commit.clone());
+    let err = sandbox
+        .fetch_with_env(
+            &direct,
+            &revision,
+            &transport,
+            &egress,
+            Limits::default(),
+            deadline,
+            vec!["HTTPS_PROXY=".into()],
+        )
+        .unwrap_err();
+    assert_ne!(err.code, Code::Timeout, "{err}");
+    // Through the proxy to a name it does not allow.
+    let err = sandbox
+        .fetch_with_env(
+            "https://example.com/x.git",
+            &revision,
+            &transport,
+            &egress,
+            Limits::default(),
+            deadline,
+            vec![],
+        )
+        .unwrap_err();
+    assert_eq!(err.code, Code::Forbidden, "{err}");
+    assert!(
+        err.message
+            .contains("example.com:443 is not on the allowlist"),
+        "{err}"
+    );
+    assert_eq!(w.server.requests(), before, "nothing reached the server");
+    assert_eq!(leftovers(), (String::new(), String::new()));
+}
+
+#[test]
+fn a_helper_killed_mid_fetch_publishes_nothing_and_leaves_nothing() {
+    let Some(sandbox) = sandbox() else { return };
+    // The server answers fetches after 20 s: the helper is surely mid-fetch when it is killed.
+    let w = world(20.0);
+    let p = w.provisioner(sandbox.clone(), Limits::default());
+    let t = w.spec().resolve(&p.hosts).unwrap();
+    let before = w.objects();
+    let killer = std::thread::spawn(|| {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(30) {
+            let ps = Command::new("docker")
+                .args(["ps", "-q", "--filter", "name=cloud-harness-fetch-"])
+                .output()
+                .unwrap();
+            let id = String::from_utf8_lossy(&ps.stdout).trim().to_owned();
+            if !id.is_empty() {
+                std::thread::sleep(Duration::from_millis(1500));
+                let killed = Command::new("docker").args(["kill", &id]).status().unwrap();
+                return killed.success();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    });
+    let err = p.acquire(&t).unwrap_err();
+    assert!(killer.join().unwrap(), "the helper was never seen running");
+    assert!(
+        w.server.requests() > 0,
+        "the helper had not started fetching: {err}"
+    );
+    assert_eq!(err.code, Code::Upstream, "{err}");
+    assert_eq!(w.objects(), before, "a killed fetch published objects");
+    assert_eq!(leftovers(), (String::new(), String::new()));
+
+    // And a fetch that outlives its time limit is stopped and cleaned up the same way.
+    let limits = Limits {
+        max_seconds: 3,
+        ..Limits::default()
+    };
+    let p = w.provisioner(sandbox, limits);
+    let requests = w.server.requests();
+    let err = p.acquire(&t).unwrap_err();
+    assert_eq!(err.code, Code::Timeout, "{err}");
+    assert!(
+        w.server.requests() > requests,
+        "the helper had not started fetching"
+    );
+    assert_eq!(w.objects(), before);
+    assert_eq!(leftovers(), (String::new(), String::new()));
+}
+
+#[test]
+fn toolkit_add_reports_the_container_mode() {
+    let Some(_) = sandbox() else { return };
+    let w = world(0.0);
+    let out = Command::new(BIN)
+        .args([
+            "toolkit",
+            "add",
+            "--json",
+            "--url",
+            &w.server.url("team/skills.git"),
+            "--instance-id",
+            "team",
+            "--ref",
+            &w.commit,
+        ])
+        .env("TOOLKIT_CACHE_ROOT", w.store.root())
+        .env("ALLOWED_GIT_HOSTS", w.server.host())
+        .env("CLOUD_HARNESS_EXTRA_CA", &w.certs.ca)
+        .env("CLOUD_HARNESS_ALLOW_CIDRS", format!("{}/32", w.bridge))
+        .env("CLOUD_HARNESS_RESOLVE", format!("localhost={}", w.bridge))
+        .env_remove("CLOUD_HARNESS_CONTAINERS")
+        .env_remove("HTTPS_PROXY")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let added: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(added["mode"], "container");
+    assert_eq!(added["skills"], 2);
+    assert_eq!(leftovers(), (String::new(), String::new()));
+}
