@@ -269,6 +269,16 @@ async fn ensure_image(docker: &Docker, binary: &Path) -> Result<String> {
     Ok(name)
 }
 
+async fn start(docker: &Docker, name: &str, what: &str) -> Result<(), Error> {
+    docker
+        .start_container(
+            name,
+            None::<bollard::query_parameters::StartContainerOptions>,
+        )
+        .await
+        .map_err(|e| docker_error(what, e))
+}
+
 fn hardened(network_mode: &str, memory: i64) -> HostConfig {
     HostConfig {
         network_mode: Some(network_mode.to_owned()),
@@ -379,13 +389,7 @@ impl Run {
             )
             .await
             .map_err(|e| docker_error("attaching the proxy to the internal network", e))?;
-        docker
-            .start_container(
-                &names.proxy,
-                None::<bollard::query_parameters::StartContainerOptions>,
-            )
-            .await
-            .map_err(|e| docker_error("starting the proxy", e))?;
+        start(docker, &names.proxy, "starting the proxy").await?;
         wait_listening(docker, &names.proxy).await?;
         let inspect = docker
             .inspect_container(
@@ -472,13 +476,7 @@ impl Run {
             )
             .await
             .map_err(|e| docker_error("attaching to the helper", e))?;
-        docker
-            .start_container(
-                &names.helper,
-                None::<bollard::query_parameters::StartContainerOptions>,
-            )
-            .await
-            .map_err(|e| docker_error("starting the helper", e))?;
+        start(docker, &names.helper, "starting the helper").await?;
         let cap = self.limits.max_bytes.saturating_mul(2) as usize;
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
         let mut output = attached.output;
