@@ -3,9 +3,10 @@
 //! they are missing the tests say so and pass, except under CI, where they fail.
 
 use cloud_harness::cli::TierArgs;
-use cloud_harness::fs::cas::{materialize, Store};
+use cloud_harness::fs::cas::{materialize, ObjectKind, Store};
 use cloud_harness::fs::discovery::SkillCache;
 use cloud_harness::fs::generation::{Generation, View};
+use cloud_harness::fs::namespace::{RESOLUTION_FILE, TIERS_DIR, XATTR_PREFIX};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use std::ffi::OsString;
@@ -13,7 +14,7 @@ use std::fs;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_cloud-harness");
@@ -98,25 +99,11 @@ impl Daemon {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn pid(&self) -> nix::unistd::Pid {
-        nix::unistd::Pid::from_raw(self.child.as_ref().unwrap().id() as i32)
-    }
-
     /// SIGTERM, and the daemon must unmount and exit 0.
     fn stop(mut self) {
-        nix::sys::signal::kill(self.pid(), nix::sys::signal::Signal::SIGTERM).unwrap();
         let mut child = self.child.take().unwrap();
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "daemon ignored SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        };
+        let status =
+            terminate(&mut child, Duration::from_secs(10)).expect("daemon ignored SIGTERM");
         assert!(
             status.success(),
             "daemon exit {status}: {}",
@@ -129,21 +116,41 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-            let start = Instant::now();
-            while child.try_wait().ok().flatten().is_none()
-                && start.elapsed() < Duration::from_secs(5)
-            {
-                std::thread::sleep(Duration::from_millis(10));
+            if terminate(&mut child, Duration::from_secs(5)).is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
             }
-            let _ = child.kill();
-            let _ = child.wait();
         }
         if is_mounted(&self.mountpoint) {
             let _ = nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH);
         }
     }
+}
+
+/// SIGTERM, then up to `timeout` for the exit.
+fn terminate(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().ok().flatten() {
+            return Some(status);
+        }
+        if start.elapsed() >= timeout {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The names in a folder, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
 }
 
 fn write(root: &Path, rel: &str, content: impl AsRef<[u8]>) {
@@ -271,6 +278,13 @@ impl Fixture {
         }
     }
 
+    /// The fixture mounted at `<root>/mnt`.
+    fn mount(&self) -> (PathBuf, Daemon) {
+        let mnt = self.root.join("mnt");
+        let daemon = Daemon::start(&self.store, &mnt, &self.cli_args());
+        (mnt, daemon)
+    }
+
     fn cli_args(&self) -> Vec<OsString> {
         vec![
             "--owner".into(),
@@ -292,19 +306,19 @@ impl Fixture {
             .unwrap()
             .generation(&store, &cache)
             .unwrap();
-        fs::create_dir_all(dest.join(".tiers")).unwrap();
+        fs::create_dir_all(dest.join(TIERS_DIR)).unwrap();
         for (name, origin) in g.view(View::Merged) {
             materialize(&store, &origin.digest, &dest.join(name)).unwrap();
         }
         for tier in g.tiers() {
-            let dir = dest.join(".tiers").join(tier.as_str());
+            let dir = dest.join(TIERS_DIR).join(tier.as_str());
             fs::create_dir(&dir).unwrap();
             for (name, origin) in g.view(View::Tier(tier)) {
                 materialize(&store, &origin.digest, &dir.join(name)).unwrap();
             }
         }
-        fs::write(dest.join(".resolution.json"), &g.resolution_json).unwrap();
-        chmod(&dest.join(".resolution.json"), 0o444);
+        fs::write(dest.join(RESOLUTION_FILE), &g.resolution_json).unwrap();
+        chmod(&dest.join(RESOLUTION_FILE), 0o444);
         g
     }
 }
@@ -373,8 +387,7 @@ fn the_mount_shows_exactly_the_expected_tree() {
     let fx = Fixture::new();
     let expected = fx.root.join("expected");
     let g = fx.expected(&expected);
-    let mnt = fx.root.join("mnt");
-    let daemon = Daemon::start(&fx.store, &mnt, &fx.cli_args());
+    let (mnt, daemon) = fx.mount();
 
     let diff = differences(&mnt, &expected);
     assert!(diff.is_empty(), "{diff:#?}");
@@ -403,13 +416,13 @@ fn the_mount_shows_exactly_the_expected_tree() {
         0o644
     );
     let resolution: serde_json::Value =
-        serde_json::from_slice(&fs::read(mnt.join(".resolution.json")).unwrap()).unwrap();
+        serde_json::from_slice(&fs::read(mnt.join(RESOLUTION_FILE)).unwrap()).unwrap();
     assert_eq!(resolution["generation"], g.digest().to_string());
 
     // Provenance without opening files.
     let get = |p: &str, k: &str| {
         String::from_utf8(
-            xattr::get(mnt.join(p), format!("user.cloud-harness.{k}"))
+            xattr::get(mnt.join(p), format!("{XATTR_PREFIX}{k}"))
                 .unwrap()
                 .unwrap(),
         )
@@ -551,8 +564,7 @@ fn random_reads_stats_listings_and_seeks_agree_with_a_plain_directory() {
     let fx = Fixture::new();
     let expected = fx.root.join("expected");
     fx.expected(&expected);
-    let mnt = fx.root.join("mnt");
-    let daemon = Daemon::start(&fx.store, &mnt, &fx.cli_args());
+    let (mnt, daemon) = fx.mount();
     let mut paths = walk(&expected);
     paths.push(PathBuf::new());
     paths.push(PathBuf::from("no-such-skill/SKILL.md"));
@@ -604,8 +616,7 @@ fn every_write_call_fails_with_erofs_and_changes_nothing() {
     let fx = Fixture::new();
     let expected = fx.root.join("expected");
     fx.expected(&expected);
-    let mnt = fx.root.join("mnt");
-    let daemon = Daemon::start(&fx.store, &mnt, &fx.cli_args());
+    let (mnt, daemon) = fx.mount();
     let file = mnt.join("tdd/SKILL.md");
     let dir = mnt.join("tdd");
 
@@ -656,7 +667,7 @@ fn every_write_call_fails_with_erofs_and_changes_nothing() {
     erofs("setxattr", xattr::set(&file, "user.test", b"x"));
     erofs(
         "removexattr",
-        xattr::remove(&file, "user.cloud-harness.tier"),
+        xattr::remove(&file, format!("{XATTR_PREFIX}tier")),
     );
     erofs_nix(
         "mknod",
@@ -674,8 +685,7 @@ fn a_live_tier_change_is_visible_within_one_second() {
         return;
     }
     let fx = Fixture::new();
-    let mnt = fx.root.join("mnt");
-    let daemon = Daemon::start(&fx.store, &mnt, &fx.cli_args());
+    let (mnt, daemon) = fx.mount();
     let ws_only = mnt.join("ws-only/SKILL.md");
     assert!(fs::read_to_string(&ws_only)
         .unwrap()
@@ -696,12 +706,7 @@ fn a_live_tier_change_is_visible_within_one_second() {
     wait_for("the new skill", Duration::from_secs(1), || {
         mnt.join("fresh/SKILL.md").exists()
     });
-    let listed = || {
-        fs::read_dir(&mnt)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect::<Vec<_>>()
-    };
+    let listed = || names(&mnt);
     assert!(listed().contains(&"fresh".into()));
 
     // A skill removed.
@@ -783,10 +788,7 @@ fn an_open_directory_keeps_the_listing_of_its_generation() {
     );
     drop(dir);
     // A new handle sees the new generation.
-    let mut now: Vec<_> = fs::read_dir(&mnt)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
+    let mut now = names(&mnt);
     now.retain(|n| !n.starts_with('.'));
     assert_eq!(now.len(), 600);
     assert!(now.iter().any(|n| n.contains("-new-")));
@@ -799,16 +801,13 @@ fn a_corrupt_object_gives_eio_and_a_log_line_never_wrong_bytes() {
         return;
     }
     let fx = Fixture::new();
-    let mnt = fx.root.join("mnt");
-    let daemon = Daemon::start(&fx.store, &mnt, &fx.cli_args());
+    let (mnt, daemon) = fx.mount();
     let reviewer = b"You are a reviewer.\n";
     let digest = cloud_harness::fs::cas::Digest::of(reviewer);
     let hex = digest.hex();
-    let object = fx
-        .store
-        .join("objects/blob")
-        .join(&hex[..2])
-        .join(&hex[2..]);
+    let object = Store::open(&fx.store)
+        .unwrap()
+        .object_path(ObjectKind::Blob, &digest);
     chmod(&object, 0o644);
     fs::write(&object, b"You are a hacker!!!\n").unwrap(); // same length, other bytes
     let err = fs::read(mnt.join("code-review/reviewer.md")).unwrap_err();
@@ -827,8 +826,7 @@ fn sigkill_leaves_no_hung_mount_and_a_restart_works() {
         return;
     }
     let fx = Fixture::new();
-    let mnt = fx.root.join("mnt");
-    let mut daemon = Daemon::start(&fx.store, &mnt, &fx.cli_args());
+    let (mnt, mut daemon) = fx.mount();
     assert!(mnt.join("tdd/SKILL.md").exists());
     let mut child = daemon.child.take().unwrap();
     child.kill().unwrap(); // SIGKILL
@@ -859,12 +857,7 @@ fn one_tier_alone_can_be_mounted() {
     let mut args = fx.cli_args();
     args.extend(["--only".into(), "owner".into()]);
     let daemon = Daemon::start(&fx.store, &mnt, &args);
-    let mut names: Vec<String> = fs::read_dir(&mnt)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    assert_eq!(names, ["assets-skill", "code-review", "tdd"]);
+    assert_eq!(names(&mnt), ["assets-skill", "code-review", "tdd"]);
     // The owner's code-review, though the merged view would serve the same one.
     assert!(fs::read_to_string(mnt.join("code-review/SKILL.md"))
         .unwrap()

@@ -7,6 +7,7 @@
 
 use crate::cas::{Digest, Kind, Store, Tree};
 use crate::error::{Code, Error, Result};
+use crate::relpath;
 use crate::skill::{self, SkillMeta};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
@@ -49,7 +50,8 @@ impl Layout {
     /// Checks the options; each problem is an INVALID_ARGUMENT naming the field.
     pub fn validate(&self) -> Result<()> {
         if self.skill_roots.is_empty() {
-            return Err(field_error(
+            return Err(Error::field(
+                Code::InvalidArgument,
                 "layout.skillRoots",
                 "must name at least one folder",
             ));
@@ -63,7 +65,11 @@ impl Layout {
         ] {
             for p in patterns {
                 glob::Pattern::new(p).map_err(|e| {
-                    field_error(field, &format!("{p:?} is not a valid pattern: {e}"))
+                    Error::field(
+                        Code::InvalidArgument,
+                        field,
+                        format!("{p:?} is not a valid pattern: {e}"),
+                    )
                 })?;
             }
         }
@@ -71,32 +77,9 @@ impl Layout {
     }
 }
 
-fn field_error(field: &str, what: &str) -> Error {
-    Error::invalid(format!("{field}: {what}")).with_details(serde_json::json!({ "field": field }))
-}
-
 /// The path segments of a skill root: relative, inside the tree, no `..`.
 fn root_segments(root: &str) -> Result<Vec<&str>> {
-    if root.starts_with('/') || root.contains('\0') || root.contains('\\') {
-        return Err(field_error(
-            "layout.skillRoots",
-            &format!("{root:?} must be a relative path inside the toolkit"),
-        ));
-    }
-    let mut out = Vec::new();
-    for seg in root.split('/') {
-        match seg {
-            "" | "." => continue,
-            ".." => {
-                return Err(field_error(
-                    "layout.skillRoots",
-                    &format!("{root:?} must not leave the toolkit"),
-                ))
-            }
-            s => out.push(s),
-        }
-    }
-    Ok(out)
+    relpath::segments(root, "layout.skillRoots", "the toolkit")
 }
 
 /// What a skill folder holds, as far as resolution cares. A function of the folder's digest,
@@ -258,7 +241,7 @@ impl Walk<'_> {
             if entry.kind != Kind::Tree || entry.name.starts_with('.') {
                 continue;
             }
-            let child_path = join(path, &entry.name);
+            let child_path = relpath::join(path, &entry.name);
             let child = self.store.tree(&entry.digest)?;
             if child.get("SKILL.md").is_some() {
                 self.skill(&child_path, Some(entry.name.clone()), entry.digest)?;
@@ -321,14 +304,6 @@ impl Walk<'_> {
             }),
         }
         Ok(())
-    }
-}
-
-fn join(base: &str, name: &str) -> String {
-    if base.is_empty() {
-        name.to_owned()
-    } else {
-        format!("{base}/{name}")
     }
 }
 

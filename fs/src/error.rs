@@ -100,6 +100,13 @@ impl Error {
         Error::new(Code::Internal, message)
     }
 
+    /// Bad input in one named field: the message and the details both name it, so a client
+    /// can point at what to correct.
+    pub fn field(code: Code, field: &str, what: impl fmt::Display) -> Self {
+        Error::new(code, format!("{field}: {what}"))
+            .with_details(serde_json::json!({ "field": field }))
+    }
+
     /// An I/O failure on `path`, classified: a missing file is NOT_FOUND, a symlink loop or a
     /// name that is too long is INVALID_ARGUMENT (bad input), anything else INTERNAL.
     pub fn io(path: &Path, err: std::io::Error) -> Self {

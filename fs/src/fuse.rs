@@ -11,11 +11,10 @@
 
 use crate::namespace::{Attr, FileKind, Invalidation, Namespace, XATTR_PREFIX};
 use fuser::{
-    AccessFlags, BsdFileFlags, Config, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType,
-    Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, MountOption,
-    Notifier, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, Session, SessionACL, TimeOrNow, WriteFlags,
+    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, KernelConfig, LockOwner, MountOption, Notifier, OpenFlags, ReplyAttr, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr,
+    Request, Session, SessionACL,
 };
 use std::ffi::OsStr;
 use std::io;
@@ -56,11 +55,7 @@ impl SkillsFs {
             mtime: self.time,
             ctime: self.time,
             crtime: self.time,
-            kind: match a.kind {
-                FileKind::Directory => FileType::Directory,
-                FileKind::File => FileType::RegularFile,
-                FileKind::Symlink => FileType::Symlink,
-            },
+            kind: kind_of(&a),
             perm: a.perm,
             // 1 for directories too: "unknown", so no tool skips subdirectories by link count.
             nlink: 1,
@@ -183,7 +178,8 @@ impl Filesystem for SkillsFs {
         for pos in offset..total {
             let full = match pos {
                 0 => reply.add(ino, 1, FileType::Directory, "."),
-                1 => reply.add(INodeNo(listing.dir), 2, FileType::Directory, ".."),
+                // The kernel answers ".." itself; the number here is not used.
+                1 => reply.add(ino, 2, FileType::Directory, ".."),
                 _ => {
                     let c = &listing.children[(pos - 2) as usize];
                     reply.add(INodeNo(c.attr.ino), pos + 1, kind_of(&c.attr), &c.name)
@@ -212,8 +208,10 @@ impl Filesystem for SkillsFs {
         for pos in offset..total {
             let full = match pos {
                 0 | 1 => {
-                    let dir = self.ns.getattr(if pos == 0 { ino.0 } else { listing.dir });
-                    let attr = dir
+                    // The kernel links neither "." nor ".."; any directory's attributes do.
+                    let attr = self
+                        .ns
+                        .getattr(ino.0)
                         .map(|a| self.attr(a))
                         .unwrap_or_else(|_| self.negative());
                     let name = if pos == 0 { "." } else { ".." };
@@ -222,7 +220,7 @@ impl Filesystem for SkillsFs {
                 _ => {
                     let c = &listing.children[(pos - 2) as usize];
                     // Every entry the kernel receives is a lookup reference.
-                    let attr = self.attr(self.ns.remember_child(c));
+                    let attr = self.attr(self.ns.remember(c));
                     let full = reply.add(attr.ino, pos + 1, &c.name, &TTL, &attr, Generation(0));
                     if full {
                         self.ns.forget(attr.ino.0, 1);
@@ -294,165 +292,8 @@ impl Filesystem for SkillsFs {
         }
     }
 
-    fn access(&self, _req: &Request, _ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        if mask.contains(AccessFlags::W_OK) {
-            reply.error(Errno::EROFS);
-        } else {
-            reply.ok();
-        }
-    }
-
-    // Everything below would change the tree: the mount is read-only.
-
-    fn setattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
-        _size: Option<u64>,
-        _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn mknod(
-        &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
-        _rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn mkdir(
-        &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
-        reply: ReplyEntry,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn symlink(
-        &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _link_name: &OsStr,
-        _target: &Path,
-        reply: ReplyEntry,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn rename(
-        &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _newparent: INodeNo,
-        _newname: &OsStr,
-        _flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn link(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _newparent: INodeNo,
-        _newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn create(
-        &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
-        _flags: i32,
-        reply: ReplyCreate,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn setxattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn copy_file_range(
-        &self,
-        _req: &Request,
-        _ino_in: INodeNo,
-        _fh_in: FileHandle,
-        _offset_in: u64,
-        _ino_out: INodeNo,
-        _fh_out: FileHandle,
-        _offset_out: u64,
-        _len: u64,
-        _flags: CopyFileRangeFlags,
-        reply: ReplyWrite,
-    ) {
-        reply.error(Errno::EROFS);
-    }
+    // No call that would change the tree is implemented: the mount is `ro`, so the kernel
+    // answers EROFS before any such request reaches this process (the mount tests try each).
 }
 
 #[derive(Debug, Clone)]
@@ -521,11 +362,7 @@ pub fn unmount(mountpoint: &Path) -> io::Result<()> {
         }
         // Not root: the setuid helper may unmount what this user mounted.
         Err(nix::errno::Errno::EPERM) => {
-            let status = std::process::Command::new("fusermount3")
-                .arg("-u")
-                .arg("-z")
-                .arg(mountpoint)
-                .status()?;
+            let status = lazy_fusermount(mountpoint)?;
             if status.success() {
                 Ok(())
             } else {
@@ -542,14 +379,18 @@ fn clear_stale_mount(mountpoint: &Path) {
     if let Err(e) = std::fs::metadata(mountpoint) {
         if e.raw_os_error() == Some(nix::libc::ENOTCONN) {
             tracing::warn!(mountpoint = %mountpoint.display(), "detaching a stale mount");
-            let _ = std::process::Command::new("fusermount3")
-                .arg("-u")
-                .arg("-z")
-                .arg(mountpoint)
-                .status();
+            let _ = lazy_fusermount(mountpoint);
             let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
         }
     }
+}
+
+/// `fusermount3 -u -z`: the setuid helper detaches what this user mounted, even when busy.
+fn lazy_fusermount(mountpoint: &Path) -> io::Result<std::process::ExitStatus> {
+    std::process::Command::new("fusermount3")
+        .args(["-u", "-z"])
+        .arg(mountpoint)
+        .status()
 }
 
 /// Tells the kernel what a generation change made stale. Errors (an entry the kernel no

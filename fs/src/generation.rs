@@ -5,7 +5,7 @@
 //! sorted map from skill name to the skill folder's tree, plus the resolution as JSON.
 
 use crate::cas::Digest;
-use crate::resolver::{resolve, Index, Override, Source, Tier};
+use crate::resolver::{resolve, Index, Override, Provenance, Source, Tier};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -21,9 +21,7 @@ pub enum View {
 pub struct SkillOrigin {
     pub tier: Tier,
     pub source: String,
-    pub toolkit: Option<String>,
-    pub url: Option<String>,
-    pub commit: Option<String>,
+    pub provenance: Provenance,
     /// The skill's folder digest.
     pub digest: Digest,
 }
@@ -35,8 +33,11 @@ pub struct Generation {
     pub index: Arc<Index>,
     views: HashMap<View, ViewMap>,
     pub resolution_json: Arc<[u8]>,
-    empty: ViewMap,
+    /// The digest of `resolution_json`, its identity in the filesystem.
+    pub resolution_digest: Digest,
 }
+
+static EMPTY: ViewMap = BTreeMap::new();
 
 impl Generation {
     pub fn build(sources: &[Source], overrides: &[Override]) -> Generation {
@@ -54,8 +55,8 @@ impl Generation {
         Generation {
             index: Arc::new(index),
             views,
+            resolution_digest: Digest::of(&json),
             resolution_json: json.into(),
-            empty: ViewMap::new(),
         }
     }
 
@@ -64,7 +65,7 @@ impl Generation {
     }
 
     pub fn view(&self, view: View) -> &ViewMap {
-        self.views.get(&view).unwrap_or(&self.empty)
+        self.views.get(&view).unwrap_or(&EMPTY)
     }
 
     pub fn skill(&self, view: View, name: &str) -> Option<&Arc<SkillOrigin>> {
@@ -89,9 +90,7 @@ fn view_of(index: &Index) -> ViewMap {
             let origin = SkillOrigin {
                 tier: c.tier,
                 source: src.id.clone(),
-                toolkit: src.provenance.toolkit.clone(),
-                url: src.provenance.url.clone(),
-                commit: src.provenance.commit.clone(),
+                provenance: src.provenance.clone(),
                 digest: c.digest(),
             };
             (c.name.clone(), Arc::new(origin))

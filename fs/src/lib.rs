@@ -10,6 +10,7 @@ pub mod fuse;
 pub mod generation;
 pub mod live;
 pub mod namespace;
+pub mod relpath;
 pub mod resolver;
 pub mod skill;
 pub mod stack;

@@ -6,7 +6,7 @@ use crate::discovery::SkillCache;
 use crate::namespace::{Invalidation, Namespace};
 use crate::stack::StackSpec;
 use notify::{EventKind, RecursiveMode, Watcher};
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -60,7 +60,7 @@ impl Drop for LiveTiers {
     }
 }
 
-fn arm(spec: &StackSpec, tx: &Sender<Msg>) -> Option<notify::RecommendedWatcher> {
+fn arm(paths: &[(PathBuf, bool)], tx: &Sender<Msg>) -> Option<notify::RecommendedWatcher> {
     let tx = tx.clone();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         // Reads (ours included: every generation re-reads the folders) change nothing.
@@ -72,37 +72,25 @@ fn arm(spec: &StackSpec, tx: &Sender<Msg>) -> Option<notify::RecommendedWatcher>
     })
     .map_err(|e| tracing::warn!(error = %e, "cannot watch live tiers"))
     .ok()?;
-    for path in spec.live_paths() {
-        let Ok(real) = path.canonicalize() else {
-            continue;
-        };
-        // Project folders only announce skill folders appearing; skill folders, everything.
-        let mode = if is_skill_folder(spec, &path) {
+    for (path, whole) in paths {
+        let mode = if *whole {
             RecursiveMode::Recursive
         } else {
             RecursiveMode::NonRecursive
         };
-        if let Err(e) = watcher.watch(&real, mode) {
-            tracing::warn!(path = %real.display(), error = %e, "cannot watch");
+        if let Err(e) = watcher.watch(path, mode) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot watch");
         }
     }
     Some(watcher)
 }
 
-fn existing(spec: &StackSpec) -> Vec<std::path::PathBuf> {
+/// The live folders that exist now, canonical.
+fn existing(spec: &StackSpec) -> Vec<(PathBuf, bool)> {
     spec.live_paths()
-        .iter()
-        .filter_map(|p| p.canonicalize().ok())
+        .into_iter()
+        .filter_map(|(p, whole)| Some((p.canonicalize().ok()?, whole)))
         .collect()
-}
-
-fn is_skill_folder(spec: &StackSpec, path: &Path) -> bool {
-    spec.dirs.iter().any(|(_, d)| d == path)
-        || spec.repository.as_ref().is_some_and(|root| {
-            crate::stack::REPOSITORY_SKILL_DIRS
-                .iter()
-                .any(|sub| root.join(sub) == path)
-        })
 }
 
 fn run(
@@ -114,7 +102,7 @@ fn run(
     tx: Sender<Msg>,
 ) {
     let mut watched = existing(&spec);
-    let mut _watcher = arm(&spec, &tx);
+    let mut _watcher = arm(&watched, &tx);
     loop {
         match rx.recv() {
             Ok(Msg::Changed) => {}
@@ -158,7 +146,7 @@ fn run(
         let now = existing(&spec);
         if now != watched {
             watched = now;
-            _watcher = arm(&spec, &tx);
+            _watcher = arm(&watched, &tx);
         }
     }
 }

@@ -15,15 +15,16 @@
 //! reference (dropped on forget), so memory follows the kernel's own cache. Directory handles
 //! keep the listing of the generation they were opened in.
 
-use crate::cas::{Digest, Hasher, Kind, ObjectKind, Store, Tree};
+use crate::cas::{Digest, Kind, ObjectKind, Store, Tree};
 use crate::generation::{Generation, SkillOrigin, View, ViewMap};
+use crate::relpath;
 use crate::resolver::Tier;
 use lru::LruCache;
 use nix::errno::Errno;
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
 use std::hash::{Hash, Hasher as _};
-use std::io::Read;
+use std::io;
 use std::num::NonZeroUsize;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -119,7 +120,6 @@ pub struct Child {
 /// A directory's listing as of the generation it was opened in.
 #[derive(Debug)]
 pub struct Listing {
-    pub dir: u64,
     pub children: Vec<Child>,
 }
 
@@ -153,15 +153,22 @@ fn dir_attr(ino: u64) -> Attr {
         ino,
         kind: FileKind::Directory,
         size: 0,
-        perm: 0o755,
+        perm: perm_of(Kind::Tree),
     }
 }
 
-fn join(rel: &str, name: &str) -> Arc<str> {
-    if rel.is_empty() {
-        name.into()
-    } else {
-        format!("{rel}/{name}").into()
+/// Where `ident` lives among `nodes`: its inode when present (`Ok`), else the free number it
+/// would take (`Err`). Numbers are hashes of the identity; a collision moves to the next salt,
+/// so every search for a node must come through here.
+fn slot(nodes: &HashMap<u64, Arc<Node>>, ident: &Ident) -> std::result::Result<u64, u64> {
+    let mut salt = 0;
+    loop {
+        let ino = ident.ino(salt);
+        match nodes.get(&ino) {
+            Some(n) if n.ident == *ident => return Ok(ino),
+            Some(_) => salt += 1,
+            None => return Err(ino),
+        }
     }
 }
 
@@ -207,41 +214,42 @@ impl Namespace {
             .ok_or(Errno::ENOENT)
     }
 
-    /// Records one kernel reference to the child, allocating its inode number.
-    fn remember(&self, child: &Child) -> Attr {
-        let mut salt = 0;
-        loop {
-            let ino = child.ident.ino(salt);
-            if let Some(node) = self.nodes.read().expect("node lock").get(&ino) {
-                if node.ident == child.ident {
-                    node.lookups.fetch_add(1, Ordering::Relaxed);
-                    return node.attr;
-                }
-                salt += 1; // a hash collision: try the next number
-                continue;
-            }
-            let mut nodes = self.nodes.write().expect("node lock");
-            match nodes.get(&ino) {
-                Some(node) if node.ident == child.ident => {
-                    node.lookups.fetch_add(1, Ordering::Relaxed);
-                    return node.attr;
-                }
-                Some(_) => salt += 1,
-                None => {
-                    let attr = Attr { ino, ..child.attr };
-                    nodes.insert(
-                        ino,
-                        Arc::new(Node {
-                            ident: child.ident.clone(),
-                            attr,
-                            data: child.data.clone(),
-                            lookups: AtomicU64::new(1),
-                        }),
-                    );
-                    return attr;
-                }
+    /// Records one kernel reference to the child, allocating its inode number. A readdirplus
+    /// entry handed to the kernel counts as a lookup too.
+    pub fn remember(&self, child: &Child) -> Attr {
+        let add_ref = |nodes: &HashMap<u64, Arc<Node>>, ino| {
+            let node: &Arc<Node> = &nodes[&ino];
+            node.lookups.fetch_add(1, Ordering::Relaxed);
+            node.attr
+        };
+        {
+            let nodes = self.nodes.read().expect("node lock");
+            if let Ok(ino) = slot(&nodes, &child.ident) {
+                return add_ref(&nodes, ino);
             }
         }
+        let mut nodes = self.nodes.write().expect("node lock");
+        match slot(&nodes, &child.ident) {
+            Ok(ino) => add_ref(&nodes, ino),
+            Err(ino) => {
+                let attr = Attr { ino, ..child.attr };
+                nodes.insert(
+                    ino,
+                    Arc::new(Node {
+                        ident: child.ident.clone(),
+                        attr,
+                        data: child.data.clone(),
+                        lookups: AtomicU64::new(1),
+                    }),
+                );
+                attr
+            }
+        }
+    }
+
+    /// The inode of `ident` if the kernel holds it.
+    fn known(&self, ident: &Ident) -> Option<u64> {
+        slot(&self.nodes.read().expect("node lock"), ident).ok()
     }
 
     /// The kernel dropped `n` references to `ino`.
@@ -313,7 +321,7 @@ impl Namespace {
     }
 
     fn resolution_child(g: &Generation) -> Child {
-        let ident = Ident::Resolution(Digest::of(&g.resolution_json));
+        let ident = Ident::Resolution(g.resolution_digest);
         Child {
             name: RESOLUTION_FILE.to_owned(),
             attr: Attr {
@@ -347,7 +355,7 @@ impl Namespace {
     }
 
     fn tree_child(view: View, skill: &Arc<str>, rel: &str, entry: &crate::cas::Entry) -> Child {
-        let rel = join(rel, &entry.name);
+        let rel = relpath::join(rel, &entry.name).into();
         let (ident, attr) = if entry.kind == Kind::Tree {
             let ident = Ident::SkillDir {
                 view,
@@ -476,7 +484,7 @@ impl Namespace {
         self.handles
             .lock()
             .expect("handle lock")
-            .insert(fh, Arc::new(Listing { dir: ino, children }));
+            .insert(fh, Arc::new(Listing { children }));
         Ok(fh)
     }
 
@@ -487,11 +495,6 @@ impl Namespace {
             .get(&fh)
             .cloned()
             .ok_or(Errno::EBADF)
-    }
-
-    /// A readdirplus entry handed to the kernel counts as a lookup.
-    pub fn remember_child(&self, child: &Child) -> Attr {
-        self.remember(child)
     }
 
     pub fn releasedir(&self, fh: u64) {
@@ -567,16 +570,9 @@ impl Namespace {
             .get(digest)
             .is_some();
         if !known_good {
-            let mut hasher = Hasher::default();
-            let mut buf = vec![0u8; 256 << 10];
-            loop {
-                let n = file.read(&mut buf).map_err(|_| Errno::EIO)?;
-                if n == 0 {
-                    break;
-                }
-                hasher.update(&buf[..n]);
-            }
-            if hasher.finish() != *digest {
+            let (content, _) =
+                Digest::of_stream(&mut file, &mut io::sink()).map_err(|_| Errno::EIO)?;
+            if content != *digest {
                 tracing::error!(object = %digest, path = %path.display(), "corrupt object: its content does not match its digest; serving EIO");
                 return Err(Errno::EIO);
             }
@@ -612,13 +608,13 @@ impl Namespace {
                 put("skill", skill.to_string());
                 put("tier", origin.tier.to_string());
                 put("source", origin.source.clone());
-                if let Some(t) = &origin.toolkit {
+                if let Some(t) = &origin.provenance.toolkit {
                     put("toolkit", t.clone());
                 }
-                if let Some(u) = &origin.url {
+                if let Some(u) = &origin.provenance.url {
                     put("url", u.clone());
                 }
-                if let Some(c) = &origin.commit {
+                if let Some(c) = &origin.provenance.commit {
                     put("commit", c.clone());
                 }
                 put("skill-digest", origin.digest.to_string());
@@ -641,23 +637,18 @@ impl Namespace {
             next.clone(),
         );
         let mut out = Vec::new();
-        let known = |ident: &Ident| -> Option<u64> {
-            let ino = ident.ino(0);
-            let nodes = self.nodes.read().expect("node lock");
-            nodes.get(&ino).filter(|n| n.ident == *ident).map(|_| ino)
-        };
 
         let root_view = self.root_view;
         let mut root_changed = self.diff_view(&prev, &next, root_view, ROOT_INO, &mut out);
         if self.root_is_merged() {
-            if prev.resolution_json != next.resolution_json {
+            if prev.resolution_digest != next.resolution_digest {
                 out.push(Invalidation::Entry {
                     parent: ROOT_INO,
                     name: RESOLUTION_FILE.into(),
                 });
                 root_changed = true;
             }
-            if let Some(tiers_ino) = known(&Ident::TiersDir) {
+            if let Some(tiers_ino) = self.known(&Ident::TiersDir) {
                 let before: BTreeSet<Tier> = prev.tiers().collect();
                 let after: BTreeSet<Tier> = next.tiers().collect();
                 for t in before.symmetric_difference(&after) {
@@ -671,7 +662,7 @@ impl Namespace {
                 }
             }
             for tier in Tier::ALL {
-                if let Some(ino) = known(&Ident::TierDir(tier)) {
+                if let Some(ino) = self.known(&Ident::TierDir(tier)) {
                     if self.diff_view(&prev, &next, View::Tier(tier), ino, &mut out) {
                         out.push(Invalidation::Inode { ino });
                     }
@@ -724,16 +715,9 @@ impl Namespace {
 
     /// Differences inside a skill folder the kernel knows.
     fn diff_tree(&self, dir: &Ident, old: &Digest, new: &Digest, out: &mut Vec<Invalidation>) {
-        let ino = dir.ino(0);
-        let known = self
-            .nodes
-            .read()
-            .expect("node lock")
-            .get(&ino)
-            .is_some_and(|n| n.ident == *dir);
-        if !known || old == new {
+        let Some(ino) = self.known(dir).filter(|_| old != new) else {
             return;
-        }
+        };
         let (Ok(a), Ok(b)) = (self.tree(old), self.tree(new)) else {
             out.push(Invalidation::Inode { ino });
             return;
@@ -757,7 +741,7 @@ impl Namespace {
                     let child = Ident::SkillDir {
                         view: *view,
                         skill: skill.clone(),
-                        rel: join(rel, name),
+                        rel: relpath::join(rel, name).into(),
                     };
                     self.diff_tree(&child, &x.digest, &y.digest, out);
                 }

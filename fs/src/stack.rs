@@ -128,18 +128,20 @@ impl StackSpec {
         ))
     }
 
-    /// The folders whose changes make a new generation: every skill folder, and the project
-    /// folders where `.agents/skills` or `.claude/skills` may appear.
-    pub fn live_paths(&self) -> Vec<PathBuf> {
-        let mut out: Vec<PathBuf> = self.dirs.iter().map(|(_, d)| d.clone()).collect();
+    /// The folders whose changes make a new generation, each with whether its whole subtree
+    /// counts: every skill folder (all of it), and the project folders where `.agents/skills`
+    /// or `.claude/skills` may appear (their own entries only).
+    pub fn live_paths(&self) -> Vec<(PathBuf, bool)> {
+        let mut out: Vec<(PathBuf, bool)> =
+            self.dirs.iter().map(|(_, d)| (d.clone(), true)).collect();
         if let Some(root) = &self.repository {
-            out.push(root.clone());
+            out.push((root.clone(), false));
             for sub in REPOSITORY_SKILL_DIRS {
                 let dir = root.join(sub);
                 if let Some(parent) = dir.parent() {
-                    out.push(parent.to_path_buf());
+                    out.push((parent.to_path_buf(), false));
                 }
-                out.push(dir);
+                out.push((dir, true));
             }
         }
         out

@@ -1,13 +1,12 @@
 //! Checking the store (`cas verify`) and collecting its garbage (`cas gc`).
 
-use super::digest::{Digest, Hasher};
+use super::digest::Digest;
 use super::store::{ObjectKind, Store};
 use super::tree::Tree;
 use crate::error::{Error, Result};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -58,18 +57,7 @@ fn object_files(store: &Store, kind: ObjectKind) -> Result<Vec<(PathBuf, Option<
 }
 
 fn hash_file(path: &Path) -> std::io::Result<(Digest, u64)> {
-    let mut file = File::open(path)?;
-    let mut hasher = Hasher::default();
-    let mut buf = vec![0u8; 256 << 10];
-    let mut size = 0u64;
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            return Ok((hasher.finish(), size));
-        }
-        size += n as u64;
-        hasher.update(&buf[..n]);
-    }
+    Digest::of_stream(&mut File::open(path)?, &mut std::io::sink())
 }
 
 impl Store {

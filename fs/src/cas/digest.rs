@@ -4,6 +4,7 @@ use crate::error::{Error, Result};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest as _, Sha256};
 use std::fmt;
+use std::io::{self, Read, Write};
 use std::str::FromStr;
 
 /// A SHA-256 digest. Displayed and parsed as `sha256:<64 lowercase hex>`.
@@ -50,6 +51,27 @@ impl Hasher {
 
     pub fn finish(self) -> Digest {
         Digest(self.0.finalize().into())
+    }
+}
+
+impl Digest {
+    /// The digest of everything `reader` yields, and its length. Each piece is written on to
+    /// `sink` as well (`io::sink()` to hash only), so a copy can be checked as it is made.
+    pub fn of_stream(reader: &mut impl Read, sink: &mut impl Write) -> io::Result<(Digest, u64)> {
+        let mut hasher = Hasher::default();
+        let mut buf = vec![0u8; 256 << 10];
+        let mut size = 0u64;
+        loop {
+            let n = match reader.read(&mut buf) {
+                Ok(0) => return Ok((hasher.finish(), size)),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            size += n as u64;
+            hasher.update(&buf[..n]);
+            sink.write_all(&buf[..n])?;
+        }
     }
 }
 

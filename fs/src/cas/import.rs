@@ -1,13 +1,13 @@
 //! Importing a directory into the store, and materializing a tree back into one.
 
-use super::digest::{Digest, Hasher};
+use super::digest::Digest;
 use super::store::{ObjectKind, Store, Writer};
 use super::tree::{Entry, Kind, Tree};
 use crate::error::{Error, Result};
 use serde::Serialize;
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -317,17 +317,8 @@ fn copy_verified(store: &Store, digest: &Digest, path: &Path) -> Result<()> {
     let src_path = store.object_path(ObjectKind::Blob, digest);
     let mut src = File::open(&src_path).map_err(|e| Error::io(&src_path, e))?;
     let mut dst = File::create(path).map_err(|e| Error::io(path, e))?;
-    let mut hasher = Hasher::default();
-    let mut buf = vec![0u8; 256 << 10];
-    loop {
-        let n = src.read(&mut buf).map_err(|e| Error::io(&src_path, e))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        dst.write_all(&buf[..n]).map_err(|e| Error::io(path, e))?;
-    }
-    if hasher.finish() != *digest {
+    let (copied, _) = Digest::of_stream(&mut src, &mut dst).map_err(|e| Error::io(path, e))?;
+    if copied != *digest {
         tracing::error!(object = %digest, "corrupt object");
         return Err(Error::internal(format!(
             "object {digest} is corrupt: its content does not match its digest"
