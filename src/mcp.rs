@@ -335,10 +335,7 @@ impl HarnessServer {
         args: RunArgs,
         context: RequestContext<RoleServer>,
     ) -> Result<Value, Error> {
-        check_skill_path(&args.script).map_err(|e| {
-            Error::invalid(e.message.replacen("path", "script", 1))
-                .with_details(json!({ "field": "script" }))
-        })?;
+        check_skill_path(&args.script, "script")?;
         for (i, a) in args.args.iter().enumerate() {
             if a.contains('\0') || a.len() > 32 << 10 {
                 return Err(Error::invalid(format!(

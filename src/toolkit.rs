@@ -5,7 +5,7 @@
 use crate::presets;
 use crate::provision::hosts::HostPolicy;
 use cloud_harness_fs::discovery::Layout;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_fs::{relpath, Code, Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 
@@ -101,14 +101,10 @@ pub struct Toolkit {
     pub session_start_skill: Option<String>,
 }
 
-fn field_error(code: Code, field: &str, what: impl std::fmt::Display) -> Error {
-    Error::new(code, format!("{field}: {what}")).with_details(serde_json::json!({ "field": field }))
-}
-
 /// Parses one toolkit spec from JSON; errors name the field.
 pub fn parse_spec(json: &str) -> Result<ToolkitSpec> {
     let value: serde_json::Value = serde_json::from_str(json)
-        .map_err(|e| field_error(Code::InvalidArgument, "toolkit", format!("not JSON: {e}")))?;
+        .map_err(|e| Error::field(Code::InvalidArgument, "toolkit", format!("not JSON: {e}")))?;
     spec_from_value(value)
 }
 
@@ -119,7 +115,7 @@ pub fn spec_from_value(mut value: serde_json::Value) -> Result<ToolkitSpec> {
         crate::input::parse(value, "toolkit")
     }
     let Some(object) = value.as_object_mut() else {
-        return Err(field_error(
+        return Err(Error::field(
             Code::InvalidArgument,
             "toolkit",
             "must be a JSON object",
@@ -129,12 +125,12 @@ pub fn spec_from_value(mut value: serde_json::Value) -> Result<ToolkitSpec> {
     match kind.as_ref().and_then(|k| k.as_str()) {
         Some("preset") => Ok(ToolkitSpec::Preset(typed(value)?)),
         Some("git") => Ok(ToolkitSpec::Git(typed(value)?)),
-        Some(other) => Err(field_error(
+        Some(other) => Err(Error::field(
             Code::InvalidArgument,
             "kind",
             format!("{other:?} is neither \"preset\" nor \"git\""),
         )),
-        None => Err(field_error(
+        None => Err(Error::field(
             Code::InvalidArgument,
             "kind",
             "missing: \"preset\" or \"git\"",
@@ -154,7 +150,7 @@ fn check_instance_id(id: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(field_error(
+        Err(Error::field(
             Code::InvalidArgument,
             "instanceId",
             format!("{id:?} must be 1-80 letters, digits, `-` or `_`"),
@@ -166,7 +162,7 @@ fn check_ref(field: &str, r: &str) -> Result<Revision> {
     if is_hex_commit(r) {
         return Ok(Revision::Commit(r.to_owned()));
     }
-    Err(field_error(
+    Err(Error::field(
         Code::InvalidArgument,
         field,
         format!("{r:?} is not an exact commit id (40 or 64 lowercase hex digits); branch names move and are refused"),
@@ -175,25 +171,7 @@ fn check_ref(field: &str, r: &str) -> Result<Revision> {
 
 /// A relative path inside the repository, normalized to `a/b`.
 fn check_subdirectory(sub: &str) -> Result<String> {
-    let bad = |why: &str| {
-        field_error(
-            Code::InvalidArgument,
-            "subdirectory",
-            format!("{sub:?} {why}"),
-        )
-    };
-    if sub.starts_with('/') || sub.contains('\\') || sub.contains('\0') {
-        return Err(bad("must be a relative path inside the repository"));
-    }
-    let mut parts = Vec::new();
-    for part in sub.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => return Err(bad("must not leave the repository")),
-            p => parts.push(p),
-        }
-    }
-    Ok(parts.join("/"))
+    Ok(relpath::segments(sub, "subdirectory", "the repository")?.join("/"))
 }
 
 impl ToolkitSpec {
@@ -203,7 +181,7 @@ impl ToolkitSpec {
             ToolkitSpec::Preset(p) => {
                 let preset = presets::find(&p.id).ok_or_else(|| {
                     let known: Vec<&str> = presets::all().iter().map(|p| p.id.as_str()).collect();
-                    field_error(
+                    Error::field(
                         Code::InvalidArgument,
                         "id",
                         format!("unknown preset {:?} (known: {})", p.id, known.join(", ")),
@@ -216,7 +194,7 @@ impl ToolkitSpec {
                         let valid = gix::validate::reference::name_partial(v.into()).is_ok()
                             && !v.starts_with('-');
                         if !valid {
-                            return Err(field_error(
+                            return Err(Error::field(
                                 Code::InvalidArgument,
                                 "version",
                                 format!("{v:?} is neither a commit id nor a valid tag name"),
@@ -295,7 +273,7 @@ pub fn resolve_request(specs: &[ToolkitSpec], hosts: &HostPolicy) -> Result<Vec<
         let toolkit = spec.resolve(hosts).map_err(|e| in_request(e, i))?;
         if !seen.insert(toolkit.instance_id.clone()) {
             let field = format!("toolkits[{i}].instanceId");
-            return Err(field_error(
+            return Err(Error::field(
                 Code::InvalidArgument,
                 &field,
                 format!("{:?} is used twice in this request", toolkit.instance_id),

@@ -22,7 +22,7 @@ use cloud_harness_fs::live::{LiveTiers, Target};
 use cloud_harness_fs::namespace::{FileKind, Namespace, ROOT_INO};
 use cloud_harness_fs::resolver::{Candidate, Index, Tier};
 use cloud_harness_fs::stack::StackSpec;
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_fs::{relpath, Code, Error, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -123,10 +123,6 @@ fn new_id() -> String {
     format!("ws_{}", uuid::Uuid::new_v4().simple())
 }
 
-fn field_error(field: &str, what: impl std::fmt::Display) -> Error {
-    Error::invalid(format!("{field}: {what}")).with_details(json!({ "field": field }))
-}
-
 /// Removes a half-made workspace unless disarmed.
 struct Cleanup(Option<PathBuf>);
 
@@ -218,7 +214,8 @@ impl Workspaces {
     pub fn open(&self, request: OpenRequest) -> Result<Value> {
         let key = request.idempotency_key.clone();
         if key.is_empty() || key.chars().count() > 200 || key.chars().any(char::is_control) {
-            return Err(field_error(
+            return Err(Error::field(
+                Code::InvalidArgument,
                 "idempotencyKey",
                 "must be 1-200 characters, none of them control characters",
             ));
@@ -230,7 +227,8 @@ impl Workspaces {
                 .enumerate()
                 .find(|(_, t)| t.scope == Scope::Workspace)
             {
-                return Err(field_error(
+                return Err(Error::field(
+                Code::InvalidArgument,
                     "allowToolkitWorkspaceChanges",
                     format!("toolkits[{i}] has scope `workspace`, which writes into the working tree; set allowToolkitWorkspaceChanges to true to allow it"),
                 ));
@@ -715,27 +713,22 @@ pub struct Page {
     pub next_offset: Option<u64>,
 }
 
-/// A relative path inside a skill: no `..`, no absolute path, no NUL, no empty component.
-pub fn check_skill_path(path: &str) -> Result<Vec<&str>> {
-    let bad = |why: &str| field_error("path", format!("{path:?} {why}"));
+/// A file inside a skill, given in `field`: relative, inside the skill folder, naming a file.
+pub fn check_skill_path<'a>(path: &'a str, field: &str) -> Result<Vec<&'a str>> {
     if path.len() > 4096 {
-        return Err(bad("is longer than 4096 bytes"));
+        return Err(Error::field(
+            Code::InvalidArgument,
+            field,
+            format!("{path:?} is longer than 4096 bytes"),
+        ));
     }
-    if path.starts_with('/') {
-        return Err(bad("must be relative to the skill folder"));
-    }
-    if path.contains('\0') || path.contains('\\') {
-        return Err(bad("holds a NUL byte or a backslash"));
-    }
-    let parts: Vec<&str> = path
-        .split('/')
-        .filter(|p| !p.is_empty() && *p != ".")
-        .collect();
-    if parts.contains(&"..") {
-        return Err(bad("must stay inside the skill folder"));
-    }
+    let parts = relpath::segments(path, field, "the skill folder")?;
     if parts.is_empty() {
-        return Err(bad("names no file"));
+        return Err(Error::field(
+            Code::InvalidArgument,
+            field,
+            format!("{path:?} names no file"),
+        ));
     }
     Ok(parts)
 }
@@ -852,7 +845,7 @@ impl Workspace {
 
     /// Reads a page of a skill's file, through the mount when there is one.
     pub fn read(&self, skill: &str, path: &str, offset: u64, length: u64) -> Result<Page> {
-        let parts = check_skill_path(path)?;
+        let parts = check_skill_path(path, "path")?;
         let (_, folder) = self.skill(skill)?;
         let (size, bytes) = match folder {
             Some(folder) => read_file(&folder.join(parts.join("/")), offset, length, path)?,
@@ -906,7 +899,11 @@ impl Workspace {
         }
         let attr = self.merged.getattr(ino).map_err(|_| missing())?;
         if attr.kind == FileKind::Directory {
-            return Err(field_error("path", format!("{shown:?} is a folder")));
+            return Err(Error::field(
+                Code::InvalidArgument,
+                "path",
+                format!("{shown:?} is a folder"),
+            ));
         }
         let want = length.min(attr.size.saturating_sub(offset)) as u32;
         let bytes = self
@@ -932,7 +929,11 @@ fn read_file(path: &Path, offset: u64, length: u64, shown: &str) -> Result<(u64,
     })?;
     let meta = file.metadata().map_err(|e| Error::io(path, e))?;
     if meta.is_dir() {
-        return Err(field_error("path", format!("{shown:?} is a folder")));
+        return Err(Error::field(
+            Code::InvalidArgument,
+            "path",
+            format!("{shown:?} is a folder"),
+        ));
     }
     file.seek(SeekFrom::Start(offset))
         .map_err(|e| Error::io(path, e))?;

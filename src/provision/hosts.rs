@@ -28,10 +28,6 @@ fn normalize_host(host: &str) -> Option<String> {
     Some(ascii.to_ascii_lowercase())
 }
 
-fn field_error(code: Code, field: &str, what: impl std::fmt::Display) -> Error {
-    Error::new(code, format!("{field}: {what}")).with_details(serde_json::json!({ "field": field }))
-}
-
 impl HostPolicy {
     /// `ALLOWED_GIT_HOSTS` (comma-separated, default `github.com`) and
     /// `CLOUD_HARNESS_URL_REWRITE` (`FROM=TO` pairs, comma-separated).
@@ -121,7 +117,7 @@ impl HostPolicy {
         let host = parsed
             .host_str()
             .and_then(|h| normalize_host(h.trim_start_matches('[').trim_end_matches(']')))
-            .ok_or_else(|| field_error(Code::InvalidArgument, field, "the URL has no host"))?;
+            .ok_or_else(|| Error::field(Code::InvalidArgument, field, "the URL has no host"))?;
         let port = parsed.port_or_known_default().unwrap_or(443);
         if !self.allows(&host, port) {
             let via = if fetched != url {
@@ -129,7 +125,7 @@ impl HostPolicy {
             } else {
                 String::new()
             };
-            return Err(field_error(
+            return Err(Error::field(
                 Code::Forbidden,
                 field,
                 format!("{host}:{port}{via} is not on ALLOWED_GIT_HOSTS"),
@@ -141,28 +137,28 @@ impl HostPolicy {
 
 fn check_shape(url: &str, field: &str) -> Result<url::Url> {
     let parsed = url::Url::parse(url).map_err(|e| {
-        field_error(
+        Error::field(
             Code::InvalidArgument,
             field,
             format!("{url:?} is not a URL: {e}"),
         )
     })?;
     if parsed.scheme() != "https" {
-        return Err(field_error(
+        return Err(Error::field(
             Code::InvalidArgument,
             field,
             format!("{url:?} must use https"),
         ));
     }
     if !parsed.username().is_empty() || parsed.password().is_some() {
-        return Err(field_error(
+        return Err(Error::field(
             Code::InvalidArgument,
             field,
             "the URL must not carry credentials or an `@`",
         ));
     }
     if parsed.query().is_some() || parsed.fragment().is_some() {
-        return Err(field_error(
+        return Err(Error::field(
             Code::InvalidArgument,
             field,
             "the URL must not carry a query or a fragment",
