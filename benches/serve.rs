@@ -1,10 +1,9 @@
-//! `workspace_open` on a warm store (three toolkits, 100 skills; no network), median and p99,
+//! `workspace_open` on a warm store (three toolkits, 100 skills; no network), median and max,
 //! and `skills_list` over 10,000 skills.
 //!
 //! `cargo bench --bench serve` (mounts for real when run as root with /dev/fuse; otherwise
 //! without mounts, and says so).
 
-use cloud_harness::mcp::HarnessServer;
 use cloud_harness::provision::fetch::Transport;
 use cloud_harness::provision::hosts::HostPolicy;
 use cloud_harness::provision::index::{BundleIndex, BundleKey, BundleRecord};
@@ -96,7 +95,6 @@ fn main() {
     );
     let workspaces =
         Arc::new(Workspaces::new(tmp.path().join("home"), provisioner, mounting).unwrap());
-    let _server = HarnessServer::new(workspaces.clone());
 
     let mut opens = Vec::new();
     for i in 0..OPENS {
@@ -148,16 +146,16 @@ fn main() {
             "no mounts (not root or no /dev/fuse)"
         }
     );
-    println!("| what | median | p99 | goal |");
+    println!("| what | median | max | goal |");
     println!("|---|---|---|---|");
     println!(
         "| workspace_open, warm | {:.1} ms | {:.1} ms | median < 100 ms |",
         percentile(opens.clone(), 0.5).as_secs_f64() * 1e3,
-        percentile(opens, 0.99).as_secs_f64() * 1e3
+        percentile(opens, 1.0).as_secs_f64() * 1e3
     );
     println!(
         "| skills_list over 10,000 skills (listed and serialized) | {:.1} ms | {:.1} ms | < 20 ms |",
         percentile(lists.clone(), 0.5).as_secs_f64() * 1e3,
-        percentile(lists, 0.99).as_secs_f64() * 1e3
+        percentile(lists, 1.0).as_secs_f64() * 1e3
     );
 }

@@ -26,8 +26,7 @@ pub struct MountArgs {
     /// Let every user read the mount (otherwise root and the mounting user).
     #[arg(long)]
     pub allow_other: bool,
-    /// Worker threads serving the kernel (default: one per CPU; measured on 2 cores, one
-    /// per core serves parallel readers best while a lone reader loses little).
+    /// Worker threads serving the kernel (default: one per CPU, at most 8).
     #[arg(long)]
     pub threads: Option<usize>,
 }
