@@ -8,12 +8,7 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use cloud_harness::provision::fetch::Transport;
-use cloud_harness::provision::hosts::HostPolicy;
-use cloud_harness::provision::proxy::EgressPolicy;
 use cloud_harness::provision::sandbox::Sandbox;
-use cloud_harness::provision::staging::Limits;
-use cloud_harness::provision::Provisioner;
 use cloud_harness::toolkit::{GitSpec, ToolkitSpec};
 use cloud_harness_fs::cas::Store;
 use std::process::{Command, Stdio};
@@ -38,20 +33,7 @@ fn main() {
         "CARGO_BIN_EXE_cloud-harness"
     )));
     let address = match &sandbox {
-        Some(_) => {
-            let out = Command::new("ip")
-                .args(["-4", "-o", "addr", "show", "docker0"])
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            let cidr = text
-                .split_whitespace()
-                .skip_while(|w| *w != "inet")
-                .nth(1)
-                .unwrap()
-                .to_owned();
-            cidr.split('/').next().unwrap().to_owned()
-        }
+        Some(_) => support::bridge_address(),
         None => "127.0.0.1".to_owned(),
     };
     let server = support::GitServer::start_on(&repos, &certs, &address);
@@ -98,18 +80,15 @@ fn main() {
     let url = server.url("toolkit.git");
 
     let provisioner = |store: Store, sandbox: Option<Sandbox>| {
-        let hosts = HostPolicy::new(&server.host(), "").unwrap();
-        let egress = EgressPolicy::new(
-            hosts.clone(),
-            &format!("{address}/32"),
-            &format!("localhost={address}"),
-        )
-        .unwrap();
-        let transport = Transport {
-            extra_ca: Some(std::fs::read(&certs.ca).unwrap()),
-            proxy: None,
-        };
-        Provisioner::new(store, hosts, transport, Limits::default(), egress).with_sandbox(sandbox)
+        server
+            .provisioner(
+                &certs,
+                store,
+                "",
+                &format!("{address}/32"),
+                &format!("localhost={address}"),
+            )
+            .with_sandbox(sandbox)
     };
     let spec = ToolkitSpec::Git(GitSpec {
         instance_id: "bench".into(),
@@ -121,7 +100,7 @@ fn main() {
         skills: None,
     });
     let toolkit = spec
-        .resolve(&provisioner(Store::open(tmp.path().join("probe")).unwrap(), None).hosts)
+        .resolve(provisioner(Store::open(tmp.path().join("probe")).unwrap(), None).hosts())
         .unwrap();
     if let Some(s) = &sandbox {
         // The helper image is built once; that is not what is measured.

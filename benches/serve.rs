@@ -88,7 +88,6 @@ fn main() {
     // Any connection attempt would fail: nothing is listening for bench.invalid.
     let provisioner = Provisioner::new(
         store.clone(),
-        hosts.clone(),
         Transport::default(),
         Limits::default(),
         EgressPolicy::new(hosts, "", "").unwrap(),

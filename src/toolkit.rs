@@ -82,6 +82,27 @@ pub enum Revision {
     DefaultHead,
 }
 
+impl Revision {
+    /// The form a helper container is handed: `commit:<id>`, `tag:<name>` or `head`.
+    pub fn to_arg(&self) -> String {
+        match self {
+            Revision::Commit(c) => format!("commit:{c}"),
+            Revision::Tag(t) => format!("tag:{t}"),
+            Revision::DefaultHead => "head".into(),
+        }
+    }
+
+    /// Reads [`Revision::to_arg`] back.
+    pub fn from_arg(arg: &str) -> Option<Revision> {
+        match arg.split_once(':') {
+            Some(("commit", c)) => Some(Revision::Commit(c.to_owned())),
+            Some(("tag", t)) => Some(Revision::Tag(t.to_owned())),
+            _ if arg == "head" => Some(Revision::DefaultHead),
+            _ => None,
+        }
+    }
+}
+
 /// A validated toolkit request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -282,4 +303,21 @@ pub fn resolve_request(specs: &[ToolkitSpec], hosts: &HostPolicy) -> Result<Vec<
         out.push(toolkit);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Revision;
+
+    #[test]
+    fn a_revision_survives_the_trip_to_a_helper() {
+        for r in [
+            Revision::Commit("a".repeat(40)),
+            Revision::Tag("v1.2".into()),
+            Revision::DefaultHead,
+        ] {
+            assert_eq!(Revision::from_arg(&r.to_arg()), Some(r));
+        }
+        assert_eq!(Revision::from_arg("main"), None);
+    }
 }

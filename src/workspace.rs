@@ -220,7 +220,7 @@ impl Workspaces {
                 "must be 1-200 characters, none of them control characters",
             ));
         }
-        let toolkits = toolkit::resolve_request(&request.toolkits, &self.provisioner.hosts)?;
+        let toolkits = toolkit::resolve_request(&request.toolkits, self.provisioner.hosts())?;
         if !request.allow_toolkit_workspace_changes {
             if let Some((i, _)) = toolkits
                 .iter()
@@ -235,7 +235,7 @@ impl Workspaces {
             }
         }
         let repo_url = match &request.repository_url {
-            Some(url) => Some(self.provisioner.hosts.check(url, "repositoryUrl")?),
+            Some(url) => Some(self.provisioner.hosts().check(url, "repositoryUrl")?),
             None => None,
         };
         let digest = request.digest();

@@ -3,10 +3,7 @@
 
 mod support;
 
-use cloud_harness::provision::fetch::Transport;
 use cloud_harness::provision::hosts::HostPolicy;
-use cloud_harness::provision::proxy::EgressPolicy;
-use cloud_harness::provision::staging::Limits;
 use cloud_harness::provision::{Acquired, Provisioner};
 use cloud_harness::toolkit::{self, GitSpec, LayoutSpec, PresetSpec, ToolkitSpec};
 use cloud_harness_fs::cas::{materialize, Store};
@@ -42,25 +39,14 @@ fn world() -> World {
 
 impl World {
     fn provisioner(&self, rewrites: &str) -> Provisioner {
-        let hosts = HostPolicy::new(&self.server.host(), rewrites).unwrap();
         // The test server is on loopback, which the egress proxy opens only when told to.
-        let egress = EgressPolicy::new(hosts.clone(), "127.0.0.0/8", "").unwrap();
-        let transport = Transport {
-            extra_ca: Some(fs::read(&self.certs.ca).unwrap()),
-            proxy: None,
-        };
-        Provisioner::new(
-            self.store.clone(),
-            hosts,
-            transport,
-            Limits::default(),
-            egress,
-        )
+        self.server
+            .provisioner(&self.certs, self.store.clone(), rewrites, "127.0.0.0/8", "")
     }
 
     fn acquire(&self, spec: ToolkitSpec) -> Result<Acquired, Error> {
         let p = self.provisioner("");
-        p.acquire(&spec.resolve(&p.hosts)?)
+        p.acquire(&spec.resolve(p.hosts())?)
     }
 
     /// The bundle written out as plain files.
@@ -150,7 +136,7 @@ fn a_bucketed_preset_through_a_mirror() {
         scope: None,
         version: Some(commit.clone()),
     });
-    let t = spec.resolve(&p.hosts).unwrap();
+    let t = spec.resolve(p.hosts()).unwrap();
     let a = p.acquire(&t).unwrap();
     assert!(!a.warm);
     assert_eq!(
@@ -242,7 +228,7 @@ fn a_flat_preset_keeps_sibling_links_and_executable_scripts() {
         scope: None,
         version: None,
     });
-    let t = spec.resolve(&p.hosts).unwrap();
+    let t = spec.resolve(p.hosts()).unwrap();
     assert_eq!(t.session_start_skill.as_deref(), Some("using-superpowers"));
     let a = p.acquire(&t).unwrap();
     assert_eq!(a.record.skills, 3);
@@ -418,7 +404,7 @@ fn a_tag_version_is_resolved_once_then_pinned() {
         scope: None,
         version: Some("v1.0".into()),
     });
-    let t = spec.resolve(&p.hosts).unwrap();
+    let t = spec.resolve(p.hosts()).unwrap();
     let a = p.acquire(&t).unwrap();
     assert_eq!(a.record.key.commit, c1);
     assert!(p.acquire(&t).unwrap().warm);
@@ -907,20 +893,12 @@ fn the_egress_proxy_refuses_a_loopback_server_unless_its_range_is_opened() {
     let w = world();
     let repo = Repo::create(&w.repos, "kit.git", false);
     let commit = repo.commit(dir(vec![("skills", dir(vec![("a", skill("a", "a"))]))]));
-    let hosts = HostPolicy::new(&w.server.host(), "").unwrap();
-    let closed = Provisioner::new(
-        w.store.clone(),
-        hosts.clone(),
-        Transport {
-            extra_ca: Some(fs::read(&w.certs.ca).unwrap()),
-            proxy: None,
-        },
-        Limits::default(),
-        EgressPolicy::new(hosts.clone(), "", "").unwrap(),
-    );
+    let closed = w.server.provisioner(&w.certs, w.store.clone(), "", "", "");
     let spec = ToolkitSpec::Git(git(w.server.url("kit.git"), "kit", Some(&commit)));
     let before = w.server.requests();
-    let err = closed.acquire(&spec.resolve(&hosts).unwrap()).unwrap_err();
+    let err = closed
+        .acquire(&spec.resolve(closed.hosts()).unwrap())
+        .unwrap_err();
     assert_eq!(err.code, Code::Forbidden, "{err}");
     assert!(err.message.contains("loopback"), "{err}");
     assert_eq!(w.server.requests(), before, "nothing reached the server");

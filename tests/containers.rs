@@ -5,9 +5,6 @@
 
 mod support;
 
-use cloud_harness::provision::fetch::Transport;
-use cloud_harness::provision::hosts::HostPolicy;
-use cloud_harness::provision::proxy::EgressPolicy;
 use cloud_harness::provision::sandbox::Sandbox;
 use cloud_harness::provision::staging::Limits;
 use cloud_harness::provision::Provisioner;
@@ -32,21 +29,6 @@ fn sandbox() -> Option<Sandbox> {
         eprintln!("skipped: no Docker engine");
     }
     found
-}
-
-/// This machine's address on the Docker bridge, where the proxy container finds the server.
-fn bridge_address() -> String {
-    let out = Command::new("ip")
-        .args(["-4", "-o", "addr", "show", "docker0"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.split_whitespace()
-        .skip_while(|w| *w != "inet")
-        .nth(1)
-        .and_then(|cidr| cidr.split('/').next())
-        .expect("docker0 has an IPv4 address")
-        .to_owned()
 }
 
 fn leftovers() -> (String, String) {
@@ -78,7 +60,7 @@ fn world(slow: f64) -> World {
     let repos = tmp.path().join("repos");
     std::fs::create_dir_all(&repos).unwrap();
     let certs = Certs::new(&tmp.path().join("certs"));
-    let bridge = bridge_address();
+    let bridge = support::bridge_address();
     let server = GitServer::start_with(&repos, &certs, &bridge, slow);
     let repo = Repo::create(&repos, "team/skills.git", false);
     let commit = repo.commit(dir(vec![(
@@ -101,21 +83,17 @@ fn world(slow: f64) -> World {
 
 impl World {
     fn provisioner(&self, sandbox: Sandbox, limits: Limits) -> Provisioner {
-        let hosts = HostPolicy::new(&self.server.host(), "").unwrap();
         // The proxy may reach exactly the test server: its name pinned to the bridge address,
         // and only that address opened.
-        let egress = EgressPolicy::new(
-            hosts.clone(),
+        let mut p = self.server.provisioner(
+            &self.certs,
+            self.store.clone(),
+            "",
             &format!("{}/32", self.bridge),
             &format!("localhost={}", self.bridge),
-        )
-        .unwrap();
-        let transport = Transport {
-            extra_ca: Some(std::fs::read(&self.certs.ca).unwrap()),
-            proxy: None,
-        };
-        Provisioner::new(self.store.clone(), hosts, transport, limits, egress)
-            .with_sandbox(Some(sandbox))
+        );
+        p.limits = limits;
+        p.with_sandbox(Some(sandbox))
     }
 
     fn spec(&self) -> ToolkitSpec {
@@ -149,7 +127,7 @@ fn a_toolkit_is_fetched_through_a_helper_container_and_the_proxy() {
     let Some(sandbox) = sandbox() else { return };
     let w = world(0.0);
     let p = w.provisioner(sandbox, Limits::default());
-    let t = w.spec().resolve(&p.hosts).unwrap();
+    let t = w.spec().resolve(p.hosts()).unwrap();
     let a = p.acquire(&t).unwrap();
     assert_eq!(a.mode, "container");
     assert_eq!(a.record.skills, 2);
@@ -168,17 +146,8 @@ fn a_toolkit_is_fetched_through_a_helper_container_and_the_proxy() {
 fn a_helper_cannot_reach_anything_but_the_proxy() {
     let Some(sandbox) = sandbox() else { return };
     let w = world(0.0);
-    let hosts = HostPolicy::new(&w.server.host(), "").unwrap();
-    let egress = EgressPolicy::new(
-        hosts,
-        &format!("{}/32", w.bridge),
-        &format!("localhost={}", w.bridge),
-    )
-    .unwrap();
-    let transport = Transport {
-        extra_ca: Some(std::fs::read(&w.certs.ca).unwrap()),
-        proxy: None,
-    };
+    let p = w.provisioner(sandbox.clone(), Limits::default());
+    let (transport, egress) = (&p.transport, &p.egress);
     let before = w.server.requests();
     // Straight to the server's address, no proxy: the internal network has no way there.
     let direct = format!("https://{}:{}/team/skills.git", w.bridge, w.server.port);
@@ -188,8 +157,8 @@ fn a_helper_cannot_reach_anything_but_the_proxy() {
         .fetch_with_env(
             &direct,
             &revision,
-            &transport,
-            &egress,
+            transport,
+            egress,
             Limits::default(),
             deadline,
             vec!["HTTPS_PROXY=".into()],
@@ -201,8 +170,8 @@ fn a_helper_cannot_reach_anything_but_the_proxy() {
         .fetch_with_env(
             "https://example.com/x.git",
             &revision,
-            &transport,
-            &egress,
+            transport,
+            egress,
             Limits::default(),
             deadline,
             vec![],
@@ -224,7 +193,7 @@ fn a_helper_killed_mid_fetch_publishes_nothing_and_leaves_nothing() {
     // The server answers fetches after 20 s: the helper is surely mid-fetch when it is killed.
     let w = world(20.0);
     let p = w.provisioner(sandbox.clone(), Limits::default());
-    let t = w.spec().resolve(&p.hosts).unwrap();
+    let t = w.spec().resolve(p.hosts()).unwrap();
     let before = w.objects();
     let killer = std::thread::spawn(|| {
         let start = Instant::now();

@@ -9,7 +9,6 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::pin::Pin;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -18,7 +17,6 @@ use std::time::Duration;
 struct Scripted {
     answers: HashMap<String, Vec<Vec<IpAddr>>>,
     calls: Mutex<HashMap<String, usize>>,
-    total: AtomicUsize,
 }
 
 impl Scripted {
@@ -43,7 +41,6 @@ impl Resolve for Scripted {
         _port: u16,
     ) -> Pin<Box<dyn Future<Output = std::io::Result<Vec<IpAddr>>> + Send + 'a>> {
         Box::pin(async move {
-            self.total.fetch_add(1, Ordering::SeqCst);
             let n = {
                 let mut calls = self.calls.lock().unwrap();
                 let n = calls.entry(host.to_owned()).or_default();

@@ -20,6 +20,22 @@ pub enum Code {
 }
 
 impl Code {
+    pub const ALL: [Code; 8] = [
+        Code::InvalidArgument,
+        Code::Forbidden,
+        Code::NotFound,
+        Code::Conflict,
+        Code::TooLarge,
+        Code::Internal,
+        Code::Upstream,
+        Code::Timeout,
+    ];
+
+    /// The code named `name` (as [`Code::as_str`] writes it).
+    pub fn parse(name: &str) -> Option<Code> {
+        Code::ALL.into_iter().find(|c| c.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Code::InvalidArgument => "INVALID_ARGUMENT",

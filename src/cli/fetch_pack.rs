@@ -21,17 +21,12 @@ pub struct FetchPackArgs {
 }
 
 pub fn run(args: &FetchPackArgs) -> Result<u8> {
-    let revision = match args.revision.split_once(':') {
-        Some(("commit", c)) => Revision::Commit(c.to_owned()),
-        Some(("tag", t)) => Revision::Tag(t.to_owned()),
-        _ if args.revision == "head" => Revision::DefaultHead,
-        _ => {
-            return Err(Error::invalid(format!(
-                "--revision {:?}: commit:<id>, tag:<name> or head",
-                args.revision
-            )))
-        }
-    };
+    let revision = Revision::from_arg(&args.revision).ok_or_else(|| {
+        Error::invalid(format!(
+            "--revision {:?}: commit:<id>, tag:<name> or head",
+            args.revision
+        ))
+    })?;
     let limits = Limits::from_env()?;
     let deadline = Instant::now() + Duration::from_secs(limits.max_seconds);
     let dir = std::env::current_dir()

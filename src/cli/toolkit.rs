@@ -2,6 +2,7 @@
 
 use super::skills::short;
 use crate::presets;
+use crate::provision::index::BundleIndex;
 use crate::provision::Provisioner;
 use crate::toolkit::{self, GitSpec, LayoutSpec, PresetSpec, Scope, SkillFilter, ToolkitSpec};
 use clap::{Args, Subcommand};
@@ -114,7 +115,7 @@ pub fn run(store: &Store, cmd: ToolkitCommand) -> Result<u8> {
     match cmd {
         ToolkitCommand::Add(args) => {
             let provisioner = Provisioner::from_env(store.clone())?;
-            let toolkit = args.spec()?.resolve(&provisioner.hosts)?;
+            let toolkit = args.spec()?.resolve(provisioner.hosts())?;
             let acquired = provisioner.acquire(&toolkit)?;
             if args.json {
                 json_out(&acquired)?;
@@ -139,7 +140,8 @@ pub fn run(store: &Store, cmd: ToolkitCommand) -> Result<u8> {
                     r.key.url, r.fetched_url, r.object_format
                 );
                 println!("  mode     {}, {} ms", acquired.mode, acquired.millis);
-                if let Some(sandbox) = &provisioner.sandbox {
+                // A warm start never asked the engine; its warnings belong to fetches.
+                if let Some(sandbox) = (!acquired.warm).then(|| provisioner.sandbox()).flatten() {
                     for w in &sandbox.warnings {
                         println!("  warning  {w}");
                     }
@@ -156,7 +158,7 @@ pub fn run(store: &Store, cmd: ToolkitCommand) -> Result<u8> {
             Ok(0)
         }
         ToolkitCommand::List { json } => {
-            let records = Provisioner::from_env(store.clone())?.index().list()?;
+            let records = BundleIndex::open(store).list()?;
             if json {
                 json_out(&records)?;
             } else if records.is_empty() {

@@ -22,12 +22,14 @@ pub struct Transport {
 
 impl Transport {
     pub fn from_env() -> Result<Transport> {
+        let proxy = ["HTTPS_PROXY", "https_proxy"]
+            .iter()
+            .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()));
         // Helper containers get the certificates themselves, not a path.
         if let Some(pem) = std::env::var("CLOUD_HARNESS_EXTRA_CA_PEM")
             .ok()
             .filter(|v| !v.is_empty())
         {
-            let proxy = std::env::var("HTTPS_PROXY").ok().filter(|v| !v.is_empty());
             return Ok(Transport {
                 extra_ca: Some(pem.into_bytes()),
                 proxy,
@@ -46,9 +48,6 @@ impl Transport {
             }
             None => None,
         };
-        let proxy = ["HTTPS_PROXY", "https_proxy"]
-            .iter()
-            .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()));
         Ok(Transport { extra_ca, proxy })
     }
 

@@ -21,11 +21,20 @@ pub struct HostPolicy {
     rewrites: Vec<(String, String)>,
 }
 
-/// Lower-case, without a trailing dot, IDNA to ASCII.
-fn normalize_host(host: &str) -> Option<String> {
-    let host = host.trim_end_matches('.');
-    let ascii = url::Host::parse(host).ok()?.to_string();
-    Some(ascii.to_ascii_lowercase())
+/// A host as the allowlist and the egress proxy both compare it: lower-case, IDNA to ASCII,
+/// one trailing dot dropped; an address literal in its canonical form (IPv6 in brackets).
+/// `None` for what is not a host.
+pub fn normalize_host(host: &str) -> Option<String> {
+    let host = host.strip_suffix('.').unwrap_or(host);
+    if host.is_empty() || host.ends_with('.') {
+        return None;
+    }
+    Some(
+        url::Host::parse(host)
+            .ok()?
+            .to_string()
+            .to_ascii_lowercase(),
+    )
 }
 
 impl HostPolicy {
@@ -116,7 +125,7 @@ impl HostPolicy {
         let parsed = check_shape(&fetched, field)?;
         let host = parsed
             .host_str()
-            .and_then(|h| normalize_host(h.trim_start_matches('[').trim_end_matches(']')))
+            .and_then(normalize_host)
             .ok_or_else(|| Error::field(Code::InvalidArgument, field, "the URL has no host"))?;
         let port = parsed.port_or_known_default().unwrap_or(443);
         if !self.allows(&host, port) {

@@ -16,6 +16,7 @@ use cloud_harness_fs::cas::Store;
 use cloud_harness_fs::{Code, Error, Result};
 use index::{BundleIndex, BundleKey, BundleRecord};
 use serde::Serialize;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime};
 
 /// An acquired toolkit's bundle as an owner-tier source named `owner:<instanceId>`.
@@ -59,72 +60,85 @@ pub struct Acquired {
 
 pub struct Provisioner {
     pub store: Store,
-    pub hosts: hosts::HostPolicy,
     pub transport: fetch::Transport,
     pub limits: staging::Limits,
+    /// The egress rules, the host allowlist among them.
     pub egress: proxy::EgressPolicy,
-    /// Helper containers, when a Docker engine is there.
-    pub sandbox: Option<sandbox::Sandbox>,
+    /// Helper containers, when a Docker engine is there: given, or looked for on first need
+    /// (a warm start never asks the engine).
+    sandbox: OnceLock<Option<sandbox::Sandbox>>,
     /// The egress proxy in-process fetches go through, started on first use.
     embedded: std::sync::Mutex<Option<proxy::EmbeddedProxy>>,
 }
 
 impl Provisioner {
+    /// Fetches run in-process unless [`Provisioner::with_sandbox`] says otherwise.
     pub fn new(
         store: Store,
-        hosts: hosts::HostPolicy,
         transport: fetch::Transport,
         limits: staging::Limits,
         egress: proxy::EgressPolicy,
     ) -> Provisioner {
         Provisioner {
             store,
-            hosts,
             transport,
             limits,
             egress,
-            sandbox: None,
+            sandbox: OnceLock::from(None),
             embedded: std::sync::Mutex::new(None),
         }
     }
 
     /// Fetches run in helper containers of this engine from now on.
     pub fn with_sandbox(mut self, sandbox: Option<sandbox::Sandbox>) -> Provisioner {
-        self.sandbox = sandbox;
+        self.sandbox = OnceLock::from(sandbox);
         self
+    }
+
+    /// The host allowlist (and URL rewrites) every fetched URL must pass.
+    pub fn hosts(&self) -> &hosts::HostPolicy {
+        &self.egress.hosts
+    }
+
+    /// The helper-container engine, if there is one.
+    pub fn sandbox(&self) -> Option<&sandbox::Sandbox> {
+        self.sandbox
+            .get_or_init(|| {
+                std::env::current_exe()
+                    .ok()
+                    .and_then(sandbox::Sandbox::detect)
+            })
+            .as_ref()
     }
 
     /// Settings from the environment: `ALLOWED_GIT_HOSTS`, `CLOUD_HARNESS_URL_REWRITE`,
     /// `CLOUD_HARNESS_EXTRA_CA`, `HTTPS_PROXY`, `CLOUD_HARNESS_ALLOW_CIDRS`,
     /// `CLOUD_HARNESS_RESOLVE` and the `CLOUD_HARNESS_MAX_*` ceilings.
+    /// The Docker engine is looked for on first need.
     pub fn from_env(store: Store) -> Result<Provisioner> {
-        let hosts = hosts::HostPolicy::from_env()?;
-        let sandbox = std::env::current_exe()
-            .ok()
-            .and_then(sandbox::Sandbox::detect);
-        Ok(Provisioner::new(
+        let mut provisioner = Provisioner::new(
             store,
-            hosts.clone(),
             fetch::Transport::from_env()?,
             staging::Limits::from_env()?,
-            proxy::EgressPolicy::from_env(hosts)?,
-        )
-        .with_sandbox(sandbox))
+            proxy::EgressPolicy::from_env(hosts::HostPolicy::from_env()?)?,
+        );
+        provisioner.sandbox = OnceLock::new();
+        Ok(provisioner)
     }
 
     /// Where fetches run, for reports: the mode, the engine and its warnings.
     pub fn provisioning(&self) -> serde_json::Value {
-        match &self.sandbox {
+        match self.sandbox() {
             Some(s) => {
-                serde_json::json!({ "mode": "container", "engine": s.engine_version, "warnings": s.warnings })
+                serde_json::json!({ "mode": self.mode(), "engine": s.engine_version, "warnings": s.warnings })
             }
-            None => serde_json::json!({ "mode": "in-process", "warnings": [] }),
+            None => serde_json::json!({ "mode": self.mode(), "warnings": [] }),
         }
     }
 
     /// Where fetches run: `container` (a helper per fetch) or `in-process`.
     pub fn mode(&self) -> &'static str {
-        if self.sandbox.is_some() {
+        if self.sandbox().is_some() {
             "container"
         } else {
             "in-process"
@@ -135,12 +149,10 @@ impl Provisioner {
     pub fn explain(&self, url: &str, error: Error) -> Error {
         let host = url::Url::parse(url)
             .ok()
-            .and_then(|u| u.host_str().map(|h| h.to_ascii_lowercase()));
+            .and_then(|u| u.host_str().and_then(hosts::normalize_host));
         let reason = host.and_then(|h| {
             let embedded = self.embedded.lock().expect("proxy lock");
-            embedded
-                .as_ref()
-                .and_then(|p| p.refusal(h.trim_start_matches('[').trim_end_matches(']')))
+            embedded.as_ref().and_then(|p| p.refusal(&h))
         });
         match reason {
             Some(why) => Error::new(Code::Forbidden, format!("the egress proxy refused {why}"))
@@ -197,7 +209,7 @@ impl Provisioner {
             }
         }
 
-        let fetched_url = self.hosts.check(&toolkit.url, "url")?;
+        let fetched_url = self.hosts().check(&toolkit.url, "url")?;
         let deadline = started + Duration::from_secs(self.limits.max_seconds);
         let scratch = tempfile::Builder::new()
             .prefix("fetch-")
@@ -207,7 +219,7 @@ impl Provisioner {
             Some(c) => Revision::Commit(c.clone()),
             None => toolkit.revision.clone(),
         };
-        let fetched = match &self.sandbox {
+        let fetched = match self.sandbox() {
             Some(sandbox) => sandbox.fetch(
                 &fetched_url,
                 &revision,

@@ -9,7 +9,7 @@
 //! checked, so a DNS answer that changes between check and connect gains nothing. Every decision
 //! is one structured log line.
 
-use crate::provision::hosts::HostPolicy;
+use crate::provision::hosts::{normalize_host, HostPolicy};
 use cloud_harness_fs::{Error, Result};
 use ipnet::IpNet;
 use std::collections::HashMap;
@@ -166,7 +166,7 @@ impl EgressPolicy {
                 .map_err(|_| {
                     Error::invalid(format!("CLOUD_HARNESS_RESOLVE: {addr:?} is not an address"))
                 })?;
-            let host = normalize(host).ok_or_else(|| {
+            let host = normalize_host(host).ok_or_else(|| {
                 Error::invalid(format!("CLOUD_HARNESS_RESOLVE: bad host {host:?}"))
             })?;
             map.entry(host).or_default().push(addr);
@@ -181,18 +181,6 @@ impl EgressPolicy {
     fn refused_address(&self, ip: IpAddr) -> Option<&'static str> {
         let class = classify(ip)?;
         (!self.allow_cidrs.iter().any(|net| net.contains(&ip))).then_some(class)
-    }
-}
-
-/// Lower-case, no trailing dot, IDNA to ASCII; `None` for what is not a host name.
-fn normalize(host: &str) -> Option<String> {
-    let host = host.strip_suffix('.').unwrap_or(host);
-    if host.is_empty() || host.ends_with('.') {
-        return None;
-    }
-    match url::Host::parse(host).ok()? {
-        url::Host::Domain(d) => Some(d.to_ascii_lowercase()),
-        other => Some(other.to_string()),
     }
 }
 
@@ -261,7 +249,7 @@ pub async fn decide(policy: &EgressPolicy, resolver: &dyn Resolve, head: &str) -
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
         .unwrap_or(raw_host);
-    let Some(host) = normalize(raw_host).or_else(|| normalize(bare)) else {
+    let Some(host) = normalize_host(raw_host).or_else(|| normalize_host(bare)) else {
         return refuse(raw_host, port, vec![], 400, "not a host name");
     };
     // An address literal (in any of the forms URL parsers accept) is judged as an address,

@@ -28,6 +28,7 @@ use futures_util::StreamExt;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
+use std::sync::OnceLock;
 use std::time::Instant;
 
 /// What the helper writes before the pack: `cloud-harness-pack 1 <sha1|sha256> <commit>\n`.
@@ -66,6 +67,7 @@ fn docker_error(what: &str, e: impl std::fmt::Display) -> Error {
 pub struct Sandbox {
     /// The `cloud-harness` binary the helper image holds.
     helper_binary: PathBuf,
+    image: OnceLock<String>,
     pub engine_version: String,
     pub warnings: Vec<String>,
 }
@@ -119,6 +121,7 @@ impl Sandbox {
         }
         Some(Sandbox {
             helper_binary,
+            image: OnceLock::new(),
             engine_version: version,
             warnings,
         })
@@ -137,18 +140,30 @@ impl Sandbox {
         deadline: Instant,
         dir: &Path,
     ) -> Result<Fetched> {
-        let run = Run {
-            helper_binary: self.helper_binary.clone(),
-            url: url.to_owned(),
-            revision: revision.clone(),
-            extra_ca: transport.extra_ca.clone(),
-            egress: egress.clone(),
+        let pack = self.fetch_with_env(
+            url,
+            revision,
+            transport,
+            egress,
             limits,
             deadline,
-            env_overrides: Vec::new(),
-        };
-        let pack = block_on(run.execute())?;
+            Vec::new(),
+        )?;
         index_pack(&pack, dir, limits)
+    }
+
+    /// The helper image's name, `cloud-harness-helper:<digest of the binary>`; the binary
+    /// cannot change under a running process, so it is hashed once.
+    fn image_name(&self) -> Result<String> {
+        if let Some(name) = self.image.get() {
+            return Ok(name.clone());
+        }
+        let path = &self.helper_binary;
+        let mut exe = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let (digest, _) =
+            Digest::of_stream(&mut exe, &mut std::io::sink()).map_err(|e| Error::io(path, e))?;
+        let name = format!("cloud-harness-helper:{}", &digest.hex()[..16]);
+        Ok(self.image.get_or_init(|| name).clone())
     }
 
     /// Runs the helper with extra environment (tests use it to take the proxy away).
@@ -166,6 +181,7 @@ impl Sandbox {
     ) -> Result<Vec<u8>> {
         let run = Run {
             helper_binary: self.helper_binary.clone(),
+            image: self.image_name()?,
             url: url.to_owned(),
             revision: revision.clone(),
             extra_ca: transport.extra_ca.clone(),
@@ -180,6 +196,7 @@ impl Sandbox {
 
 struct Run {
     helper_binary: PathBuf,
+    image: String,
     url: String,
     revision: Revision,
     extra_ca: Option<Vec<u8>>,
@@ -246,19 +263,17 @@ fn rootfs(binary: &Path) -> Result<Vec<u8>> {
         .map_err(|e| Error::internal(format!("helper image: {e}")))
 }
 
-/// The helper image for `binary`, imported once per binary.
-async fn ensure_image(docker: &Docker, binary: &Path) -> Result<String> {
-    let exe = std::fs::read(binary).map_err(|e| Error::io(binary, e))?;
-    let tag = Digest::of(&exe).hex()[..16].to_owned();
-    let name = format!("cloud-harness-helper:{tag}");
-    if docker.inspect_image(&name).await.is_ok() {
-        return Ok(name);
+/// The helper image `name` (`repository:tag`), imported from `binary` unless present.
+async fn ensure_image(docker: &Docker, name: &str, binary: &Path) -> Result<()> {
+    if docker.inspect_image(name).await.is_ok() {
+        return Ok(());
     }
     let body = rootfs(binary)?;
+    let (repo, tag) = name.split_once(':').expect("image names carry a tag");
     let options = CreateImageOptions {
         from_src: Some("-".into()),
-        repo: Some("cloud-harness-helper".into()),
-        tag: Some(tag),
+        repo: Some(repo.into()),
+        tag: Some(tag.into()),
         ..Default::default()
     };
     let mut stream =
@@ -266,7 +281,7 @@ async fn ensure_image(docker: &Docker, binary: &Path) -> Result<String> {
     while let Some(item) = stream.next().await {
         item.map_err(|e| docker_error("importing the helper image", e))?;
     }
-    Ok(name)
+    Ok(())
 }
 
 async fn start(docker: &Docker, name: &str, what: &str) -> Result<(), Error> {
@@ -294,7 +309,7 @@ fn hardened(network_mode: &str, memory: i64) -> HostConfig {
 impl Run {
     async fn execute(self) -> Result<Vec<u8>> {
         let docker = connect().await?;
-        let image = ensure_image(&docker, &self.helper_binary).await?;
+        ensure_image(&docker, &self.image, &self.helper_binary).await?;
         let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
         let names = Names {
             network: format!("cloud-harness-prov-{id}"),
@@ -303,7 +318,7 @@ impl Run {
         };
         let outcome = tokio::time::timeout(
             self.deadline.saturating_duration_since(Instant::now()),
-            self.inside(&docker, &image, &names),
+            self.inside(&docker, &names),
         )
         .await;
         // Whatever happened: no container and no network is left behind.
@@ -320,7 +335,7 @@ impl Run {
         }
     }
 
-    async fn inside(&self, docker: &Docker, image: &str, names: &Names) -> Result<Vec<u8>> {
+    async fn inside(&self, docker: &Docker, names: &Names) -> Result<Vec<u8>> {
         let mut labels = HashMap::new();
         labels.insert(LABEL.to_owned(), "1".to_owned());
         docker
@@ -360,7 +375,7 @@ impl Run {
                     ..Default::default()
                 }),
                 ContainerCreateBody {
-                    image: Some(image.to_owned()),
+                    image: Some(self.image.clone()),
                     cmd: Some(vec![
                         "/cloud-harness".into(),
                         "proxy".into(),
@@ -418,11 +433,7 @@ impl Run {
             ));
         }
         env.extend(self.env_overrides.iter().cloned());
-        let revision = match &self.revision {
-            Revision::Commit(c) => format!("commit:{c}"),
-            Revision::Tag(t) => format!("tag:{t}"),
-            Revision::DefaultHead => "head".into(),
-        };
+        let revision = self.revision.to_arg();
         let mut host = hardened(&names.network, 512 << 20);
         host.extra_hosts = Some(vec![format!("provisioning-proxy:{proxy_ip}")]);
         host.dns = Some(vec!["127.0.0.1".into()]);
@@ -442,7 +453,7 @@ impl Run {
                     ..Default::default()
                 }),
                 ContainerCreateBody {
-                    image: Some(image.to_owned()),
+                    image: Some(self.image.clone()),
                     cmd: Some(vec![
                         "/cloud-harness".into(),
                         "fetch-pack".into(),
@@ -516,16 +527,11 @@ impl Run {
                 .or_else(|| text.lines().rev().find(|l| !l.trim().is_empty()))
                 .unwrap_or("no output");
             // The helper prints `error: CODE: message` like every cloud-harness command.
-            let code = [
-                Code::NotFound,
-                Code::Forbidden,
-                Code::Timeout,
-                Code::TooLarge,
-                Code::InvalidArgument,
-            ]
-            .into_iter()
-            .find(|c| last.contains(&format!("error: {c}:")))
-            .unwrap_or(Code::Upstream);
+            let code = last
+                .strip_prefix("error: ")
+                .and_then(|rest| rest.split_once(':'))
+                .and_then(|(name, _)| Code::parse(name))
+                .unwrap_or(Code::Upstream);
             // The proxy says why it refused, if it did.
             if let Some(refusal) = proxy_refusal(docker, &names.proxy).await {
                 return Err(Error::new(
@@ -549,16 +555,7 @@ impl Run {
 /// Waits until the proxy container says it listens (it prints so once bound).
 async fn wait_listening(docker: &Docker, proxy: &str) -> Result<()> {
     for _ in 0..200 {
-        let options = bollard::query_parameters::LogsOptions {
-            stdout: true,
-            stderr: true,
-            ..Default::default()
-        };
-        let mut logs = docker.logs(proxy, Some(options));
-        let mut text = String::new();
-        while let Some(Ok(chunk)) = logs.next().await {
-            text.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
-        }
+        let text = logs_text(docker, proxy).await;
         if text.contains("listening on") {
             return Ok(());
         }
@@ -578,16 +575,7 @@ async fn wait_listening(docker: &Docker, proxy: &str) -> Result<()> {
 
 /// The reason of the proxy container's last refusal, from its log.
 async fn proxy_refusal(docker: &Docker, proxy: &str) -> Option<String> {
-    let options = bollard::query_parameters::LogsOptions {
-        stdout: true,
-        stderr: true,
-        ..Default::default()
-    };
-    let mut logs = docker.logs(proxy, Some(options));
-    let mut text = String::new();
-    while let Some(Ok(chunk)) = logs.next().await {
-        text.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
-    }
+    let text = logs_text(docker, proxy).await;
     let line = text.lines().rev().find(|l| l.contains("refuse"))?;
     Some(
         line.split("reason=")
@@ -596,6 +584,21 @@ async fn proxy_refusal(docker: &Docker, proxy: &str) -> Option<String> {
             .trim()
             .to_owned(),
     )
+}
+
+/// A container's log so far, stdout and stderr together.
+async fn logs_text(docker: &Docker, container: &str) -> String {
+    let options = bollard::query_parameters::LogsOptions {
+        stdout: true,
+        stderr: true,
+        ..Default::default()
+    };
+    let mut logs = docker.logs(container, Some(options));
+    let mut text = String::new();
+    while let Some(Ok(chunk)) = logs.next().await {
+        text.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
+    }
+    text
 }
 
 struct Names {

@@ -61,8 +61,6 @@ impl Limits {
 
 pub struct Staged {
     pub tree: Digest,
-    pub files: u64,
-    pub bytes: u64,
     pub warnings: Vec<String>,
 }
 
@@ -132,8 +130,6 @@ pub fn stage(
     let tree = stager.tree(tree_id, "", 0)?;
     Ok(Staged {
         tree,
-        files: stager.files,
-        bytes: stager.bytes,
         warnings: stager.warnings,
     })
 }

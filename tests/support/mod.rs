@@ -2,9 +2,27 @@
 //! by object, so that hostile trees (names git itself would refuse) can be served too.
 #![allow(dead_code)]
 
+use cloud_harness::fs::cas::Store;
+use cloud_harness::provision::fetch::Transport;
+use cloud_harness::provision::hosts::HostPolicy;
+use cloud_harness::provision::proxy::EgressPolicy;
+use cloud_harness::provision::staging::Limits;
+use cloud_harness::provision::Provisioner;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+
+/// This machine's address on the Docker bridge, where containers find a server on the host.
+pub fn bridge_address() -> String {
+    let out = run(Command::new("ip").args(["-4", "-o", "addr", "show", "docker0"]));
+    let text = String::from_utf8_lossy(&out).into_owned();
+    text.split_whitespace()
+        .skip_while(|w| *w != "inet")
+        .nth(1)
+        .and_then(|cidr| cidr.split('/').next())
+        .expect("docker0 has an IPv4 address")
+        .to_owned()
+}
 
 fn run(cmd: &mut Command) -> Vec<u8> {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
@@ -149,6 +167,30 @@ impl GitServer {
         format!("https://localhost:{}/{repo}", self.port)
     }
 
+    /// A provisioner that may fetch from this server, in-process: its host allowed
+    /// (`rewrites` applied first), its CA trusted, the egress proxy opened for `cidrs` and
+    /// given `pins` (`host=address`).
+    pub fn provisioner(
+        &self,
+        certs: &Certs,
+        store: Store,
+        rewrites: &str,
+        cidrs: &str,
+        pins: &str,
+    ) -> Provisioner {
+        let hosts = HostPolicy::new(&self.host(), rewrites).unwrap();
+        let transport = Transport {
+            extra_ca: Some(std::fs::read(&certs.ca).unwrap()),
+            proxy: None,
+        };
+        Provisioner::new(
+            store,
+            transport,
+            Limits::default(),
+            EgressPolicy::new(hosts, cidrs, pins).unwrap(),
+        )
+    }
+
     pub fn requests(&self) -> usize {
         std::fs::read_to_string(&self.log)
             .map(|s| s.lines().count())
@@ -204,7 +246,6 @@ pub fn skill(name: &str, body: &str) -> Node {
 /// A bare repository built object by object.
 pub struct Repo {
     pub path: PathBuf,
-    pub sha256: bool,
     /// Blob ids by content: a tree of 30,000 identical files hashes one blob.
     blobs: std::cell::RefCell<std::collections::HashMap<Vec<u8>, String>>,
 }
@@ -226,7 +267,6 @@ impl Repo {
         ]));
         Repo {
             path,
-            sha256,
             blobs: Default::default(),
         }
     }
