@@ -43,7 +43,13 @@ fn schema(value: Value) -> Arc<JsonObject> {
     }
 }
 
-fn tools() -> Vec<Tool> {
+/// The tools, built once: their schemas never change.
+fn tools() -> &'static [Tool] {
+    static TOOLS: std::sync::LazyLock<Vec<Tool>> = std::sync::LazyLock::new(build_tools);
+    &TOOLS
+}
+
+fn build_tools() -> Vec<Tool> {
     let workspace =
         json!({ "type": "string", "description": "The handle workspace_open returned." });
     let toolkit = json!({
@@ -380,7 +386,12 @@ impl HarnessServer {
                     blocking(move || {
                         std::fs::create_dir_all(dest.parent().expect("a parent"))
                             .map_err(|e| Error::io(&dest, e))?;
-                        cloud_harness_fs::cas::materialize(&store, &digest, &dest)
+                        // Copies appear whole (renamed into place): when a concurrent run
+                        // got there first, its copy is the same skill.
+                        match cloud_harness_fs::cas::materialize(&store, &digest, &dest) {
+                            Err(_) if dest.exists() => Ok(()),
+                            done => done,
+                        }
                     })
                     .await?;
                 }
@@ -443,11 +454,11 @@ impl ServerHandler for HarnessServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(tools()))
+        Ok(ListToolsResult::with_all_items(tools().to_vec()))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        tools().into_iter().find(|t| t.name == name)
+        tools().iter().find(|t| t.name == name).cloned()
     }
 
     async fn call_tool(

@@ -1,5 +1,6 @@
 //! Decisions only the operator makes, in `<CLOUD_HARNESS_HOME>/operator.json`, read on each
-//! use so an edit takes effect at once:
+//! use: overrides when a workspace opens (an open workspace keeps those it opened with),
+//! approvals on each run:
 //!
 //! ```json
 //! {

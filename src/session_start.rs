@@ -76,11 +76,8 @@ pub fn from_bundle(
         .digest;
     let text = String::from_utf8(store.blob_up_to(&md, 1 << 20).ok()?).ok()?;
     // The body: what follows the front matter.
-    let body = text
-        .strip_prefix("---")
-        .and_then(|rest| rest.find("\n---").map(|end| &rest[end + 4..]))
-        .map(|b| b.trim_start_matches(['\r', '\n']))
-        .unwrap_or(&text)
+    let body = cloud_harness_fs::skill::body(&text)
+        .trim_start_matches(['\r', '\n'])
         .to_owned();
     Some(SessionStart {
         toolkit: toolkit.to_owned(),

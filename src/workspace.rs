@@ -1,7 +1,7 @@
 //! Workspaces: a project's working tree with its skills.
 //!
-//! Opening one fetches the project repository (the same allowlist, proxy and fetch path as
-//! toolkits), acquires every toolkit, materializes workspace-scope toolkits into
+//! Opening one fetches the project repository (the same allowlist and proxy as toolkits,
+//! always in-process), acquires every toolkit, materializes workspace-scope toolkits into
 //! `.cloud-harness/skills/`, builds the tier stack, refuses unsettled conflicts, and mounts the
 //! merged view and the owner tier. Everything is checked before anything is mounted, and a
 //! failure removes the half-made workspace. Opening is idempotent by key, across concurrent
@@ -19,10 +19,11 @@ use cloud_harness_fs::discovery::SkillCache;
 use cloud_harness_fs::fuse::{self, MountConfig};
 use cloud_harness_fs::generation::{Generation, View};
 use cloud_harness_fs::live::{LiveTiers, Target};
-use cloud_harness_fs::namespace::{FileKind, Namespace, ROOT_INO};
-use cloud_harness_fs::resolver::{Candidate, Index, Tier};
+use cloud_harness_fs::namespace::Namespace;
+use cloud_harness_fs::resolver::{self, Candidate, Index, Override, Tier};
 use cloud_harness_fs::stack::StackSpec;
 use cloud_harness_fs::{relpath, Code, Error, Result};
+use nix::errno::Errno;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -43,16 +44,15 @@ pub struct OpenRequest {
     pub allow_toolkit_workspace_changes: bool,
 }
 
-impl OpenRequest {
-    /// What makes two requests "the same": every field but the key, normalized.
-    fn digest(&self) -> Digest {
-        let canonical = json!({
-            "repositoryUrl": self.repository_url,
-            "toolkits": self.toolkits,
-            "allowToolkitWorkspaceChanges": self.allow_toolkit_workspace_changes,
-        });
-        Digest::of(&serde_json::to_vec(&canonical).expect("requests serialize"))
-    }
+/// What makes two requests "the same": every field but the key, with the toolkits as they
+/// resolve (defaults filled in, presets expanded), so spelling a default out changes nothing.
+fn request_digest(request: &OpenRequest, toolkits: &[toolkit::Toolkit]) -> Digest {
+    let canonical = json!({
+        "repositoryUrl": request.repository_url,
+        "toolkits": toolkits,
+        "allowToolkitWorkspaceChanges": request.allow_toolkit_workspace_changes,
+    });
+    Digest::of(&serde_json::to_vec(&canonical).expect("requests serialize"))
 }
 
 /// An owner-tier bundle of a workspace, enough to rebuild its stack after a restart.
@@ -80,14 +80,6 @@ struct Record {
     result: Value,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct KeyRecord {
-    idempotency_key: String,
-    request_digest: Digest,
-    workspace: String,
-}
-
 struct Mounted {
     path: PathBuf,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -109,6 +101,9 @@ pub struct Workspaces {
     home: PathBuf,
     provisioner: Provisioner,
     open: Mutex<HashMap<String, Arc<Workspace>>>,
+    /// Idempotency keys in use: the request each was opened with and its workspace. Filled
+    /// from the workspace records at start-up, so it needs no file of its own.
+    keys: Mutex<HashMap<String, (Digest, String)>>,
     key_locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     mounting: bool,
 }
@@ -145,6 +140,7 @@ impl Workspaces {
             home,
             provisioner,
             open: Mutex::new(HashMap::new()),
+            keys: Mutex::new(HashMap::new()),
             key_locks: Mutex::new(HashMap::new()),
             mounting,
         };
@@ -158,12 +154,6 @@ impl Workspaces {
 
     pub fn store(&self) -> &Store {
         &self.provisioner.store
-    }
-
-    fn key_path(&self, key: &str) -> PathBuf {
-        self.home
-            .join("keys")
-            .join(format!("{}.json", Digest::of(key.as_bytes()).hex()))
     }
 
     fn record_path(&self, id: &str) -> PathBuf {
@@ -185,7 +175,18 @@ impl Workspaces {
                 }
             };
             let id = record.id.clone();
-            match self.activate(record, &entry.path()) {
+            self.keys.lock().expect("keys lock").insert(
+                record.idempotency_key.clone(),
+                (record.request_digest, id.clone()),
+            );
+            let overrides = match Operator::load(&self.home) {
+                Ok(o) => o.overrides,
+                Err(e) => {
+                    tracing::error!(workspace = %id, error = %e, "cannot restore workspace");
+                    continue;
+                }
+            };
+            match self.activate(record, &entry.path(), &overrides, false, &mut Vec::new()) {
                 Ok(ws) => {
                     tracing::info!(workspace = %id, "workspace restored");
                     self.open
@@ -228,7 +229,7 @@ impl Workspaces {
                 .find(|(_, t)| t.scope == Scope::Workspace)
             {
                 return Err(Error::field(
-                Code::InvalidArgument,
+                    Code::InvalidArgument,
                     "allowToolkitWorkspaceChanges",
                     format!("toolkits[{i}] has scope `workspace`, which writes into the working tree; set allowToolkitWorkspaceChanges to true to allow it"),
                 ));
@@ -238,9 +239,9 @@ impl Workspaces {
             Some(url) => Some(self.provisioner.hosts().check(url, "repositoryUrl")?),
             None => None,
         };
-        let digest = request.digest();
+        let digest = request_digest(&request, &toolkits);
 
-        // One open per key at a time; the others then find its record.
+        // One open per key at a time; the others then find its workspace.
         let lock = self
             .key_locks
             .lock()
@@ -249,17 +250,15 @@ impl Workspaces {
             .or_default()
             .clone();
         let _held = lock.lock().expect("key lock");
-        if let Ok(bytes) = fs::read(self.key_path(&key)) {
-            let existing: KeyRecord = serde_json::from_slice(&bytes)
-                .map_err(|e| Error::internal(format!("idempotency record: {e}")))?;
-            if existing.request_digest != digest {
+        let existing = self.keys.lock().expect("keys lock").get(&key).cloned();
+        if let Some((existing_digest, workspace)) = existing {
+            if existing_digest != digest {
                 return Err(Error::conflict(format!(
-                    "idempotencyKey {key:?} was used for a different request (workspace {}); use a new key for a new request",
-                    existing.workspace
+                    "idempotencyKey {key:?} was used for a different request (workspace {workspace}); use a new key for a new request"
                 ))
-                .with_details(json!({ "field": "idempotencyKey", "workspace": existing.workspace })));
+                .with_details(json!({ "field": "idempotencyKey", "workspace": workspace })));
             }
-            if let Ok(ws) = self.get(&existing.workspace) {
+            if let Ok(ws) = self.get(&workspace) {
                 return Ok(ws.record.result.clone());
             }
         }
@@ -269,7 +268,6 @@ impl Workspaces {
         fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         let mut cleanup = Cleanup(Some(dir.clone()));
         let repo = dir.join("repo");
-        let mut warnings = Vec::new();
         let mut repository = Value::Null;
         match &repo_url {
             Some(fetched) => {
@@ -293,7 +291,8 @@ impl Workspaces {
             let a = self.provisioner.acquire(t)?;
             acquired.push((t.clone(), a));
         }
-        let workspace_skills = self.materialize_workspace_scope(&repo, &acquired)?;
+        let overrides = Operator::load(&self.home)?.overrides;
+        let workspace_skills = self.materialize_workspace_scope(&repo, &acquired, &overrides)?;
         let owner_bundles: Vec<BundleInput> = acquired
             .iter()
             .filter(|(t, _)| t.scope == Scope::Owner)
@@ -312,7 +311,7 @@ impl Workspaces {
             })
             .collect();
 
-        let mut record = Record {
+        let record = Record {
             id: id.clone(),
             idempotency_key: key.clone(),
             request_digest: digest,
@@ -322,22 +321,19 @@ impl Workspaces {
             session_start,
             result: Value::Null,
         };
-        let ws = self.activate_new(&mut record, &dir, &acquired, repository, &mut warnings)?;
+        let mut warnings = Vec::new();
+        let mut ws = self.activate(record, &dir, &overrides, true, &mut warnings)?;
+        ws.record.result = self.open_result(&ws, &acquired, repository, warnings);
         write_atomic(
             &self.record_path(&id),
-            &serde_json::to_vec_pretty(&record).expect("records serialize"),
-        )?;
-        let key_record = KeyRecord {
-            idempotency_key: key.clone(),
-            request_digest: digest,
-            workspace: id.clone(),
-        };
-        write_atomic(
-            &self.key_path(&key),
-            &serde_json::to_vec(&key_record).expect("keys serialize"),
+            &serde_json::to_vec_pretty(&ws.record).expect("records serialize"),
         )?;
         cleanup.0 = None;
         let result = ws.record.result.clone();
+        self.keys
+            .lock()
+            .expect("keys lock")
+            .insert(key, (digest, id.clone()));
         self.open
             .lock()
             .expect("workspaces lock")
@@ -345,56 +341,44 @@ impl Workspaces {
         Ok(result)
     }
 
-    /// Writes workspace-scope skills into `.cloud-harness/skills/`, all or nothing: a skill of
-    /// the same name already there with other content is a CONFLICT naming both digests.
+    /// Writes workspace-scope skills into `.cloud-harness/skills/`, all or nothing. Two of
+    /// these toolkits bringing one skill name are resolved like any same-tier collision (an
+    /// operator override settles it); a skill of the same name already there with other
+    /// content is a CONFLICT naming both digests.
     fn materialize_workspace_scope(
         &self,
         repo: &Path,
         acquired: &[(toolkit::Toolkit, Acquired)],
+        overrides: &[Override],
     ) -> Result<BTreeMap<String, String>> {
         let target = repo.join(WORKSPACE_SKILLS);
-        let operator = Operator::load(&self.home)?;
-        let mut wanted: BTreeMap<String, (Digest, String)> = BTreeMap::new();
-        for (t, a) in acquired.iter().filter(|(t, _)| t.scope == Scope::Workspace) {
-            for entry in self.store().tree(&a.record.bundle)?.entries() {
-                match wanted.get(&entry.name) {
-                    Some((d, _)) if *d == entry.digest => {}
-                    Some((d, other)) => {
-                        let settled = operator
-                            .overrides
-                            .iter()
-                            .rev()
-                            .find(|o| o.skill == entry.name)
-                            .map(|o| o.source.trim_start_matches("workspace:").to_owned());
-                        match settled {
-                            Some(winner) if winner == t.instance_id => {
-                                wanted.insert(
-                                    entry.name.clone(),
-                                    (entry.digest, t.instance_id.clone()),
-                                );
-                            }
-                            Some(winner) if winner == *other => {}
-                            _ => {
-                                return Err(Error::conflict(format!(
-                                    "skill `{}` comes from toolkits `{other}` ({d}) and `{}` ({}), both of scope workspace",
-                                    entry.name, t.instance_id, entry.digest
-                                ))
-                                .with_details(json!({
-                                    "skill": entry.name,
-                                    "candidates": [
-                                        { "toolkit": other, "digest": d },
-                                        { "toolkit": t.instance_id, "digest": entry.digest },
-                                    ],
-                                })));
-                            }
-                        }
-                    }
-                    None => {
-                        wanted.insert(entry.name.clone(), (entry.digest, t.instance_id.clone()));
-                    }
-                }
-            }
+        let cache = SkillCache::default();
+        let sources = acquired
+            .iter()
+            .filter(|(t, _)| t.scope == Scope::Workspace)
+            .map(|(t, a)| {
+                crate::provision::bundle_source(
+                    self.store(),
+                    &cache,
+                    Tier::Workspace,
+                    &t.instance_id,
+                    &a.record.key.url,
+                    &a.record.key.commit,
+                    a.record.bundle,
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let index = resolver::resolve(&sources, overrides);
+        if let Some(err) = index.conflict_error() {
+            return Err(err);
         }
+        let wanted: BTreeMap<String, (Digest, String)> = index
+            .winners()
+            .map(|c| {
+                let toolkit = index.source(c).provenance.toolkit.clone();
+                (c.name.clone(), (c.digest(), toolkit.unwrap_or_default()))
+            })
+            .collect();
         // Check everything before writing anything.
         let mut to_write = Vec::new();
         for (name, (digest, toolkit)) in &wanted {
@@ -429,12 +413,18 @@ impl Workspaces {
     }
 
     /// The tier stack of a workspace: built-in, its owner bundles, the workspace-scope folder
-    /// and the project's own skills; operator overrides apply.
-    fn stack(&self, record: &Record, repo: &Path, cache: &SkillCache) -> Result<StackSpec> {
+    /// and the project's own skills, with the operator's overrides.
+    fn stack(
+        &self,
+        record: &Record,
+        repo: &Path,
+        cache: &SkillCache,
+        overrides: &[Override],
+    ) -> Result<StackSpec> {
         let store = self.store();
         let mut spec = StackSpec {
             repository: Some(repo.to_path_buf()),
-            overrides: Operator::load(&self.home)?.overrides,
+            overrides: overrides.to_vec(),
             ..StackSpec::default()
         };
         spec.trees.push(builtin::source(store, cache)?);
@@ -442,6 +432,7 @@ impl Workspaces {
             spec.trees.push(crate::provision::bundle_source(
                 store,
                 cache,
+                Tier::Owner,
                 &b.instance_id,
                 &b.url,
                 &b.commit,
@@ -455,30 +446,43 @@ impl Workspaces {
         Ok(spec)
     }
 
-    fn activate_new(
+    /// Builds a workspace's stack from its record and mounts it. A new workspace
+    /// (`reject_conflicts`) is refused on an unsettled conflict; a restored one is served as
+    /// it stands.
+    fn activate(
         &self,
-        record: &mut Record,
+        record: Record,
         dir: &Path,
-        acquired: &[(toolkit::Toolkit, Acquired)],
-        repository: Value,
+        overrides: &[Override],
+        reject_conflicts: bool,
         warnings: &mut Vec<String>,
     ) -> Result<Workspace> {
-        let repo = dir.join("repo");
         let cache = SkillCache::default();
-        let spec = self.stack(record, &repo, &cache)?;
+        let spec = self.stack(&record, &dir.join("repo"), &cache, overrides)?;
         let generation = spec.generation(self.store(), &cache)?;
-        if let Some(err) = generation.index.conflict_error() {
-            return Err(err);
+        if reject_conflicts {
+            if let Some(err) = generation.index.conflict_error() {
+                return Err(err);
+            }
         }
-        record.result = json!({}); // filled below, once mounted
-        let mut ws = self.mount(
-            record.clone(),
+        self.mount(
+            record,
             dir,
             spec,
             Arc::new(generation),
             Arc::new(cache),
             warnings,
-        )?;
+        )
+    }
+
+    /// What `workspace_open` returns (and returns again for the same key).
+    fn open_result(
+        &self,
+        ws: &Workspace,
+        acquired: &[(toolkit::Toolkit, Acquired)],
+        repository: Value,
+        warnings: Vec<String>,
+    ) -> Value {
         let toolkits: Vec<Value> = acquired
             .iter()
             .map(|(t, a)| {
@@ -516,41 +520,22 @@ impl Workspaces {
             .filter(|r| r.settled_by_override)
             .map(|r| json!({ "skill": r.name, "winner": r.winner.as_ref().map(|w| index.source(w).id.clone()), "settledBy": "operator override" }))
             .collect();
-        let mounted = ws.mounts.lock().expect("mount lock").len() == 2;
-        let result = json!({
+        let session_start = &ws.record.session_start;
+        json!({
             "workspace": ws.id,
             "path": ws.repo,
             "repository": repository,
-            "skillsMount": mounted.then(|| dir.join("skills")),
-            "ownerSkillsMount": mounted.then(|| dir.join("owner-skills")),
+            "skillsMount": ws.mount_path(),
+            "ownerSkillsMount": ws.mount_path().map(|_| ws.dir.join("owner-skills")),
             "generation": g.digest(),
             "provisioning": self.provisioner.provisioning(),
             "toolkits": toolkits,
             "skills": skills,
             "shadowed": shadowed,
             "conflicts": settled,
-            "sessionStart": if record.session_start.is_empty() { Value::Null } else { json!(record.session_start) },
+            "sessionStart": if session_start.is_empty() { Value::Null } else { json!(session_start) },
             "warnings": warnings,
-        });
-        record.result = result.clone();
-        ws.record.result = result;
-        Ok(ws)
-    }
-
-    /// Rebuilds and mounts a workspace from its record (after a restart).
-    fn activate(&self, record: Record, dir: &Path) -> Result<Workspace> {
-        let cache = SkillCache::default();
-        let spec = self.stack(&record, &dir.join("repo"), &cache)?;
-        let generation = spec.generation(self.store(), &cache)?;
-        let mut warnings = Vec::new();
-        self.mount(
-            record,
-            dir,
-            spec,
-            Arc::new(generation),
-            Arc::new(cache),
-            &mut warnings,
-        )
+        })
     }
 
     fn mount(
@@ -637,7 +622,10 @@ impl Workspaces {
         let ws = self.get(id)?;
         ws.release()?;
         self.open.lock().expect("workspaces lock").remove(id);
-        let _ = fs::remove_file(self.key_path(&ws.record.idempotency_key));
+        self.keys
+            .lock()
+            .expect("keys lock")
+            .remove(&ws.record.idempotency_key);
         fs::remove_dir_all(&ws.dir).map_err(|e| Error::io(&ws.dir, e))?;
         Ok(json!({ "workspace": id, "closed": true }))
     }
@@ -657,15 +645,6 @@ impl Workspaces {
                 tracing::error!(workspace = %ws.id, error = %e, "unmount failed");
             }
         }
-    }
-
-    pub fn list_open(&self) -> Vec<Arc<Workspace>> {
-        self.open
-            .lock()
-            .expect("workspaces lock")
-            .values()
-            .cloned()
-            .collect()
     }
 }
 
@@ -746,10 +725,6 @@ impl Workspace {
         }
         mounts.clear();
         Ok(())
-    }
-
-    pub fn result(&self) -> &Value {
-        &self.record.result
     }
 
     pub fn session_start(&self) -> &[SessionStart] {
@@ -843,13 +818,37 @@ impl Workspace {
         Ok((c.digest(), self.mount_path().map(|m| m.join(name))))
     }
 
-    /// Reads a page of a skill's file, through the mount when there is one.
+    /// Reads a page of a skill's file, as the mount serves it (from the store, without going
+    /// through the kernel).
     pub fn read(&self, skill: &str, path: &str, offset: u64, length: u64) -> Result<Page> {
         let parts = check_skill_path(path, "path")?;
-        let (_, folder) = self.skill(skill)?;
-        let (size, bytes) = match folder {
-            Some(folder) => read_file(&folder.join(parts.join("/")), offset, length, path)?,
-            None => self.read_namespace(skill, &parts, offset, length, path)?,
+        self.skill(skill)?;
+        let missing = || {
+            Error::not_found(format!("skill {skill} has no file {path:?}"))
+                .with_details(json!({ "field": "path" }))
+        };
+        let full: Vec<&str> = std::iter::once(skill)
+            .chain(parts.iter().copied())
+            .collect();
+        let want = length.min(u32::MAX as u64) as u32;
+        let (size, bytes) = match self.merged.read_path(&full, offset, want) {
+            Ok(Some(found)) => found,
+            Ok(None) => return Err(missing()),
+            Err(Errno::EISDIR) => {
+                return Err(Error::field(
+                    Code::InvalidArgument,
+                    "path",
+                    format!("{path:?} is a folder"),
+                ))
+            }
+            Err(Errno::ELOOP) => {
+                return Err(Error::field(
+                    Code::InvalidArgument,
+                    "path",
+                    format!("{path:?} goes through a symlink loop"),
+                ))
+            }
+            Err(e) => return Err(Error::internal(format!("reading {skill}/{path}: {e}"))),
         };
         let length = bytes.len() as u64;
         let end = offset.saturating_add(length);
@@ -876,70 +875,7 @@ impl Workspace {
         })
     }
 
-    fn read_namespace(
-        &self,
-        skill: &str,
-        parts: &[&str],
-        offset: u64,
-        length: u64,
-        shown: &str,
-    ) -> Result<(u64, Vec<u8>)> {
-        let missing = || {
-            Error::not_found(format!("skill {skill} has no file {shown:?}"))
-                .with_details(json!({ "field": "path" }))
-        };
-        let mut ino = ROOT_INO;
-        for part in std::iter::once(&skill).chain(parts.iter()) {
-            ino = self
-                .merged
-                .lookup(ino, part)
-                .map_err(|_| missing())?
-                .ok_or_else(missing)?
-                .ino;
-        }
-        let attr = self.merged.getattr(ino).map_err(|_| missing())?;
-        if attr.kind == FileKind::Directory {
-            return Err(Error::field(
-                Code::InvalidArgument,
-                "path",
-                format!("{shown:?} is a folder"),
-            ));
-        }
-        let want = length.min(attr.size.saturating_sub(offset)) as u32;
-        let bytes = self
-            .merged
-            .read(ino, offset, want)
-            .map_err(|e| Error::internal(format!("reading {shown}: {e}")))?;
-        Ok((attr.size, bytes))
-    }
-
     pub fn store(&self) -> &Store {
         &self.store
     }
-}
-
-fn read_file(path: &Path, offset: u64, length: u64, shown: &str) -> Result<(u64, Vec<u8>)> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut file = fs::File::open(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => {
-            Error::not_found(format!("no file {shown:?} in this skill"))
-                .with_details(json!({ "field": "path" }))
-        }
-        _ => Error::io(path, e),
-    })?;
-    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-    if meta.is_dir() {
-        return Err(Error::field(
-            Code::InvalidArgument,
-            "path",
-            format!("{shown:?} is a folder"),
-        ));
-    }
-    file.seek(SeekFrom::Start(offset))
-        .map_err(|e| Error::io(path, e))?;
-    let mut bytes = Vec::new();
-    file.take(length)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::io(path, e))?;
-    Ok((meta.len(), bytes))
 }

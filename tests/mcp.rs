@@ -285,11 +285,12 @@ fn stdio_session_less_full_scenario_and_bad_input() {
 }
 
 #[test]
-fn http_initialize_handshake_full_scenario_and_origin_check() {
+fn http_initialize_handshake_full_scenario_bad_input_and_origin_check() {
     let Some(python) = python() else { return };
     let w = world();
     let (server, url) = w.http_server();
     w.scenario(&python, "http", "legacy", Some(&url), "full");
+    w.scenario(&python, "http", "legacy", Some(&url), "bad-input");
     w.scenario(&python, "http", "legacy", Some(&url), "origin");
     stop(server);
 }

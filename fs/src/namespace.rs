@@ -530,26 +530,108 @@ impl Namespace {
                 kind: Kind::File | Kind::Executable,
                 digest,
                 ..
-            } => {
-                let file = self.open_blob(digest)?;
-                let want = (size as u64).min(node.attr.size.saturating_sub(offset)) as usize;
-                let mut buf = vec![0u8; want];
-                let mut done = 0;
-                while done < want {
-                    match file.read_at(&mut buf[done..], offset + done as u64) {
-                        Ok(0) => break,
-                        Ok(n) => done += n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                        Err(e) => {
-                            tracing::error!(object = %digest, error = %e, "read failed");
-                            return Err(Errno::EIO);
-                        }
-                    }
-                }
-                buf.truncate(done);
-                Ok(buf)
-            }
+            } => self.read_blob(digest, node.attr.size, offset, size),
             Ident::SkillBlob { .. } => Err(Errno::EINVAL),
+            _ => Err(Errno::EISDIR),
+        }
+    }
+
+    /// Up to `size` bytes at `offset` of the blob `digest`, a file of `file_size` bytes.
+    fn read_blob(
+        &self,
+        digest: &Digest,
+        file_size: u64,
+        offset: u64,
+        size: u32,
+    ) -> Result<Vec<u8>> {
+        let file = self.open_blob(digest)?;
+        let want = (size as u64).min(file_size.saturating_sub(offset)) as usize;
+        let mut buf = vec![0u8; want];
+        let mut done = 0;
+        while done < want {
+            match file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::error!(object = %digest, error = %e, "read failed");
+                    return Err(Errno::EIO);
+                }
+            }
+        }
+        buf.truncate(done);
+        Ok(buf)
+    }
+
+    /// Reads up to `size` bytes at `offset` of the file at `path` (names below the root, as
+    /// the mount shows them) in the current generation, without the kernel: nothing is
+    /// remembered. Symlinks are followed inside the mount, as a read through it would.
+    /// Returns the file's size and the bytes; `Ok(None)` when there is no such file, EISDIR
+    /// for a folder.
+    pub fn read_path(
+        &self,
+        path: &[&str],
+        offset: u64,
+        size: u32,
+    ) -> Result<Option<(u64, Vec<u8>)>> {
+        let g = self.generation();
+        // Names still to walk (last first) and the folders walked so far.
+        let mut pending: Vec<String> = path.iter().rev().map(|s| s.to_string()).collect();
+        let mut walked: Vec<Child> = Vec::new();
+        let mut links = 0;
+        while let Some(name) = pending.pop() {
+            match name.as_str() {
+                "" | "." => continue,
+                ".." => {
+                    if walked.pop().is_none() {
+                        return Ok(None); // above the root
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            let parent = walked.last().map_or(Ident::Root, |c| c.ident.clone());
+            let child = match self.find_child(&g, &parent, &name) {
+                Ok(Some(child)) => child,
+                Ok(None) | Err(Errno::ENOENT) | Err(Errno::ENOTDIR) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            if let Ident::SkillBlob {
+                kind: Kind::Symlink,
+                digest,
+                ..
+            } = &child.ident
+            {
+                links += 1;
+                if links > 40 {
+                    return Err(Errno::ELOOP);
+                }
+                let target = self.store.blob(digest).map_err(|_| Errno::EIO)?;
+                let Ok(target) = String::from_utf8(target) else {
+                    return Ok(None);
+                };
+                if target.starts_with('/') {
+                    return Ok(None); // outside the mount
+                }
+                pending.extend(target.split('/').rev().map(str::to_owned));
+                continue;
+            }
+            walked.push(child);
+        }
+        let Some(file) = walked.last() else {
+            return Err(Errno::EISDIR);
+        };
+        match &file.ident {
+            Ident::SkillBlob { digest, .. } => {
+                let bytes = self.read_blob(digest, file.attr.size, offset, size)?;
+                Ok(Some((file.attr.size, bytes)))
+            }
+            Ident::Resolution(_) => {
+                let data = g.resolution_json.as_ref();
+                let start = (offset as usize).min(data.len());
+                let end = start.saturating_add(size as usize).min(data.len());
+                Ok(Some((data.len() as u64, data[start..end].to_vec())))
+            }
             _ => Err(Errno::EISDIR),
         }
     }

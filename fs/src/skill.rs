@@ -73,6 +73,11 @@ pub fn is_spec_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
+/// The body of a SKILL.md: what follows its front matter (all of it when there is none).
+pub fn body(text: &str) -> &str {
+    split_front_matter(text).map_or(text, |(_, body)| body)
+}
+
 /// Splits `text` into its front matter and body. The front matter sits between a first line
 /// `---` and the next line `---` (or `...`).
 fn split_front_matter(text: &str) -> Result<(&str, &str)> {

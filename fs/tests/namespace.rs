@@ -211,3 +211,48 @@ fn one_tier_alone_at_the_root() {
     assert_eq!(names(&ns, ROOT_INO), ["lint", "tdd"]);
     assert_eq!(ns.lookup(ROOT_INO, TIERS_DIR).unwrap(), None);
 }
+
+#[test]
+fn a_path_read_follows_links_inside_the_mount_and_remembers_nothing() {
+    let s = setup();
+    std::os::unix::fs::symlink("../../lint/refs/notes.md", s.owner.join("tdd/refs/lint.md"))
+        .unwrap();
+    std::os::unix::fs::symlink("loop.md", s.owner.join("tdd/loop.md")).unwrap();
+    std::os::unix::fs::symlink("../../../x", s.owner.join("tdd/out.md")).unwrap();
+    let ns = Namespace::new(s.store.clone(), View::Merged, s.generation());
+    let before = ns.node_count();
+
+    let (size, bytes) = ns
+        .read_path(&["tdd", "SKILL.md"], 0, 1 << 20)
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8(bytes.clone())
+        .unwrap()
+        .contains("owner tdd"));
+    assert_eq!(size, bytes.len() as u64);
+    // A page: offset and length.
+    let (_, page) = ns.read_path(&["tdd", "SKILL.md"], 4, 3).unwrap().unwrap();
+    assert_eq!(page, bytes[4..7]);
+    // The owner's tdd links to the workspace's lint: one mount, one answer.
+    let (_, linked) = ns
+        .read_path(&["tdd", "refs", "lint.md"], 0, 100)
+        .unwrap()
+        .unwrap();
+    assert_eq!(linked, b"notes of lint");
+    assert_eq!(ns.read_path(&["tdd", "nope.md"], 0, 10), Ok(None));
+    assert_eq!(ns.read_path(&["nope", "SKILL.md"], 0, 10), Ok(None));
+    assert_eq!(ns.read_path(&["tdd", "SKILL.md", "x"], 0, 10), Ok(None));
+    assert_eq!(ns.read_path(&["tdd", "out.md"], 0, 10), Ok(None));
+    assert_eq!(ns.read_path(&["tdd", "refs"], 0, 10), Err(Errno::EISDIR));
+    assert_eq!(ns.read_path(&["tdd", "loop.md"], 0, 10), Err(Errno::ELOOP));
+    let (_, resolution) = ns
+        .read_path(&[RESOLUTION_FILE], 0, 1 << 20)
+        .unwrap()
+        .unwrap();
+    assert_eq!(resolution, ns.generation().resolution_json.to_vec());
+    assert_eq!(
+        ns.node_count(),
+        before,
+        "reads without the kernel hold no nodes"
+    );
+}

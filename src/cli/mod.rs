@@ -124,6 +124,7 @@ impl TierArgs {
             spec.trees.push(crate::provision::bundle_source(
                 store,
                 cache,
+                Tier::Owner,
                 &record.instance_id,
                 &record.key.url,
                 &record.key.commit,

@@ -19,21 +19,22 @@ use serde::Serialize;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime};
 
-/// An acquired toolkit's bundle as an owner-tier source named `owner:<instanceId>`.
+/// An acquired toolkit's bundle as a source of `tier`, named `<tier>:<instanceId>`.
 pub fn bundle_source(
     store: &Store,
     cache: &cloud_harness_fs::discovery::SkillCache,
+    tier: cloud_harness_fs::resolver::Tier,
     instance_id: &str,
     url: &str,
     commit: &str,
     bundle: cloud_harness_fs::cas::Digest,
 ) -> Result<cloud_harness_fs::resolver::Source> {
-    use cloud_harness_fs::resolver::{Provenance, Tier};
+    use cloud_harness_fs::resolver::Provenance;
     cloud_harness_fs::stack::tree_source(
         store,
         cache,
-        format!("owner:{instance_id}"),
-        Tier::Owner,
+        format!("{tier}:{instance_id}"),
+        tier,
         Provenance {
             toolkit: Some(instance_id.to_owned()),
             url: Some(url.to_owned()),

@@ -182,6 +182,22 @@ async def full():
         await refused(c, "workspace_open", {"idempotencyKey": fx["key"] + "-noflag", "toolkits": [fx["wsScope"]]}, "INVALID_ARGUMENT", "allowToolkitWorkspaceChanges")
         assert set(os.listdir(os.path.join(CONFIG["home"], "workspaces"))) == before
 
+        # Two workspace-scope toolkits bringing `review`: a same-tier collision like any other,
+        # refused with nothing written, then settled by an override naming the source.
+        both = {"toolkits": [dict(fx["team"], scope="workspace"), dict(fx["clash"], scope="workspace")], "allowToolkitWorkspaceChanges": True}
+        out = await refused(c, "workspace_open", dict(both, idempotencyKey=fx["key"] + "-ws-both"), "CONFLICT")
+        assert "review" in out["message"] and "workspace:team" in out["message"] and "workspace:clash" in out["message"], out
+        assert set(os.listdir(os.path.join(CONFIG["home"], "workspaces"))) == before
+        with open(operator, "w") as f:
+            json.dump({"overrides": [{"skill": "review", "source": "workspace:clash"}]}, f)
+        settled = await ok(c, "workspace_open", dict(both, idempotencyKey=fx["key"] + "-ws-both-settled"))
+        review = [s for s in settled["skills"] if s["name"] == "review"][0]
+        assert review["tier"] == "workspace" and review["toolkit"] == "clash", review
+        with open(os.path.join(settled["path"], ".cloud-harness", "skills", "review", "SKILL.md")) as f:
+            assert "A different review." in f.read()
+        os.remove(operator)
+        await ok(c, "workspace_close", {"workspace": settled["workspace"]})
+
         # An operator override settles the owner-tier collision.
         with open(operator, "w") as f:
             json.dump({"overrides": [{"skill": "review", "source": "owner:clash"}]}, f)
@@ -202,6 +218,10 @@ async def full():
         wsx = [s for s in wss["skills"] if s["name"] == "wsx"][0]
         assert wsx["tier"] == "workspace" and wsx["toolkit"] == "ws-kit", wsx
         await ok(c, "workspace_close", {"workspace": wss["workspace"]})
+        # Closing frees the key: it may name another request now.
+        again = await ok(c, "workspace_open", {"idempotencyKey": fx["key"] + "-ws"})
+        assert again["workspace"] != wss["workspace"]
+        await ok(c, "workspace_close", {"workspace": again["workspace"]})
 
         closed = await ok(c, "workspace_close", {"workspace": handle})
         assert closed["closed"] is True
