@@ -316,6 +316,15 @@ async def origin():
         raise AssertionError("a foreign Origin must be refused")
     except urllib.error.HTTPError as e:
         assert e.code == 403, e.code
+    # A name that is not this machine's (DNS rebinding): refused the same way.
+    req = urllib.request.Request(CONFIG["url"], data=body, method="POST", headers={
+        "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+        "Host": "evil.example", "MCP-Protocol-Version": "2025-11-25"})
+    try:
+        urllib.request.urlopen(req, timeout=10)
+        raise AssertionError("a foreign Host must be refused")
+    except urllib.error.HTTPError as e:
+        assert e.code == 403, e.code
 
 
 PARTS = {"full": full, "bad-input": bad_input, "restart-1": lambda: restart(1), "restart-2": lambda: restart(2), "origin": origin}
