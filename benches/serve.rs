@@ -4,15 +4,13 @@
 //! `cargo bench --bench serve` (mounts for real when run as root with /dev/fuse; otherwise
 //! without mounts, and says so).
 
-use cloud_harness::provision::fetch::Transport;
-use cloud_harness::provision::hosts::HostPolicy;
-use cloud_harness::provision::index::{BundleIndex, BundleKey, BundleRecord};
-use cloud_harness::provision::proxy::EgressPolicy;
-use cloud_harness::provision::staging::Limits;
-use cloud_harness::provision::Provisioner;
-use cloud_harness::toolkit::{self, ToolkitSpec};
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use cloud_harness::executor::{Kind, Settings};
+use cloud_harness::toolkit::ToolkitSpec;
 use cloud_harness::workspace::{OpenRequest, Workspaces};
-use cloud_harness_fs::cas::{Limits as ImportLimits, Store};
+use cloud_harness_fs::cas::Store;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,39 +32,7 @@ fn warm_toolkit(store: &Store, root: &Path, name: &str, n: usize) -> ToolkitSpec
         .unwrap();
         std::fs::write(skill.join("references/notes.md"), format!("notes {i}")).unwrap();
     }
-    let bundle = store
-        .import_dir(&dir, &ImportLimits::default())
-        .unwrap()
-        .digest;
-    let mut writer = store.writer().unwrap();
-    let manifest = writer
-        .put_blob(format!("{{\"bench\":\"{name}\"}}").as_bytes())
-        .unwrap();
-    writer.commit().unwrap();
-    let url = format!("https://bench.invalid/{name}.git");
-    let commit = "0123456789abcdef0123456789abcdef01234567".to_owned();
-    let spec = toolkit::parse_spec(&format!(
-        r#"{{"kind":"git","instanceId":"{name}","url":"{url}","ref":"{commit}"}}"#
-    ))
-    .unwrap();
-    let hosts = HostPolicy::new("bench.invalid", "").unwrap();
-    let t = spec.resolve(&hosts).unwrap();
-    BundleIndex::open(store)
-        .put(&BundleRecord {
-            key: BundleKey::new(&t, &commit),
-            bundle,
-            manifest,
-            skills: n,
-            instance_id: name.into(),
-            preset: None,
-            fetched_url: url,
-            object_format: "sha1".into(),
-            requested: "commit".into(),
-            warnings: vec![],
-            acquired_at: 0,
-        })
-        .unwrap();
-    spec
+    support::warm_toolkit(store, &dir, name)
 }
 
 fn percentile(mut xs: Vec<Duration>, p: f64) -> Duration {
@@ -84,16 +50,17 @@ fn main() {
     let big = warm_toolkit(&store, &tmp.path().join("src"), "big", 10_000);
 
     let mounting = nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists();
-    let hosts = HostPolicy::new("bench.invalid", "").unwrap();
-    // Any connection attempt would fail: nothing is listening for bench.invalid.
-    let provisioner = Provisioner::new(
-        store.clone(),
-        Transport::default(),
-        Limits::default(),
-        EgressPolicy::new(hosts, "", "").unwrap(),
+    // The workspace layer alone: the host "executor" makes nothing (the executor bench
+    // measures what a sandbox adds).
+    let workspaces = Arc::new(
+        Workspaces::with_executors(
+            tmp.path().join("home"),
+            support::warm_provisioner(&store),
+            mounting,
+            Settings::with_kind(Kind::Host),
+        )
+        .unwrap(),
     );
-    let workspaces =
-        Arc::new(Workspaces::new(tmp.path().join("home"), provisioner, mounting).unwrap());
 
     let mut opens = Vec::new();
     for i in 0..OPENS {

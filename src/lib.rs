@@ -3,6 +3,8 @@
 
 pub mod builtin;
 pub mod cli;
+pub mod engine;
+pub mod executor;
 pub mod home;
 pub mod input;
 pub mod mcp;
@@ -13,6 +15,7 @@ pub mod provision;
 pub mod runner;
 pub mod serve;
 pub mod session_start;
+pub mod stack;
 pub mod toolkit;
 pub mod workspace;
 

@@ -6,11 +6,10 @@
 //! not a tool call at all is a JSON-RPC error. Argument objects are flat and their schemas have
 //! no `$ref`.
 
-use crate::operator::Operator;
-use crate::runner::{self, Run};
+use crate::runner;
 use crate::session_start;
 use crate::toolkit;
-use crate::workspace::{check_skill_path, OpenRequest, Workspaces};
+use crate::workspace::{check_skill_path, OpenRequest, RunRequest, Workspaces};
 use cloud_harness_fs::resolver::Tier;
 use cloud_harness_fs::{Code, Error};
 use rmcp::model::{
@@ -139,7 +138,7 @@ fn build_tools() -> Vec<Tool> {
         ),
         Tool::new(
             "skills_run",
-            "Run a script of a skill in the working tree (interpreter from its shebang or extension, clean environment, timeout, capped output). Only skills an operator approved may run.",
+            "Run a script of a skill in the workspace's executor (a sandbox: cwd /workspace, the skill's approved files read-only, interpreter from its shebang or extension, clean environment, timeout, capped output). Only skills an operator approved may run.",
             schema(json!({
                 "type": "object",
                 "properties": {
@@ -362,53 +361,17 @@ impl HarnessServer {
             }
         };
         let ws = self.workspaces.get(&args.workspace)?;
-        let (digest, folder) = ws.skill(&args.skill)?;
-        let operator = Operator::load(self.workspaces.home())?;
-        if !operator.is_approved(&digest) {
-            return Err(Error::new(
-                Code::Forbidden,
-                format!(
-                    "skill `{}` ({digest}) is not approved to run scripts; an operator approves it by adding \"{digest}\" to approvedSkills in {}",
-                    args.skill,
-                    Operator::path(self.workspaces.home()).display()
-                ),
-            )
-            .with_details(json!({ "skill": args.skill, "digest": digest, "approve": { "file": Operator::path(self.workspaces.home()), "approvedSkills": [digest] } })));
-        }
-        let skill_dir = match folder {
-            Some(dir) => dir,
-            // Not mounted: run from a verified copy of the skill.
-            None => {
-                let copy = ws.dir.join("run").join(digest.hex());
-                if !copy.exists() {
-                    let store = ws.store().clone();
-                    let dest = copy.clone();
-                    blocking(move || {
-                        std::fs::create_dir_all(dest.parent().expect("a parent"))
-                            .map_err(|e| Error::io(&dest, e))?;
-                        // Copies appear whole (renamed into place): when a concurrent run
-                        // got there first, its copy is the same skill.
-                        match cloud_harness_fs::cas::materialize(&store, &digest, &dest) {
-                            Err(_) if dest.exists() => Ok(()),
-                            done => done,
-                        }
-                    })
-                    .await?;
-                }
-                copy
-            }
-        };
         let progress_token = context.meta.get_progress_token();
         let peer = context.peer.clone();
-        let outcome = runner::run(
-            Run {
-                skill_dir,
-                script: args.script.clone(),
-                args: args.args,
-                cwd: ws.repo.clone(),
-                timeout,
-                env: vec![("CLOUD_HARNESS_WORKSPACE".into(), ws.id.clone())],
-            },
+        let request = RunRequest {
+            skill: args.skill,
+            script: args.script,
+            args: args.args,
+            timeout,
+        };
+        ws.run(
+            self.workspaces.home(),
+            request,
             context.ct.clone(),
             move |elapsed, bytes| {
                 if let Some(token) = progress_token.clone() {
@@ -424,12 +387,7 @@ impl HarnessServer {
                 }
             },
         )
-        .await?;
-        let mut value = serde_json::to_value(&outcome).expect("outcomes serialize");
-        value["skill"] = json!(args.skill);
-        value["script"] = json!(args.script);
-        value["digest"] = json!(digest);
-        Ok(value)
+        .await
     }
 }
 

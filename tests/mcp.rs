@@ -32,6 +32,7 @@ fn python() -> Option<String> {
 }
 
 struct World {
+    executor: &'static str,
     tmp: tempfile::TempDir,
     _certs: Certs,
     _server: GitServer,
@@ -49,7 +50,32 @@ fn skill_with(name: &str, body: &str, extra: Vec<(&str, Node)>) -> Node {
     }
 }
 
-fn world() -> World {
+/// Whether this machine has the executor backend `kind`; under CI it must.
+fn has_executor(kind: &str) -> bool {
+    let ok = match kind {
+        "docker" => Command::new("docker")
+            .arg("info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success()),
+        _ => Command::new("bwrap")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success()),
+    };
+    assert!(
+        ok || std::env::var_os("CI").is_none(),
+        "CI must run the MCP tests on the {kind} executor (.ci/setup installs it)"
+    );
+    if !ok {
+        eprintln!("skipped: the {kind} executor is not available here");
+    }
+    ok
+}
+
+fn world(executor: &'static str) -> World {
     let tmp = tempfile::tempdir().unwrap();
     let repos = tmp.path().join("repos");
     std::fs::create_dir_all(&repos).unwrap();
@@ -84,7 +110,9 @@ fn world() -> World {
                                 ("check.sh", file("echo \"args: $1|$2\"\ntest -f README.md && echo 'cwd ok'\n")),
                                 ("slow.sh", file("sleep 2.5\necho done\n")),
                                 ("forever.sh", file("sleep 60\n")),
-                                ("spawn.sh", file("sleep 60 &\necho $! > spawned.pids\necho $$ >> spawned.pids\nwait\n")),
+                                // A background beat that must stop when the run is cancelled.
+                                ("spawn.sh", file("(while :; do date +%s%N > /workspace/heartbeat; sleep 0.1; done) &\nwait\n")),
+                                ("where.sh", file("pwd\nid -u\necho \"$CLOUD_HARNESS_SKILL_DIR\"\nls \"$CLOUD_HARNESS_SKILL_DIR\"\ntouch \"$CLOUD_HARNESS_SKILL_DIR/x\" 2>/dev/null || echo read-only\n")),
                             ]),
                         ),
                     ],
@@ -111,7 +139,20 @@ fn world() -> World {
             ".claude",
             dir(vec![(
                 "skills",
-                dir(vec![("lint", skill("lint", "The project's own lint."))]),
+                dir(vec![
+                    ("lint", skill("lint", "The project's own lint.")),
+                    (
+                        "probe",
+                        skill_with(
+                            "probe",
+                            "The project's probe.",
+                            vec![
+                                ("run.sh", file("echo v1\n")),
+                                ("escape.sh", Node::Link("/bin/sh".into())),
+                            ],
+                        ),
+                    ),
+                ]),
             )]),
         ),
     ]));
@@ -164,6 +205,7 @@ fn world() -> World {
             "CLOUD_HARNESS_URL_REWRITE".to_owned(),
             format!("https://github.com/={}", server.url("")),
         ),
+        ("CLOUD_HARNESS_EXECUTOR".to_owned(), executor.to_owned()),
         ("RUST_LOG".to_owned(), "warn".to_owned()),
         ("PATH".to_owned(), std::env::var("PATH").unwrap_or_default()),
     ];
@@ -181,6 +223,7 @@ fn world() -> World {
         "wsScope": ws_scope,
     });
     World {
+        executor,
         tmp,
         _certs: certs,
         _server: server,
@@ -200,6 +243,7 @@ impl World {
             "env": self.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
             "transport": transport,
             "mode": mode,
+            "executor": self.executor,
             "url": url,
             "home": self.home(),
             "fixtures": self.fixtures,
@@ -226,6 +270,47 @@ impl World {
             "{part} over {transport} ({mode}) failed:\n{text}"
         );
         eprintln!("{}", text.trim());
+    }
+
+    /// No executor container of this world's workspaces is left but those of open ones.
+    fn assert_no_stray_containers(&self) {
+        if self.executor != "docker" {
+            return;
+        }
+        let out = Command::new("docker")
+            .args([
+                "ps",
+                "-a",
+                "--filter",
+                "label=io.cloud-harness.workspace-dir",
+            ])
+            .args(["--format", "{{.Label \"io.cloud-harness.workspace-dir\"}}"])
+            .output()
+            .unwrap();
+        let home = self.home().join("workspaces");
+        for dir in String::from_utf8_lossy(&out.stdout).lines() {
+            let dir = Path::new(dir);
+            if dir.starts_with(&home) {
+                assert!(
+                    dir.join("workspace.json").is_file(),
+                    "a container of a workspace that is not open: {}",
+                    dir.display()
+                );
+            }
+        }
+    }
+
+    /// `cloud-harness exec` in a workspace of this world; exit status and stdout.
+    fn exec(&self, workspace: &str, script: &str) -> (i32, String) {
+        let out = Command::new(BIN)
+            .args(["exec", workspace, "--", "sh", "-c", script])
+            .envs(self.env.iter().cloned())
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
     }
 
     /// `serve --http` on an ephemeral loopback port; returns the process and the URL.
@@ -277,42 +362,84 @@ fn stop(mut serve: Serve) {
 }
 
 #[test]
-fn stdio_session_less_full_scenario_and_bad_input() {
+fn stdio_session_less_full_scenario_and_bad_input_on_bwrap() {
     let Some(python) = python() else { return };
-    let w = world();
+    if !has_executor("bwrap") {
+        return;
+    }
+    let w = world("bwrap");
     w.scenario(&python, "stdio", "modern", None, "full");
     w.scenario(&python, "stdio", "modern", None, "bad-input");
 }
 
 #[test]
-fn http_initialize_handshake_full_scenario_bad_input_and_origin_check() {
+fn http_initialize_handshake_full_scenario_bad_input_and_origin_check_on_docker() {
     let Some(python) = python() else { return };
-    let w = world();
+    if !has_executor("docker") {
+        return;
+    }
+    let w = world("docker");
     let (server, url) = w.http_server();
     w.scenario(&python, "http", "legacy", Some(&url), "full");
     w.scenario(&python, "http", "legacy", Some(&url), "bad-input");
     w.scenario(&python, "http", "legacy", Some(&url), "origin");
     stop(server);
+    w.assert_no_stray_containers();
 }
 
 #[test]
 fn the_other_two_combinations_refuse_bad_input() {
     let Some(python) = python() else { return };
-    let w = world();
+    if !has_executor("bwrap") {
+        return;
+    }
+    let w = world("bwrap");
     w.scenario(&python, "stdio", "legacy", None, "bad-input");
     let (server, url) = w.http_server();
     w.scenario(&python, "http", "modern", Some(&url), "bad-input");
     stop(server);
 }
 
+/// The key survives a restart, and so does the docker executor: after `serve` starts again
+/// and mounts the skills again, the same container reads them without being recreated.
 #[test]
-fn an_idempotency_key_survives_a_restart() {
+fn an_idempotency_key_and_a_docker_executor_survive_a_restart() {
     let Some(python) = python() else { return };
-    let w = world();
+    if !has_executor("docker") {
+        return;
+    }
+    let w = world("docker");
     let (server, url) = w.http_server();
     w.scenario(&python, "http", "modern", Some(&url), "restart-1");
+    let saved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(w.home().join("restart.json")).unwrap()).unwrap();
+    let workspace = saved["workspace"].as_str().unwrap().to_owned();
+    let container = saved["executor"]["id"].as_str().unwrap().to_owned();
+    let started = |id: &str| {
+        let out = Command::new("docker")
+            .args([
+                "inspect",
+                "-f",
+                "{{.State.StartedAt}} {{.State.Running}}",
+                id,
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let before = started(&container);
+    assert!(before.ends_with("true"), "{before}");
     stop(server);
     let (server, url) = w.http_server();
+    let (code, out) = w.exec(&workspace, "cat /opt/cloud-harness/skills/review/SKILL.md");
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("Review code"), "{out}");
+    assert_eq!(
+        started(&container),
+        before,
+        "the container was restarted or recreated"
+    );
     w.scenario(&python, "http", "modern", Some(&url), "restart-2");
     stop(server);
+    w.assert_no_stray_containers();
 }

@@ -1,16 +1,17 @@
 //! The `cloud-harness` command line.
 
 mod cas;
+mod exec;
 mod fetch_pack;
 mod proxy;
 mod skills;
 mod toolkit;
 
-use crate::builtin;
+use crate::stack::{OwnerBundle, TierInputs};
 use clap::{Args, Parser, Subcommand};
 use cloud_harness_fs::cas::{Digest, Store};
 use cloud_harness_fs::discovery::SkillCache;
-use cloud_harness_fs::resolver::{Index, Override, Tier};
+use cloud_harness_fs::resolver::{Index, Override};
 use cloud_harness_fs::stack::StackSpec;
 use cloud_harness_fs::{Error, Result};
 use std::path::PathBuf;
@@ -46,6 +47,8 @@ pub enum Command {
     Proxy(proxy::ProxyArgs),
     /// Serve the resolved tiers as a read-only file system until SIGTERM or SIGINT.
     Mount(crate::mount::MountArgs),
+    /// Run a command in a workspace's executor (cwd /workspace; exit status passed back).
+    Exec(exec::ExecArgs),
     /// Toolkits: acquire presets and git toolkits into the store, list what is there.
     #[command(subcommand)]
     Toolkit(toolkit::ToolkitCommand),
@@ -90,6 +93,7 @@ pub fn run(cli: Cli) -> Result<u8> {
     match &cli.command {
         Command::Proxy(args) => return proxy::run(args),
         Command::FetchPack(args) => return fetch_pack::run(args),
+        Command::Exec(args) => return exec::run(args),
         _ => {}
     }
     let store = Store::open(cli.store.clone().unwrap_or_else(Store::default_root))?;
@@ -99,43 +103,39 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Mount(args) => crate::mount::run(&store, &args),
         Command::Toolkit(cmd) => toolkit::run(&store, cmd),
         Command::Serve(args) => crate::serve::run(&store, &args),
-        Command::Proxy(_) | Command::FetchPack(_) => unreachable!("handled above"),
+        Command::Proxy(_) | Command::FetchPack(_) | Command::Exec(_) => {
+            unreachable!("handled above")
+        }
     }
 }
 
 impl TierArgs {
     /// The tier stack these arguments describe (the built-in tier is put into the store).
     pub fn stack(&self, store: &Store, cache: &SkillCache) -> Result<StackSpec> {
-        let mut spec = StackSpec {
-            overrides: self.overrides.clone(),
-            repository: self.repository.clone(),
-            ..StackSpec::default()
-        };
-        if !self.no_builtin {
-            spec.trees.push(builtin::source(store, cache)?);
-        }
         let index = crate::provision::index::BundleIndex::open(store);
+        let mut owner_bundles = Vec::new();
         for digest in &self.bundle {
             let record = index.by_bundle(digest)?.ok_or_else(|| {
                 Error::not_found(format!(
                     "{digest} is not a bundle of this store (see `cloud-harness toolkit list`)"
                 ))
             })?;
-            spec.trees.push(crate::provision::bundle_source(
-                store,
-                cache,
-                Tier::Owner,
-                &record.instance_id,
-                &record.key.url,
-                &record.key.commit,
-                *digest,
-            )?);
+            owner_bundles.push(OwnerBundle {
+                instance_id: record.instance_id,
+                bundle: *digest,
+                url: record.key.url,
+                commit: record.key.commit,
+            });
         }
-        spec.dirs
-            .extend(self.owner.iter().map(|d| (Tier::Owner, d.clone())));
-        spec.dirs
-            .extend(self.workspace.iter().map(|d| (Tier::Workspace, d.clone())));
-        Ok(spec)
+        TierInputs {
+            builtin: !self.no_builtin,
+            owner_bundles,
+            owner_dirs: self.owner.clone(),
+            workspace_dirs: self.workspace.clone(),
+            repository: self.repository.clone(),
+            overrides: self.overrides.clone(),
+        }
+        .stack(store, cache)
     }
 }
 

@@ -133,6 +133,31 @@ pub struct EgressPolicy {
 }
 
 impl EgressPolicy {
+    /// The same exceptions (ranges, pins) for another allowlist: an executor's egress.
+    pub fn with_hosts(&self, hosts: HostPolicy) -> EgressPolicy {
+        EgressPolicy {
+            hosts,
+            ..self.clone()
+        }
+    }
+
+    /// The environment a `cloud-harness proxy` process (a proxy container) needs to apply
+    /// this policy.
+    pub fn proxy_env(&self) -> Vec<String> {
+        let pins: Vec<String> = self
+            .pins
+            .iter()
+            .flat_map(|(h, addrs)| addrs.iter().map(move |a| format!("{h}={a}")))
+            .collect();
+        let cidrs: Vec<String> = self.allow_cidrs.iter().map(ToString::to_string).collect();
+        vec![
+            format!("ALLOWED_GIT_HOSTS={}", self.hosts.allowlist()),
+            format!("CLOUD_HARNESS_ALLOW_CIDRS={}", cidrs.join(",")),
+            format!("CLOUD_HARNESS_RESOLVE={}", pins.join(",")),
+            "RUST_LOG=egress=info".into(),
+        ]
+    }
+
     pub fn from_env(hosts: HostPolicy) -> Result<EgressPolicy> {
         let cidrs = std::env::var("CLOUD_HARNESS_ALLOW_CIDRS").unwrap_or_default();
         let pins = std::env::var("CLOUD_HARNESS_RESOLVE").unwrap_or_default();

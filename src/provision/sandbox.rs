@@ -10,6 +10,7 @@
 //! container wrote is never trusted. The networks and containers of a fetch are removed on
 //! success, failure and timeout.
 
+use crate::engine::{self, block_on, connect, docker_error, ensure_image, RootFs};
 use crate::provision::fetch::{Fetched, Transport};
 use crate::provision::proxy::EgressPolicy;
 use crate::provision::staging::Limits;
@@ -18,8 +19,7 @@ use bollard::models::{
     ContainerCreateBody, EndpointSettings, HostConfig, NetworkConnectRequest, NetworkCreateRequest,
 };
 use bollard::query_parameters::{
-    AttachContainerOptions, CreateContainerOptions, CreateImageOptions, RemoveContainerOptions,
-    WaitContainerOptions,
+    AttachContainerOptions, CreateContainerOptions, RemoveContainerOptions, WaitContainerOptions,
 };
 use bollard::Docker;
 use cloud_harness_fs::cas::Digest;
@@ -33,7 +33,7 @@ use std::time::Instant;
 
 /// What the helper writes before the pack: `cloud-harness-pack 1 <sha1|sha256> <commit>\n`.
 pub const PACK_MAGIC: &str = "cloud-harness-pack 1";
-const PROXY_PORT: u16 = 3128;
+pub(crate) const PROXY_PORT: u16 = 3128;
 const LABEL: &str = "io.cloud-harness.provisioning";
 
 /// Docker engine releases before these forward DNS queries from internal networks
@@ -58,10 +58,6 @@ fn dns_forwarding_fixed(version: &str) -> bool {
     }
 }
 
-fn docker_error(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::new(Code::Upstream, format!("docker: {what}: {e}"))
-}
-
 /// A Docker engine to run helpers in.
 #[derive(Clone)]
 pub struct Sandbox {
@@ -72,45 +68,13 @@ pub struct Sandbox {
     pub warnings: Vec<String>,
 }
 
-/// Runs `work` on a thread of its own with a runtime of its own (callers may be inside a
-/// runtime already).
-fn block_on<T: Send + 'static>(
-    work: impl std::future::Future<Output = Result<T>> + Send + 'static,
-) -> Result<T> {
-    std::thread::spawn(move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| Error::internal(format!("a runtime for docker: {e}")))?
-            .block_on(work)
-    })
-    .join()
-    .unwrap_or_else(|_| Err(Error::internal("the docker thread panicked")))
-}
-
-async fn connect() -> Result<Docker> {
-    let docker = Docker::connect_with_local_defaults().map_err(|e| docker_error("connect", e))?;
-    docker
-        .negotiate_version()
-        .await
-        .map_err(|e| docker_error("negotiate", e))
-}
-
 impl Sandbox {
     /// The engine, if one answers (and `CLOUD_HARNESS_CONTAINERS` is not `off`).
     pub fn detect(helper_binary: PathBuf) -> Option<Sandbox> {
         if std::env::var("CLOUD_HARNESS_CONTAINERS").is_ok_and(|v| v == "off") {
             return None;
         }
-        let version = block_on(async {
-            let docker = connect().await?;
-            let v = docker
-                .version()
-                .await
-                .map_err(|e| docker_error("version", e))?;
-            Ok(v.version.unwrap_or_default())
-        })
-        .ok()?;
+        let version = engine::version()?;
         let mut warnings = Vec::new();
         if !dns_forwarding_fixed(&version) {
             let w = format!(
@@ -166,6 +130,19 @@ impl Sandbox {
         Ok(self.image.get_or_init(|| name).clone())
     }
 
+    /// The helper image, imported into the engine if it is not there yet (egress proxies of
+    /// executors run it too).
+    pub fn helper_image(&self) -> Result<String> {
+        let name = self.image_name()?;
+        let binary = self.helper_binary.clone();
+        let imported = name.clone();
+        block_on(async move {
+            let docker = connect().await?;
+            ensure_image(&docker, &imported, || rootfs(&binary)).await
+        })?;
+        Ok(name)
+    }
+
     /// Runs the helper with extra environment (tests use it to take the proxy away).
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
@@ -208,17 +185,9 @@ struct Run {
 
 /// The helper image's root file system: the binary, its shared libraries, CA certificates.
 fn rootfs(binary: &Path) -> Result<Vec<u8>> {
-    let mut tar = tar::Builder::new(Vec::new());
-    let mut add = |path: &str, bytes: &[u8], mode: u32| -> Result<()> {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(bytes.len() as u64);
-        header.set_mode(mode);
-        header.set_cksum();
-        tar.append_data(&mut header, path.trim_start_matches('/'), bytes)
-            .map_err(|e| Error::internal(format!("helper image: {e}")))
-    };
+    let mut tar = RootFs::default();
     let exe = std::fs::read(binary).map_err(|e| Error::io(binary, e))?;
-    add("cloud-harness", &exe, 0o755)?;
+    tar.file("cloud-harness", &exe, 0o755)?;
     let ldd = std::process::Command::new("ldd")
         .arg(binary)
         .output()
@@ -235,53 +204,25 @@ fn rootfs(binary: &Path) -> Result<Vec<u8>> {
             .unwrap_or("");
         if path.starts_with('/') {
             let bytes = std::fs::read(path).map_err(|e| Error::io(Path::new(path), e))?;
-            add(path, &bytes, 0o755)?;
+            tar.file(path, &bytes, 0o755)?;
         }
     }
     for ca in ["/etc/ssl/certs/ca-certificates.crt"] {
         if let Ok(bytes) = std::fs::read(ca) {
-            add(ca, &bytes, 0o644)?;
+            tar.file(ca, &bytes, 0o644)?;
         }
     }
-    add(
+    tar.file(
         "/etc/passwd",
         b"nobody:x:65534:65534:nobody:/work:/sbin/nologin\n",
         0o644,
     )?;
-    add("/etc/group", b"nogroup:x:65534:\n", 0o644)?;
-    add("/etc/hosts", b"127.0.0.1 localhost\n", 0o644)?;
+    tar.file("/etc/group", b"nogroup:x:65534:\n", 0o644)?;
+    tar.file("/etc/hosts", b"127.0.0.1 localhost\n", 0o644)?;
     for dir in ["tmp", "work"] {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(tar::EntryType::Directory);
-        header.set_mode(0o1777);
-        header.set_size(0);
-        header.set_cksum();
-        tar.append_data(&mut header, dir, std::io::empty())
-            .map_err(|e| Error::internal(format!("helper image: {e}")))?;
+        tar.dir(dir, 0o1777)?;
     }
-    tar.into_inner()
-        .map_err(|e| Error::internal(format!("helper image: {e}")))
-}
-
-/// The helper image `name` (`repository:tag`), imported from `binary` unless present.
-async fn ensure_image(docker: &Docker, name: &str, binary: &Path) -> Result<()> {
-    if docker.inspect_image(name).await.is_ok() {
-        return Ok(());
-    }
-    let body = rootfs(binary)?;
-    let (repo, tag) = name.split_once(':').expect("image names carry a tag");
-    let options = CreateImageOptions {
-        from_src: Some("-".into()),
-        repo: Some(repo.into()),
-        tag: Some(tag.into()),
-        ..Default::default()
-    };
-    let mut stream =
-        docker.create_image(Some(options), Some(bollard::body_full(body.into())), None);
-    while let Some(item) = stream.next().await {
-        item.map_err(|e| docker_error("importing the helper image", e))?;
-    }
-    Ok(())
+    tar.finish()
 }
 
 async fn start(docker: &Docker, name: &str, what: &str) -> Result<(), Error> {
@@ -309,7 +250,7 @@ fn hardened(network_mode: &str, memory: i64) -> HostConfig {
 impl Run {
     async fn execute(self) -> Result<Vec<u8>> {
         let docker = connect().await?;
-        ensure_image(&docker, &self.image, &self.helper_binary).await?;
+        ensure_image(&docker, &self.image, || rootfs(&self.helper_binary)).await?;
         let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
         let names = Names {
             network: format!("cloud-harness-prov-{id}"),
@@ -343,6 +284,7 @@ impl Run {
                 name: names.network.clone(),
                 driver: Some("bridge".into()),
                 internal: Some(true),
+                options: Some(isolated_network_options()),
                 labels: Some(labels.clone()),
                 ..Default::default()
             })
@@ -350,75 +292,17 @@ impl Run {
             .map_err(|e| docker_error("creating the internal network", e))?;
 
         // The proxy: the only member of the internal network that can reach out.
-        let pins: Vec<String> = self
-            .egress
-            .pins
-            .iter()
-            .flat_map(|(h, addrs)| addrs.iter().map(move |a| format!("{h}={a}")))
-            .collect();
-        let cidrs: Vec<String> = self
-            .egress
-            .allow_cidrs
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        let proxy_env = vec![
-            format!("ALLOWED_GIT_HOSTS={}", self.egress.hosts.allowlist()),
-            format!("CLOUD_HARNESS_ALLOW_CIDRS={}", cidrs.join(",")),
-            format!("CLOUD_HARNESS_RESOLVE={}", pins.join(",")),
-            "RUST_LOG=egress=info".into(),
-        ];
-        docker
-            .create_container(
-                Some(CreateContainerOptions {
-                    name: Some(names.proxy.clone()),
-                    ..Default::default()
-                }),
-                ContainerCreateBody {
-                    image: Some(self.image.clone()),
-                    cmd: Some(vec![
-                        "/cloud-harness".into(),
-                        "proxy".into(),
-                        "--listen".into(),
-                        format!("0.0.0.0:{PROXY_PORT}"),
-                    ]),
-                    env: Some(proxy_env),
-                    user: Some("65534:65534".into()),
-                    labels: Some(labels.clone()),
-                    host_config: Some(hardened("bridge", 256 << 20)),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| docker_error("creating the proxy container", e))?;
-        docker
-            .connect_network(
-                &names.network,
-                NetworkConnectRequest {
-                    container: names.proxy.clone(),
-                    endpoint_config: Some(EndpointSettings {
-                        aliases: Some(vec!["provisioning-proxy".into()]),
-                        ..Default::default()
-                    }),
-                },
-            )
-            .await
-            .map_err(|e| docker_error("attaching the proxy to the internal network", e))?;
-        start(docker, &names.proxy, "starting the proxy").await?;
-        wait_listening(docker, &names.proxy).await?;
-        let inspect = docker
-            .inspect_container(
-                &names.proxy,
-                None::<bollard::query_parameters::InspectContainerOptions>,
-            )
-            .await
-            .map_err(|e| docker_error("inspecting the proxy", e))?;
-        let proxy_ip = inspect
-            .network_settings
-            .and_then(|n| n.networks)
-            .and_then(|n| n.get(&names.network).and_then(|e| e.ip_address.clone()))
-            .filter(|ip| !ip.is_empty())
-            .ok_or_else(|| Error::internal("the proxy has no address on the internal network"))?;
+        let proxy_env = self.egress.proxy_env();
+        let proxy_ip = start_proxy(
+            docker,
+            &self.image,
+            &names.proxy,
+            &names.network,
+            "provisioning-proxy",
+            proxy_env,
+            labels.clone(),
+        )
+        .await?;
 
         // The helper: the internal network alone, no DNS of its own.
         let mut env = vec![
@@ -550,6 +434,81 @@ impl Run {
         }
         Ok(stdout)
     }
+}
+
+/// Options of an internal network whose members reach only each other: the host gets no
+/// address on it, so its own services are out of reach too.
+pub(crate) fn isolated_network_options() -> HashMap<String, String> {
+    let mut options = HashMap::new();
+    options.insert(
+        "com.docker.network.bridge.inhibit_ipv4".to_owned(),
+        "true".to_owned(),
+    );
+    options
+}
+
+/// Starts an egress proxy container from `image` on the default bridge (its way out) and on
+/// the internal `network` as `alias`; its address there.
+pub(crate) async fn start_proxy(
+    docker: &Docker,
+    image: &str,
+    name: &str,
+    network: &str,
+    alias: &str,
+    env: Vec<String>,
+    labels: HashMap<String, String>,
+) -> Result<String> {
+    docker
+        .create_container(
+            Some(CreateContainerOptions {
+                name: Some(name.to_owned()),
+                ..Default::default()
+            }),
+            ContainerCreateBody {
+                image: Some(image.to_owned()),
+                cmd: Some(vec![
+                    "/cloud-harness".into(),
+                    "proxy".into(),
+                    "--listen".into(),
+                    format!("0.0.0.0:{PROXY_PORT}"),
+                ]),
+                env: Some(env),
+                user: Some("65534:65534".into()),
+                labels: Some(labels),
+                host_config: Some(hardened("bridge", 256 << 20)),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| docker_error("creating the proxy container", e))?;
+    docker
+        .connect_network(
+            network,
+            NetworkConnectRequest {
+                container: name.to_owned(),
+                endpoint_config: Some(EndpointSettings {
+                    aliases: Some(vec![alias.to_owned()]),
+                    ..Default::default()
+                }),
+            },
+        )
+        .await
+        .map_err(|e| docker_error("attaching the proxy to the internal network", e))?;
+    start(docker, name, "starting the proxy").await?;
+    wait_listening(docker, name).await?;
+    let inspect = docker
+        .inspect_container(
+            name,
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
+        .await
+        .map_err(|e| docker_error("inspecting the proxy", e))?;
+    inspect
+        .network_settings
+        .and_then(|n| n.networks)
+        .and_then(|n| n.get(network).and_then(|e| e.ip_address.clone()))
+        .filter(|ip| !ip.is_empty())
+        .ok_or_else(|| Error::internal("the proxy has no address on the internal network"))
 }
 
 /// Waits until the proxy container says it listens (it prints so once bound).

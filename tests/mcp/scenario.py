@@ -54,8 +54,22 @@ async def refused(c, name, args, code, field=None):
     return out
 
 
-def git_status(path):
-    return subprocess.run(["git", "-C", path, "status", "--porcelain"], capture_output=True, text=True, check=True).stdout
+def exec_in(handle, script):
+    """`cloud-harness exec HANDLE -- sh -c SCRIPT`: what a person or platform runs."""
+    r = subprocess.run([CONFIG["binary"], "exec", handle, "--", "sh", "-c", script],
+                       env=CONFIG["env"], capture_output=True, text=True, timeout=120)
+    return r.returncode, r.stdout, r.stderr
+
+
+def inside(handle, script):
+    rc, out, err = exec_in(handle, script)
+    assert rc == 0, f"{script!r} in {handle}: exit {rc}: {out}{err}"
+    return out
+
+
+async def served_digest(c, handle, name):
+    listing = await ok(c, "skills_list", {"workspace": handle})
+    return [s for s in listing["skills"] if s["name"] == name][0]["digest"]
 
 
 async def full():
@@ -78,8 +92,15 @@ async def full():
         ws = await ok(c, "workspace_open", request)
         handle = ws["workspace"]
         assert handle.startswith("ws_") and len(handle) >= 32, handle
-        assert os.path.isdir(os.path.join(ws["path"], ".git")), ws["path"]
-        assert git_status(ws["path"]) == "", "owner scope must leave the working tree clean"
+        # Every path a model is given is the executor's.
+        executor = ws["executor"]
+        assert executor["kind"] == CONFIG["executor"], executor
+        assert ws["path"] == "/workspace" and ws["skillsMount"] == "/opt/cloud-harness/skills", ws
+        assert ws["ownerSkillsMount"] == "/opt/cloud-harness/owner-skills", ws
+        assert executor["paths"]["skills"] == ws["skillsMount"] and executor["network"] == "none", executor
+        assert (executor["id"] is not None) == (CONFIG["executor"] == "docker"), executor
+        inside(handle, "test -d /workspace/.git")
+        assert inside(handle, "git -C /workspace status --porcelain") == "", "owner scope must leave the working tree clean"
         kits = {t["instanceId"]: t for t in ws["toolkits"]}
         assert set(kits) == {"obra-superpowers", "team"}, kits
         assert kits["team"]["commit"] == fx["team"]["ref"] and kits["team"]["bundle"].startswith("sha256:")
@@ -94,10 +115,8 @@ async def full():
         start = ws["sessionStart"]
         assert start and start[0]["skill"] == "using-superpowers", start
         assert any(m["mentioned"] == "Skill" and m["use"] == "skills_read" for m in start[0]["toolMapping"]), start
-        if ws["skillsMount"]:
-            with open(os.path.join(ws["skillsMount"], "review", "SKILL.md")) as f:
-                assert "Review code" in f.read()
-            assert os.path.isdir(os.path.join(ws["ownerSkillsMount"], "review"))
+        assert "Review code" in inside(handle, "cat /opt/cloud-harness/skills/review/SKILL.md")
+        inside(handle, "test -d /opt/cloud-harness/owner-skills/review && test ! -e /opt/cloud-harness/owner-skills/cloud-harness-skills")
 
         prompts = await c.list_prompts()
         assert [p.name for p in prompts.prompts] == ["session-start"]
@@ -121,10 +140,18 @@ async def full():
         by_name = {s["name"]: s for s in listing["skills"]}
         assert by_name["lint"]["shadowed"][0]["tier"] == "repository"
         assert by_name["brainstorm"]["userOnly"] is True
-        owner_only = await ok(c, "skills_list", {"workspace": handle, "tier": "repository"})
-        assert [s["name"] for s in owner_only["skills"]] == ["lint"] and owner_only["skills"][0]["served"] is False
+        # Every skill folder a listing names, served or shadowed, of every tier, is readable in the executor.
+        paths = [s["path"] for s in listing["skills"]] + [x["path"] for s in listing["skills"] for x in s["shadowed"]]
+        tiers = {s["tier"] for s in listing["skills"]} | {x["tier"] for s in listing["skills"] for x in s["shadowed"]}
+        assert tiers == {"builtin", "owner", "repository"}, tiers
+        assert all(p.startswith("/opt/cloud-harness/skills/") for p in paths), paths
+        assert inside(handle, " ".join(f"test -r '{p}/SKILL.md' || echo missing {p};" for p in paths)) == ""
+        repo_tier = await ok(c, "skills_list", {"workspace": handle, "tier": "repository"})
+        assert [(s["name"], s["served"]) for s in repo_tier["skills"]] == [("lint", False), ("probe", True)], repo_tier
+        assert repo_tier["skills"][0]["path"] == "/opt/cloud-harness/skills/.tiers/repository/lint"
         page = await ok(c, "skills_read", {"workspace": handle, "skill": "review"})
         assert page["path"] == "SKILL.md" and "Review code" in page["content"] and page["eof"]
+        assert page["executorPath"] == "/opt/cloud-harness/skills/review/SKILL.md", page
         big, offset, pages = b"", 0, 0
         while True:
             p = await ok(c, "skills_read", {"workspace": handle, "skill": "review", "path": "references/big.md", "offset": offset, "length": 100000})
@@ -144,6 +171,14 @@ async def full():
         run = await ok(c, "skills_run", {"workspace": handle, "skill": "review", "script": "scripts/check.sh", "args": ["a b", "c"]})
         assert run["exitCode"] == 0 and run["stdout"] == "args: a b|c\ncwd ok\n", run
         assert run["command"][0] == "sh", "a .sh without its executable bit runs through sh"
+        # It ran inside: cwd /workspace, a non-root uid, from the approved copy, read-only.
+        where = await ok(c, "skills_run", {"workspace": handle, "skill": "review", "script": "scripts/where.sh"})
+        lines = where["stdout"].splitlines()
+        digest = by_name["review"]["digest"].split(":")[1]
+        assert lines[0] == "/workspace" and lines[1] != "0", where
+        assert lines[2] == f"/opt/cloud-harness/.by-digest/{digest}" == where["skillDir"], where
+        assert "SKILL.md" in lines and lines[-1] == "read-only", where
+        assert where["executor"] == CONFIG["executor"], where
         progress = []
 
         async def on_progress(value, total, message):
@@ -155,21 +190,52 @@ async def full():
         assert timeout["timedOut"] is True, timeout
         await refused(c, "skills_run", {"workspace": handle, "skill": "tdd", "script": "run.sh"}, "FORBIDDEN")
 
-        # Cancelling a run kills its whole process group.
+        # Cancelling a run kills everything it started: its background beat stops.
         spawn = {"workspace": handle, "skill": "review", "script": "scripts/spawn.sh"}
         try:
             await asyncio.wait_for(c.call_tool("skills_run", spawn), timeout=2)
-            raise AssertionError("spawn.sh runs for a minute; the call should have been cancelled")
+            raise AssertionError("spawn.sh runs forever; the call should have been cancelled")
         except (asyncio.TimeoutError, TimeoutError):
             pass
-        pid_file = os.path.join(ws["path"], "spawned.pids")
-        pids = [int(p) for p in open(pid_file).read().split()]
-        assert len(pids) == 2, pids
-        deadline = time.time() + 10
-        while any(os.path.exists(f"/proc/{p}") and "zombie" not in open(f"/proc/{p}/status").read() for p in pids):
-            assert time.time() < deadline, f"cancelled processes still alive: {pids}"
+        assert inside(handle, "cat /workspace/heartbeat").strip(), "the beat never started"
+        await asyncio.sleep(1.5)
+        first = inside(handle, "cat /workspace/heartbeat")
+        await asyncio.sleep(1)
+        assert inside(handle, "cat /workspace/heartbeat") == first, "a cancelled run's processes still run"
+        inside(handle, "rm /workspace/heartbeat")
+
+        # The bytes that run are the approved ones. The project's own `probe` is approved,
+        # then edited inside the executor (a live tier): the edit never runs unapproved.
+        probe = by_name["probe"]
+        assert probe["tier"] == "repository", probe
+        json.dump({"approvedSkills": [by_name["review"]["digest"], probe["digest"]]}, open(operator, "w"))
+        out = await ok(c, "skills_run", {"workspace": handle, "skill": "probe", "script": "run.sh"})
+        assert out["stdout"] == "v1\n", out
+        for n in range(2, 5):
+            inside(handle, f"echo 'echo v{n}' > /workspace/.claude/skills/probe/run.sh")
+            err, out = await call(c, "skills_run", {"workspace": handle, "skill": "probe", "script": "run.sh"})
+            if err:
+                assert out["code"] == "FORBIDDEN" and out["details"]["digest"] != probe["digest"], out
+            else:
+                assert out["stdout"] == "v1\n" and out["digest"] == probe["digest"], out
+        # Once the live tier has settled on the last edit, that edit needs its own approval.
+        deadline, last, stable_since = time.time() + 15, None, time.time()
+        while True:
+            now = await served_digest(c, handle, "probe")
+            if now != last:
+                last, stable_since = now, time.time()
+            elif now != probe["digest"] and time.time() - stable_since > 0.8:
+                break
+            assert time.time() < deadline, "the edits never made a settled generation"
             await asyncio.sleep(0.1)
-        os.remove(pid_file)
+        out = await refused(c, "skills_run", {"workspace": handle, "skill": "probe", "script": "run.sh"}, "FORBIDDEN")
+        json.dump({"approvedSkills": [out["details"]["digest"]]}, open(operator, "w"))
+        out = await ok(c, "skills_run", {"workspace": handle, "skill": "probe", "script": "run.sh"})
+        assert out["stdout"] == "v4\n", out
+        # A script that is a link out of its skill never runs.
+        out = await refused(c, "skills_run", {"workspace": handle, "skill": "probe", "script": "escape.sh"}, "FORBIDDEN", "script")
+        assert "leaves the skill" in out["message"], out
+        inside(handle, "cd /workspace && git checkout -q -- .claude/skills/probe/run.sh")
         os.remove(operator)
 
         # Conflicts: two owner toolkits with different `review` skills, and a workspace-scope
@@ -193,8 +259,7 @@ async def full():
         settled = await ok(c, "workspace_open", dict(both, idempotencyKey=fx["key"] + "-ws-both-settled"))
         review = [s for s in settled["skills"] if s["name"] == "review"][0]
         assert review["tier"] == "workspace" and review["toolkit"] == "clash", review
-        with open(os.path.join(settled["path"], ".cloud-harness", "skills", "review", "SKILL.md")) as f:
-            assert "A different review." in f.read()
+        assert "A different review." in inside(settled["workspace"], "cat /workspace/.cloud-harness/skills/review/SKILL.md")
         os.remove(operator)
         await ok(c, "workspace_close", {"workspace": settled["workspace"]})
 
@@ -214,7 +279,7 @@ async def full():
 
         # Workspace scope, allowed: written into .cloud-harness/skills/, served from the workspace tier.
         wss = await ok(c, "workspace_open", {"idempotencyKey": fx["key"] + "-ws", "toolkits": [fx["wsScope"]], "allowToolkitWorkspaceChanges": True})
-        assert os.path.isfile(os.path.join(wss["path"], ".cloud-harness", "skills", "wsx", "SKILL.md"))
+        inside(wss["workspace"], "test -f /workspace/.cloud-harness/skills/wsx/SKILL.md && test -w /workspace/.cloud-harness/skills/wsx/SKILL.md")
         wsx = [s for s in wss["skills"] if s["name"] == "wsx"][0]
         assert wsx["tier"] == "workspace" and wsx["toolkit"] == "ws-kit", wsx
         await ok(c, "workspace_close", {"workspace": wss["workspace"]})
@@ -226,7 +291,9 @@ async def full():
         closed = await ok(c, "workspace_close", {"workspace": handle})
         assert closed["closed"] is True
         await refused(c, "skills_list", {"workspace": handle}, "NOT_FOUND", "workspace")
-        assert not os.path.exists(ws["path"])
+        assert handle not in os.listdir(os.path.join(CONFIG["home"], "workspaces"))
+        rc, out, err = exec_in(handle, "true")
+        assert rc == 125 and "no open workspace" in err, (rc, out, err)
 
 
 async def bad_input():

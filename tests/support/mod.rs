@@ -2,12 +2,14 @@
 //! by object, so that hostile trees (names git itself would refuse) can be served too.
 #![allow(dead_code)]
 
-use cloud_harness::fs::cas::Store;
+use cloud_harness::fs::cas::{Limits as ImportLimits, Store};
 use cloud_harness::provision::fetch::Transport;
 use cloud_harness::provision::hosts::HostPolicy;
+use cloud_harness::provision::index::{BundleIndex, BundleKey, BundleRecord};
 use cloud_harness::provision::proxy::EgressPolicy;
 use cloud_harness::provision::staging::Limits;
 use cloud_harness::provision::Provisioner;
+use cloud_harness::toolkit::{self, ToolkitSpec};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -378,4 +380,64 @@ fn hex_decode(s: &str) -> Vec<u8> {
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
         .collect()
+}
+
+/// The host toolkits served by [`warm_toolkit`] claim to come from; nothing listens there.
+pub const WARM_HOST: &str = "bench.invalid";
+
+/// The skill folders in `src` as an owner toolkit `name` already in the store and the bundle
+/// index, as a warm start finds it: opening a workspace with it needs no network.
+pub fn warm_toolkit(store: &Store, src: &Path, name: &str) -> ToolkitSpec {
+    let bundle = store
+        .import_dir(src, &ImportLimits::default())
+        .unwrap()
+        .digest;
+    let mut writer = store.writer().unwrap();
+    let manifest = writer
+        .put_blob(format!("{{\"warm\":\"{name}\"}}").as_bytes())
+        .unwrap();
+    writer.commit().unwrap();
+    let url = format!("https://{WARM_HOST}/{name}.git");
+    let commit = "0123456789abcdef0123456789abcdef01234567".to_owned();
+    let spec = toolkit::parse_spec(&format!(
+        r#"{{"kind":"git","instanceId":"{name}","url":"{url}","ref":"{commit}"}}"#
+    ))
+    .unwrap();
+    let t = spec
+        .resolve(&HostPolicy::new(WARM_HOST, "").unwrap())
+        .unwrap();
+    let skills = std::fs::read_dir(src).unwrap().count();
+    BundleIndex::open(store)
+        .put(&BundleRecord {
+            key: BundleKey::new(&t, &commit),
+            bundle,
+            manifest,
+            skills,
+            instance_id: name.into(),
+            preset: None,
+            fetched_url: url,
+            object_format: "sha1".into(),
+            requested: "commit".into(),
+            warnings: vec![],
+            acquired_at: 0,
+        })
+        .unwrap();
+    spec
+}
+
+/// A provisioner for warm toolkits only: any fetch would fail (nothing listens at
+/// `bench.invalid`, and no helper container is used).
+pub fn warm_provisioner(store: &Store) -> Provisioner {
+    warm_provisioner_with(store, "", "")
+}
+
+/// The same, with egress exceptions (`CLOUD_HARNESS_ALLOW_CIDRS`, `CLOUD_HARNESS_RESOLVE`).
+pub fn warm_provisioner_with(store: &Store, cidrs: &str, pins: &str) -> Provisioner {
+    let hosts = HostPolicy::new(WARM_HOST, "").unwrap();
+    Provisioner::new(
+        store.clone(),
+        Transport::default(),
+        Limits::default(),
+        EgressPolicy::new(hosts, cidrs, pins).unwrap(),
+    )
 }

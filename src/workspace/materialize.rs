@@ -1,0 +1,101 @@
+//! Writing into the working tree: workspace-scope toolkits into `.cloud-harness/skills/`, all
+//! or nothing, and handing the tree to the executor's user.
+
+use super::WORKSPACE_SKILLS;
+use crate::provision::Acquired;
+use crate::toolkit::{self, Scope};
+use cloud_harness_fs::cas::{self, Digest, Limits, Store};
+use cloud_harness_fs::discovery::SkillCache;
+use cloud_harness_fs::resolver::{self, Override, Tier};
+use cloud_harness_fs::{Error, Result};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+
+/// Writes workspace-scope skills into `.cloud-harness/skills/`, all or nothing. Two of these
+/// toolkits bringing one skill name are resolved like any same-tier collision (an operator
+/// override settles it); a skill of the same name already there with other content is a
+/// CONFLICT naming both digests. Returns the skills written, with their toolkits.
+pub fn workspace_scope(
+    store: &Store,
+    repo: &Path,
+    acquired: &[(toolkit::Toolkit, Acquired)],
+    overrides: &[Override],
+) -> Result<BTreeMap<String, String>> {
+    let target = repo.join(WORKSPACE_SKILLS);
+    let cache = SkillCache::default();
+    let sources = acquired
+        .iter()
+        .filter(|(t, _)| t.scope == Scope::Workspace)
+        .map(|(t, a)| {
+            crate::provision::bundle_source(
+                store,
+                &cache,
+                Tier::Workspace,
+                &t.instance_id,
+                &a.record.key.url,
+                &a.record.key.commit,
+                a.record.bundle,
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let index = resolver::resolve(&sources, overrides);
+    if let Some(err) = index.conflict_error() {
+        return Err(err);
+    }
+    let wanted: BTreeMap<String, (Digest, String)> = index
+        .winners()
+        .map(|c| {
+            let toolkit = index.source(c).provenance.toolkit.clone();
+            (c.name.clone(), (c.digest(), toolkit.unwrap_or_default()))
+        })
+        .collect();
+    // Check everything before writing anything.
+    let mut to_write = Vec::new();
+    for (name, (digest, toolkit)) in &wanted {
+        let dest = target.join(name);
+        if fs::symlink_metadata(&dest).is_ok() {
+            let existing = store.import_dir(&dest, &Limits::default())?.digest;
+            if existing != *digest {
+                return Err(Error::conflict(format!(
+                    "skill `{name}` is already in {WORKSPACE_SKILLS} with other content ({existing}); toolkit `{toolkit}` brings {digest}; nothing was written"
+                ))
+                .with_details(json!({ "skill": name, "existing": existing, "incoming": digest, "toolkit": toolkit })));
+            }
+        } else {
+            to_write.push((dest, *digest));
+        }
+    }
+    let mut written = Vec::new();
+    for (dest, digest) in to_write {
+        fs::create_dir_all(&target).map_err(|e| Error::io(&target, e))?;
+        if let Err(e) = cas::materialize(store, &digest, &dest) {
+            for done in written {
+                let _ = fs::remove_dir_all(done);
+            }
+            return Err(e);
+        }
+        written.push(dest);
+    }
+    Ok(wanted
+        .into_iter()
+        .map(|(name, (_, toolkit))| (name, toolkit))
+        .collect())
+}
+
+/// Makes `uid:gid` the owner of everything in the working tree, links included and never
+/// followed, so the executor's user may change the project as its own.
+pub fn hand_over(repo: &Path, uid: u32, gid: u32) -> Result<()> {
+    let mut stack = vec![repo.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        std::os::unix::fs::lchown(&path, Some(uid), Some(gid)).map_err(|e| Error::io(&path, e))?;
+        let meta = fs::symlink_metadata(&path).map_err(|e| Error::io(&path, e))?;
+        if meta.is_dir() {
+            for entry in fs::read_dir(&path).map_err(|e| Error::io(&path, e))? {
+                stack.push(entry.map_err(|e| Error::io(&path, e))?.path());
+            }
+        }
+    }
+    Ok(())
+}

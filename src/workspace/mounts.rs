@@ -1,0 +1,164 @@
+//! A workspace's mounts on the host: `<workspace>/mounts` made a shared mount of its own (as
+//! root), and inside it the two FUSE mounts (`skills`, the merged view; `owner-skills`, the
+//! owner tier alone) that executors see at `/opt/cloud-harness`. Because the folder is shared
+//! and executors bind it with slave propagation, mounts made after a restart show through.
+
+use cloud_harness_fs::fuse::{self, MountConfig};
+use cloud_harness_fs::live::Target;
+use cloud_harness_fs::namespace::Namespace;
+use cloud_harness_fs::{Error, Result};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub const SKILLS: &str = "skills";
+pub const OWNER_SKILLS: &str = "owner-skills";
+
+pub struct Mounted {
+    pub path: PathBuf,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+fn as_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Whether `path` is a mount point (in this mount namespace).
+pub fn is_mount_point(path: &Path) -> bool {
+    let Ok(path) = fs::canonicalize(path) else {
+        return false;
+    };
+    let Ok(table) = fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let wanted = path.to_string_lossy();
+    table.lines().any(|line| {
+        line.split(' ')
+            .nth(4)
+            .is_some_and(|point| unescape(point) == wanted)
+    })
+}
+
+/// mountinfo writes space, tab, newline and backslash as octal escapes.
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
+            let digits = std::str::from_utf8(&bytes[i + 1..i + 4]).unwrap_or("");
+            if let Ok(v) = u8::from_str_radix(digits, 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Makes `dir` a shared mount of its own, in a peer group of its own, unless it is a mount
+/// point already (a restart finds the one it made before). Only root can; elsewhere the
+/// folder stays as it is (bubblewrap sandboxes, made per command, do not need it).
+pub fn share(dir: &Path) -> Result<()> {
+    use nix::mount::{mount, MsFlags};
+    fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    if !as_root() || is_mount_point(dir) {
+        return Ok(());
+    }
+    let none: Option<&str> = None;
+    let fail = |what: &str, e: nix::Error| {
+        Error::internal(format!("making {} {what}: {e}", dir.display()))
+    };
+    mount(Some(dir), dir, none, MsFlags::MS_BIND, none).map_err(|e| fail("a mount", e))?;
+    mount(none, dir, none, MsFlags::MS_PRIVATE, none).map_err(|e| fail("private", e))?;
+    mount(none, dir, none, MsFlags::MS_SHARED, none).map_err(|e| fail("shared", e))?;
+    Ok(())
+}
+
+/// Undoes [`share`] (the folder's FUSE mounts are gone by then).
+pub fn unshare(dir: &Path) {
+    if as_root() && is_mount_point(dir) {
+        let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// Mounts the merged and owner namespaces in `dir`; the live-tier targets that invalidate
+/// the kernel's caches. If either mount fails, neither stays and a warning says so.
+pub fn mount(
+    dir: &Path,
+    merged: Arc<Namespace>,
+    owner: Arc<Namespace>,
+    warnings: &mut Vec<String>,
+) -> Result<(Vec<Mounted>, Vec<Target>)> {
+    let mut mounts = Vec::new();
+    let mut targets: Vec<Target> = Vec::new();
+    // The executor's user is not the one serving the mount.
+    let config = MountConfig {
+        allow_other: as_root(),
+        ..MountConfig::default()
+    };
+    for (ns, sub) in [(merged.clone(), SKILLS), (owner.clone(), OWNER_SKILLS)] {
+        let path = dir.join(sub);
+        fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+        match fuse::mount(ns.clone(), &path, &config) {
+            Ok(m) => {
+                let notifier = m.notifier.clone();
+                let thread = std::thread::Builder::new()
+                    .name(format!("fuse-{sub}"))
+                    .spawn(move || {
+                        if let Err(e) = m.run() {
+                            tracing::error!(error = %e, "skills file system stopped");
+                        }
+                    })
+                    .map_err(|e| Error::internal(format!("spawning a FUSE thread: {e}")))?;
+                mounts.push(Mounted {
+                    path,
+                    thread: Some(thread),
+                });
+                targets.push((
+                    ns,
+                    Box::new(move |items: &[_]| fuse::invalidate(&notifier, items)),
+                ));
+            }
+            Err(e) => {
+                warnings.push(format!(
+                    "skills are not mounted ({e}); skills_read still works, and skills_run runs approved copies"
+                ));
+                release(&mut mounts)?;
+                return Ok((Vec::new(), unmounted(merged, owner)));
+            }
+        }
+    }
+    Ok((mounts, targets))
+}
+
+/// Live-tier targets for namespaces that are not mounted.
+pub fn unmounted(merged: Arc<Namespace>, owner: Arc<Namespace>) -> Vec<Target> {
+    vec![
+        (merged, Box::new(|_: &[_]| {})),
+        (owner, Box::new(|_: &[_]| {})),
+    ]
+}
+
+/// Unmounts and waits for the serving threads.
+pub fn release(mounts: &mut Vec<Mounted>) -> Result<()> {
+    for m in mounts.iter_mut() {
+        fuse::unmount(&m.path)
+            .map_err(|e| Error::internal(format!("unmounting {}: {e}", m.path.display())))?;
+        if let Some(t) = m.thread.take() {
+            let _ = t.join();
+        }
+    }
+    mounts.clear();
+    Ok(())
+}
+
+/// Unmounts whatever FUSE mount is left in `dir` (a half-made workspace).
+pub fn clear(dir: &Path) {
+    for sub in [SKILLS, OWNER_SKILLS] {
+        let _ = fuse::unmount(&dir.join(sub));
+    }
+}

@@ -1,0 +1,111 @@
+//! `skills_read`: a page of a skill's file as the mount serves it, read from the store
+//! without a trip through the kernel.
+
+use super::Workspace;
+use cloud_harness_fs::{relpath, Code, Error, Result};
+use nix::errno::Errno;
+use serde::Serialize;
+use serde_json::json;
+
+/// One page of a file.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Page {
+    pub skill: String,
+    pub path: String,
+    /// The file inside the executor, when the skills are mounted there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub executor_path: Option<String>,
+    pub size: u64,
+    pub offset: u64,
+    pub length: u64,
+    /// `utf-8` or `base64`.
+    pub encoding: &'static str,
+    pub content: String,
+    pub eof: bool,
+    /// The offset of the next page, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_offset: Option<u64>,
+}
+
+/// A file inside a skill, given in `field`: relative, inside the skill folder, naming a file.
+pub fn check_skill_path<'a>(path: &'a str, field: &str) -> Result<Vec<&'a str>> {
+    if path.len() > 4096 {
+        return Err(Error::field(
+            Code::InvalidArgument,
+            field,
+            format!("{path:?} is longer than 4096 bytes"),
+        ));
+    }
+    let parts = relpath::segments(path, field, "the skill folder")?;
+    if parts.is_empty() {
+        return Err(Error::field(
+            Code::InvalidArgument,
+            field,
+            format!("{path:?} names no file"),
+        ));
+    }
+    Ok(parts)
+}
+
+impl Workspace {
+    /// Reads a page of a served skill's file.
+    pub fn read(&self, skill: &str, path: &str, offset: u64, length: u64) -> Result<Page> {
+        let parts = check_skill_path(path, "path")?;
+        self.skill(skill)?;
+        let missing = || {
+            Error::not_found(format!("skill {skill} has no file {path:?}"))
+                .with_details(json!({ "field": "path" }))
+        };
+        let full: Vec<&str> = std::iter::once(skill)
+            .chain(parts.iter().copied())
+            .collect();
+        let want = length.min(u32::MAX as u64) as u32;
+        let (size, bytes) = match self.merged.read_path(&full, offset, want) {
+            Ok(Some(found)) => found,
+            Ok(None) => return Err(missing()),
+            Err(Errno::EISDIR) => {
+                return Err(Error::field(
+                    Code::InvalidArgument,
+                    "path",
+                    format!("{path:?} is a folder"),
+                ))
+            }
+            Err(Errno::ELOOP) => {
+                return Err(Error::field(
+                    Code::InvalidArgument,
+                    "path",
+                    format!("{path:?} goes through a symlink loop"),
+                ))
+            }
+            Err(e) => return Err(Error::internal(format!("reading {skill}/{path}: {e}"))),
+        };
+        let length = bytes.len() as u64;
+        let end = offset.saturating_add(length);
+        let (encoding, content) = match String::from_utf8(bytes) {
+            Ok(text) => ("utf-8", text),
+            Err(e) => {
+                use base64::Engine;
+                (
+                    "base64",
+                    base64::engine::general_purpose::STANDARD.encode(e.as_bytes()),
+                )
+            }
+        };
+        let path = parts.join("/");
+        Ok(Page {
+            skill: skill.to_owned(),
+            executor_path: self
+                .skills_root()
+                .map(|root| format!("{root}/{skill}/{path}")),
+            path,
+            size,
+            offset,
+            length,
+            encoding,
+            content,
+            eof: end >= size,
+            next_offset: (end < size).then_some(end),
+        })
+    }
+}

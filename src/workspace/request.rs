@@ -1,0 +1,39 @@
+//! A `workspace_open` request: validated, and digested so that the same key with the same
+//! request can be recognized.
+
+use crate::toolkit::{self, ToolkitSpec};
+use cloud_harness_fs::cas::Digest;
+use cloud_harness_fs::{Code, Error, Result};
+use serde_json::json;
+
+/// A validated `workspace_open` request.
+#[derive(Debug, Clone)]
+pub struct OpenRequest {
+    pub repository_url: Option<String>,
+    pub idempotency_key: String,
+    pub toolkits: Vec<ToolkitSpec>,
+    pub allow_toolkit_workspace_changes: bool,
+}
+
+/// An idempotency key: 1-200 characters, none of them control characters.
+pub fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() || key.chars().count() > 200 || key.chars().any(char::is_control) {
+        return Err(Error::field(
+            Code::InvalidArgument,
+            "idempotencyKey",
+            "must be 1-200 characters, none of them control characters",
+        ));
+    }
+    Ok(())
+}
+
+/// What makes two requests "the same": every field but the key, with the toolkits as they
+/// resolve (defaults filled in, presets expanded), so spelling a default out changes nothing.
+pub fn request_digest(request: &OpenRequest, toolkits: &[toolkit::Toolkit]) -> Digest {
+    let canonical = json!({
+        "repositoryUrl": request.repository_url,
+        "toolkits": toolkits,
+        "allowToolkitWorkspaceChanges": request.allow_toolkit_workspace_changes,
+    });
+    Digest::of(&serde_json::to_vec(&canonical).expect("requests serialize"))
+}

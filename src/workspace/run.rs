@@ -1,0 +1,149 @@
+//! `skills_run`: a script of an approved skill, run in the workspace's executor.
+//!
+//! The bytes that run are the approved ones: the skill's digest is taken from the served
+//! generation once, checked against the operator's approvals, and the script runs from a
+//! verified copy of exactly that tree (`/opt/cloud-harness/.by-digest/<hex>/`), which no live
+//! change, no executor and no later generation can alter. A script that is a link leaving
+//! its skill does not run.
+
+use super::Workspace;
+use crate::executor::{self, Command};
+use crate::operator::Operator;
+use crate::runner::{self, Outcome};
+use cloud_harness_fs::cas::{self, Digest};
+use cloud_harness_fs::{Code, Error, Result};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// What `skills_run` is asked.
+pub struct RunRequest {
+    pub skill: String,
+    pub script: String,
+    pub args: Vec<String>,
+    pub timeout: Duration,
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|e| Err(Error::internal(format!("the task failed: {e}"))))
+}
+
+impl Workspace {
+    /// The verified copy of the skill tree `digest`, made once per workspace.
+    fn approved_copy(&self, digest: &Digest) -> Result<PathBuf> {
+        let dir = self.places.mounts.join(executor::BY_DIGEST);
+        let copy = dir.join(digest.hex());
+        if copy.is_dir() {
+            return Ok(copy);
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        // Copies appear whole (renamed into place): when a concurrent run got there first,
+        // its copy is the same tree.
+        match cas::materialize(&self.store, digest, &copy) {
+            Err(_) if copy.is_dir() => Ok(copy),
+            Err(e) => Err(e),
+            Ok(()) => Ok(copy),
+        }
+    }
+
+    /// Runs a script of a served, approved skill in the executor.
+    pub async fn run(
+        self: Arc<Self>,
+        home: &Path,
+        request: RunRequest,
+        cancel: CancellationToken,
+        progress: impl Fn(Duration, u64),
+    ) -> Result<serde_json::Value> {
+        let executor = self.executor.as_ref().ok_or_else(executor::missing)?;
+        let (digest, _) = self.skill(&request.skill)?;
+        let operator = Operator::load(home)?;
+        if !operator.is_approved(&digest) {
+            let file = Operator::path(home);
+            return Err(Error::new(
+                Code::Forbidden,
+                format!(
+                    "skill `{}` ({digest}) is not approved to run scripts; an operator approves it by adding \"{digest}\" to approvedSkills in {}",
+                    request.skill,
+                    file.display()
+                ),
+            )
+            .with_details(json!({ "skill": request.skill, "digest": digest, "approve": { "file": file, "approvedSkills": [digest] } })));
+        }
+        let ws = self.clone();
+        let copy = {
+            let ws = ws.clone();
+            blocking(move || ws.approved_copy(&digest)).await?
+        };
+        let host_script = copy.join(&request.script);
+        let script_error = |code: Code, what: String| {
+            Error::new(code, format!("script: {what}")).with_details(json!({ "field": "script" }))
+        };
+        let resolved = std::fs::canonicalize(&host_script).map_err(|_| {
+            script_error(
+                Code::NotFound,
+                format!(
+                    "skill `{}` has no script {:?}",
+                    request.skill, request.script
+                ),
+            )
+        })?;
+        let root = std::fs::canonicalize(&copy).map_err(|e| Error::io(&copy, e))?;
+        if !resolved.starts_with(&root) {
+            return Err(script_error(
+                Code::Forbidden,
+                format!(
+                    "{:?} is a link that leaves the skill; only the approved skill's own files run",
+                    request.script
+                ),
+            ));
+        }
+        if !resolved.is_file() {
+            return Err(script_error(
+                Code::InvalidArgument,
+                format!("{:?} is not a file", request.script),
+            ));
+        }
+        let skill_dir = executor.paths().by_digest(&digest.hex());
+        let mut argv =
+            runner::command_for(&host_script, &format!("{skill_dir}/{}", request.script))?;
+        argv.extend(request.args.iter().cloned());
+        {
+            let ws = ws.clone();
+            blocking(move || ws.executor.as_ref().map_or(Ok(()), |e| e.check())).await?;
+        }
+        let process = executor
+            .spawn(&Command {
+                argv: argv.clone(),
+                env: vec![
+                    ("CLOUD_HARNESS_SKILL".to_owned(), request.skill.clone()),
+                    ("CLOUD_HARNESS_SKILL_DIR".to_owned(), skill_dir.clone()),
+                ],
+            })
+            .await?;
+        // Closing the workspace cancels its runs too.
+        let token = self.runs.child_token();
+        let forward = {
+            let token = token.clone();
+            tokio::spawn(async move {
+                cancel.cancelled().await;
+                token.cancel();
+            })
+        };
+        let outcome: Outcome =
+            runner::supervise(process, argv, request.timeout, token, progress).await;
+        forward.abort();
+        let mut value = serde_json::to_value(&outcome).expect("outcomes serialize");
+        value["skill"] = json!(request.skill);
+        value["script"] = json!(request.script);
+        value["digest"] = json!(digest);
+        value["skillDir"] = json!(skill_dir);
+        value["executor"] = json!(executor.kind());
+        Ok(value)
+    }
+}
