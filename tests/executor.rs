@@ -340,7 +340,7 @@ fn exec_refuses_bad_input_on_bwrap() {
 }
 
 #[test]
-fn an_executor_removed_behind_the_harness_back_is_a_clear_error() {
+fn an_executor_stopped_or_removed_behind_the_harness_back() {
     if !available(Kind::Docker) {
         return;
     }
@@ -348,6 +348,19 @@ fn an_executor_removed_behind_the_harness_back_is_a_clear_error() {
     let result = h.open("gone");
     let ws = result["workspace"].as_str().unwrap().to_owned();
     let container = result["executor"]["id"].as_str().unwrap();
+    // A stopped container (a reboot, an operator) is started again on the next command.
+    let stopped = Command::new("docker")
+        .args(["stop", "-t", "1", container])
+        .output()
+        .unwrap();
+    assert!(stopped.status.success());
+    let (code, out, err) = h.exec(
+        &ws,
+        &["cat", "/opt/cloud-harness/skills/alpha/SKILL.md"],
+        b"",
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("Alpha."), "{out}");
     let removed = Command::new("docker")
         .args(["rm", "-f", container])
         .output()

@@ -50,9 +50,7 @@ fn exec(args: &ExecArgs) -> Result<i32> {
             args.workspace
         );
     }
-    let executor = Executor::attach(spec, places, &args.workspace);
-    executor.check()?;
-    executor
+    Executor::attach(spec, places, &args.workspace)
         .run_attached(&args.command)
         .map_err(|e| Error::new(e.code, e.message))
 }

@@ -8,7 +8,7 @@
 
 use super::userland::{self, Entry};
 use super::{Places, Spec, ROOT, WORKSPACE};
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_fs::Error;
 
 /// Processes the executor's user may have at once.
 const NPROC: u32 = 1024;
@@ -29,14 +29,18 @@ pub fn available() -> bool {
     runs && (!as_root() || std::path::Path::new("/usr/bin/setpriv").exists())
 }
 
-pub fn check() -> Result<()> {
-    if available() {
-        Ok(())
-    } else {
-        Err(Error::new(
+/// A sandbox that could not start, said with what to install.
+pub fn explain(e: Error) -> Error {
+    if e.code == cloud_harness_fs::Code::NotFound {
+        Error::new(
             cloud_harness_fs::Code::Forbidden,
-            "the bubblewrap executor needs `bwrap` (Debian: apt-get install bubblewrap) and, as root, util-linux's `setpriv`",
-        ))
+            format!(
+                "the bubblewrap executor needs `bwrap` (Debian: apt-get install bubblewrap): {}",
+                e.message
+            ),
+        )
+    } else {
+        e
     }
 }
 

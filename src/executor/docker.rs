@@ -289,28 +289,6 @@ pub async fn remove(spec: &Spec) -> Result<()> {
     Ok(())
 }
 
-/// The container is there and running (a stopped one is started again, as after a reboot).
-pub async fn check(container: String, workspace: String) -> Result<()> {
-    let docker = connect().await?;
-    let inspect = docker
-        .inspect_container(
-            &container,
-            None::<bollard::query_parameters::InspectContainerOptions>,
-        )
-        .await
-        .map_err(|_| gone(&container, &workspace))?;
-    if inspect.state.and_then(|s| s.running) != Some(true) {
-        docker
-            .start_container(
-                &container,
-                None::<bollard::query_parameters::StartContainerOptions>,
-            )
-            .await
-            .map_err(|e| docker_error("restarting the executor container", e))?;
-    }
-    Ok(())
-}
-
 fn gone(container: &str, workspace: &str) -> Error {
     Error::new(
         Code::Upstream,
@@ -323,36 +301,48 @@ fn gone(container: &str, workspace: &str) -> Error {
 }
 
 /// Starts `argv` in the container; the exec's input is left open when `stdin` is asked for.
+/// A stopped container (after a reboot, say) is started again first; a missing one is gone.
 async fn start(
     docker: &Docker,
     container: &str,
+    workspace: &str,
     spec: &Spec,
     argv: &[String],
     env: &[(String, String)],
     stdin: bool,
 ) -> Result<(String, StartExecResults)> {
-    let exec = docker
-        .create_exec(
-            container,
-            CreateExecOptions {
-                cmd: Some(argv.to_vec()),
-                env: Some(env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
-                user: Some(format!("{}:{}", spec.uid, spec.gid)),
-                working_dir: Some(WORKSPACE.to_owned()),
-                attach_stdin: Some(stdin),
-                attach_stdout: Some(true),
-                attach_stderr: Some(true),
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(|e| match e {
-            bollard::errors::Error::DockerResponseServerError {
-                status_code: 404 | 409,
-                ..
-            } => gone(container, env_workspace(env)),
-            e => docker_error("starting a command in the executor", e),
-        })?;
+    let options = CreateExecOptions {
+        cmd: Some(argv.to_vec()),
+        env: Some(env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+        user: Some(format!("{}:{}", spec.uid, spec.gid)),
+        working_dir: Some(WORKSPACE.to_owned()),
+        attach_stdin: Some(stdin),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        ..Default::default()
+    };
+    let status = |e: &bollard::errors::Error| match e {
+        bollard::errors::Error::DockerResponseServerError { status_code, .. } => *status_code,
+        _ => 0,
+    };
+    let exec = match docker.create_exec(container, options.clone()).await {
+        Ok(exec) => exec,
+        Err(e) if status(&e) == 409 => {
+            docker
+                .start_container(
+                    container,
+                    None::<bollard::query_parameters::StartContainerOptions>,
+                )
+                .await
+                .map_err(|e| docker_error("starting the stopped executor container", e))?;
+            docker
+                .create_exec(container, options)
+                .await
+                .map_err(|e| docker_error("starting a command in the executor", e))?
+        }
+        Err(e) if status(&e) == 404 => return Err(gone(container, workspace)),
+        Err(e) => return Err(docker_error("starting a command in the executor", e)),
+    };
     let started = docker
         .start_exec(
             &exec.id,
@@ -365,12 +355,6 @@ async fn start(
         .await
         .map_err(|e| docker_error("starting a command in the executor", e))?;
     Ok((exec.id, started))
-}
-
-fn env_workspace(env: &[(String, String)]) -> &str {
-    env.iter()
-        .find(|(k, _)| k == "CLOUD_HARNESS_WORKSPACE")
-        .map_or("?", |(_, v)| v.as_str())
 }
 
 /// The exec's process on this machine, once it runs (runc makes it a session leader, so its
@@ -419,12 +403,13 @@ async fn wait_exit(docker: &Docker, exec: &str, closed: &Notify) -> Exit {
 /// Starts `argv` in the container with piped output (for `skills_run`).
 pub async fn spawn(
     container: &str,
+    workspace: &str,
     spec: &Spec,
     argv: &[String],
     env: &[(String, String)],
 ) -> Result<Process> {
     let docker = connect().await?;
-    let (exec, started) = start(&docker, container, spec, argv, env, false).await?;
+    let (exec, started) = start(&docker, container, workspace, spec, argv, env, false).await?;
     let StartExecResults::Attached { mut output, .. } = started else {
         return Err(Error::internal("the exec did not attach"));
     };
@@ -462,12 +447,13 @@ pub async fn spawn(
 /// Runs `argv` in the container with this process's standard streams; its exit status.
 pub async fn run_attached(
     container: &str,
+    workspace: &str,
     spec: &Spec,
     argv: &[String],
     env: &[(String, String)],
 ) -> Result<i32> {
     let docker = connect().await?;
-    let (exec, started) = start(&docker, container, spec, argv, env, true).await?;
+    let (exec, started) = start(&docker, container, workspace, spec, argv, env, true).await?;
     let StartExecResults::Attached {
         mut output,
         mut input,

@@ -29,6 +29,8 @@ use std::path::{Path, PathBuf};
 pub use process::{Exit, Process};
 
 pub const WORKSPACE: &str = "/workspace";
+/// Where workspace-scope toolkits are materialized, inside the working tree.
+pub const WORKSPACE_SKILLS: &str = ".cloud-harness/skills";
 pub const ROOT: &str = "/opt/cloud-harness";
 pub const SKILLS: &str = "/opt/cloud-harness/skills";
 pub const OWNER_SKILLS: &str = "/opt/cloud-harness/owner-skills";
@@ -330,7 +332,7 @@ impl Executor {
             "user": { "uid": self.spec.uid, "gid": self.spec.gid },
             "paths": {
                 "workspace": paths.workspace,
-                "workspaceSkills": format!("{}/{}", paths.workspace, crate::workspace::WORKSPACE_SKILLS),
+                "workspaceSkills": format!("{}/{WORKSPACE_SKILLS}", paths.workspace),
                 "skills": paths.skills(),
                 "ownerSkills": paths.owner_skills(),
             },
@@ -376,10 +378,19 @@ impl Executor {
     pub async fn spawn(&self, command: &Command) -> Result<Process> {
         let env = self.full_env(command);
         match self.spec.kind {
-            Kind::Docker => docker::spawn(self.container()?, &self.spec, &command.argv, &env).await,
+            Kind::Docker => {
+                docker::spawn(
+                    self.container()?,
+                    &self.workspace,
+                    &self.spec,
+                    &command.argv,
+                    &env,
+                )
+                .await
+            }
             Kind::Bwrap => {
                 let argv = bwrap::argv(&self.places, &self.spec, &command.argv, &env);
-                process::spawn_local(&argv, None, &[])
+                process::spawn_local(&argv, None, &[]).map_err(bwrap::explain)
             }
             Kind::Host => process::spawn_local(&command.argv, Some(&self.places.repo), &env),
         }
@@ -395,30 +406,18 @@ impl Executor {
         match self.spec.kind {
             Kind::Docker => {
                 let container = self.container()?.to_owned();
+                let workspace = self.workspace.clone();
                 let spec = self.spec.clone();
                 let argv = argv.to_vec();
                 crate::engine::block_on(async move {
-                    docker::run_attached(&container, &spec, &argv, &env).await
+                    docker::run_attached(&container, &workspace, &spec, &argv, &env).await
                 })
             }
             Kind::Bwrap => {
                 let argv = bwrap::argv(&self.places, &self.spec, argv, &env);
-                process::run_inherited(&argv, None, &[])
+                process::run_inherited(&argv, None, &[]).map_err(bwrap::explain)
             }
             Kind::Host => process::run_inherited(argv, Some(&self.places.repo), &env),
-        }
-    }
-
-    /// Checks that the executor can run commands (its container is there and running).
-    pub fn check(&self) -> Result<()> {
-        match self.spec.kind {
-            Kind::Docker => {
-                let container = self.container()?.to_owned();
-                let workspace = self.workspace.clone();
-                crate::engine::block_on(docker::check(container, workspace))
-            }
-            Kind::Bwrap => bwrap::check(),
-            Kind::Host => Ok(()),
         }
     }
 
@@ -457,5 +456,53 @@ impl Paths {
     /// The folder holding the approved copy of a skill.
     pub fn by_digest(&self, hex: &str) -> String {
         format!("{}/{BY_DIGEST}/{hex}", self.root)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn egress_needs_the_docker_backend() {
+        let settings = Settings {
+            network: Network::Egress,
+            allowed_hosts: "example.test".into(),
+            ..Settings::with_kind(Kind::Bwrap)
+        };
+        let err = settings.kind().unwrap_err();
+        assert_eq!(err.code, Code::InvalidArgument);
+        assert!(err.message.contains("docker"), "{err}");
+        let settings = Settings {
+            network: Network::Egress,
+            ..Settings::with_kind(Kind::Docker)
+        };
+        assert_eq!(settings.kind().unwrap(), Some(Kind::Docker));
+    }
+
+    #[test]
+    fn paths_are_the_executors_except_on_the_host() {
+        let places = Places::of(Path::new("/srv/home/workspaces/ws_1"));
+        let spec = |kind| Spec {
+            kind,
+            id: None,
+            egress: None,
+            network: Network::None,
+            uid: 10001,
+            gid: 10001,
+        };
+        let bwrap = Executor::attach(spec(Kind::Bwrap), places.clone(), "ws_1");
+        assert_eq!(bwrap.paths().workspace, "/workspace");
+        assert_eq!(bwrap.paths().skills(), "/opt/cloud-harness/skills");
+        assert_eq!(
+            bwrap.paths().by_digest("ab"),
+            "/opt/cloud-harness/.by-digest/ab"
+        );
+        let host = Executor::attach(spec(Kind::Host), places, "ws_1");
+        assert_eq!(host.paths().workspace, "/srv/home/workspaces/ws_1/repo");
+        assert_eq!(
+            host.paths().owner_skills(),
+            "/srv/home/workspaces/ws_1/mounts/owner-skills"
+        );
     }
 }

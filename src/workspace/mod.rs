@@ -53,8 +53,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 
-/// Where workspace-scope toolkits are materialized, inside the working tree.
-pub const WORKSPACE_SKILLS: &str = ".cloud-harness/skills";
+pub use crate::executor::WORKSPACE_SKILLS;
 
 /// An open workspace.
 pub struct Workspace {
@@ -444,7 +443,17 @@ impl Workspaces {
             View::Tier(Tier::Owner),
             generation,
         ));
-        mounts::share(&places.mounts)?;
+        // Only long-lived containers need the propagation (bubblewrap binds afresh each time).
+        let kind = record
+            .executor
+            .as_ref()
+            .map(|e| e.kind)
+            .or(self.executor_kind);
+        if kind == Some(Kind::Docker) {
+            mounts::share(&places.mounts)?;
+        } else {
+            fs::create_dir_all(&places.mounts).map_err(|e| Error::io(&places.mounts, e))?;
+        }
         let (mounted, targets) = if self.mounting {
             mounts::mount(&places.mounts, merged.clone(), owner, warnings)?
         } else {
@@ -597,25 +606,14 @@ impl Workspace {
         mounted.then(|| executor.paths().skills())
     }
 
-    /// The host folder of the merged mount, when mounted (for benchmarks and tests).
-    pub fn host_mount(&self) -> Option<PathBuf> {
-        let mounts = self.mounts.lock().expect("mount lock");
-        mounts.first().map(|m| m.path.clone())
-    }
-
-    /// The workspace's executor, if it has one.
-    pub fn executor(&self) -> Option<&Executor> {
-        self.executor.as_ref()
-    }
-
-    /// The digest and name of a served skill.
-    pub fn skill(&self, name: &str) -> Result<(Digest, String)> {
+    /// The digest of a served skill.
+    pub fn skill(&self, name: &str) -> Result<Digest> {
         let g = self.generation();
         let c = g.index.winner(name).ok_or_else(|| {
             Error::not_found(format!("workspace {} serves no skill {name:?}", self.id))
                 .with_details(json!({ "field": "skill" }))
         })?;
-        Ok((c.digest(), c.name.clone()))
+        Ok(c.digest())
     }
 
     pub fn store(&self) -> &Store {

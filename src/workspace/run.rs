@@ -61,7 +61,7 @@ impl Workspace {
         progress: impl Fn(Duration, u64),
     ) -> Result<serde_json::Value> {
         let executor = self.executor.as_ref().ok_or_else(executor::missing)?;
-        let (digest, _) = self.skill(&request.skill)?;
+        let digest = self.skill(&request.skill)?;
         let operator = Operator::load(home)?;
         if !operator.is_approved(&digest) {
             let file = Operator::path(home);
@@ -113,10 +113,6 @@ impl Workspace {
         let mut argv =
             runner::command_for(&host_script, &format!("{skill_dir}/{}", request.script))?;
         argv.extend(request.args.iter().cloned());
-        {
-            let ws = ws.clone();
-            blocking(move || ws.executor.as_ref().map_or(Ok(()), |e| e.check())).await?;
-        }
         let process = executor
             .spawn(&Command {
                 argv: argv.clone(),

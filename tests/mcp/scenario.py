@@ -282,6 +282,9 @@ async def full():
         inside(wss["workspace"], "test -f /workspace/.cloud-harness/skills/wsx/SKILL.md && test -w /workspace/.cloud-harness/skills/wsx/SKILL.md")
         wsx = [s for s in wss["skills"] if s["name"] == "wsx"][0]
         assert wsx["tier"] == "workspace" and wsx["toolkit"] == "ws-kit", wsx
+        # The workspace tier's path, too, is readable in the executor.
+        assert wsx["path"] == "/opt/cloud-harness/skills/wsx", wsx
+        inside(wss["workspace"], f"test -r {wsx['path']}/SKILL.md")
         await ok(c, "workspace_close", {"workspace": wss["workspace"]})
         # Closing frees the key: it may name another request now.
         again = await ok(c, "workspace_open", {"idempotencyKey": fx["key"] + "-ws"})
