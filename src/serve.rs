@@ -34,6 +34,9 @@ pub struct ServeArgs {
 }
 
 pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
+    // What the server writes for executors (approved copies, identity files) must be readable
+    // by their unprivileged user, whatever umask the server was started with.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
     let home = args.home.clone().unwrap_or_else(home::default_home);
     let provisioner = Provisioner::from_env(store.clone())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

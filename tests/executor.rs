@@ -23,19 +23,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_cloud-harness");
 
 fn available(kind: Kind) -> bool {
     let root = nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists();
-    let backend = match kind {
-        Kind::Docker => Command::new("docker")
-            .arg("info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success()),
-        _ => Command::new("bwrap")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success()),
-    };
+    let backend = support::executor_backend(kind.as_str());
     let ok = root && backend;
     assert!(
         ok || std::env::var_os("CI").is_none(),
@@ -267,13 +255,7 @@ fn containment(kind: Kind) {
     drop(listener);
 
     // An approved script runs inside and says so.
-    let digest = result["skills"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == "alpha")
-        .unwrap()["digest"]
-        .clone();
+    let digest = support::skill_digest(&result, "alpha");
     let refused = h.run(&ws, "scripts/hello.sh").unwrap_err();
     assert_eq!(refused.code, cloud_harness_fs::Code::Forbidden);
     h.approve(&digest);
@@ -369,13 +351,7 @@ fn an_executor_stopped_or_removed_behind_the_harness_back() {
     let (code, _, err) = h.exec(&ws, &["true"], b"");
     assert_eq!(code, 125, "{err}");
     assert!(err.contains("is gone") && err.contains(&ws), "{err}");
-    let digest = result["skills"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == "alpha")
-        .unwrap()["digest"]
-        .clone();
+    let digest = support::skill_digest(&result, "alpha");
     h.approve(&digest);
     let e = h.run(&ws, "scripts/hello.sh").unwrap_err();
     assert_eq!(e.code, cloud_harness_fs::Code::Upstream, "{e}");
@@ -388,13 +364,7 @@ fn close_while_running(kind: Kind) {
     let h = Arc::new(harness(kind));
     let result = h.open("busy");
     let ws = result["workspace"].as_str().unwrap().to_owned();
-    let digest = result["skills"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == "alpha")
-        .unwrap()["digest"]
-        .clone();
+    let digest = support::skill_digest(&result, "alpha");
     h.approve(&digest);
     let running = {
         let (h, ws) = (h.clone(), ws.clone());

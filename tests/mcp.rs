@@ -52,19 +52,7 @@ fn skill_with(name: &str, body: &str, extra: Vec<(&str, Node)>) -> Node {
 
 /// Whether this machine has the executor backend `kind`; under CI it must.
 fn has_executor(kind: &str) -> bool {
-    let ok = match kind {
-        "docker" => Command::new("docker")
-            .arg("info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success()),
-        _ => Command::new("bwrap")
-            .arg("--version")
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success()),
-    };
+    let ok = support::executor_backend(kind);
     assert!(
         ok || std::env::var_os("CI").is_none(),
         "CI must run the MCP tests on the {kind} executor (.ci/setup installs it)"

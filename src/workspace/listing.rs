@@ -21,11 +21,29 @@ pub struct SkillView<'a> {
     user_only: bool,
     /// The skill's folder inside the executor, when the skills are mounted there.
     #[serde(skip_serializing_if = "Option::is_none")]
-    path: Option<String>,
+    path: Option<SkillPath<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     served: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     shadowed: Option<Vec<SkillView<'a>>>,
+}
+
+/// Where the executor reads a skill: the merged view for the one served, its tier's own view
+/// (`.tiers/<tier>/`) for a shadowed copy. Written out as it is serialized, with no string of
+/// its own (listings can hold 10,000 skills).
+struct SkillPath<'a> {
+    root: &'a str,
+    tier: Option<Tier>,
+    name: &'a str,
+}
+
+impl Serialize for SkillPath<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.tier {
+            None => s.collect_str(&format_args!("{}/{}", self.root, self.name)),
+            Some(t) => s.collect_str(&format_args!("{}/{TIERS_DIR}/{t}/{}", self.root, self.name)),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -49,18 +67,13 @@ impl Workspace {
         }
     }
 
-    /// Where the executor reads `c`: the merged view for the winner, its tier's own view
-    /// (`.tiers/<tier>/`) for a shadowed copy.
-    fn skill_path(&self, c: &Candidate, served: bool) -> Option<String> {
-        let root = self.skills_root()?;
-        Some(if served {
-            format!("{root}/{}", c.name)
-        } else {
-            format!("{root}/{TIERS_DIR}/{}/{}", c.tier, c.name)
-        })
-    }
-
-    fn view<'a>(&'a self, index: &'a Index, c: &'a Candidate, served: bool) -> SkillView<'a> {
+    fn view<'a>(
+        &'a self,
+        index: &'a Index,
+        c: &'a Candidate,
+        served: bool,
+        root: Option<&'a str>,
+    ) -> SkillView<'a> {
         SkillView {
             name: &c.name,
             description: &c.info.meta.description,
@@ -69,20 +82,27 @@ impl Workspace {
             source: &index.source(c).id,
             digest: c.digest(),
             user_only: c.info.meta.user_only,
-            path: self.skill_path(c, served),
+            path: root.map(|root| SkillPath {
+                root,
+                tier: (!served).then_some(c.tier),
+                name: &c.name,
+            }),
             served: None,
             shadowed: None,
         }
     }
 
     pub(super) fn skill_json(&self, index: &Index, c: &Candidate, served: bool) -> Value {
-        serde_json::to_value(self.view(index, c, served)).expect("views serialize")
+        let root = self.skills_root();
+        serde_json::to_value(self.view(index, c, served, root.as_deref())).expect("views serialize")
     }
 
     /// `skills_list`: every visible skill, or one tier's, with its shadowed candidates.
     pub fn list(&self, tier: Option<Tier>, include_shadowed: bool) -> Value {
         let g = self.generation();
         let index = &g.index;
+        let root = self.skills_root();
+        let root = root.as_deref();
         let mut skills = Vec::new();
         for r in index.resolutions() {
             let Some(winner) = &r.winner else { continue };
@@ -95,14 +115,14 @@ impl Workspace {
             };
             let Some(c) = shown else { continue };
             let served = std::ptr::eq(c, winner);
-            let mut v = self.view(index, c, served);
+            let mut v = self.view(index, c, served, root);
             v.served = Some(served);
             if include_shadowed {
                 v.shadowed = Some(
                     r.shadowed
                         .iter()
                         .filter(|s| !std::ptr::eq(*s, c))
-                        .map(|s| self.view(index, s, false))
+                        .map(|s| self.view(index, s, false, root))
                         .collect(),
                 );
             }

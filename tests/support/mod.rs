@@ -441,3 +441,30 @@ pub fn warm_provisioner_with(store: &Store, cidrs: &str, pins: &str) -> Provisio
         EgressPolicy::new(hosts, cidrs, pins).unwrap(),
     )
 }
+
+/// Whether an executor backend (`docker`: an engine answers; `bwrap`: bubblewrap runs) is on
+/// this machine.
+pub fn executor_backend(kind: &str) -> bool {
+    let (program, arg) = if kind == "docker" {
+        ("docker", "info")
+    } else {
+        ("bwrap", "--version")
+    };
+    Command::new(program)
+        .arg(arg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The digest of the skill `name` in a `workspace_open` result.
+pub fn skill_digest(result: &serde_json::Value, name: &str) -> serde_json::Value {
+    result["skills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap_or_else(|| panic!("no skill {name} in {result}"))["digest"]
+        .clone()
+}
