@@ -83,7 +83,7 @@ fn build_tools() -> Vec<Tool> {
     vec![
         Tool::new(
             "workspace_open",
-            "Open a workspace: fetch the project repository into a new working tree, install the toolkits, and mount the resolved skills. Idempotent by idempotencyKey.",
+            "Open a workspace: fetch the project repository into a new working tree, install the toolkits, mount the resolved skills, and make the workspace's executor, a sandbox where /workspace is the working tree and the skills are read-only at /opt/cloud-harness/skills. Idempotent by idempotencyKey.",
             schema(json!({
                 "type": "object",
                 "properties": {
@@ -400,8 +400,9 @@ impl ServerHandler for HarnessServer {
         InitializeResult::new(ServerCapabilities::builder().enable_tools().enable_prompts().build())
             .with_server_info(server)
             .with_instructions(
-                "Cloud Harness serves agent skills. Call workspace_open (with toolkits) first; it returns a workspace handle, \
-                 the working tree and the skills mount. Then skills_list, skills_read (SKILL.md first) and skills_run. \
+                "Cloud Harness serves agent skills. Call workspace_open (with toolkits) first; it returns a workspace handle \
+                 and the paths inside its executor: the working tree (/workspace) and the skills (/opt/cloud-harness/skills). \
+                 Then skills_list, skills_read (SKILL.md first) and skills_run, which runs a script in the executor. \
                  Errors come back as tool results with a code (INVALID_ARGUMENT, FORBIDDEN, NOT_FOUND, CONFLICT, ...) and the field to fix. \
                  The session-start prompt gives the instructions toolkits want at the start of a session.",
             )
