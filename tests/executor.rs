@@ -59,7 +59,8 @@ fn harness_with(
 ) -> Harness {
     let kind = match settings.choice {
         cloud_harness::executor::Choice::Only(kind) => kind,
-        cloud_harness::executor::Choice::Auto => unreachable!("tests name their backend"),
+        // Without an executor, only the store and the mounts are made.
+        _ => Kind::Host,
     };
     let tmp = tempfile::tempdir().unwrap();
     let store = Store::open(tmp.path().join("store")).unwrap();
@@ -493,4 +494,41 @@ print(json.dumps(out))
         .output()
         .unwrap();
     assert!(networks.stdout.is_empty(), "the egress network was left");
+}
+
+/// Without an executor, a workspace still opens and its skills are read; scripts never run
+/// (on the host least of all), and the refusal says what to install.
+#[test]
+fn without_an_executor_skills_are_read_and_scripts_refused() {
+    if !available(Kind::Bwrap) {
+        return;
+    }
+    let mut settings = Settings::with_kind(Kind::Bwrap);
+    settings.choice = cloud_harness::executor::Choice::Off;
+    let h = harness_with(settings, support::warm_provisioner);
+    let result = h.open("none");
+    let ws = result["workspace"].as_str().unwrap().to_owned();
+    assert!(result["executor"].is_null(), "{result}");
+    assert!(
+        result["path"].is_null() && result["skillsMount"].is_null(),
+        "{result}"
+    );
+    let warnings = result["warnings"].to_string();
+    assert!(warnings.contains("bubblewrap"), "{result}");
+    let page = h
+        .workspaces
+        .get(&ws)
+        .unwrap()
+        .read("alpha", "SKILL.md", 0, 4096)
+        .unwrap();
+    assert!(page.content.contains("Alpha."));
+    h.approve(&support::skill_digest(&result, "alpha"));
+    let e = h.run(&ws, "scripts/hello.sh").unwrap_err();
+    assert_eq!(e.code, cloud_harness_fs::Code::Forbidden, "{e}");
+    assert!(e.message.contains("install bubblewrap"), "{e}");
+    let (code, _, err) = h.exec(&ws, &["true"], b"");
+    assert_eq!(code, 125, "{err}");
+    assert!(err.contains("no executor"), "{err}");
+    h.workspaces.close(&ws).unwrap();
+    h.assert_nothing_left();
 }

@@ -71,6 +71,8 @@ pub enum Network {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Choice {
     Auto,
+    /// No executor: skills are served and read, scripts never run.
+    Off,
     Only(Kind),
 }
 
@@ -98,9 +100,10 @@ impl Settings {
             Some("docker") => Choice::Only(Kind::Docker),
             Some("bwrap") => Choice::Only(Kind::Bwrap),
             Some("host") => Choice::Only(Kind::Host),
+            Some("none") => Choice::Off,
             Some(other) => {
                 return Err(Error::invalid(format!(
-                    "CLOUD_HARNESS_EXECUTOR={other:?}: use auto, docker, bwrap or host"
+                    "CLOUD_HARNESS_EXECUTOR={other:?}: use auto, docker, bwrap, host or none"
                 )))
             }
         };
@@ -194,7 +197,7 @@ impl Settings {
             Choice::Only(kind) => Some(kind),
             Choice::Auto if crate::engine::version().is_some() => Some(Kind::Docker),
             Choice::Auto if bwrap::available() => Some(Kind::Bwrap),
-            Choice::Auto => None,
+            Choice::Auto | Choice::Off => None,
         };
         if kind == Some(Kind::Bwrap) && self.network == Network::Egress {
             return Err(Error::invalid(
