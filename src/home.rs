@@ -2,11 +2,8 @@
 //!
 //! ```text
 //! <home>/operator.json                 operator decisions (overrides, approved skills)
-//! <home>/keys/<sha256 of key>.json     idempotency keys: key -> request digest, workspace
-//! <home>/workspaces/<id>/workspace.json
-//! <home>/workspaces/<id>/repo/         the working tree
-//! <home>/workspaces/<id>/skills/       the merged skills mount
-//! <home>/workspaces/<id>/owner-skills/ the owner tier alone
+//! <home>/workspaces/<id>/              one workspace (see `workspace`): its record (which
+//!                                      holds its idempotency key), working tree, mounts
 //! ```
 
 use cloud_harness_fs::{Error, Result};
@@ -32,20 +29,21 @@ pub fn default_home() -> PathBuf {
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().expect("state files have a folder");
     fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-    let tmp = dir.join(format!(
-        ".{}.{}.tmp",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("state"),
-        std::process::id()
-    ));
+    // A temp name of its own for every writer, threads of one process too; removed if
+    // anything fails.
+    let prefix = format!(
+        ".{}.",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("state")
+    );
     let result = (|| -> std::io::Result<()> {
-        let mut f = fs::File::create(&tmp)?;
+        let mut f = tempfile::Builder::new()
+            .prefix(&prefix)
+            .suffix(".tmp")
+            .tempfile_in(dir)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
+        f.as_file().sync_all()?;
+        f.persist(path).map_err(|e| e.error)?;
         fs::File::open(dir)?.sync_all()
     })();
-    result.map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        Error::io(path, e)
-    })
+    result.map_err(|e| Error::io(path, e))
 }

@@ -7,6 +7,7 @@ pub mod engine;
 pub mod executor;
 pub mod home;
 pub mod input;
+pub mod keyed_lock;
 pub mod mcp;
 pub mod mount;
 pub mod operator;

@@ -904,3 +904,88 @@ fn the_egress_proxy_refuses_a_loopback_server_unless_its_range_is_opened() {
     assert_eq!(w.server.requests(), before, "nothing reached the server");
     assert!(w.acquire(spec).is_ok(), "with 127.0.0.0/8 opened it works");
 }
+
+/// Eight workspaces opening with one toolkit at once (different instance ids, as different
+/// keys would): one fetch, one bundle, no collision between writers.
+#[test]
+fn concurrent_cold_acquisitions_of_one_toolkit_fetch_once() {
+    let w = world();
+    let repo = Repo::create(&w.repos, "shared.git", false);
+    let commit = repo.commit(dir(vec![(
+        "skills",
+        dir(vec![("a", skill("a", "a")), ("b", skill("b", "b"))]),
+    )]));
+    let p = std::sync::Arc::new(w.provisioner(""));
+    let url = w.server.url("shared.git");
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let (p, url, commit) = (p.clone(), url.clone(), commit.clone());
+            std::thread::spawn(move || {
+                let spec = ToolkitSpec::Git(git(url, &format!("kit-{i}"), Some(&commit)));
+                p.acquire(&spec.resolve(p.hosts()).unwrap())
+            })
+        })
+        .collect();
+    let results: Vec<Acquired> = threads
+        .into_iter()
+        .map(|t| t.join().unwrap().unwrap())
+        .collect();
+    assert_eq!(results.iter().filter(|a| !a.warm).count(), 1, "one fetch");
+    assert!(results
+        .iter()
+        .all(|a| a.record.bundle == results[0].record.bundle));
+    let mut ids: Vec<&str> = results
+        .iter()
+        .map(|a| a.record.instance_id.as_str())
+        .collect();
+    ids.sort();
+    assert_eq!(ids.len(), 8);
+    ids.dedup();
+    assert_eq!(ids.len(), 8, "each acquisition keeps its own instance id");
+}
+
+/// A helper container stands in for the fetch: its pack may name another commit than the one
+/// asked for (a pack of a commit the server does have). The host compares and refuses.
+#[test]
+fn a_pack_naming_another_commit_than_the_one_asked_for_is_refused() {
+    let w = world();
+    let repo = Repo::create(&w.repos, "two.git", false);
+    let first = repo.commit(dir(vec![("skills", dir(vec![("a", skill("a", "a"))]))]));
+    let second = repo.commit(dir(vec![("skills", dir(vec![("b", skill("b", "b"))]))]));
+    // What a lying helper would print: a well-formed pack of `second`, saying so.
+    let mut pack_objects = std::process::Command::new("git")
+        .arg("-C")
+        .arg(&repo.path)
+        .args(["pack-objects", "--revs", "--stdout", "-q"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    writeln!(pack_objects.stdin.take().unwrap(), "{second}").unwrap();
+    let out = pack_objects.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let mut output = format!(
+        "{} sha1 {second}\n",
+        cloud_harness::provision::sandbox::PACK_MAGIC
+    )
+    .into_bytes();
+    output.extend_from_slice(&out.stdout);
+    let scratch = w.tmp.path().join("scratch");
+    let fetched = cloud_harness::provision::sandbox::index_pack(
+        &output,
+        &scratch,
+        cloud_harness::provision::staging::Limits::default(),
+    )
+    .unwrap();
+    let url = w.server.url("two.git");
+    let asked = toolkit::Revision::Commit(first.clone());
+    let err = cloud_harness::provision::verify_fetched(&asked, &fetched, &url).unwrap_err();
+    assert_eq!(err.code, Code::Upstream, "{err}");
+    assert!(
+        err.message.contains(&first) && err.message.contains(&second),
+        "{err}"
+    );
+    let honest = toolkit::Revision::Commit(second.clone());
+    cloud_harness::provision::verify_fetched(&honest, &fetched, &url).unwrap();
+}

@@ -46,6 +46,31 @@ pub fn bundle_source(
     )
 }
 
+/// A fetch (in a helper container above all, whose word is not trusted) must hand back the
+/// commit that was asked for: an exact commit id is compared, never taken on faith. (A tag or
+/// the default head is whatever the server says it is; the commit found is recorded.)
+pub fn verify_fetched(revision: &Revision, fetched: &fetch::Fetched, url: &str) -> Result<()> {
+    if let Revision::Commit(wanted) = revision {
+        let got = fetched.commit.to_string();
+        if !got.eq_ignore_ascii_case(wanted) {
+            return Err(Error::new(
+                Code::Upstream,
+                format!(
+                    "fetching {url} asked for commit {wanted} and got {got}; nothing was published"
+                ),
+            )
+            .with_details(serde_json::json!({ "url": url, "wanted": wanted, "got": got })));
+        }
+        fetched.repo.find_commit(fetched.commit).map_err(|_| {
+            Error::new(
+                Code::Upstream,
+                format!("the fetch of {url} lacks commit {wanted}"),
+            )
+        })?;
+    }
+    Ok(())
+}
+
 /// The result of one acquisition.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -70,6 +95,8 @@ pub struct Provisioner {
     sandbox: OnceLock<Option<sandbox::Sandbox>>,
     /// The egress proxy in-process fetches go through, started on first use.
     embedded: std::sync::Mutex<Option<proxy::EmbeddedProxy>>,
+    /// One acquisition per repository and revision at a time.
+    acquiring: crate::keyed_lock::KeyedLock,
 }
 
 impl Provisioner {
@@ -87,6 +114,7 @@ impl Provisioner {
             egress,
             sandbox: OnceLock::from(None),
             embedded: std::sync::Mutex::new(None),
+            acquiring: Default::default(),
         }
     }
 
@@ -182,8 +210,15 @@ impl Provisioner {
         BundleIndex::open(&self.store)
     }
 
-    /// Acquires `toolkit` into the store.
+    /// Acquires `toolkit` into the store. Concurrent acquisitions of one repository revision
+    /// (several workspaces opening with the same toolkit) fetch once: the others wait, then
+    /// find its bundle in the index.
     pub fn acquire(&self, toolkit: &Toolkit) -> Result<Acquired> {
+        let key = format!("{}\n{}", toolkit.url, toolkit.revision.to_arg());
+        self.acquiring.with(&key, || self.acquire_now(toolkit))
+    }
+
+    fn acquire_now(&self, toolkit: &Toolkit) -> Result<Acquired> {
         let started = Instant::now();
         let index = self.index();
         let done = |mut record: BundleRecord, warm: bool| Acquired {
@@ -239,6 +274,7 @@ impl Provisioner {
             )
             .map_err(|e| self.explain(&fetched_url, e)),
         }?;
+        verify_fetched(&revision, &fetched, &fetched_url)?;
         let commit = fetched.commit.to_string();
         if let Revision::Tag(t) = &toolkit.revision {
             index.set_tag(&toolkit.url, t, &commit)?;

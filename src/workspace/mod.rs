@@ -33,6 +33,7 @@ pub use request::OpenRequest;
 pub use run::RunRequest;
 
 use crate::executor::{self, Executor, Kind, Places};
+use crate::keyed_lock::KeyedLock;
 use crate::operator::Operator;
 use crate::provision::{fetch, Acquired, Provisioner};
 use crate::session_start::{self, SessionStart};
@@ -80,7 +81,7 @@ pub struct Workspaces {
     /// Idempotency keys in use: the request each was opened with and its workspace. Filled
     /// from the workspace records at start-up, so it needs no file of its own.
     keys: Mutex<HashMap<String, (Digest, String)>>,
-    key_locks: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    key_locks: KeyedLock,
     mounting: bool,
 }
 
@@ -151,7 +152,7 @@ impl Workspaces {
             executor_kind,
             open: Mutex::new(HashMap::new()),
             keys: Mutex::new(HashMap::new()),
-            key_locks: Mutex::new(HashMap::new()),
+            key_locks: KeyedLock::default(),
             mounting,
         };
         ws.restore();
@@ -270,14 +271,19 @@ impl Workspaces {
         let digest = request::request_digest(&request, &toolkits);
 
         // One open per key at a time; the others then find its workspace.
-        let lock = self
-            .key_locks
-            .lock()
-            .expect("key lock table")
-            .entry(key.clone())
-            .or_default()
-            .clone();
-        let _held = lock.lock().expect("key lock");
+        self.key_locks.with(&key, || {
+            self.open_locked(&request, &toolkits, repo_url.as_deref(), digest)
+        })
+    }
+
+    fn open_locked(
+        &self,
+        request: &OpenRequest,
+        toolkits: &[toolkit::Toolkit],
+        repo_url: Option<&str>,
+        digest: Digest,
+    ) -> Result<Value> {
+        let key = request.idempotency_key.clone();
         let existing = self.keys.lock().expect("keys lock").get(&key).cloned();
         if let Some((existing_digest, workspace)) = existing {
             if existing_digest != digest {
@@ -301,7 +307,7 @@ impl Workspaces {
         let places = Places::of(&dir);
         let repo = &places.repo;
         let mut repository = Value::Null;
-        match &repo_url {
+        match repo_url {
             Some(fetched) => {
                 let deadline =
                     Instant::now() + Duration::from_secs(self.provisioner.limits.max_seconds);
@@ -319,7 +325,7 @@ impl Workspaces {
         }
 
         let mut acquired: Vec<(toolkit::Toolkit, Acquired)> = Vec::new();
-        for t in &toolkits {
+        for t in toolkits {
             let a = self.provisioner.acquire(t)?;
             acquired.push((t.clone(), a));
         }

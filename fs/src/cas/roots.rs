@@ -33,18 +33,19 @@ impl Store {
         let path = self.roots_dir().join(name);
         let dir = path.parent().expect("roots have a parent");
         fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let tmp = dir.join(format!(".{}.tmp-{}", digest.hex(), std::process::id()));
+        // A name of its own for every writer (threads of one process too); dotted, so a
+        // listing of roots never takes it for one. Removed if anything fails.
         let write = || -> std::io::Result<()> {
-            let mut f = fs::File::create(&tmp)?;
+            let mut f = tempfile::Builder::new()
+                .prefix(".root-")
+                .suffix(".tmp")
+                .tempfile_in(dir)?;
             writeln!(f, "{digest}")?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)?;
+            f.as_file().sync_all()?;
+            f.persist(&path).map_err(|e| e.error)?;
             fs::File::open(dir)?.sync_all()
         };
-        write().map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            Error::io(&path, e)
-        })
+        write().map_err(|e| Error::io(&path, e))
     }
 
     pub fn remove_root(&self, name: &str) -> Result<()> {
