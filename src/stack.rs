@@ -31,6 +31,9 @@ pub struct TierInputs {
     /// A project root whose `.agents/skills` and `.claude/skills` form the repository tier.
     pub repository: Option<PathBuf>,
     pub overrides: Vec<Override>,
+    /// The project the folders belong to, when they are a working tree's (hostile content:
+    /// they must stay beneath it).
+    pub confine: Option<PathBuf>,
 }
 
 impl TierInputs {
@@ -39,6 +42,7 @@ impl TierInputs {
         let mut spec = StackSpec {
             overrides: self.overrides.clone(),
             repository: self.repository.clone(),
+            confine: self.confine.clone(),
             ..StackSpec::default()
         };
         if self.builtin {

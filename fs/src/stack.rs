@@ -34,10 +34,24 @@ pub fn tree_source(
 }
 
 /// A source from a folder of skills on disk, found anywhere below it. Its id is
-/// `<tier>:<absolute path>`.
-pub fn dir_source(store: &Store, cache: &SkillCache, tier: Tier, dir: &Path) -> Result<Source> {
+/// `<tier>:<absolute path>`. With `project`, the folder belongs to that project (hostile
+/// content): it must lead nowhere outside it, and the project ceilings apply.
+pub fn dir_source(
+    store: &Store,
+    cache: &SkillCache,
+    tier: Tier,
+    dir: &Path,
+    project: Option<&Path>,
+) -> Result<Source> {
     let abs = absolute(dir)?;
-    let imported = store.import_dir(&abs, &Limits::default())?;
+    let limits = match project {
+        Some(root) => {
+            beneath(root, dir, &abs)?;
+            Limits::PROJECT
+        }
+        None => Limits::default(),
+    };
+    let imported = store.import_dir(&abs, &limits)?;
     let path = abs.to_string_lossy().into_owned();
     tree_source(
         store,
@@ -67,10 +81,35 @@ pub fn repository_sources(store: &Store, cache: &SkillCache, root: &Path) -> Res
     for sub in REPOSITORY_SKILL_DIRS {
         let dir = root.join(sub);
         if dir.is_dir() {
-            out.push(dir_source(store, cache, Tier::Repository, &dir)?);
+            out.push(dir_source(
+                store,
+                cache,
+                Tier::Repository,
+                &dir,
+                Some(&root),
+            )?);
         }
     }
     Ok(out)
+}
+
+/// A project's folder `dir` (real path `real`) must be beneath the project `root`: a link
+/// such as `.agents/skills -> /` would otherwise serve (and import) the host's own files.
+fn beneath(root: &Path, dir: &Path, real: &Path) -> Result<()> {
+    let root = absolute(root)?;
+    if real.starts_with(&root) {
+        return Ok(());
+    }
+    // Named as the project names it: the host's own layout is nobody's business.
+    let shown = dir.strip_prefix(&root).unwrap_or(dir);
+    Err(Error::new(
+        crate::Code::Forbidden,
+        format!(
+            "the project's {} is a link that leads outside the project; it is not served",
+            shown.display()
+        ),
+    )
+    .with_details(serde_json::json!({ "path": shown })))
 }
 
 fn absolute(dir: &Path) -> Result<PathBuf> {
@@ -89,6 +128,9 @@ pub struct StackSpec {
     /// A project whose `.agents/skills` and `.claude/skills` form the repository tier.
     pub repository: Option<PathBuf>,
     pub overrides: Vec<crate::resolver::Override>,
+    /// A project whose folders `dirs` are (the workspace tier of a working tree): they must
+    /// stay beneath it, with the project ceilings.
+    pub confine: Option<PathBuf>,
 }
 
 impl StackSpec {
@@ -96,7 +138,13 @@ impl StackSpec {
     pub fn sources(&self, store: &Store, cache: &SkillCache) -> Result<Vec<Source>> {
         let mut sources = self.trees.clone();
         for (tier, dir) in &self.dirs {
-            sources.push(dir_source(store, cache, *tier, dir)?);
+            sources.push(dir_source(
+                store,
+                cache,
+                *tier,
+                dir,
+                self.confine.as_deref(),
+            )?);
         }
         if let Some(root) = &self.repository {
             sources.extend(repository_sources(store, cache, root)?);

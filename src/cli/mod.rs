@@ -134,6 +134,7 @@ impl TierArgs {
             workspace_dirs: self.workspace.clone(),
             repository: self.repository.clone(),
             overrides: self.overrides.clone(),
+            confine: None,
         }
         .stack(store, cache)
     }

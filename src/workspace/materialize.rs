@@ -7,7 +7,7 @@ use crate::toolkit::{self, Scope};
 use cloud_harness_fs::cas::{self, Digest, Limits, Store};
 use cloud_harness_fs::discovery::SkillCache;
 use cloud_harness_fs::resolver::{self, Override, Tier};
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_fs::{Code, Error, Result};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::fs;
@@ -24,6 +24,11 @@ pub fn workspace_scope(
     overrides: &[Override],
 ) -> Result<BTreeMap<String, String>> {
     let target = repo.join(WORKSPACE_SKILLS);
+    // The project is hostile: a `.cloud-harness` or `skills` that is a link would have these
+    // writes land outside the working tree.
+    for place in [".cloud-harness", WORKSPACE_SKILLS] {
+        refuse_link(repo, place)?;
+    }
     let cache = SkillCache::default();
     let sources = acquired
         .iter()
@@ -55,6 +60,7 @@ pub fn workspace_scope(
     let mut to_write = Vec::new();
     for (name, (digest, toolkit)) in &wanted {
         let dest = target.join(name);
+        refuse_link(repo, &format!("{WORKSPACE_SKILLS}/{name}"))?;
         if fs::symlink_metadata(&dest).is_ok() {
             let existing = store.import_dir(&dest, &Limits::default())?.digest;
             if existing != *digest {
@@ -82,6 +88,20 @@ pub fn workspace_scope(
         .into_iter()
         .map(|(name, (_, toolkit))| (name, toolkit))
         .collect())
+}
+
+/// `place` (relative to the working tree) must not be a link.
+fn refuse_link(repo: &Path, place: &str) -> Result<()> {
+    match fs::symlink_metadata(repo.join(place)) {
+        Ok(m) if m.file_type().is_symlink() => Err(Error::new(
+            Code::Forbidden,
+            format!(
+                "the project's {place} is a link; workspace-scope toolkits are written only into real folders of the working tree, so nothing was written"
+            ),
+        )
+        .with_details(json!({ "path": place }))),
+        _ => Ok(()),
+    }
 }
 
 /// Makes `uid:gid` the owner of everything in the working tree, links included and never

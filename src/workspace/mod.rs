@@ -414,6 +414,7 @@ impl Workspaces {
             },
             repository: Some(repo.to_path_buf()),
             overrides: overrides.to_vec(),
+            confine: Some(repo.to_path_buf()),
         }
     }
 

@@ -34,6 +34,17 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// Ceilings for a project's own folders (hostile, like any third-party tree): those of a
+    /// fetched toolkit.
+    pub const PROJECT: Limits = Limits {
+        max_files: 20_000,
+        max_bytes: 256 << 20,
+        max_file_bytes: 32 << 20,
+        max_depth: 32,
+    };
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Imported {
     pub digest: Digest,

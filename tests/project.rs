@@ -1,0 +1,221 @@
+//! A project repository is hostile like any toolkit: its skill folders and `.cloud-harness`
+//! must not lead the harness outside the working tree, neither when the workspace opens nor
+//! when a live tier changes later.
+
+mod support;
+
+use cloud_harness::executor::{Choice, Kind, Settings};
+use cloud_harness::toolkit::{self, ToolkitSpec};
+use cloud_harness::workspace::{OpenRequest, Workspaces};
+use cloud_harness_fs::cas::Store;
+use cloud_harness_fs::Code;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use support::{dir, skill, Certs, GitServer, Node, Repo};
+
+struct World {
+    tmp: tempfile::TempDir,
+    repos: PathBuf,
+    server: GitServer,
+    workspaces: Workspaces,
+    /// A folder outside every working tree, holding a skill of its own.
+    outside: PathBuf,
+}
+
+fn world() -> World {
+    let tmp = tempfile::tempdir().unwrap();
+    let repos = tmp.path().join("repos");
+    std::fs::create_dir_all(&repos).unwrap();
+    let certs = Certs::new(&tmp.path().join("certs"));
+    let server = GitServer::start(&repos, &certs);
+    let store = Store::open(tmp.path().join("store")).unwrap();
+    let provisioner = server.provisioner(&certs, store, "", "127.0.0.0/8", "");
+    let mut settings = Settings::with_kind(Kind::Host);
+    settings.choice = Choice::Off;
+    let workspaces =
+        Workspaces::with_executors(tmp.path().join("home"), provisioner, false, settings).unwrap();
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir_all(outside.join("leak")).unwrap();
+    std::fs::write(
+        outside.join("leak/SKILL.md"),
+        "---\nname: leak\ndescription: The host's own.\n---\nsecret\n",
+    )
+    .unwrap();
+    World {
+        tmp,
+        repos,
+        server,
+        workspaces,
+        outside,
+    }
+}
+
+impl World {
+    fn project(&self, name: &str, root: Node) -> String {
+        Repo::create(&self.repos, &format!("{name}.git"), false).commit(root);
+        self.server.url(&format!("{name}.git"))
+    }
+
+    fn open(
+        &self,
+        key: &str,
+        url: &str,
+        toolkits: Vec<ToolkitSpec>,
+    ) -> cloud_harness_fs::Result<Value> {
+        self.workspaces.open(OpenRequest {
+            repository_url: Some(url.to_owned()),
+            idempotency_key: key.into(),
+            toolkits: toolkits.clone(),
+            allow_toolkit_workspace_changes: !toolkits.is_empty(),
+        })
+    }
+
+    fn workspaces_left(&self) -> usize {
+        std::fs::read_dir(self.tmp.path().join("home/workspaces"))
+            .unwrap()
+            .count()
+    }
+
+    fn names(result: &Value) -> Vec<String> {
+        result["skills"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["name"].as_str().unwrap().to_owned())
+            .collect()
+    }
+}
+
+fn link(target: &str) -> Node {
+    Node::Link(target.to_owned())
+}
+
+#[test]
+fn skill_folders_that_lead_outside_the_project_are_refused() {
+    let w = world();
+    let outside = w.outside.display().to_string();
+    let decoy_dir = w.tmp.path().join("decoy");
+    std::fs::create_dir_all(decoy_dir.join("skills")).unwrap();
+    std::os::unix::fs::symlink(w.outside.join("leak"), decoy_dir.join("skills/leak")).unwrap();
+    let decoy = decoy_dir.display().to_string();
+    for (name, root, what) in [
+        (
+            "to-root",
+            dir(vec![(".agents", dir(vec![("skills", link("/"))]))]),
+            ".agents/skills",
+        ),
+        (
+            "to-host",
+            dir(vec![(".agents", dir(vec![("skills", link(&outside))]))]),
+            ".agents/skills",
+        ),
+        (
+            "upwards",
+            dir(vec![(
+                ".claude",
+                dir(vec![("skills", link("../../../../../../.."))]),
+            )]),
+            ".claude/skills",
+        ),
+        // A link one level up: the project's `.claude` is a host folder holding `skills/`.
+        (
+            "parent-link",
+            dir(vec![(".claude", link(&decoy))]),
+            ".claude/skills",
+        ),
+    ] {
+        let url = w.project(name, root);
+        let err = w.open(name, &url, vec![]).unwrap_err();
+        assert_eq!(err.code, Code::Forbidden, "{name}: {err}");
+        assert!(err.message.contains(what), "{name}: {err}");
+        assert!(
+            !err.message.contains(&outside),
+            "{name} names a host path: {err}"
+        );
+        assert_eq!(w.workspaces_left(), 0, "{name} left a workspace behind");
+    }
+    // A link that stays inside the project is an ordinary shape, and served.
+    let url = w.project(
+        "inside",
+        dir(vec![
+            ("skills", dir(vec![("ours", skill("ours", "Ours."))])),
+            (".agents", dir(vec![("skills", link("../skills"))])),
+        ]),
+    );
+    let result = w.open("inside", &url, vec![]).unwrap();
+    assert!(
+        World::names(&result).contains(&"ours".to_owned()),
+        "{result}"
+    );
+}
+
+#[test]
+fn workspace_scope_toolkits_never_write_through_a_link() {
+    let w = world();
+    let kit = Repo::create(&w.repos, "kit.git", false);
+    let commit = kit.commit(dir(vec![(
+        "skills",
+        dir(vec![("wsx", skill("wsx", "Ws."))]),
+    )]));
+    let spec = toolkit::parse_spec(&format!(
+        r#"{{"kind":"git","instanceId":"kit","url":"{}","ref":"{commit}","scope":"workspace"}}"#,
+        w.server.url("kit.git")
+    ))
+    .unwrap();
+    let target = w.tmp.path().join("target");
+    std::fs::create_dir_all(&target).unwrap();
+    let t = target.display().to_string();
+    for (name, root) in [
+        ("dot-link", dir(vec![(".cloud-harness", link(&t))])),
+        (
+            "skills-link",
+            dir(vec![(".cloud-harness", dir(vec![("skills", link(&t))]))]),
+        ),
+        (
+            "skill-link",
+            dir(vec![(
+                ".cloud-harness",
+                dir(vec![("skills", dir(vec![("wsx", link(&t))]))]),
+            )]),
+        ),
+    ] {
+        let url = w.project(name, root);
+        let err = w.open(name, &url, vec![spec.clone()]).unwrap_err();
+        assert_eq!(err.code, Code::Forbidden, "{name}: {err}");
+        assert!(err.message.contains("is a link"), "{name}: {err}");
+        assert_eq!(
+            std::fs::read_dir(&target).unwrap().count(),
+            0,
+            "{name} wrote outside"
+        );
+        assert_eq!(w.workspaces_left(), 0, "{name} left a workspace behind");
+    }
+}
+
+#[test]
+fn a_live_tier_turned_into_a_link_out_keeps_the_last_good_generation() {
+    let w = world();
+    let url = w.project("live", dir(vec![("README.md", support::file("# live\n"))]));
+    let result = w.open("live", &url, vec![]).unwrap();
+    let id = result["workspace"].as_str().unwrap();
+    let repo = w.tmp.path().join("home/workspaces").join(id).join("repo");
+    // `.agents` appears whole, its link already inside (as a checkout or `mv` would make it).
+    std::fs::create_dir_all(repo.join("staged")).unwrap();
+    std::os::unix::fs::symlink(&w.outside, repo.join("staged/skills")).unwrap();
+    std::fs::rename(repo.join("staged"), repo.join(".agents")).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let listing = w.workspaces.get(id).unwrap().list(None, false);
+    let names: Vec<&str> = listing["skills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        !names.contains(&"leak"),
+        "a host folder is served: {names:?}"
+    );
+    assert!(Path::new(&w.outside).join("leak/SKILL.md").exists());
+    w.workspaces.close(id).unwrap();
+}
