@@ -219,3 +219,78 @@ fn a_live_tier_turned_into_a_link_out_keeps_the_last_good_generation() {
     assert!(Path::new(&w.outside).join("leak/SKILL.md").exists());
     w.workspaces.close(id).unwrap();
 }
+
+/// Garbage collection while workspaces are open keeps everything they serve: the built-in
+/// tier, the project's own skills (a snapshot of a live folder), a new generation of it.
+#[test]
+fn gc_while_a_workspace_is_open_keeps_what_it_serves() {
+    let w = world();
+    let url = w.project(
+        "gc",
+        dir(vec![(
+            ".claude",
+            dir(vec![("skills", dir(vec![("own", skill("own", "Own."))]))]),
+        )]),
+    );
+    let result = w.open("gc", &url, vec![]).unwrap();
+    let id = result["workspace"].as_str().unwrap().to_owned();
+    let gc = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
+            .args(["cas", "gc", "--grace", "0"])
+            .env("TOOLKIT_CACHE_ROOT", w.tmp.path().join("store"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    gc();
+    let ws = w.workspaces.get(&id).unwrap();
+    for skill in ["own", "cloud-harness-skills"] {
+        let page = ws.read(skill, "SKILL.md", 0, 1 << 16).unwrap();
+        assert!(
+            page.content.contains("description"),
+            "{skill}: {}",
+            page.content
+        );
+    }
+    // A live edit makes a new generation; it is kept too.
+    let repo = w.tmp.path().join("home/workspaces").join(&id).join("repo");
+    std::fs::write(
+        repo.join(".claude/skills/own/SKILL.md"),
+        "---\nname: own\ndescription: Own, edited.\n---\nEdited.\n",
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !ws
+        .read("own", "SKILL.md", 0, 1 << 16)
+        .unwrap()
+        .content
+        .contains("Edited.")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the edit never showed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    gc();
+    assert!(ws
+        .read("own", "SKILL.md", 0, 1 << 16)
+        .unwrap()
+        .content
+        .contains("Edited."));
+    drop(ws);
+    w.workspaces.close(&id).unwrap();
+    let store = Store::open(w.tmp.path().join("store")).unwrap();
+    let left: Vec<String> = store
+        .roots()
+        .unwrap()
+        .into_iter()
+        .map(|(name, _)| name)
+        .filter(|name| name.starts_with("workspaces/"))
+        .collect();
+    assert!(left.is_empty(), "roots of a closed workspace: {left:?}");
+}

@@ -25,6 +25,7 @@ mod mounts;
 mod read;
 mod record;
 mod request;
+mod roots;
 mod run;
 
 pub use read::{check_skill_path, Page};
@@ -99,6 +100,7 @@ fn new_id() -> String {
 struct Cleanup {
     dir: Option<PathBuf>,
     executor: Option<Executor>,
+    store: Store,
 }
 
 impl Cleanup {
@@ -119,6 +121,9 @@ impl Drop for Cleanup {
             let places = Places::of(&dir);
             mounts::clear(&places.mounts);
             mounts::unshare(&places.mounts);
+            if let Some(id) = dir.file_name().and_then(|n| n.to_str()) {
+                let _ = roots::unpin(&self.store, id);
+            }
             let _ = fs::remove_dir_all(&dir);
         }
     }
@@ -303,6 +308,7 @@ impl Workspaces {
         let mut cleanup = Cleanup {
             dir: Some(dir.clone()),
             executor: None,
+            store: self.store().clone(),
         };
         let places = Places::of(&dir);
         let repo = &places.repo;
@@ -384,6 +390,7 @@ impl Workspaces {
             let _ = Cleanup {
                 dir: Some(dir),
                 executor: ws.executor.take(),
+                store: self.store().clone(),
             };
             return Err(e);
         }
@@ -440,6 +447,7 @@ impl Workspaces {
             }
         }
         let store = self.store().clone();
+        roots::pin(&store, &record.id, &generation)?;
         let merged = Arc::new(Namespace::new(
             store.clone(),
             View::Merged,
@@ -461,11 +469,24 @@ impl Workspaces {
         } else {
             fs::create_dir_all(&places.mounts).map_err(|e| Error::io(&places.mounts, e))?;
         }
-        let (mounted, targets) = if self.mounting {
+        let (mounted, mut targets) = if self.mounting {
             mounts::mount(&places.mounts, merged.clone(), owner, warnings)?
         } else {
             (Vec::new(), mounts::unmounted(merged.clone(), owner))
         };
+        // Each new generation of a live tier is rooted as soon as it is served.
+        if let Some((ns, invalidate)) = targets.pop() {
+            let (pinned, pin_store, id) = (ns.clone(), store.clone(), record.id.clone());
+            targets.push((
+                ns,
+                Box::new(move |items: &[_]| {
+                    invalidate(items);
+                    if let Err(e) = roots::pin(&pin_store, &id, &pinned.generation()) {
+                        tracing::error!(workspace = %id, error = %e, "cannot root a new generation");
+                    }
+                }),
+            ));
+        }
         let live = LiveTiers::start(spec, store.clone(), Arc::new(cache), targets);
         Ok(Workspace {
             id: record.id.clone(),
@@ -559,6 +580,7 @@ impl Workspaces {
         }
         ws.release()?;
         mounts::unshare(&ws.places.mounts);
+        roots::unpin(self.store(), id)?;
         self.open.lock().expect("workspaces lock").remove(id);
         self.keys
             .lock()
