@@ -532,3 +532,31 @@ fn without_an_executor_skills_are_read_and_scripts_refused() {
     h.workspaces.close(&ws).unwrap();
     h.assert_nothing_left();
 }
+
+/// Closing never hangs on a busy mount: a file held open in the skills mount makes the
+/// unmount lazy, and closing returns anyway.
+#[test]
+fn closing_with_a_busy_mount_does_not_hang() {
+    if !available(Kind::Bwrap) {
+        return;
+    }
+    let h = harness(Kind::Bwrap);
+    let result = h.open("busy-mount");
+    let ws = result["workspace"].as_str().unwrap().to_owned();
+    let held = std::fs::File::open(
+        h.home()
+            .join("workspaces")
+            .join(&ws)
+            .join("mounts/skills/alpha/SKILL.md"),
+    )
+    .unwrap();
+    // On a thread, so a regression fails here instead of hanging the suite.
+    let (done, closed) = std::sync::mpsc::channel();
+    let workspaces = h.workspaces.clone();
+    std::thread::spawn(move || done.send(workspaces.close(&ws)).unwrap());
+    let outcome = closed
+        .recv_timeout(Duration::from_secs(20))
+        .expect("closing waited for the mount's last user");
+    outcome.unwrap();
+    drop(held);
+}

@@ -17,6 +17,7 @@ use support::{dir, skill, Certs, GitServer, Node, Repo};
 struct World {
     tmp: tempfile::TempDir,
     repos: PathBuf,
+    certs: Certs,
     server: GitServer,
     workspaces: Workspaces,
     /// A folder outside every working tree, holding a skill of its own.
@@ -29,12 +30,7 @@ fn world() -> World {
     std::fs::create_dir_all(&repos).unwrap();
     let certs = Certs::new(&tmp.path().join("certs"));
     let server = GitServer::start(&repos, &certs);
-    let store = Store::open(tmp.path().join("store")).unwrap();
-    let provisioner = server.provisioner(&certs, store, "", "127.0.0.0/8", "");
-    let mut settings = Settings::with_kind(Kind::Host);
-    settings.choice = Choice::Off;
-    let workspaces =
-        Workspaces::with_executors(tmp.path().join("home"), provisioner, false, settings).unwrap();
+    let workspaces = serve(&tmp, &server, &certs);
     let outside = tmp.path().join("outside");
     std::fs::create_dir_all(outside.join("leak")).unwrap();
     std::fs::write(
@@ -45,10 +41,20 @@ fn world() -> World {
     World {
         tmp,
         repos,
+        certs,
         server,
         workspaces,
         outside,
     }
+}
+
+/// The workspaces of a server on this world's home, as a (re)started `serve` has them.
+fn serve(tmp: &tempfile::TempDir, server: &GitServer, certs: &Certs) -> Workspaces {
+    let store = Store::open(tmp.path().join("store")).unwrap();
+    let provisioner = server.provisioner(certs, store, "", "127.0.0.0/8", "");
+    let mut settings = Settings::with_kind(Kind::Host);
+    settings.choice = Choice::Off;
+    Workspaces::with_executors(tmp.path().join("home"), provisioner, false, settings).unwrap()
 }
 
 impl World {
@@ -293,4 +299,49 @@ fn gc_while_a_workspace_is_open_keeps_what_it_serves() {
         .filter(|name| name.starts_with("workspaces/"))
         .collect();
     assert!(left.is_empty(), "roots of a closed workspace: {left:?}");
+}
+
+/// A workspace that cannot be served again after a restart keeps its key: opening with the
+/// key is a CONFLICT saying so (never a second workspace), and closing it frees the key.
+#[test]
+fn a_key_whose_workspace_failed_to_restore_owns_no_second_workspace() {
+    let mut w = world();
+    let kit = Repo::create(&w.repos, "kit.git", false);
+    let commit = kit.commit(dir(vec![("skills", dir(vec![("k", skill("k", "K."))]))]));
+    let spec = toolkit::parse_spec(&format!(
+        r#"{{"kind":"git","instanceId":"kit","url":"{}","ref":"{commit}"}}"#,
+        w.server.url("kit.git")
+    ))
+    .unwrap();
+    let url = w.project("restore", dir(vec![("README.md", support::file("# r\n"))]));
+    let request = || OpenRequest {
+        repository_url: Some(url.clone()),
+        idempotency_key: "same-key".into(),
+        toolkits: vec![spec.clone()],
+        allow_toolkit_workspace_changes: false,
+    };
+    let first = w.workspaces.open(request()).unwrap();
+    let id = first["workspace"].as_str().unwrap().to_owned();
+    let bundle = first["toolkits"][0]["bundle"].as_str().unwrap().to_owned();
+    w.workspaces.shutdown();
+    // The bundle's tree is lost: the workspace cannot be served again.
+    let store = Store::open(w.tmp.path().join("store")).unwrap();
+    let digest = cloud_harness_fs::cas::Digest::parse(&bundle).unwrap();
+    std::fs::remove_file(store.object_path(cloud_harness_fs::cas::ObjectKind::Tree, &digest))
+        .unwrap();
+    w.workspaces = serve(&w.tmp, &w.server, &w.certs);
+    let err = w.workspaces.open(request()).unwrap_err();
+    assert_eq!(err.code, Code::Conflict, "{err}");
+    assert!(
+        err.message.contains(&id) && err.message.contains("workspace_close"),
+        "{err}"
+    );
+    assert_eq!(w.workspaces_left(), 1, "a second workspace was made");
+    w.workspaces.close(&id).unwrap();
+    assert_eq!(w.workspaces_left(), 0);
+    let again = w.workspaces.open(request()).unwrap();
+    assert_ne!(again["workspace"], first["workspace"]);
+    w.workspaces
+        .close(again["workspace"].as_str().unwrap())
+        .unwrap();
 }

@@ -70,6 +70,8 @@ pub struct Workspace {
     executor: Option<Executor>,
     /// Cancelled when the workspace closes: its running scripts are killed.
     runs: CancellationToken,
+    /// Scripts running now.
+    running: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 pub struct Workspaces {
@@ -297,9 +299,15 @@ impl Workspaces {
                 ))
                 .with_details(json!({ "field": "idempotencyKey", "workspace": workspace })));
             }
-            if let Ok(ws) = self.get(&workspace) {
-                return Ok(ws.record.result.clone());
-            }
+            // One key owns at most one workspace: one that could not be served again after a
+            // restart keeps its key until it is closed.
+            return match self.get(&workspace) {
+                Ok(ws) => Ok(ws.record.result.clone()),
+                Err(_) => Err(Error::conflict(format!(
+                    "idempotencyKey {key:?} belongs to workspace {workspace}, which could not be served again after a restart (the server's log says why); close it with workspace_close to free the key"
+                ))
+                .with_details(json!({ "field": "idempotencyKey", "workspace": workspace }))),
+            };
         }
 
         let id = new_id();
@@ -499,6 +507,7 @@ impl Workspaces {
             live: Mutex::new(Some(live)),
             executor: None,
             runs: CancellationToken::new(),
+            running: Arc::default(),
         })
     }
 
@@ -573,8 +582,12 @@ impl Workspaces {
     /// `workspace_close`: kills its runs, removes its executor, unmounts, forgets the key,
     /// removes the working tree. The store keeps the bundles.
     pub fn close(&self, id: &str) -> Result<Value> {
-        let ws = self.get(id)?;
+        let ws = match self.get(id) {
+            Ok(ws) => ws,
+            Err(e) => return self.discard(id).map_err(|_| e),
+        };
         ws.runs.cancel();
+        ws.wait_for_runs(Duration::from_secs(10));
         if let Some(e) = &ws.executor {
             e.remove()?;
         }
@@ -587,6 +600,25 @@ impl Workspaces {
             .expect("keys lock")
             .remove(&ws.record.idempotency_key);
         fs::remove_dir_all(&ws.dir).map_err(|e| Error::io(&ws.dir, e))?;
+        Ok(json!({ "workspace": id, "closed": true }))
+    }
+
+    /// Closes a workspace that has a record but could not be served again after a restart:
+    /// its executor, roots, mounts and folder go, and its key is free.
+    fn discard(&self, id: &str) -> Result<Value> {
+        let (dir, record) = Record::find(&self.home, id)?;
+        let places = Places::of(&dir);
+        if let Some(spec) = record.executor {
+            Executor::attach(spec, places.clone(), id).remove()?;
+        }
+        mounts::clear(&places.mounts);
+        mounts::unshare(&places.mounts);
+        roots::unpin(self.store(), id)?;
+        self.keys
+            .lock()
+            .expect("keys lock")
+            .remove(&record.idempotency_key);
+        fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         Ok(json!({ "workspace": id, "closed": true }))
     }
 
@@ -615,6 +647,16 @@ pub fn is_mounted(places: &Places) -> bool {
 }
 
 impl Workspace {
+    /// Waits (a bounded time) until no script of this workspace runs.
+    fn wait_for_runs(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.running.load(std::sync::atomic::Ordering::SeqCst) > 0
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     fn release(&self) -> Result<()> {
         self.live.lock().expect("live lock").take();
         mounts::release(&mut self.mounts.lock().expect("mount lock"))

@@ -17,7 +17,13 @@ pub const OWNER_SKILLS: &str = "owner-skills";
 pub struct Mounted {
     pub path: PathBuf,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Says when the serving thread has stopped.
+    stopped: std::sync::mpsc::Receiver<()>,
 }
+
+/// How long closing waits for a serving thread: a busy mount detached lazily keeps serving
+/// until its last user lets go, and closing must not wait for that.
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn as_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -106,17 +112,20 @@ pub fn mount(
         match fuse::mount(ns.clone(), &path, &config) {
             Ok(m) => {
                 let notifier = m.notifier.clone();
+                let (done, stopped) = std::sync::mpsc::channel();
                 let thread = std::thread::Builder::new()
                     .name(format!("fuse-{sub}"))
                     .spawn(move || {
                         if let Err(e) = m.run() {
                             tracing::error!(error = %e, "skills file system stopped");
                         }
+                        let _ = done.send(());
                     })
                     .map_err(|e| Error::internal(format!("spawning a FUSE thread: {e}")))?;
                 mounts.push(Mounted {
                     path,
                     thread: Some(thread),
+                    stopped,
                 });
                 targets.push((
                     ns,
@@ -148,8 +157,16 @@ pub fn release(mounts: &mut Vec<Mounted>) -> Result<()> {
     for m in mounts.iter_mut() {
         fuse::unmount(&m.path)
             .map_err(|e| Error::internal(format!("unmounting {}: {e}", m.path.display())))?;
-        if let Some(t) = m.thread.take() {
-            let _ = t.join();
+        match m.stopped.recv_timeout(STOP_WAIT) {
+            Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                if let Some(t) = m.thread.take() {
+                    let _ = t.join();
+                }
+            }
+            // Still serving a lazily detached mount: it ends on its own once unused.
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                tracing::warn!(mountpoint = %m.path.display(), "a busy mount was detached; its thread ends when its last user lets go");
+            }
         }
     }
     mounts.clear();

@@ -14,9 +14,26 @@ use cloud_harness_fs::cas::{self, Digest};
 use cloud_harness_fs::{Code, Error, Result};
 use serde_json::json;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+
+/// Counts a run as running while it lives.
+struct Running(Arc<AtomicUsize>);
+
+impl Running {
+    fn new(count: &Arc<AtomicUsize>) -> Running {
+        count.fetch_add(1, Ordering::SeqCst);
+        Running(count.clone())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 /// What `skills_run` is asked.
 pub struct RunRequest {
@@ -122,7 +139,8 @@ impl Workspace {
                 ],
             })
             .await?;
-        // Closing the workspace cancels its runs too.
+        // Closing the workspace cancels its runs too, and waits for them to end.
+        let _running = Running::new(&self.running);
         let token = self.runs.child_token();
         let forward = {
             let token = token.clone();
