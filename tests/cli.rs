@@ -306,3 +306,68 @@ fn cas_verify_exits_1_naming_a_corrupt_object() {
         .unwrap()
         .contains(hex));
 }
+
+/// A skill at the top of a folder takes its name from front matter; a name that is a path, a
+/// hidden name or one longer than a file name can be is skipped with its reason, never used.
+#[test]
+fn front_matter_names_that_are_paths_are_skipped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let long = "x".repeat(300);
+    for (i, name) in [
+        "../repo", "/usr/bin", "a/b", ".hidden", &long, "..", "a\\\\b",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let dir = tmp.path().join(format!("top-{i}"));
+        write(
+            &dir,
+            "SKILL.md",
+            &format!("---\nname: \"{name}\"\ndescription: A hostile name.\n---\nBody.\n"),
+        );
+        let out = harness(
+            &store,
+            &[
+                "skills",
+                "resolve",
+                "--no-builtin",
+                "--owner",
+                dir.to_str().unwrap(),
+                "--json",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let doc = json(&out);
+        assert_eq!(doc["skills"], serde_json::json!([]), "{name}: {doc}");
+        let reason = doc["skipped"][0]["reason"].as_str().unwrap_or_default();
+        assert!(reason.contains("skill name"), "{name}: {doc}");
+        assert_eq!(
+            doc["skipped"][0]["code"], "INVALID_ARGUMENT",
+            "{name}: {doc}"
+        );
+    }
+    // An ordinary one is served under its name.
+    let dir = tmp.path().join("fine");
+    write(
+        &dir,
+        "SKILL.md",
+        "---\nname: fine\ndescription: Fine.\n---\nBody.\n",
+    );
+    let doc = json(&harness(
+        &store,
+        &[
+            "skills",
+            "resolve",
+            "--no-builtin",
+            "--owner",
+            dir.to_str().unwrap(),
+            "--json",
+        ],
+    ));
+    assert_eq!(doc["skills"][0]["name"], "fine", "{doc}");
+}

@@ -5,7 +5,7 @@
 use cloud_harness_fs::cas::Digest;
 use cloud_harness_fs::discovery::{Discovery, Found, SkillInfo};
 use cloud_harness_fs::resolver::{resolve, Override, Provenance, Source, Tier};
-use cloud_harness_fs::skill::SkillMeta;
+use cloud_harness_fs::skill::{SkillMeta, SkillName};
 use std::collections::BTreeSet;
 use std::hint::black_box;
 use std::sync::Arc;
@@ -29,7 +29,7 @@ fn source(id: &str, tier: Tier, names: impl Iterator<Item = String>) -> Source {
                     warnings: Vec::new(),
                     links,
                 }),
-                name,
+                name: SkillName::new(&name).unwrap(),
             }
         })
         .collect();

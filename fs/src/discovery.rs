@@ -96,8 +96,8 @@ pub struct SkillInfo {
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Found {
-    /// The skill's name: its folder name.
-    pub name: String,
+    /// The skill's name: its folder name (or, at a toolkit's top, its front matter's).
+    pub name: crate::skill::SkillName,
     /// Where the folder sits in the tree, `/`-separated.
     pub path: String,
     pub info: Arc<SkillInfo>,
@@ -188,11 +188,12 @@ pub fn discover(
     let mut out = walk.out;
 
     // Sibling links: only names of skills found here count.
-    let names: BTreeSet<String> = out.skills.iter().map(|s| s.name.clone()).collect();
+    let names: BTreeSet<String> = out.skills.iter().map(|s| s.name.to_string()).collect();
     for found in &mut out.skills {
         if found.info.links.iter().any(|l| !names.contains(l)) {
             let mut info = (*found.info).clone();
-            info.links.retain(|l| names.contains(l) && *l != found.name);
+            info.links
+                .retain(|l| names.contains(l) && l.as_str() != found.name.as_str());
             found.info = Arc::new(info);
         }
     }
@@ -283,11 +284,16 @@ impl Walk<'_> {
         match parsed {
             Ok(info) => {
                 let name = folder_name.or_else(|| info.meta.declared_name.clone());
-                match name {
-                    Some(name) => self.out.skills.push(Found {
+                match name.as_deref().map(crate::skill::SkillName::new) {
+                    Some(Ok(name)) => self.out.skills.push(Found {
                         name,
                         path: path.to_owned(),
                         info,
+                    }),
+                    Some(Err(reason)) => self.out.skipped.push(Skipped {
+                        path: path.to_owned(),
+                        code: Code::InvalidArgument.as_str().into(),
+                        reason,
                     }),
                     None => self.out.skipped.push(Skipped {
                         path: path.to_owned(),

@@ -313,7 +313,7 @@ pub fn resolve(sources: &[Source], overrides: &[Override]) -> Index {
             for w in &found.info.warnings {
                 warnings.push(Warning {
                     source: Some(src.id.clone()),
-                    skill: Some(found.name.clone()),
+                    skill: Some(found.name.to_string()),
                     message: w.clone(),
                 });
             }
@@ -321,7 +321,7 @@ pub fn resolve(sources: &[Source], overrides: &[Override]) -> Index {
                 .entry(found.name.as_str())
                 .or_default()
                 .push(Candidate {
-                    name: found.name.clone(),
+                    name: found.name.to_string(),
                     tier: src.tier,
                     source: si,
                     path: found.path.clone(),

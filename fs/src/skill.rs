@@ -60,6 +60,62 @@ pub struct ParsedSkill {
     pub warnings: Vec<String>,
 }
 
+/// A skill's identity, checked once where skills are found (discovery) and used as it is
+/// everywhere after: one path segment in a mount's root, an executor path, a store tree. A
+/// folder name from a store tree is one already; a name from front matter (a skill at a
+/// toolkit's top) must be shown to be. Names outside the Agent Skills rule stay a warning.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(transparent)]
+pub struct SkillName(String);
+
+/// The longest name a file system takes as one segment.
+const MAX_SEGMENT: usize = 255;
+
+impl SkillName {
+    /// `name` as a skill's identity, or why it cannot be one.
+    pub fn new(name: &str) -> Result<SkillName, String> {
+        let bad = |why: &str| {
+            Err(format!(
+                "skill name {:?} {why}",
+                name.chars().take(80).collect::<String>()
+            ))
+        };
+        if name.is_empty() {
+            return bad("is empty");
+        }
+        if name.len() > MAX_SEGMENT {
+            return bad("is longer than 255 bytes");
+        }
+        if name.contains('/') || name.contains('\\') {
+            return bad("is a path, not a name");
+        }
+        if name.starts_with('.') {
+            return bad("starts with a dot (hidden, or a path step)");
+        }
+        if name.chars().any(char::is_control) {
+            return bad("holds control characters");
+        }
+        Ok(SkillName(name.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for SkillName {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for SkillName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// Whether `name` follows the Agent Skills rule: 1-64 lowercase letters, digits and single
 /// hyphens, not starting or ending with a hyphen.
 pub fn is_spec_name(name: &str) -> bool {

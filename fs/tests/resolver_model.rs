@@ -4,7 +4,7 @@
 use cloud_harness_fs::cas::Digest;
 use cloud_harness_fs::discovery::{Discovery, Found, SkillInfo};
 use cloud_harness_fs::resolver::{resolve, Override, Provenance, Source, Tier};
-use cloud_harness_fs::skill::SkillMeta;
+use cloud_harness_fs::skill::{SkillMeta, SkillName};
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -75,7 +75,7 @@ fn build(specs: &[SourceSpec]) -> Vec<Source> {
                     .iter()
                     .rev()
                     .map(|s| Found {
-                        name: NAMES[s.name].to_owned(),
+                        name: SkillName::new(NAMES[s.name]).unwrap(),
                         path: path(s),
                         info: Arc::new(SkillInfo {
                             digest: digest(s),
@@ -220,7 +220,7 @@ proptest! {
 #[test]
 fn shadowing_a_sibling_is_a_warning_naming_the_link() {
     let skill = |name: &str, links: &[&str], variant: &str| Found {
-        name: name.into(),
+        name: SkillName::new(name).unwrap(),
         path: name.into(),
         info: Arc::new(SkillInfo {
             digest: Digest::of(format!("{name}{variant}").as_bytes()),

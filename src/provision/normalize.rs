@@ -183,14 +183,14 @@ pub fn normalize(
         let mut files = Vec::new();
         files_of(store, &s.info.digest, "", &mut files)?;
         skills.push(ManifestSkill {
-            name: s.name.clone(),
+            name: s.name.to_string(),
             path: s.path.clone(),
             digest: s.info.digest,
             description: s.info.meta.description.clone(),
             files,
         });
         entries.push(Entry {
-            name: s.name.clone(),
+            name: s.name.to_string(),
             kind: Kind::Tree,
             size: 0,
             digest: s.info.digest,
