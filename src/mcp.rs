@@ -67,7 +67,8 @@ fn build_tools() -> Vec<Tool> {
                 "type": "object",
                 "properties": {
                     "skillRoots": { "type": "array", "items": { "type": "string" } },
-                    "recursive": { "type": "boolean" }
+                    "recursive": { "type": "boolean" },
+                    "pluginManifest": { "type": "boolean", "description": "install only the skills the toolkit's .claude-plugin manifest lists" }
                 }
             },
             "skills": {

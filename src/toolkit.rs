@@ -51,6 +51,10 @@ pub struct LayoutSpec {
     pub skill_roots: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recursive: Option<bool>,
+    /// Install only the skills a `.claude-plugin/marketplace.json` or `plugin.json` lists
+    /// (when the toolkit has one); otherwise every skill the roots hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin_manifest: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,8 +119,10 @@ pub struct Toolkit {
     /// `/`-separated, empty for the repository's top.
     pub subdirectory: String,
     pub layout: Layout,
-    /// True when the spec chose the layout; otherwise a plugin manifest may narrow it.
-    pub explicit_layout: bool,
+    /// Narrow the skills to those a plugin manifest lists (asked for with
+    /// `layout.pluginManifest`; never a default).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub plugin_manifest: bool,
     pub scope: Scope,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session_start_skill: Option<String>,
@@ -232,7 +238,7 @@ impl ToolkitSpec {
                     revision,
                     subdirectory: String::new(),
                     layout: preset.layout.clone(),
-                    explicit_layout: true,
+                    plugin_manifest: false,
                     scope: p.scope.unwrap_or(preset.default_scope),
                     session_start_skill: preset.session_start_skill.clone(),
                 })
@@ -265,7 +271,7 @@ impl ToolkitSpec {
                     revision,
                     subdirectory,
                     layout,
-                    explicit_layout: spec_layout.skill_roots.is_some(),
+                    plugin_manifest: spec_layout.plugin_manifest.unwrap_or(false),
                     scope: g.scope.unwrap_or_default(),
                     session_start_skill: None,
                 })

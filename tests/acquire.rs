@@ -262,7 +262,7 @@ fn a_flat_preset_keeps_sibling_links_and_executable_scripts() {
 }
 
 #[test]
-fn a_plugin_manifest_limits_the_skills_to_those_its_author_ships() {
+fn a_plugin_manifest_narrows_the_skills_only_when_asked() {
     let w = world();
     let repo = Repo::create(&w.repos, "plugin.git", false);
     let marketplace = r#"{"name":"m","plugins":[{"name":"docs","source":"./","skills":["./skills/xlsx","./skills/pdf"]}]}"#;
@@ -287,24 +287,37 @@ fn a_plugin_manifest_limits_the_skills_to_those_its_author_ships() {
             Some(&commit),
         )))
         .unwrap();
+    // The documented default (skill roots `skills`, recursive) installs every skill, and
+    // says what the manifest would have left out.
+    assert_eq!(
+        names(&w.materialized(&a)),
+        ["internal-draft", "pdf", "xlsx"]
+    );
+    assert!(
+        a.record
+            .warnings
+            .iter()
+            .any(|m| m.contains("marketplace.json lists 2 of the 3 skills")),
+        "{:?}",
+        a.record.warnings
+    );
+
+    // Asked for, the manifest narrows the skills to those its author ships.
+    let mut spec = git(w.server.url("plugin.git"), "shipped", Some(&commit));
+    spec.layout = Some(LayoutSpec {
+        plugin_manifest: Some(true),
+        ..LayoutSpec::default()
+    });
+    let a = w.acquire(ToolkitSpec::Git(spec)).unwrap();
     assert_eq!(names(&w.materialized(&a)), ["pdf", "xlsx"]);
     assert!(
         a.record
             .warnings
             .iter()
-            .any(|m| m.contains("marketplace.json")),
+            .any(|m| m.contains("marketplace.json lists the skills")),
         "{:?}",
         a.record.warnings
     );
-
-    // An explicit layout wins over the manifest.
-    let mut spec = git(w.server.url("plugin.git"), "all", Some(&commit));
-    spec.layout = Some(LayoutSpec {
-        skill_roots: Some(vec!["skills".into()]),
-        recursive: None,
-    });
-    let a = w.acquire(ToolkitSpec::Git(spec)).unwrap();
-    assert_eq!(a.record.skills, 3);
 }
 
 #[test]

@@ -53,6 +53,9 @@ pub struct AddArgs {
     /// Look only one level below each skill root.
     #[arg(long, requires = "url")]
     pub not_recursive: bool,
+    /// Install only the skills the toolkit's plugin manifest lists.
+    #[arg(long, requires = "url")]
+    pub plugin_manifest: bool,
     /// Skill names or glob patterns to take (repeatable).
     #[arg(long, requires = "url")]
     pub include: Vec<String>,
@@ -85,10 +88,12 @@ impl AddArgs {
         let Some(url) = &self.url else {
             return Err(Error::invalid("give --preset ID, --url URL or --spec JSON"));
         };
-        let layout = (!self.skill_roots.is_empty() || self.not_recursive).then(|| LayoutSpec {
-            skill_roots: (!self.skill_roots.is_empty()).then(|| self.skill_roots.clone()),
-            recursive: self.not_recursive.then_some(false),
-        });
+        let layout = (!self.skill_roots.is_empty() || self.not_recursive || self.plugin_manifest)
+            .then(|| LayoutSpec {
+                skill_roots: (!self.skill_roots.is_empty()).then(|| self.skill_roots.clone()),
+                recursive: self.not_recursive.then_some(false),
+                plugin_manifest: self.plugin_manifest.then_some(true),
+            });
         let skills = (!self.include.is_empty() || !self.exclude.is_empty()).then(|| SkillFilter {
             include: self.include.clone(),
             exclude: self.exclude.clone(),

@@ -19,7 +19,8 @@ pub struct BundleKey {
     pub commit: String,
     pub subdirectory: String,
     pub layout: Layout,
-    pub explicit_layout: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub plugin_manifest: bool,
     pub normalizer: u32,
 }
 
@@ -30,7 +31,7 @@ impl BundleKey {
             commit: commit.to_owned(),
             subdirectory: toolkit.subdirectory.clone(),
             layout: toolkit.layout.clone(),
-            explicit_layout: toolkit.explicit_layout,
+            plugin_manifest: toolkit.plugin_manifest,
             normalizer: NORMALIZER_VERSION,
         }
     }

@@ -9,7 +9,8 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// Part of every bundle index key: a change of these rules makes new bundles.
-pub const NORMALIZER_VERSION: u32 = 1;
+/// 2: a plugin manifest narrows the skills only when the layout asks for it.
+pub const NORMALIZER_VERSION: u32 = 2;
 
 /// Where a plugin manifest may list the skills its author ships.
 const PLUGIN_MANIFESTS: [&str; 2] = [
@@ -152,16 +153,34 @@ pub fn normalize(
 ) -> Result<Bundle> {
     let root = store.tree(&staged)?;
     let mut layout = toolkit.layout.clone();
-    if !toolkit.explicit_layout {
-        if let Some((declared, file)) = plugin_layout(store, &root, &layout)? {
+    let manifest = plugin_layout(store, &root, &layout)?;
+    let mut unused_manifest = None;
+    match manifest {
+        Some((declared, file)) if toolkit.plugin_manifest => {
             warnings.push(format!(
-                "{file} lists the skills this toolkit ships; only those are installed"
+                "{file} lists the skills this toolkit ships; only those are installed (layout.pluginManifest)"
             ));
             layout = declared;
         }
+        Some((declared, file)) => unused_manifest = Some((declared, file)),
+        None if toolkit.plugin_manifest => warnings.push(
+            "layout.pluginManifest: the toolkit has no plugin manifest that lists skills; every skill of the skill roots is installed".into(),
+        ),
+        None => {}
     }
     let found = discover(store, &staged, &layout, &SkillCache::default())?;
     warnings.extend(found.warnings.iter().cloned());
+    if let Some((declared, file)) = unused_manifest {
+        let listed = discover(store, &staged, &declared, &SkillCache::default())?
+            .skills
+            .len();
+        if listed < found.skills.len() {
+            warnings.push(format!(
+                "{file} lists {listed} of the {} skills found; all are installed (set layout.pluginManifest to install only those)",
+                found.skills.len()
+            ));
+        }
+    }
 
     let mut by_name: BTreeMap<&str, &str> = BTreeMap::new();
     let mut entries = Vec::new();
