@@ -867,3 +867,69 @@ fn one_tier_alone_can_be_mounted() {
         .contains("engineering/code-review"));
     daemon.stop();
 }
+
+/// A tree whose links are fine where its source keeps them, but lead out once its skill is
+/// served at the top of the mount (and ones that lead out anyway): through the kernel mount,
+/// every path resolves inside the mount or nowhere.
+#[test]
+fn no_link_of_a_served_tree_leads_out_of_the_mount() {
+    if !fuse_available() {
+        return;
+    }
+    let fx = Fixture::new();
+    let tdd = fx.owner.join("engineering/tdd");
+    write(
+        &fx.owner,
+        "engineering/README.md",
+        "the source folder's own file\n",
+    );
+    symlink("../README.md", tdd.join("up-one.md")).unwrap();
+    symlink("../../../../../../etc/passwd", tdd.join("far.md")).unwrap();
+    symlink("/etc/passwd", tdd.join("abs.md")).unwrap();
+    symlink("..", tdd.join("up")).unwrap();
+    symlink("up/../../x", tdd.join("chain.md")).unwrap();
+    let (mnt, daemon) = fx.mount();
+    let real_mnt = fs::canonicalize(&mnt).unwrap();
+    let mut stack = vec![mnt.clone()];
+    let mut seen = 0;
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            seen += 1;
+            let meta = fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                stack.push(path.clone());
+            }
+            match fs::canonicalize(&path) {
+                Ok(real) => assert!(
+                    real.starts_with(&real_mnt),
+                    "{} leads to {}",
+                    path.display(),
+                    real.display()
+                ),
+                // A link to a sibling that is not served, or a loop: it leads nowhere.
+                Err(e) => assert!(
+                    e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(40),
+                    "{}: {e}",
+                    path.display()
+                ),
+            }
+        }
+    }
+    assert!(seen > 20, "walked {seen} paths");
+    // `../README.md` names a sibling of the skill (none is served by that name): kept, and
+    // leads nowhere. The others leave the mount: dropped.
+    assert!(fs::symlink_metadata(mnt.join("tdd/up-one.md")).is_ok());
+    for dropped in ["far.md", "abs.md", "chain.md"] {
+        assert!(
+            fs::symlink_metadata(mnt.join("tdd").join(dropped)).is_err(),
+            "{dropped} is served"
+        );
+    }
+    assert!(
+        fs::symlink_metadata(mnt.join("tdd/up")).is_ok(),
+        "a link within the view is kept"
+    );
+    assert!(fs::symlink_metadata(mnt.join("tdd/reviewer-link.md")).is_ok());
+    daemon.stop();
+}

@@ -1002,3 +1002,66 @@ fn a_pack_naming_another_commit_than_the_one_asked_for_is_refused() {
     let honest = toolkit::Revision::Commit(second.clone());
     cloud_harness::provision::verify_fetched(&honest, &fetched, &url).unwrap();
 }
+
+/// Links that stay inside the repository (so staging keeps them) but lead above the bundle
+/// once the skill folder is served at its top — one step too many, or a chain — are dropped
+/// from the served tree with a warning naming them; links within the skill and to siblings
+/// stay.
+#[test]
+fn links_escaping_the_served_bundle_are_dropped_with_a_warning() {
+    let w = world();
+    let repo = Repo::create(&w.repos, "links.git", false);
+    let with_links = match skill("a", "A.") {
+        Node::Dir(mut entries) => {
+            for (name, target) in [
+                ("readme.md", "../../README.md"),
+                ("up", ".."),
+                ("chain.md", "up/../../README.md"),
+                ("sibling.md", "../b/SKILL.md"),
+                ("self.md", "SKILL.md"),
+            ] {
+                entries.push((name.as_bytes().to_vec(), Node::Link(target.into())));
+            }
+            Node::Dir(entries)
+        }
+        other => other,
+    };
+    let commit = repo.commit(dir(vec![
+        ("README.md", file("# the repository's own\n")),
+        (
+            "skills",
+            dir(vec![("a", with_links), ("b", skill("b", "B."))]),
+        ),
+    ]));
+    let a = w
+        .acquire(ToolkitSpec::Git(git(
+            w.server.url("links.git"),
+            "links",
+            Some(&commit),
+        )))
+        .unwrap();
+    let bundle = w.materialized(&a);
+    let served = names(&bundle.join("a"));
+    assert_eq!(
+        served,
+        ["SKILL.md", "self.md", "sibling.md", "up"],
+        "{served:?}"
+    );
+    for dropped in ["readme.md", "chain.md"] {
+        assert!(
+            a.record
+                .warnings
+                .iter()
+                .any(|m| m.contains(dropped) && m.contains("outside")),
+            "{dropped}: {:?}",
+            a.record.warnings
+        );
+    }
+    // What stays resolves inside the bundle.
+    let root = fs::canonicalize(&bundle).unwrap();
+    for name in &served {
+        if let Ok(real) = fs::canonicalize(bundle.join("a").join(name)) {
+            assert!(real.starts_with(&root), "{name} -> {}", real.display());
+        }
+    }
+}

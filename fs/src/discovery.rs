@@ -345,10 +345,21 @@ fn read_skill(store: &Store, folder_name: Option<&str>, digest: &Digest) -> Skil
     let parsed = skill::parse(folder, &bytes).map_err(fail)?;
     let mut links = BTreeSet::new();
     collect_links(store, &tree, &mut links).map_err(fail)?;
+    // Served at the top of a view whatever its place in the source: links that would lead
+    // out of that view are dropped (the served tree is the one without them).
+    let served_as = folder_name
+        .map(str::to_owned)
+        .or_else(|| parsed.meta.declared_name.clone())
+        .unwrap_or_default();
+    let (digest, dropped) = crate::links::contain(store, digest, &served_as).map_err(fail)?;
+    let mut warnings = parsed.warnings;
+    warnings.extend(dropped.iter().map(|path| {
+        format!("the link {path} leads outside the skills it is served with; it is not served")
+    }));
     Ok(Arc::new(SkillInfo {
-        digest: *digest,
+        digest,
         meta: parsed.meta,
-        warnings: parsed.warnings,
+        warnings,
         links,
     }))
 }

@@ -8,6 +8,7 @@ pub use error::{Code, Error, Result};
 pub mod discovery;
 pub mod fuse;
 pub mod generation;
+pub mod links;
 pub mod live;
 pub mod namespace;
 pub mod relpath;

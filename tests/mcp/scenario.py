@@ -232,9 +232,10 @@ async def full():
         json.dump({"approvedSkills": [out["details"]["digest"]]}, open(operator, "w"))
         out = await ok(c, "skills_run", {"workspace": handle, "skill": "probe", "script": "run.sh"})
         assert out["stdout"] == "v4\n", out
-        # A script that is a link out of its skill never runs.
-        out = await refused(c, "skills_run", {"workspace": handle, "skill": "probe", "script": "escape.sh"}, "FORBIDDEN", "script")
-        assert "leaves the skill" in out["message"], out
+        # A script that is a link out of its skill is not even served: it never runs.
+        out = await refused(c, "skills_run", {"workspace": handle, "skill": "probe", "script": "escape.sh"}, "NOT_FOUND", "script")
+        rc, _, _ = exec_in(handle, "test -e /opt/cloud-harness/skills/probe/escape.sh || test -L /opt/cloud-harness/skills/probe/escape.sh")
+        assert rc != 0, "the escaping link is served"
         inside(handle, "cd /workspace && git checkout -q -- .claude/skills/probe/run.sh")
         os.remove(operator)
 
