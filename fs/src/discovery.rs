@@ -10,7 +10,7 @@ use crate::error::{Code, Error, Result};
 use crate::relpath;
 use crate::skill::{self, SkillMeta};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 /// How far category folders may nest below a skill root.
@@ -122,10 +122,38 @@ pub struct Discovery {
 type SkillRead = std::result::Result<Arc<SkillInfo>, (Code, String)>;
 
 /// Parsed skill folders by digest, shared between discoveries (a live tier that changes one
-/// skill re-reads only that skill).
-#[derive(Debug, Default)]
+/// skill re-reads only that skill). Bounded: the least recently used go first.
+#[derive(Debug)]
 pub struct SkillCache {
-    parsed: Mutex<HashMap<Digest, SkillRead>>,
+    parsed: Mutex<lru::LruCache<Digest, SkillRead>>,
+}
+
+/// Enough for the largest stacks measured (10,000 skills) several times over.
+const CACHED_SKILLS: usize = 65_536;
+
+impl Default for SkillCache {
+    fn default() -> Self {
+        SkillCache::with_capacity(CACHED_SKILLS)
+    }
+}
+
+impl SkillCache {
+    pub fn with_capacity(skills: usize) -> SkillCache {
+        SkillCache {
+            parsed: Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(skills.max(1)).expect("at least one"),
+            )),
+        }
+    }
+
+    /// How many parsed skills it holds.
+    pub fn len(&self) -> usize {
+        self.parsed.lock().expect("skill cache lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Finds the skills of the tree `root` by `layout`.
@@ -276,7 +304,7 @@ impl Walk<'_> {
                         .parsed
                         .lock()
                         .expect("skill cache lock")
-                        .insert(digest, p.clone());
+                        .put(digest, p.clone());
                     p
                 }
             }

@@ -251,3 +251,26 @@ fn repository_tier_reads_agents_and_claude_skills_through_a_root_symlink() {
         index.source(shared).id
     );
 }
+
+/// The cache of parsed skills is bounded; what it forgets is read again, with the same result.
+#[test]
+fn the_skill_cache_is_bounded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("src");
+    for i in 0..20 {
+        write(
+            &root,
+            &format!("skills/s{i:02}/SKILL.md"),
+            skill_md(&format!("s{i:02}")),
+        );
+    }
+    let store = Store::open(tmp.path().join("store")).unwrap();
+    let tree = store.import_dir(&root, &Limits::default()).unwrap().digest;
+    let cache = SkillCache::with_capacity(5);
+    let first = discover(&store, &tree, &Layout::default(), &cache).unwrap();
+    assert_eq!(first.skills.len(), 20);
+    assert_eq!(cache.len(), 5);
+    let again = discover(&store, &tree, &Layout::default(), &cache).unwrap();
+    assert_eq!(again, first);
+    assert_eq!(cache.len(), 5);
+}
