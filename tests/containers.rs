@@ -153,6 +153,7 @@ fn a_helper_cannot_reach_anything_but_the_proxy() {
     let direct = format!("https://{}:{}/team/skills.git", w.bridge, w.server.port);
     let deadline = Instant::now() + Duration::from_secs(60);
     let revision = Revision::Commit(w.commit.clone());
+    let out = w._tmp.path().join("helper.pack");
     let err = sandbox
         .fetch_with_env(
             &direct,
@@ -162,6 +163,7 @@ fn a_helper_cannot_reach_anything_but_the_proxy() {
             Limits::default(),
             deadline,
             vec!["HTTPS_PROXY=".into()],
+            &out,
         )
         .unwrap_err();
     assert_ne!(err.code, Code::Timeout, "{err}");
@@ -175,6 +177,7 @@ fn a_helper_cannot_reach_anything_but_the_proxy() {
             Limits::default(),
             deadline,
             vec![],
+            &out,
         )
         .unwrap_err();
     assert_eq!(err.code, Code::Forbidden, "{err}");

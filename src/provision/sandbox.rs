@@ -104,16 +104,25 @@ impl Sandbox {
         deadline: Instant,
         dir: &Path,
     ) -> Result<Fetched> {
-        let pack = self.fetch_with_env(
-            url,
-            revision,
-            transport,
-            egress,
-            limits,
-            deadline,
-            Vec::new(),
-        )?;
-        index_pack(&pack, dir, limits)
+        // The helper's output goes to disk (capped), never all into memory.
+        let pack = dir.with_extension("pack");
+        let fetched = self
+            .fetch_with_env(
+                url,
+                revision,
+                transport,
+                egress,
+                limits,
+                deadline,
+                Vec::new(),
+                &pack,
+            )
+            .and_then(|()| {
+                let file = std::fs::File::open(&pack).map_err(|e| Error::io(&pack, e))?;
+                index_pack_from(std::io::BufReader::new(file), dir, limits)
+            });
+        let _ = std::fs::remove_file(&pack);
+        fetched
     }
 
     /// The helper image's name, `cloud-harness-helper:<digest of the binary>`; the binary
@@ -143,7 +152,8 @@ impl Sandbox {
         Ok(name)
     }
 
-    /// Runs the helper with extra environment (tests use it to take the proxy away).
+    /// Runs the helper with extra environment (tests use it to take the proxy away), its
+    /// output written to the file `out`.
     #[doc(hidden)]
     #[allow(clippy::too_many_arguments)]
     pub fn fetch_with_env(
@@ -155,7 +165,8 @@ impl Sandbox {
         limits: Limits,
         deadline: Instant,
         env: Vec<String>,
-    ) -> Result<Vec<u8>> {
+        out: &Path,
+    ) -> Result<()> {
         let run = Run {
             helper_binary: self.helper_binary.clone(),
             image: self.image_name()?,
@@ -166,6 +177,7 @@ impl Sandbox {
             limits,
             deadline,
             env_overrides: env,
+            out: out.to_path_buf(),
         };
         block_on(run.execute())
     }
@@ -181,6 +193,8 @@ struct Run {
     limits: Limits,
     deadline: Instant,
     env_overrides: Vec<String>,
+    /// Where the helper's output (the pack) is written.
+    out: PathBuf,
 }
 
 /// The helper image's root file system: the binary, its shared libraries, CA certificates.
@@ -248,7 +262,7 @@ fn hardened(network_mode: &str, memory: i64) -> HostConfig {
 }
 
 impl Run {
-    async fn execute(self) -> Result<Vec<u8>> {
+    async fn execute(self) -> Result<()> {
         let docker = connect().await?;
         ensure_image(&docker, &self.image, || rootfs(&self.helper_binary)).await?;
         let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
@@ -276,7 +290,7 @@ impl Run {
         }
     }
 
-    async fn inside(&self, docker: &Docker, names: &Names) -> Result<Vec<u8>> {
+    async fn inside(&self, docker: &Docker, names: &Names) -> Result<()> {
         let mut labels = HashMap::new();
         labels.insert(LABEL.to_owned(), "1".to_owned());
         docker
@@ -372,19 +386,27 @@ impl Run {
             .await
             .map_err(|e| docker_error("attaching to the helper", e))?;
         start(docker, &names.helper, "starting the helper").await?;
-        let cap = self.limits.max_bytes.saturating_mul(2) as usize;
-        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        let cap = self.limits.max_bytes.saturating_mul(2);
+        // A runtime of its own on a thread of its own (see `block_on`): plain writes are fine.
+        let mut stdout = std::io::BufWriter::new(
+            std::fs::File::create(&self.out).map_err(|e| Error::io(&self.out, e))?,
+        );
+        let (mut written, mut stderr) = (0u64, Vec::new());
         let mut output = attached.output;
         while let Some(item) = output.next().await {
             match item {
                 Ok(bollard::container::LogOutput::StdOut { message }) => {
-                    if stdout.len() + message.len() > cap {
+                    written += message.len() as u64;
+                    if written > cap {
                         return Err(Error::too_large(format!(
                             "the helper sent more than {cap} bytes for {}",
                             self.url
                         )));
                     }
-                    stdout.extend_from_slice(&message);
+                    use std::io::Write;
+                    stdout
+                        .write_all(&message)
+                        .map_err(|e| Error::io(&self.out, e))?;
                 }
                 Ok(bollard::container::LogOutput::StdErr { message }) => {
                     if stderr.len() < 64 << 10 {
@@ -432,7 +454,9 @@ impl Run {
                 ),
             ));
         }
-        Ok(stdout)
+        use std::io::Write;
+        stdout.flush().map_err(|e| Error::io(&self.out, e))?;
+        Ok(())
     }
 }
 
@@ -590,17 +614,30 @@ impl Names {
 /// Indexes the helper's pack into a new bare repository at `dir`: the host recomputes every
 /// object id from the bytes and checks the commit it was promised is there.
 pub fn index_pack(output: &[u8], dir: &Path, limits: Limits) -> Result<Fetched> {
+    index_pack_from(output, dir, limits)
+}
+
+/// [`index_pack`] from a stream (the file the helper's output was written to).
+pub fn index_pack_from(
+    mut output: impl std::io::BufRead,
+    dir: &Path,
+    limits: Limits,
+) -> Result<Fetched> {
     let bad = |what: &str| {
         Error::new(
             Code::Upstream,
             format!("the helper's output is not a pack: {what}"),
         )
     };
-    let newline = output
-        .iter()
-        .position(|&b| b == b'\n')
-        .ok_or_else(|| bad("no header"))?;
-    let header = std::str::from_utf8(&output[..newline]).map_err(|_| bad("header"))?;
+    use std::io::BufRead;
+    let mut line = Vec::new();
+    std::io::Read::take(&mut output, 512)
+        .read_until(b'\n', &mut line)
+        .map_err(|_| bad("no header"))?;
+    if line.pop() != Some(b'\n') {
+        return Err(bad("no header"));
+    }
+    let header = std::str::from_utf8(&line).map_err(|_| bad("header"))?;
     let mut fields = header
         .strip_prefix(PACK_MAGIC)
         .ok_or_else(|| bad("header"))?
@@ -612,7 +649,6 @@ pub fn index_pack(output: &[u8], dir: &Path, limits: Limits) -> Result<Fetched> 
         _ => return Err(bad("object format")),
     };
     let commit = gix::ObjectId::from_hex(commit.as_bytes()).map_err(|_| bad("commit id"))?;
-    let pack = &output[newline + 1..];
     gix::create::into(
         dir,
         gix::create::Kind::Bare,
@@ -623,9 +659,8 @@ pub fn index_pack(output: &[u8], dir: &Path, limits: Limits) -> Result<Fetched> 
     )
     .map_err(|e| Error::internal(format!("scratch repository: {e}")))?;
     let pack_dir = dir.join("objects").join("pack");
-    let mut reader = std::io::BufReader::new(pack);
     gix::odb::pack::Bundle::write_to_directory(
-        &mut reader,
+        &mut output,
         Some(&pack_dir),
         &mut gix::progress::Discard,
         &AtomicBool::new(false),
