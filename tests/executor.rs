@@ -560,3 +560,30 @@ fn closing_with_a_busy_mount_does_not_hang() {
     outcome.unwrap();
     drop(held);
 }
+
+/// A server killed in the middle of an open leaves a folder (and a container) without a
+/// record; the next start removes them.
+#[test]
+fn a_start_removes_what_an_open_cut_short_left() {
+    if !available(Kind::Docker) {
+        return;
+    }
+    let h = harness(Kind::Docker);
+    let result = h.open("cut-short");
+    let ws = result["workspace"].as_str().unwrap().to_owned();
+    let dir = h.home().join("workspaces").join(&ws);
+    // As if the server died before writing the record.
+    std::fs::remove_file(dir.join("workspace.json")).unwrap();
+    h.workspaces.shutdown();
+    let store = Store::open(h.tmp.path().join("store")).unwrap();
+    let again = Workspaces::with_executors(
+        h.home(),
+        support::warm_provisioner(&store),
+        true,
+        Settings::with_kind(Kind::Docker),
+    )
+    .unwrap();
+    assert!(!dir.exists(), "the half-made workspace is still there");
+    drop(again);
+    h.assert_nothing_left();
+}

@@ -180,6 +180,9 @@ impl Workspaces {
         };
         for entry in entries.flatten() {
             if !record::record_path(&entry.path()).is_file() {
+                // A workspace whose open was cut short (the server killed before its record
+                // was written): nothing of it may stay.
+                self.sweep(&entry.path());
                 continue;
             }
             let record = match Record::load(&entry.path()) {
@@ -219,6 +222,28 @@ impl Workspaces {
                 Err(e) => tracing::error!(workspace = %id, error = %e, "cannot restore workspace"),
             }
         }
+    }
+
+    /// Removes a half-made workspace found at start-up: its container (found by its label),
+    /// its mounts, its roots and its folder.
+    fn sweep(&self, dir: &Path) {
+        let Some(id) = dir.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
+            return;
+        };
+        if record::check_id(&id).is_err() {
+            return;
+        }
+        tracing::warn!(workspace = %id, "removing a workspace whose open never finished");
+        if self.executor_kind == Some(Kind::Docker) {
+            if let Err(e) = executor::docker::remove_by_dir(dir) {
+                tracing::error!(workspace = %id, error = %e, "cannot remove its container");
+            }
+        }
+        drop(Cleanup {
+            dir: Some(dir.to_path_buf()),
+            executor: None,
+            store: self.store().clone(),
+        });
     }
 
     pub fn get(&self, id: &str) -> Result<Arc<Workspace>> {
