@@ -345,3 +345,48 @@ fn a_key_whose_workspace_failed_to_restore_owns_no_second_workspace() {
         .close(again["workspace"].as_str().unwrap())
         .unwrap();
 }
+
+/// A conflict that a live change makes (the project's `.agents/skills` and `.claude/skills`
+/// both bring `dup`, differently) is reported by `skills_list`, never a silent disappearance.
+#[test]
+fn a_conflict_made_live_is_reported() {
+    let w = world();
+    let url = w.project(
+        "dup",
+        dir(vec![(
+            ".claude",
+            dir(vec![("skills", dir(vec![("dup", skill("dup", "One."))]))]),
+        )]),
+    );
+    let result = w.open("dup", &url, vec![]).unwrap();
+    assert!(World::names(&result).contains(&"dup".to_owned()));
+    let id = result["workspace"].as_str().unwrap();
+    let repo = w.tmp.path().join("home/workspaces").join(id).join("repo");
+    std::fs::create_dir_all(repo.join("staged/skills/dup")).unwrap();
+    std::fs::write(
+        repo.join("staged/skills/dup/SKILL.md"),
+        "---\nname: dup\ndescription: The other one.\n---\nTwo.\n",
+    )
+    .unwrap();
+    std::fs::rename(repo.join("staged"), repo.join(".agents")).unwrap();
+    let ws = w.workspaces.get(id).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let listing = ws.list(None, false);
+        let conflicts = listing["conflicts"].to_string();
+        if conflicts.contains("dup") {
+            assert!(
+                !listing["skills"].to_string().contains("\"name\":\"dup\""),
+                "{listing}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no conflict reported: {listing}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(ws);
+    w.workspaces.close(id).unwrap();
+}

@@ -117,11 +117,22 @@ fn run(
                 Err(RecvTimeoutError::Disconnected) => return,
             }
         }
-        let current = targets.first().map(|(ns, _)| ns.generation().digest());
+        let previous = targets.first().map(|(ns, _)| ns.generation());
+        let current = previous.as_ref().map(|g| g.digest());
         match spec.generation(&store, &cache) {
             Ok(next) if Some(next.digest()) != current => {
                 let next = Arc::new(next);
                 let digest = next.digest();
+                // A name that a new conflict stops serving is said, never a silent
+                // disappearance (listings and `.resolution.json` carry it too).
+                for r in next.index.conflicts() {
+                    let already = previous
+                        .as_ref()
+                        .is_some_and(|g| g.index.conflicts().any(|c| c.name == r.name));
+                    if !already {
+                        tracing::warn!(skill = %r.name, generation = %digest, "a live change made a same-tier conflict: the skill is no longer served until it is settled");
+                    }
+                }
                 let changes: Vec<Vec<Invalidation>> = targets
                     .iter()
                     .map(|(ns, _)| ns.set_generation(next.clone()))
