@@ -158,6 +158,9 @@ fn run(
         if now != watched {
             watched = now;
             _watcher = arm(&watched, &tx);
+            // What was written into a new folder before its watch existed sent no event:
+            // read once more now that it is watched.
+            let _ = tx.send(Msg::Changed);
         }
     }
 }

@@ -66,10 +66,10 @@ fn rootfs(uid: u32, gid: u32) -> Result<Vec<u8>> {
     dirs.push("sbin");
     for entry in userland::entries() {
         match entry {
-            Entry::Symlink(path, target) if path != "/sbin" && !path.starts_with("/etc/") => {
-                tar.symlink(path, &target)?
+            Entry::Symlink(path, target) if *path != "/sbin" && !path.starts_with("/etc/") => {
+                tar.symlink(path, target)?
             }
-            Entry::Bind(path) if path != "/sbin" && !path.starts_with("/etc/") => {
+            Entry::Bind(path) if *path != "/sbin" && !path.starts_with("/etc/") => {
                 dirs.push(path.trim_start_matches('/'))
             }
             _ => {}
@@ -186,14 +186,14 @@ async fn make(
                 name: names.network.clone(),
                 driver: Some("bridge".into()),
                 internal: Some(true),
-                options: Some(crate::provision::sandbox::isolated_network_options()),
+                options: Some(crate::provision::containers::isolated_network_options()),
                 labels: Some(labels.clone()),
                 ..Default::default()
             })
             .await
             .map_err(|e| docker_error("creating the executor's internal network", e))?;
         egress = Some(names.clone());
-        let ip = crate::provision::sandbox::start_proxy(
+        let ip = crate::provision::containers::start_proxy(
             docker,
             &proxy.image,
             &names.proxy,

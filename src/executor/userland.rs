@@ -29,8 +29,14 @@ const ETC: [&str; 6] = [
     "/etc/localtime",
 ];
 
-/// The host's userland as this machine has it.
-pub fn entries() -> Vec<Entry> {
+/// The host's userland as this machine has it, looked at once per process (every bubblewrap
+/// command binds it).
+pub fn entries() -> &'static [Entry] {
+    static ENTRIES: std::sync::OnceLock<Vec<Entry>> = std::sync::OnceLock::new();
+    ENTRIES.get_or_init(look)
+}
+
+fn look() -> Vec<Entry> {
     let mut out = Vec::new();
     for path in TOP.iter().chain(ETC.iter()) {
         match std::fs::symlink_metadata(path) {

@@ -3,10 +3,12 @@
 //! commit is fetched (in-process, through the egress settings), staged under containment
 //! checks, normalized into a bundle and recorded.
 
+pub mod containers;
 pub mod fetch;
 pub mod hosts;
 pub mod index;
 pub mod normalize;
+pub mod pack;
 pub mod proxy;
 pub mod sandbox;
 pub mod staging;

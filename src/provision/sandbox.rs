@@ -11,13 +11,15 @@
 //! success, failure and timeout.
 
 use crate::engine::{self, block_on, connect, docker_error, ensure_image, RootFs};
+use crate::provision::containers::{
+    hardened, isolated_network_options, proxy_refusal, start, start_proxy, PROXY_PORT,
+};
 use crate::provision::fetch::{Fetched, Transport};
+pub use crate::provision::pack::{index_pack, index_pack_from, PACK_MAGIC};
 use crate::provision::proxy::EgressPolicy;
 use crate::provision::staging::Limits;
 use crate::toolkit::Revision;
-use bollard::models::{
-    ContainerCreateBody, EndpointSettings, HostConfig, NetworkConnectRequest, NetworkCreateRequest,
-};
+use bollard::models::{ContainerCreateBody, NetworkCreateRequest};
 use bollard::query_parameters::{
     AttachContainerOptions, CreateContainerOptions, RemoveContainerOptions, WaitContainerOptions,
 };
@@ -27,13 +29,9 @@ use cloud_harness_fs::{Code, Error, Result};
 use futures_util::StreamExt;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-/// What the helper writes before the pack: `cloud-harness-pack 1 <sha1|sha256> <commit>\n`.
-pub const PACK_MAGIC: &str = "cloud-harness-pack 1";
-pub(crate) const PROXY_PORT: u16 = 3128;
 const LABEL: &str = "io.cloud-harness.provisioning";
 
 /// Docker engine releases before these forward DNS queries from internal networks
@@ -239,28 +237,6 @@ fn rootfs(binary: &Path) -> Result<Vec<u8>> {
     tar.finish()
 }
 
-async fn start(docker: &Docker, name: &str, what: &str) -> Result<(), Error> {
-    docker
-        .start_container(
-            name,
-            None::<bollard::query_parameters::StartContainerOptions>,
-        )
-        .await
-        .map_err(|e| docker_error(what, e))
-}
-
-fn hardened(network_mode: &str, memory: i64) -> HostConfig {
-    HostConfig {
-        network_mode: Some(network_mode.to_owned()),
-        cap_drop: Some(vec!["ALL".into()]),
-        security_opt: Some(vec!["no-new-privileges".into()]),
-        readonly_rootfs: Some(true),
-        memory: Some(memory),
-        pids_limit: Some(128),
-        ..Default::default()
-    }
-}
-
 impl Run {
     async fn execute(self) -> Result<()> {
         let docker = connect().await?;
@@ -460,130 +436,6 @@ impl Run {
     }
 }
 
-/// Options of an internal network whose members reach only each other: the host gets no
-/// address on it, so its own services are out of reach too.
-pub(crate) fn isolated_network_options() -> HashMap<String, String> {
-    let mut options = HashMap::new();
-    options.insert(
-        "com.docker.network.bridge.inhibit_ipv4".to_owned(),
-        "true".to_owned(),
-    );
-    options
-}
-
-/// Starts an egress proxy container from `image` on the default bridge (its way out) and on
-/// the internal `network` as `alias`; its address there.
-pub(crate) async fn start_proxy(
-    docker: &Docker,
-    image: &str,
-    name: &str,
-    network: &str,
-    alias: &str,
-    env: Vec<String>,
-    labels: HashMap<String, String>,
-) -> Result<String> {
-    docker
-        .create_container(
-            Some(CreateContainerOptions {
-                name: Some(name.to_owned()),
-                ..Default::default()
-            }),
-            ContainerCreateBody {
-                image: Some(image.to_owned()),
-                cmd: Some(vec![
-                    "/cloud-harness".into(),
-                    "proxy".into(),
-                    "--listen".into(),
-                    format!("0.0.0.0:{PROXY_PORT}"),
-                ]),
-                env: Some(env),
-                user: Some("65534:65534".into()),
-                labels: Some(labels),
-                host_config: Some(hardened("bridge", 256 << 20)),
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(|e| docker_error("creating the proxy container", e))?;
-    docker
-        .connect_network(
-            network,
-            NetworkConnectRequest {
-                container: name.to_owned(),
-                endpoint_config: Some(EndpointSettings {
-                    aliases: Some(vec![alias.to_owned()]),
-                    ..Default::default()
-                }),
-            },
-        )
-        .await
-        .map_err(|e| docker_error("attaching the proxy to the internal network", e))?;
-    start(docker, name, "starting the proxy").await?;
-    wait_listening(docker, name).await?;
-    let inspect = docker
-        .inspect_container(
-            name,
-            None::<bollard::query_parameters::InspectContainerOptions>,
-        )
-        .await
-        .map_err(|e| docker_error("inspecting the proxy", e))?;
-    inspect
-        .network_settings
-        .and_then(|n| n.networks)
-        .and_then(|n| n.get(network).and_then(|e| e.ip_address.clone()))
-        .filter(|ip| !ip.is_empty())
-        .ok_or_else(|| Error::internal("the proxy has no address on the internal network"))
-}
-
-/// Waits until the proxy container says it listens (it prints so once bound).
-async fn wait_listening(docker: &Docker, proxy: &str) -> Result<()> {
-    for _ in 0..200 {
-        let text = logs_text(docker, proxy).await;
-        if text.contains("listening on") {
-            return Ok(());
-        }
-        if let Some(error) = text.lines().find(|l| l.starts_with("error: ")) {
-            return Err(Error::new(
-                Code::Upstream,
-                format!("the egress proxy container failed: {error}"),
-            ));
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
-    Err(Error::new(
-        Code::Upstream,
-        "the egress proxy container did not start",
-    ))
-}
-
-/// The reason of the proxy container's last refusal, from its log.
-async fn proxy_refusal(docker: &Docker, proxy: &str) -> Option<String> {
-    let text = logs_text(docker, proxy).await;
-    let line = text.lines().rev().find(|l| l.contains("refuse"))?;
-    Some(
-        line.split("reason=")
-            .nth(1)
-            .unwrap_or(line)
-            .trim()
-            .to_owned(),
-    )
-}
-
-/// A container's log so far, stdout and stderr together.
-async fn logs_text(docker: &Docker, container: &str) -> String {
-    let options = bollard::query_parameters::LogsOptions {
-        stdout: true,
-        stderr: true,
-        ..Default::default()
-    };
-    let mut logs = docker.logs(container, Some(options));
-    let mut text = String::new();
-    while let Some(Ok(chunk)) = logs.next().await {
-        text.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
-    }
-    text
-}
-
 struct Names {
     network: String,
     proxy: String,
@@ -609,78 +461,6 @@ impl Names {
             }
         }
     }
-}
-
-/// Indexes the helper's pack into a new bare repository at `dir`: the host recomputes every
-/// object id from the bytes and checks the commit it was promised is there.
-pub fn index_pack(output: &[u8], dir: &Path, limits: Limits) -> Result<Fetched> {
-    index_pack_from(output, dir, limits)
-}
-
-/// [`index_pack`] from a stream (the file the helper's output was written to).
-pub fn index_pack_from(
-    mut output: impl std::io::BufRead,
-    dir: &Path,
-    limits: Limits,
-) -> Result<Fetched> {
-    let bad = |what: &str| {
-        Error::new(
-            Code::Upstream,
-            format!("the helper's output is not a pack: {what}"),
-        )
-    };
-    use std::io::BufRead;
-    let mut line = Vec::new();
-    std::io::Read::take(&mut output, 512)
-        .read_until(b'\n', &mut line)
-        .map_err(|_| bad("no header"))?;
-    if line.pop() != Some(b'\n') {
-        return Err(bad("no header"));
-    }
-    let header = std::str::from_utf8(&line).map_err(|_| bad("header"))?;
-    let mut fields = header
-        .strip_prefix(PACK_MAGIC)
-        .ok_or_else(|| bad("header"))?
-        .split_whitespace();
-    let (format, commit) = (fields.next().unwrap_or(""), fields.next().unwrap_or(""));
-    let kind = match format {
-        "sha1" => gix::hash::Kind::Sha1,
-        "sha256" => gix::hash::Kind::Sha256,
-        _ => return Err(bad("object format")),
-    };
-    let commit = gix::ObjectId::from_hex(commit.as_bytes()).map_err(|_| bad("commit id"))?;
-    gix::create::into(
-        dir,
-        gix::create::Kind::Bare,
-        gix::create::Options {
-            object_hash: Some(kind),
-            ..Default::default()
-        },
-    )
-    .map_err(|e| Error::internal(format!("scratch repository: {e}")))?;
-    let pack_dir = dir.join("objects").join("pack");
-    gix::odb::pack::Bundle::write_to_directory(
-        &mut output,
-        Some(&pack_dir),
-        &mut gix::progress::Discard,
-        &AtomicBool::new(false),
-        None::<gix::objs::find::Never>,
-        kind,
-        gix::odb::pack::bundle::write::Options {
-            alloc_limit_bytes: Some(limits.max_file_bytes.saturating_mul(2) as usize),
-            ..Default::default()
-        },
-    )
-    .map_err(|e| Error::new(Code::Upstream, format!("indexing the helper's pack: {e}")))?;
-    let repo = gix::open_opts(dir, gix::open::Options::isolated())
-        .map_err(|e| Error::internal(format!("scratch repository: {e}")))?;
-    repo.find_commit(commit).map_err(|_| {
-        Error::new(
-            Code::Upstream,
-            format!("the helper's pack lacks commit {commit}"),
-        )
-    })?;
-    Ok(Fetched { repo, commit })
 }
 
 #[cfg(test)]

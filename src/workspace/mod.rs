@@ -22,6 +22,7 @@
 mod listing;
 mod materialize;
 mod mounts;
+mod open;
 mod read;
 mod record;
 mod request;
@@ -36,23 +37,19 @@ pub use run::RunRequest;
 use crate::executor::{self, Executor, Kind, Places};
 use crate::keyed_lock::KeyedLock;
 use crate::operator::Operator;
-use crate::provision::{fetch, Acquired, Provisioner};
-use crate::session_start::{self, SessionStart};
-use crate::stack::{OwnerBundle, TierInputs};
-use crate::toolkit::{self, Revision, Scope};
+use crate::provision::Provisioner;
+use crate::session_start::SessionStart;
 use cloud_harness_fs::cas::{Digest, Store};
-use cloud_harness_fs::discovery::SkillCache;
-use cloud_harness_fs::generation::{Generation, View};
+use cloud_harness_fs::generation::Generation;
 use cloud_harness_fs::live::LiveTiers;
 use cloud_harness_fs::namespace::Namespace;
-use cloud_harness_fs::resolver::{Override, Tier};
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_fs::{Error, Result};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 pub use crate::executor::WORKSPACE_SKILLS;
@@ -86,16 +83,6 @@ pub struct Workspaces {
     keys: Mutex<HashMap<String, (Digest, String)>>,
     key_locks: KeyedLock,
     mounting: bool,
-}
-
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
-fn new_id() -> String {
-    format!("ws_{}", uuid::Uuid::new_v4().simple())
 }
 
 /// Removes a half-made workspace (its executor, mounts and folder) unless disarmed.
@@ -253,355 +240,6 @@ impl Workspaces {
             .get(id)
             .cloned()
             .ok_or_else(|| record::not_found(id))
-    }
-
-    fn make_executor(&self, places: &Places, id: &str) -> Result<Option<Executor>> {
-        let Some(kind) = self.executor_kind else {
-            return Ok(None);
-        };
-        // The executor's egress proxy: its own allowlist, the operator's ranges and pins.
-        let egress_proxy = || {
-            let image = match self.provisioner.sandbox() {
-                Some(s) => s.helper_image()?,
-                None => {
-                    return Err(Error::new(
-                        Code::Upstream,
-                        "egress for executors needs a Docker engine (CLOUD_HARNESS_CONTAINERS=off leaves none)",
-                    ))
-                }
-            };
-            let hosts =
-                crate::provision::hosts::HostPolicy::new(&self.executors.allowed_hosts, "")?;
-            let env = self.provisioner.egress.with_hosts(hosts).proxy_env();
-            Ok(executor::docker::EgressProxy { image, env })
-        };
-        Executor::create(&self.executors, kind, places, id, egress_proxy).map(Some)
-    }
-
-    /// `workspace_open`.
-    pub fn open(&self, request: OpenRequest) -> Result<Value> {
-        let key = request.idempotency_key.clone();
-        request::check_key(&key)?;
-        let toolkits = toolkit::resolve_request(&request.toolkits, self.provisioner.hosts())?;
-        if !request.allow_toolkit_workspace_changes {
-            if let Some((i, _)) = toolkits
-                .iter()
-                .enumerate()
-                .find(|(_, t)| t.scope == Scope::Workspace)
-            {
-                return Err(Error::field(
-                    Code::InvalidArgument,
-                    "allowToolkitWorkspaceChanges",
-                    format!("toolkits[{i}] has scope `workspace`, which writes into the working tree; set allowToolkitWorkspaceChanges to true to allow it"),
-                ));
-            }
-        }
-        let repo_url = match &request.repository_url {
-            Some(url) => Some(self.provisioner.hosts().check(url, "repositoryUrl")?),
-            None => None,
-        };
-        let digest = request::request_digest(&request, &toolkits);
-
-        // One open per key at a time; the others then find its workspace.
-        self.key_locks.with(&key, || {
-            self.open_locked(&request, &toolkits, repo_url.as_deref(), digest)
-        })
-    }
-
-    fn open_locked(
-        &self,
-        request: &OpenRequest,
-        toolkits: &[toolkit::Toolkit],
-        repo_url: Option<&str>,
-        digest: Digest,
-    ) -> Result<Value> {
-        let key = request.idempotency_key.clone();
-        let existing = self.keys.lock().expect("keys lock").get(&key).cloned();
-        if let Some((existing_digest, workspace)) = existing {
-            if existing_digest != digest {
-                return Err(Error::conflict(format!(
-                    "idempotencyKey {key:?} was used for a different request (workspace {workspace}); use a new key for a new request"
-                ))
-                .with_details(json!({ "field": "idempotencyKey", "workspace": workspace })));
-            }
-            // One key owns at most one workspace: one that could not be served again after a
-            // restart keeps its key until it is closed.
-            return match self.get(&workspace) {
-                Ok(ws) => Ok(ws.record.result.clone()),
-                Err(_) => Err(Error::conflict(format!(
-                    "idempotencyKey {key:?} belongs to workspace {workspace}, which could not be served again after a restart (the server's log says why); close it with workspace_close to free the key"
-                ))
-                .with_details(json!({ "field": "idempotencyKey", "workspace": workspace }))),
-            };
-        }
-
-        let id = new_id();
-        let dir = record::workspaces_dir(&self.home).join(&id);
-        fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-        let mut cleanup = Cleanup {
-            dir: Some(dir.clone()),
-            executor: None,
-            store: self.store().clone(),
-        };
-        let places = Places::of(&dir);
-        let repo = &places.repo;
-        let mut repository = Value::Null;
-        match repo_url {
-            Some(fetched) => {
-                let deadline =
-                    Instant::now() + Duration::from_secs(self.provisioner.limits.max_seconds);
-                let commit = fetch::clone_worktree(
-                    fetched,
-                    &Revision::DefaultHead,
-                    &self.provisioner.transport()?,
-                    repo,
-                    deadline,
-                )
-                .map_err(|e| self.provisioner.explain(fetched, e))?;
-                repository = json!({ "url": request.repository_url, "fetchedUrl": fetched, "commit": commit.to_string() });
-            }
-            None => fs::create_dir_all(repo).map_err(|e| Error::io(repo, e))?,
-        }
-
-        let mut acquired: Vec<(toolkit::Toolkit, Acquired)> = Vec::new();
-        for t in toolkits {
-            let a = self.provisioner.acquire(t)?;
-            acquired.push((t.clone(), a));
-        }
-        let overrides = Operator::load(&self.home)?.overrides;
-        let workspace_skills =
-            materialize::workspace_scope(self.store(), repo, &acquired, &overrides)?;
-        if matches!(self.executor_kind, Some(Kind::Docker | Kind::Bwrap))
-            && nix::unistd::geteuid().is_root()
-        {
-            materialize::hand_over(repo, self.executors.uid, self.executors.gid)?;
-        }
-        let owner_bundles: Vec<OwnerBundle> = acquired
-            .iter()
-            .filter(|(t, _)| t.scope == Scope::Owner)
-            .map(|(t, a)| OwnerBundle {
-                instance_id: t.instance_id.clone(),
-                bundle: a.record.bundle,
-                url: a.record.key.url.clone(),
-                commit: a.record.key.commit.clone(),
-            })
-            .collect();
-        let session_start: Vec<SessionStart> = acquired
-            .iter()
-            .filter_map(|(t, a)| {
-                let skill = t.session_start_skill.as_deref()?;
-                session_start::from_bundle(self.store(), &a.record.bundle, &t.instance_id, skill)
-            })
-            .collect();
-
-        let record = Record {
-            id: id.clone(),
-            idempotency_key: key.clone(),
-            request_digest: digest,
-            created_at: now_secs(),
-            owner_bundles,
-            workspace_skills,
-            session_start,
-            executor: None,
-            result: Value::Null,
-        };
-        let mut warnings = Vec::new();
-        let mut ws = self.activate(record, &dir, &overrides, true, &mut warnings)?;
-        cleanup.executor = self.make_executor(&places, &id)?;
-        ws.record.executor = cleanup.executor.as_ref().map(|e| e.spec.clone());
-        match self.executor_kind {
-            None => warnings.push(executor::missing().message),
-            Some(Kind::Host) => warnings.push(
-                "CLOUD_HARNESS_EXECUTOR=host: scripts run on the host as the server's user, for development only".into(),
-            ),
-            Some(_) => {}
-        }
-        ws.executor = cleanup.disarm();
-        ws.record.result = self.open_result(&ws, &acquired, repository, warnings);
-        if let Err(e) = ws.record.save(&dir) {
-            // Armed again: nothing of a workspace without a record stays.
-            let _ = Cleanup {
-                dir: Some(dir),
-                executor: ws.executor.take(),
-                store: self.store().clone(),
-            };
-            return Err(e);
-        }
-        let result = ws.record.result.clone();
-        self.keys
-            .lock()
-            .expect("keys lock")
-            .insert(key, (digest, id.clone()));
-        self.open
-            .lock()
-            .expect("workspaces lock")
-            .insert(id, Arc::new(ws));
-        Ok(result)
-    }
-
-    /// The tier stack of a workspace: built-in, its owner bundles, the workspace-scope folder
-    /// and the project's own skills, with the operator's overrides.
-    fn stack_inputs(record: &Record, repo: &Path, overrides: &[Override]) -> TierInputs {
-        let ws_dir = repo.join(WORKSPACE_SKILLS);
-        TierInputs {
-            builtin: true,
-            owner_bundles: record.owner_bundles.clone(),
-            owner_dirs: Vec::new(),
-            workspace_dirs: if ws_dir.is_dir() {
-                vec![ws_dir]
-            } else {
-                Vec::new()
-            },
-            repository: Some(repo.to_path_buf()),
-            overrides: overrides.to_vec(),
-            confine: Some(repo.to_path_buf()),
-        }
-    }
-
-    /// Builds a workspace's stack from its record and mounts it. A new workspace
-    /// (`reject_conflicts`) is refused on an unsettled conflict; a restored one is served as
-    /// it stands.
-    fn activate(
-        &self,
-        record: Record,
-        dir: &Path,
-        overrides: &[Override],
-        reject_conflicts: bool,
-        warnings: &mut Vec<String>,
-    ) -> Result<Workspace> {
-        let places = Places::of(dir);
-        let cache = SkillCache::default();
-        let spec = Workspaces::stack_inputs(&record, &places.repo, overrides)
-            .stack(self.store(), &cache)?;
-        let generation = Arc::new(spec.generation(self.store(), &cache)?);
-        if reject_conflicts {
-            if let Some(err) = generation.index.conflict_error() {
-                return Err(err);
-            }
-        }
-        let store = self.store().clone();
-        roots::pin(&store, &record.id, &generation)?;
-        let merged = Arc::new(Namespace::new(
-            store.clone(),
-            View::Merged,
-            generation.clone(),
-        ));
-        let owner = Arc::new(Namespace::new(
-            store.clone(),
-            View::Tier(Tier::Owner),
-            generation,
-        ));
-        // Only long-lived containers need the propagation (bubblewrap binds afresh each time).
-        let kind = record
-            .executor
-            .as_ref()
-            .map(|e| e.kind)
-            .or(self.executor_kind);
-        if kind == Some(Kind::Docker) {
-            mounts::share(&places.mounts)?;
-        } else {
-            fs::create_dir_all(&places.mounts).map_err(|e| Error::io(&places.mounts, e))?;
-        }
-        let (mounted, mut targets) = if self.mounting {
-            mounts::mount(&places.mounts, merged.clone(), owner, warnings)?
-        } else {
-            (Vec::new(), mounts::unmounted(merged.clone(), owner))
-        };
-        // Each new generation of a live tier is rooted as soon as it is served.
-        if let Some((ns, invalidate)) = targets.pop() {
-            let (pinned, pin_store, id) = (ns.clone(), store.clone(), record.id.clone());
-            targets.push((
-                ns,
-                Box::new(move |items: &[_]| {
-                    invalidate(items);
-                    if let Err(e) = roots::pin(&pin_store, &id, &pinned.generation()) {
-                        tracing::error!(workspace = %id, error = %e, "cannot root a new generation");
-                    }
-                }),
-            ));
-        }
-        let live = LiveTiers::start(spec, store.clone(), Arc::new(cache), targets);
-        Ok(Workspace {
-            id: record.id.clone(),
-            dir: dir.to_path_buf(),
-            places,
-            record,
-            store,
-            merged,
-            mounts: Mutex::new(mounted),
-            live: Mutex::new(Some(live)),
-            executor: None,
-            runs: CancellationToken::new(),
-            running: Arc::default(),
-        })
-    }
-
-    /// What `workspace_open` returns (and returns again for the same key).
-    fn open_result(
-        &self,
-        ws: &Workspace,
-        acquired: &[(toolkit::Toolkit, Acquired)],
-        repository: Value,
-        warnings: Vec<String>,
-    ) -> Value {
-        let toolkits: Vec<Value> = acquired
-            .iter()
-            .map(|(t, a)| {
-                json!({
-                    "instanceId": t.instance_id,
-                    "preset": t.preset,
-                    "scope": t.scope,
-                    "url": a.record.key.url,
-                    "commit": a.record.key.commit,
-                    "bundle": a.record.bundle,
-                    "manifest": a.record.manifest,
-                    "skillCount": a.record.skills,
-                    "warnings": a.record.warnings,
-                    "warm": a.warm,
-                    "mode": a.mode,
-                })
-            })
-            .collect();
-        let g = ws.merged.generation();
-        let index = &g.index;
-        let skills: Vec<Value> = index
-            .winners()
-            .map(|c| ws.skill_json(index, c, true))
-            .collect();
-        let mut shadowed = Vec::new();
-        for r in index.resolutions() {
-            if let Some(w) = &r.winner {
-                for s in &r.shadowed {
-                    let mut v = ws.skill_json(index, s, false);
-                    v["shadowedBy"] = json!({ "tier": w.tier, "toolkit": ws.toolkit_of(index, w) });
-                    shadowed.push(v);
-                }
-            }
-        }
-        let settled: Vec<Value> = index
-            .resolutions()
-            .iter()
-            .filter(|r| r.settled_by_override)
-            .map(|r| json!({ "skill": r.name, "winner": r.winner.as_ref().map(|w| index.source(w).id.clone()), "settledBy": "operator override" }))
-            .collect();
-        let session_start = &ws.record.session_start;
-        let paths = ws.executor.as_ref().map(|e| e.paths());
-        json!({
-            "workspace": ws.id,
-            "path": paths.as_ref().map(|p| p.workspace.clone()),
-            "repository": repository,
-            "skillsMount": ws.skills_root(),
-            "ownerSkillsMount": ws.skills_root().and(paths.as_ref().map(|p| p.owner_skills())),
-            "executor": ws.executor.as_ref().map(|e| e.describe()),
-            "generation": g.digest(),
-            "provisioning": self.provisioner.provisioning(),
-            "toolkits": toolkits,
-            "skills": skills,
-            "shadowed": shadowed,
-            "conflicts": settled,
-            "sessionStart": if session_start.is_empty() { Value::Null } else { json!(session_start) },
-            "warnings": warnings,
-        })
     }
 
     /// `workspace_close`: kills its runs, removes its executor, unmounts, forgets the key,
