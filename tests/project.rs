@@ -390,3 +390,51 @@ fn a_conflict_made_live_is_reported() {
     drop(ws);
     w.workspaces.close(id).unwrap();
 }
+
+/// A listing of one tier shows what `.tiers/<tier>/` serves: a name two copies of the tier
+/// define differently is a conflict there, even when a higher tier's copy is served.
+#[test]
+fn a_tier_listing_and_the_tier_view_agree() {
+    use cloud_harness_fs::generation::View;
+    use cloud_harness_fs::resolver::Tier;
+    let w = world();
+    let clash = |body: &str| {
+        dir(vec![(
+            "skills",
+            dir(vec![
+                ("cloud-harness-skills", skill("cloud-harness-skills", body)),
+                ("lint", skill("lint", "Lint.")),
+            ]),
+        )])
+    };
+    let url = w.project(
+        "tiers",
+        dir(vec![(".agents", clash("One.")), (".claude", clash("Two."))]),
+    );
+    let result = w.open("tiers", &url, vec![]).unwrap();
+    let id = result["workspace"].as_str().unwrap();
+    let ws = w.workspaces.get(id).unwrap();
+    // The built-in copy is served; the project's two copies stay in conflict in their tier.
+    let merged = ws.list(None, false);
+    assert!(
+        merged["conflicts"].as_array().unwrap().is_empty(),
+        "{merged}"
+    );
+    let listing = ws.list(Some(Tier::Repository), true);
+    let names = World::names(&listing);
+    assert_eq!(names, ["lint"], "{listing}");
+    assert_eq!(listing["skills"][0]["served"], true);
+    let conflicts = listing["conflicts"].as_array().unwrap();
+    assert_eq!(conflicts.len(), 1, "{listing}");
+    assert_eq!(conflicts[0]["skill"], "cloud-harness-skills");
+    assert_eq!(conflicts[0]["candidates"].as_array().unwrap().len(), 2);
+    // Every tier's listing names exactly what its view serves.
+    let g = ws.generation();
+    for tier in Tier::ALL {
+        let served: Vec<&String> = g.view(View::Tier(tier)).keys().collect();
+        let listed = World::names(&ws.list(Some(tier), false));
+        assert_eq!(served, listed.iter().collect::<Vec<_>>(), "{tier}");
+    }
+    drop(ws);
+    w.workspaces.close(id).unwrap();
+}

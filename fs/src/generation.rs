@@ -31,6 +31,9 @@ pub type ViewMap = BTreeMap<String, Arc<SkillOrigin>>;
 #[derive(Debug)]
 pub struct Generation {
     pub index: Arc<Index>,
+    /// Each tier's sources resolved alone: what `.tiers/<tier>/` serves and what a listing of
+    /// one tier shows, so the two never disagree.
+    tier_indexes: HashMap<Tier, Index>,
     views: HashMap<View, ViewMap>,
     pub resolution_json: Arc<[u8]>,
     /// The digest of `resolution_json`, its identity in the filesystem.
@@ -43,17 +46,21 @@ impl Generation {
     pub fn build(sources: &[Source], overrides: &[Override]) -> Generation {
         let index = resolve(sources, overrides);
         let mut views = HashMap::new();
+        let mut tier_indexes = HashMap::new();
         views.insert(View::Merged, view_of(&index));
         for tier in Tier::ALL {
             let mine: Vec<Source> = sources.iter().filter(|s| s.tier == tier).cloned().collect();
             if !mine.is_empty() {
-                views.insert(View::Tier(tier), view_of(&resolve(&mine, overrides)));
+                let alone = resolve(&mine, overrides);
+                views.insert(View::Tier(tier), view_of(&alone));
+                tier_indexes.insert(tier, alone);
             }
         }
         let mut json = serde_json::to_vec_pretty(&index.to_json()).unwrap_or_default();
         json.push(b'\n');
         Generation {
             index: Arc::new(index),
+            tier_indexes,
             views,
             resolution_digest: Digest::of(&json),
             resolution_json: json.into(),
@@ -70,6 +77,11 @@ impl Generation {
 
     pub fn skill(&self, view: View, name: &str) -> Option<&Arc<SkillOrigin>> {
         self.view(view).get(name)
+    }
+
+    /// One tier's sources resolved alone (`None` when the tier has no source).
+    pub fn tier_index(&self, tier: Tier) -> Option<&Index> {
+        self.tier_indexes.get(&tier)
     }
 
     /// The tiers that have a view (at least one source).

@@ -55,6 +55,11 @@ struct Listing<'a> {
     conflicts: Vec<Value>,
 }
 
+/// Whether two candidates, each of its own index, are the same copy of a skill.
+fn is_same(a_index: &Index, a: &Candidate, b_index: &Index, b: &Candidate) -> bool {
+    a.tier == b.tier && a.path == b.path && a_index.source(a).id == b_index.source(b).id
+}
+
 impl Workspace {
     pub(super) fn toolkit_of<'a>(&'a self, index: &'a Index, c: &'a Candidate) -> Option<&'a str> {
         match c.tier {
@@ -97,38 +102,37 @@ impl Workspace {
         serde_json::to_value(self.view(index, c, served, root.as_deref())).expect("views serialize")
     }
 
-    /// `skills_list`: every visible skill, or one tier's, with its shadowed candidates.
+    /// `skills_list`: every visible skill with the copies it shadows, or one tier's skills as
+    /// `.tiers/<tier>/` serves them (the tier's sources resolved alone, the same resolution the
+    /// mount uses, so a name the tier's own conflict drops is a conflict here too).
     pub fn list(&self, tier: Option<Tier>, include_shadowed: bool) -> Value {
         let g = self.generation();
-        let index = &g.index;
+        let merged = &g.index;
+        let index = match tier {
+            None => Some(&**merged),
+            Some(t) => g.tier_index(t),
+        };
         let root = self.skills_root();
         let root = root.as_deref();
         let mut skills = Vec::new();
-        for r in index.resolutions() {
-            let Some(winner) = &r.winner else { continue };
-            let shown = match tier {
-                None => Some(winner),
-                // A tier's own view: its best candidate, served or shadowed.
-                Some(t) => std::iter::once(winner)
-                    .chain(r.shadowed.iter())
-                    .find(|c| c.tier == t),
-            };
-            let Some(c) = shown else { continue };
-            let served = std::ptr::eq(c, winner);
-            let mut v = self.view(index, c, served, root);
-            v.served = Some(served);
-            if include_shadowed {
-                v.shadowed = Some(
-                    r.shadowed
-                        .iter()
-                        .filter(|s| !std::ptr::eq(*s, c))
-                        .map(|s| self.view(index, s, false, root))
-                        .collect(),
-                );
+        let mut conflicts = Vec::new();
+        if let Some(index) = index {
+            for r in index.resolutions() {
+                let Some(c) = &r.winner else { continue };
+                let served = tier.is_none()
+                    || merged
+                        .winner(&c.name)
+                        .is_some_and(|w| is_same(merged, w, index, c));
+                let mut v = self.view(index, c, served, root);
+                v.served = Some(served);
+                if include_shadowed {
+                    let shadowed = r.shadowed.iter().map(|s| self.view(index, s, false, root));
+                    v.shadowed = Some(shadowed.collect());
+                }
+                skills.push(v);
             }
-            skills.push(v);
+            conflicts.extend(index.conflicts().map(|r| index.conflict_json(r)));
         }
-        let conflicts: Vec<Value> = index.conflicts().map(|r| index.conflict_json(r)).collect();
         serde_json::to_value(Listing {
             workspace: &self.id,
             generation: g.digest(),
