@@ -36,6 +36,7 @@ impl Drop for Running {
 }
 
 /// What `skills_run` is asked.
+#[derive(Debug)]
 pub struct RunRequest {
     pub skill: String,
     pub script: String,

@@ -1,0 +1,247 @@
+//! The MCP server: `workspace_open`, `workspace_close`, `skills_list`, `skills_read`,
+//! `skills_run`, and the `session-start` prompt.
+//!
+//! Business errors are tool results with `isError: true` and `{code, status, message, details}`
+//! in `structuredContent`, so a model can correct itself; an unknown tool or a request that is
+//! not a tool call at all is a JSON-RPC error. Argument objects are flat and their schemas have
+//! no `$ref`.
+
+pub mod call;
+mod tools;
+
+use crate::session_start;
+use crate::workspace::{RunRequest, Workspaces};
+use call::Call;
+use cloud_harness_fs::Error;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, GetPromptRequestParams,
+    GetPromptResponse, GetPromptResult, Implementation, InitializeResult, ListPromptsResult,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, Prompt, PromptArgument,
+    PromptMessage, Role, ServerCapabilities, ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tools::tools;
+
+pub const SESSION_START_PROMPT: &str = "session-start";
+
+#[derive(Clone)]
+pub struct HarnessServer {
+    workspaces: Arc<Workspaces>,
+}
+
+fn success(value: Value) -> CallToolResult {
+    let text = serde_json::to_string(&value).unwrap_or_default();
+    let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
+    result.structured_content = Some(value);
+    result
+}
+
+/// Input echoed back in an error stays short: a 1 MiB argument makes a short message.
+fn clip(value: &mut Value) {
+    const MAX: usize = 1024;
+    match value {
+        Value::String(s) if s.len() > MAX => {
+            let cut = (0..=MAX)
+                .rev()
+                .find(|&i| s.is_char_boundary(i))
+                .unwrap_or(0);
+            s.truncate(cut);
+            s.push('…');
+        }
+        Value::Array(items) => items.iter_mut().for_each(clip),
+        Value::Object(map) => map.values_mut().for_each(clip),
+        _ => {}
+    }
+}
+
+fn failure(error: Error) -> CallToolResult {
+    let mut value = json!({
+        "code": error.code,
+        "status": error.status,
+        "message": error.message,
+        "details": error.details,
+    });
+    clip(&mut value);
+    let error = Error {
+        message: value["message"].as_str().unwrap_or_default().to_owned(),
+        ..error
+    };
+    let mut result = CallToolResult::error(vec![ContentBlock::text(format!(
+        "{}: {}",
+        error.code, error.message
+    ))]);
+    result.structured_content = Some(value);
+    result
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|e| Err(Error::internal(format!("the task failed: {e}"))))
+}
+
+impl HarnessServer {
+    pub fn new(workspaces: Arc<Workspaces>) -> HarnessServer {
+        HarnessServer { workspaces }
+    }
+
+    async fn dispatch(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<Value, Error> {
+        let ws = self.workspaces.clone();
+        match call::decode(&request.name, request.arguments)? {
+            Call::Open(request) => blocking(move || ws.open(request)).await,
+            Call::Close { workspace } => blocking(move || ws.close(&workspace)).await,
+            Call::List {
+                workspace,
+                tier,
+                include_shadowed,
+            } => blocking(move || Ok(ws.get(&workspace)?.list(tier, include_shadowed))).await,
+            Call::Read {
+                workspace,
+                skill,
+                path,
+                offset,
+                length,
+            } => {
+                blocking(move || {
+                    let page = ws.get(&workspace)?.read(&skill, &path, offset, length)?;
+                    Ok(serde_json::to_value(page).expect("pages serialize"))
+                })
+                .await
+            }
+            Call::Run { workspace, request } => self.run(&workspace, request, context).await,
+        }
+    }
+
+    async fn run(
+        &self,
+        workspace: &str,
+        request: RunRequest,
+        context: RequestContext<RoleServer>,
+    ) -> Result<Value, Error> {
+        let ws = self.workspaces.get(workspace)?;
+        let progress_token = context.meta.get_progress_token();
+        let peer = context.peer.clone();
+        ws.run(
+            self.workspaces.home(),
+            request,
+            context.ct.clone(),
+            move |elapsed, bytes| {
+                if let Some(token) = progress_token.clone() {
+                    let peer = peer.clone();
+                    let mut param = ProgressNotificationParam::new(token, elapsed.as_secs_f64());
+                    param.message = Some(format!(
+                        "running for {} s, {bytes} bytes of output",
+                        elapsed.as_secs()
+                    ));
+                    tokio::spawn(async move {
+                        let _ = peer.notify_progress(param).await;
+                    });
+                }
+            },
+        )
+        .await
+    }
+}
+
+impl ServerHandler for HarnessServer {
+    fn get_info(&self) -> ServerConfig {
+        let mut server = Implementation::from_build_env();
+        server.name = "cloud-harness".into();
+        server.version = env!("CARGO_PKG_VERSION").into();
+        server.title = Some("Cloud Harness".into());
+        InitializeResult::new(ServerCapabilities::builder().enable_tools().enable_prompts().build())
+            .with_server_info(server)
+            .with_instructions(
+                "Cloud Harness serves agent skills. Call workspace_open (with toolkits) first; it returns a workspace handle \
+                 and the paths inside its executor: the working tree (/workspace) and the skills (/opt/cloud-harness/skills). \
+                 Then skills_list, skills_read (SKILL.md first) and skills_run, which runs a script in the executor. \
+                 Errors come back as tool results with a code (INVALID_ARGUMENT, FORBIDDEN, NOT_FOUND, CONFLICT, ...) and the field to fix. \
+                 The session-start prompt gives the instructions toolkits want at the start of a session.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(tools().to_vec()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        tools().iter().find(|t| t.name == name).cloned()
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        if !tools().iter().any(|t| t.name == request.name) {
+            return Err(McpError::invalid_params(
+                format!("unknown tool {:?}", request.name),
+                None,
+            ));
+        }
+        let result = match self.dispatch(request, context).await {
+            Ok(value) => success(value),
+            Err(error) => failure(error),
+        };
+        Ok(result.into())
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, McpError> {
+        let prompt = Prompt::new(
+            SESSION_START_PROMPT,
+            Some("The instructions the workspace's toolkits want at the start of a session, with their tool names mapped to this server's tools."),
+            Some(vec![PromptArgument::new("workspace").with_description("The workspace handle").with_required(true)]),
+        );
+        Ok(ListPromptsResult::with_all_items(vec![prompt]))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, McpError> {
+        if request.name != SESSION_START_PROMPT {
+            return Err(McpError::invalid_params(
+                format!("unknown prompt {:?}", request.name),
+                None,
+            ));
+        }
+        let id = request
+            .arguments
+            .as_ref()
+            .and_then(|a| a.get("workspace"))
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| McpError::invalid_params("the workspace argument is required", None))?;
+        let ws = self
+            .workspaces
+            .get(id)
+            .map_err(|e| McpError::invalid_params(e.message, None))?;
+        let text = if ws.session_start().is_empty() {
+            "No toolkit of this workspace defines session-start instructions.".to_owned()
+        } else {
+            session_start::prompt_text(ws.session_start(), id)
+        };
+        Ok(
+            GetPromptResult::new(vec![PromptMessage::new_text(Role::User, text)])
+                .with_description("Session-start instructions")
+                .into(),
+        )
+    }
+}
