@@ -1065,3 +1065,47 @@ fn links_escaping_the_served_bundle_are_dropped_with_a_warning() {
         }
     }
 }
+
+/// Bytes that do not compress: a pack holding them is as large as they are.
+fn noise(len: usize) -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn an_in_process_download_stops_at_twice_the_byte_ceiling() {
+    let w = world();
+    let name = "noise.git";
+    let commit = Repo::create(&w.repos, name, false).commit(dir(vec![
+        ("skills", dir(vec![("a", skill("a", "A."))])),
+        ("blob.bin", Node::File(noise(6 << 20))),
+    ]));
+    let before = w.snapshot();
+    let mut p = w.provisioner("");
+    p.limits.max_bytes = 1 << 20;
+    p.limits.max_file_bytes = 1 << 20;
+    let spec = ToolkitSpec::Git(git(w.server.url(name), "noise", Some(&commit)));
+    let err = p.acquire(&spec.resolve(p.hosts()).unwrap()).unwrap_err();
+    assert_eq!(err.code, Code::TooLarge, "{err}");
+    // Cut while downloading (2 MiB of the 6), not refused later by staging.
+    assert!(
+        err.message.contains("the download passed 2097152 bytes"),
+        "{err}"
+    );
+    assert_eq!(
+        w.snapshot(),
+        before,
+        "the refused download changed the store"
+    );
+    // The same toolkit under a ceiling it fits is fetched.
+    p.limits.max_bytes = 16 << 20;
+    p.limits.max_file_bytes = 16 << 20;
+    p.acquire(&spec.resolve(p.hosts()).unwrap()).unwrap();
+}

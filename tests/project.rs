@@ -5,6 +5,7 @@
 mod support;
 
 use cloud_harness::executor::{Choice, Kind, Settings};
+use cloud_harness::provision::fetch::CloneLimits;
 use cloud_harness::toolkit::{self, ToolkitSpec};
 use cloud_harness::workspace::{OpenRequest, Workspaces};
 use cloud_harness_fs::cas::Store;
@@ -30,7 +31,7 @@ fn world() -> World {
     std::fs::create_dir_all(&repos).unwrap();
     let certs = Certs::new(&tmp.path().join("certs"));
     let server = GitServer::start(&repos, &certs);
-    let workspaces = serve(&tmp, &server, &certs);
+    let workspaces = serve(&tmp, &server, &certs, CloneLimits::default());
     let outside = tmp.path().join("outside");
     std::fs::create_dir_all(outside.join("leak")).unwrap();
     std::fs::write(
@@ -49,9 +50,15 @@ fn world() -> World {
 }
 
 /// The workspaces of a server on this world's home, as a (re)started `serve` has them.
-fn serve(tmp: &tempfile::TempDir, server: &GitServer, certs: &Certs) -> Workspaces {
+fn serve(
+    tmp: &tempfile::TempDir,
+    server: &GitServer,
+    certs: &Certs,
+    project_limits: CloneLimits,
+) -> Workspaces {
     let store = Store::open(tmp.path().join("store")).unwrap();
-    let provisioner = server.provisioner(certs, store, "", "127.0.0.0/8", "");
+    let mut provisioner = server.provisioner(certs, store, "", "127.0.0.0/8", "");
+    provisioner.project_limits = project_limits;
     let mut settings = Settings::with_kind(Kind::Host);
     settings.choice = Choice::Off;
     Workspaces::with_executors(tmp.path().join("home"), provisioner, false, settings).unwrap()
@@ -329,7 +336,7 @@ fn a_key_whose_workspace_failed_to_restore_owns_no_second_workspace() {
     let digest = cloud_harness_fs::cas::Digest::parse(&bundle).unwrap();
     std::fs::remove_file(store.object_path(cloud_harness_fs::cas::ObjectKind::Tree, &digest))
         .unwrap();
-    w.workspaces = serve(&w.tmp, &w.server, &w.certs);
+    w.workspaces = serve(&w.tmp, &w.server, &w.certs, CloneLimits::default());
     let err = w.workspaces.open(request()).unwrap_err();
     assert_eq!(err.code, Code::Conflict, "{err}");
     assert!(
@@ -437,4 +444,52 @@ fn a_tier_listing_and_the_tier_view_agree() {
     }
     drop(ws);
     w.workspaces.close(id).unwrap();
+}
+
+/// A project clone has ceilings of its own: on the download, and on the checked-out tree
+/// (measured before anything is written, so a small pack of zeros cannot fill the disk).
+#[test]
+fn a_project_clone_stays_under_its_ceilings() {
+    let mut w = world();
+    let limits = CloneLimits {
+        max_bytes: 1 << 20,
+        max_files: 50,
+    };
+    w.workspaces = serve(&w.tmp, &w.server, &w.certs, limits);
+    let mut x = 1u32;
+    let noise: Vec<u8> = (0..3 << 20)
+        .map(|_| {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            (x >> 16) as u8
+        })
+        .collect();
+    let many = Node::Dir(
+        (0..60)
+            .map(|i| (format!("f{i}").into_bytes(), Node::File(vec![b'x'; i])))
+            .collect(),
+    );
+    for (name, root, needle) in [
+        (
+            "noisy",
+            dir(vec![("blob", Node::File(noise))]),
+            "the download passed 1048576 bytes",
+        ),
+        (
+            "zeros",
+            dir(vec![("blob", Node::File(vec![0; 8 << 20]))]),
+            "more than 50 files or 1048576 bytes",
+        ),
+        ("many", dir(vec![("src", many)]), "more than 50 files"),
+    ] {
+        let url = w.project(name, root);
+        let e = w.open(name, &url, vec![]).unwrap_err();
+        assert_eq!(e.code, Code::TooLarge, "{name}: {e}");
+        assert!(e.message.contains(needle), "{name}: {e}");
+        assert_eq!(w.workspaces_left(), 0, "{name} left a workspace behind");
+    }
+    let url = w.project("small", dir(vec![("README", Node::File(b"hi".to_vec()))]));
+    let result = w.open("small", &url, vec![]).unwrap();
+    w.workspaces
+        .close(result["workspace"].as_str().unwrap())
+        .unwrap();
 }

@@ -1,15 +1,59 @@
 //! Fetching one commit with gix: depth 1, into a scratch bare repository without a work tree,
 //! over HTTPS (an extra CA and a proxy as configured). SHA-1 and SHA-256 repositories both work:
-//! the scratch repository adopts the remote's object format.
+//! the scratch repository adopts the remote's object format. A download is watched as it
+//! lands: past its byte ceiling or its deadline it is interrupted, and a project's checkout is
+//! measured (files and bytes, from the tree) before anything is written.
 
 use crate::toolkit::Revision;
 use cloud_harness_fs::{Code, Error, Result};
 use gix::remote::fetch::Shallow;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How often a running download's size is looked at.
+const WATCH_EVERY: Duration = Duration::from_millis(50);
+
+/// Ceilings for a project repository's clone (`CLOUD_HARNESS_PROJECT_MAX_BYTES`,
+/// `…_MAX_FILES`): the download and the checked-out tree each stay under `max_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CloneLimits {
+    pub max_bytes: u64,
+    pub max_files: u64,
+}
+
+impl Default for CloneLimits {
+    fn default() -> Self {
+        CloneLimits {
+            max_bytes: 2 << 30,
+            max_files: 200_000,
+        }
+    }
+}
+
+impl CloneLimits {
+    pub fn from_env() -> Result<CloneLimits> {
+        let d = CloneLimits::default();
+        Ok(CloneLimits {
+            max_bytes: crate::provision::staging::env_number(
+                "CLOUD_HARNESS_PROJECT_MAX_BYTES",
+                d.max_bytes,
+            )?,
+            max_files: crate::provision::staging::env_number(
+                "CLOUD_HARNESS_PROJECT_MAX_FILES",
+                d.max_files,
+            )?,
+        })
+    }
+}
+
+/// What a download may not pass: the bytes under `pack_dir`, named by `setting` in the error.
+pub struct Ceiling<'a> {
+    pub max_bytes: u64,
+    pub setting: &'a str,
+}
 
 /// How to reach git hosts.
 #[derive(Debug, Clone, Default)]
@@ -98,35 +142,119 @@ fn upstream(url: &str, e: impl std::fmt::Display) -> Error {
         .with_details(serde_json::json!({ "url": url }))
 }
 
-/// Runs `work` with an interrupt flag that is raised at `deadline`; an interrupted run is a
-/// TIMEOUT error.
-fn with_deadline<T>(
+/// The bytes of the files directly in `dir` (a pack directory: the pack being received is a
+/// temporary file there).
+fn bytes_in(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn too_large(url: &str, seen: u64, ceiling: &Ceiling<'_>) -> Error {
+    let max = ceiling.max_bytes;
+    Error::too_large(format!(
+        "fetching {url}: the download passed {max} bytes ({seen} received; {})",
+        ceiling.setting
+    ))
+    .with_details(serde_json::json!({ "url": url, "limit": max }))
+}
+
+/// A download faster than the watcher's look is measured once it is there (and before the
+/// scratch repository that holds it is dropped).
+fn check_download(url: &str, pack_dir: &Path, ceiling: &Ceiling<'_>) -> Result<()> {
+    let seen = bytes_in(pack_dir);
+    match seen > ceiling.max_bytes {
+        true => Err(too_large(url, seen, ceiling)),
+        false => Ok(()),
+    }
+}
+
+/// Runs `work` with an interrupt flag that is raised at `deadline` (a TIMEOUT error) or when
+/// the bytes under `pack_dir` pass the ceiling (TOO_LARGE).
+fn watched<T>(
     url: &str,
     deadline: Instant,
+    pack_dir: PathBuf,
+    ceiling: &Ceiling<'_>,
     work: impl FnOnce(&AtomicBool) -> Result<T>,
 ) -> Result<T> {
     let interrupt = Arc::new(AtomicBool::new(false));
     let (done, wait) = channel::<()>();
-    let timer = {
+    let max_bytes = ceiling.max_bytes;
+    let watcher = {
         let interrupt = interrupt.clone();
-        std::thread::spawn(move || {
-            if let Err(RecvTimeoutError::Timeout) =
-                wait.recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            {
-                interrupt.store(true, Ordering::SeqCst);
+        std::thread::spawn(move || loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match wait.recv_timeout(left.min(WATCH_EVERY)) {
+                Err(RecvTimeoutError::Timeout) if left.is_zero() => {
+                    interrupt.store(true, Ordering::SeqCst);
+                    return None;
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    let seen = bytes_in(&pack_dir);
+                    if seen > max_bytes {
+                        interrupt.store(true, Ordering::SeqCst);
+                        return Some(seen);
+                    }
+                }
+                _ => return None,
             }
         })
     };
     let result = work(&interrupt);
     drop(done);
-    let _ = timer.join();
-    match result {
-        Err(_) if interrupt.load(Ordering::SeqCst) => Err(Error::new(
+    let over = watcher.join().ok().flatten();
+    match (result, over) {
+        (Err(_), Some(seen)) => Err(too_large(url, seen, ceiling)),
+        (Err(_), None) if interrupt.load(Ordering::SeqCst) => Err(Error::new(
             Code::Timeout,
             format!("fetching {url} took longer than the time allowed"),
         )),
-        other => other,
+        (other, _) => other,
     }
+}
+
+/// Refuses a checkout of `commit` with more files or bytes than `limits`, before any is written.
+fn check_checkout(
+    url: &str,
+    repo: &gix::Repository,
+    commit: gix::ObjectId,
+    limits: CloneLimits,
+) -> Result<()> {
+    let bad = |e: &dyn std::fmt::Display| upstream(url, format!("commit {commit}: {e}"));
+    let tree = repo
+        .find_commit(commit)
+        .map_err(|e| bad(&e))?
+        .tree()
+        .map_err(|e| bad(&e))?;
+    let mut recorder = gix::traverse::tree::Recorder::default();
+    tree.traverse()
+        .breadthfirst(&mut recorder)
+        .map_err(|e| upstream(url, format!("reading the tree of {commit}: {e}")))?;
+    let (mut files, mut bytes) = (0u64, 0u64);
+    for entry in recorder.records.iter().filter(|e| !e.mode.is_tree()) {
+        files += 1;
+        if !entry.mode.is_commit() {
+            let header = repo
+                .find_header(entry.oid)
+                .map_err(|e| upstream(url, format!("object {}: {e}", entry.oid)))?;
+            bytes = bytes.saturating_add(header.size());
+        }
+        if files > limits.max_files || bytes > limits.max_bytes {
+            return Err(Error::too_large(format!(
+                "{url} at {commit} holds more than {} files or {} bytes (CLOUD_HARNESS_PROJECT_MAX_FILES, CLOUD_HARNESS_PROJECT_MAX_BYTES)",
+                limits.max_files, limits.max_bytes
+            ))
+            .with_details(serde_json::json!({ "url": url })));
+        }
+    }
+    Ok(())
 }
 
 /// A clone of one commit, depth 1, with the remote's object format and our transport.
@@ -207,18 +335,21 @@ fn fetched_commit(
 }
 
 /// Fetches `revision` of `url` into `dir` (which must not exist), a bare repository, giving
-/// up at `deadline`.
+/// up at `deadline` or past the ceiling.
 pub fn fetch(
     url: &str,
     revision: &Revision,
     transport: &Transport,
     dir: &Path,
     deadline: Instant,
+    ceiling: &Ceiling<'_>,
 ) -> Result<Fetched> {
-    with_deadline(url, deadline, |interrupt| {
+    let pack_dir = dir.join("objects/pack");
+    watched(url, deadline, pack_dir.clone(), ceiling, |interrupt| {
         let (repo, outcome) = prepare(url, revision, transport, dir, gix::create::Kind::Bare)?
             .fetch_only(gix::progress::Discard, interrupt)
             .map_err(|e| upstream(url, e))?;
+        check_download(url, &pack_dir, ceiling)?;
         let commit = fetched_commit(url, revision, &outcome.ref_map)?;
         // The fetched commit must be there (a server may answer without it).
         repo.find_commit(commit)
@@ -228,15 +359,21 @@ pub fn fetch(
 }
 
 /// Clones `revision` of `url` into `dir` with a checked-out working tree (a project
-/// repository), depth 1; returns the commit.
+/// repository), depth 1, within `limits`; returns the commit.
 pub fn clone_worktree(
     url: &str,
     revision: &Revision,
     transport: &Transport,
     dir: &Path,
     deadline: Instant,
+    limits: CloneLimits,
 ) -> Result<gix::ObjectId> {
-    with_deadline(url, deadline, |interrupt| {
+    let ceiling = Ceiling {
+        max_bytes: limits.max_bytes,
+        setting: "CLOUD_HARNESS_PROJECT_MAX_BYTES",
+    };
+    let pack_dir = dir.join(".git/objects/pack");
+    watched(url, deadline, pack_dir.clone(), &ceiling, |interrupt| {
         let mut prepare = prepare(
             url,
             revision,
@@ -247,7 +384,9 @@ pub fn clone_worktree(
         let (mut checkout, outcome) = prepare
             .fetch_then_checkout(gix::progress::Discard, interrupt)
             .map_err(|e| upstream(url, e))?;
+        check_download(url, &pack_dir, &ceiling)?;
         let commit = fetched_commit(url, revision, &outcome.ref_map)?;
+        check_checkout(url, checkout.repo(), commit, limits)?;
         checkout
             .main_worktree(gix::progress::Discard, interrupt)
             .map_err(|e| upstream(url, format!("checking out: {e}")))?;

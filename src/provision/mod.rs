@@ -90,6 +90,8 @@ pub struct Provisioner {
     pub store: Store,
     pub transport: fetch::Transport,
     pub limits: staging::Limits,
+    /// Ceilings of a project repository's clone.
+    pub project_limits: fetch::CloneLimits,
     /// The egress rules, the host allowlist among them.
     pub egress: proxy::EgressPolicy,
     /// Helper containers, when a Docker engine is there: given, or looked for on first need
@@ -113,6 +115,7 @@ impl Provisioner {
             store,
             transport,
             limits,
+            project_limits: fetch::CloneLimits::default(),
             egress,
             sandbox: OnceLock::from(None),
             embedded: std::sync::Mutex::new(None),
@@ -144,7 +147,8 @@ impl Provisioner {
 
     /// Settings from the environment: `ALLOWED_GIT_HOSTS`, `CLOUD_HARNESS_URL_REWRITE`,
     /// `CLOUD_HARNESS_EXTRA_CA`, `HTTPS_PROXY`, `CLOUD_HARNESS_ALLOW_CIDRS`,
-    /// `CLOUD_HARNESS_RESOLVE` and the `CLOUD_HARNESS_MAX_*` ceilings.
+    /// `CLOUD_HARNESS_RESOLVE`, the `CLOUD_HARNESS_MAX_*` ceilings and the
+    /// `CLOUD_HARNESS_PROJECT_MAX_*` ones.
     /// The Docker engine is looked for on first need.
     pub fn from_env(store: Store) -> Result<Provisioner> {
         let mut provisioner = Provisioner::new(
@@ -154,6 +158,7 @@ impl Provisioner {
             proxy::EgressPolicy::from_env(hosts::HostPolicy::from_env()?)?,
         );
         provisioner.sandbox = OnceLock::new();
+        provisioner.project_limits = fetch::CloneLimits::from_env()?;
         Ok(provisioner)
     }
 
@@ -273,6 +278,10 @@ impl Provisioner {
                 &self.transport()?,
                 &scratch.path().join("repo"),
                 deadline,
+                &fetch::Ceiling {
+                    max_bytes: self.limits.max_bytes.saturating_mul(2),
+                    setting: "twice CLOUD_HARNESS_MAX_BYTES",
+                },
             )
             .map_err(|e| self.explain(&fetched_url, e)),
         }?;

@@ -40,14 +40,7 @@ impl Limits {
     /// The defaults, each overridable: `CLOUD_HARNESS_MAX_FILES`, `_MAX_BYTES`,
     /// `_MAX_FILE_BYTES`, `_MAX_DEPTH`, `_FETCH_TIMEOUT` (seconds).
     pub fn from_env() -> Result<Limits> {
-        fn var(name: &str, default: u64) -> Result<u64> {
-            match std::env::var(name) {
-                Ok(v) => v
-                    .parse()
-                    .map_err(|_| Error::invalid(format!("{name}: {v:?} is not a whole number"))),
-                Err(_) => Ok(default),
-            }
-        }
+        let var = env_number;
         let d = Limits::default();
         Ok(Limits {
             max_files: var("CLOUD_HARNESS_MAX_FILES", d.max_files)?,
@@ -56,6 +49,16 @@ impl Limits {
             max_depth: var("CLOUD_HARNESS_MAX_DEPTH", d.max_depth as u64)? as usize,
             max_seconds: var("CLOUD_HARNESS_FETCH_TIMEOUT", d.max_seconds)?,
         })
+    }
+}
+
+/// A whole number from the environment variable `name`, or `default` when it is unset.
+pub fn env_number(name: &str, default: u64) -> Result<u64> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .map_err(|_| Error::invalid(format!("{name}: {v:?} is not a whole number"))),
+        Err(_) => Ok(default),
     }
 }
 

@@ -137,6 +137,7 @@ impl Workspaces {
                     &self.provisioner.transport()?,
                     repo,
                     deadline,
+                    self.provisioner.project_limits,
                 )
                 .map_err(|e| self.provisioner.explain(fetched, e))?;
                 repository = json!({ "url": request.repository_url, "fetchedUrl": fetched, "commit": commit.to_string() });
