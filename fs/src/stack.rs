@@ -8,6 +8,10 @@ use crate::discovery::{discover, Layout, SkillCache};
 
 use crate::error::{Error, Result};
 use crate::resolver::{Provenance, Source, Tier};
+use nix::errno::Errno;
+use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::Mode;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 /// The folders of a project that hold its own skills (the repository tier), in order.
@@ -43,15 +47,17 @@ pub fn dir_source(
     dir: &Path,
     project: Option<&Path>,
 ) -> Result<Source> {
-    let abs = absolute(dir)?;
-    let limits = match project {
+    let (fd, abs, limits) = match project {
         Some(root) => {
-            beneath(root, dir, &abs)?;
-            Limits::PROJECT
+            let (fd, real) = open_beneath(root, dir)?;
+            (fd, real, Limits::PROJECT)
         }
-        None => Limits::default(),
+        None => {
+            let abs = absolute(dir)?;
+            (crate::cas::open_dir(&abs)?, abs, Limits::default())
+        }
     };
-    let imported = store.import_dir(&abs, &limits)?;
+    let imported = store.import_fd(fd, &abs, &limits)?;
     let path = abs.to_string_lossy().into_owned();
     tree_source(
         store,
@@ -93,23 +99,60 @@ pub fn repository_sources(store: &Store, cache: &SkillCache, root: &Path) -> Res
     Ok(out)
 }
 
-/// A project's folder `dir` (real path `real`) must be beneath the project `root`: a link
-/// such as `.agents/skills -> /` would otherwise serve (and import) the host's own files.
-fn beneath(root: &Path, dir: &Path, real: &Path) -> Result<()> {
-    let root = absolute(root)?;
-    if real.starts_with(&root) {
-        return Ok(());
-    }
+/// Opens the project's folder `dir` so that nothing on the way leads outside the project
+/// `root` (a link such as `.agents/skills -> /` would otherwise serve, and import, the host's
+/// own files), and returns it with its real path. The kernel resolves the path beneath the
+/// project (`openat2`, `RESOLVE_BENEATH`), in one step: a link swapped in after a check cannot
+/// win a race against it.
+fn open_beneath(root: &Path, dir: &Path) -> Result<(OwnedFd, PathBuf)> {
     // Named as the project names it: the host's own layout is nobody's business.
-    let shown = dir.strip_prefix(&root).unwrap_or(dir);
-    Err(Error::new(
-        crate::Code::Forbidden,
-        format!(
-            "the project's {} is a link that leads outside the project; it is not served",
-            shown.display()
-        ),
+    let shown = dir.strip_prefix(root).unwrap_or(dir);
+    let outside = || {
+        Error::new(
+            crate::Code::Forbidden,
+            format!(
+                "the project's {} is a link that leads outside the project; it is not served",
+                shown.display()
+            ),
+        )
+        .with_details(serde_json::json!({ "path": shown }))
+    };
+    let Ok(rel) = dir.strip_prefix(root) else {
+        return Err(outside());
+    };
+    let root_fd = nix::fcntl::open(
+        root,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
     )
-    .with_details(serde_json::json!({ "path": shown })))
+    .map_err(|e| Error::io(root, e.into()))?;
+    let how = OpenHow::new()
+        .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let fd = match openat2(&root_fd, rel, how) {
+        Ok(fd) => fd,
+        Err(Errno::EXDEV) => return Err(outside()),
+        Err(Errno::ENOSYS) => return lexically_beneath(root, dir).map_err(|_| outside()),
+        Err(e) => return Err(Error::io(dir, e.into())),
+    };
+    let real = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .map_err(|e| Error::io(dir, e))?;
+    Ok((fd, real))
+}
+
+/// Where `openat2` is missing (kernels before 5.6, old container seccomp profiles): the real
+/// path is checked, then opened. A link swapped in between is still not followed below the
+/// folder (the import walks by descriptor), but the folder itself could be replaced.
+fn lexically_beneath(root: &Path, dir: &Path) -> Result<(OwnedFd, PathBuf)> {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        tracing::warn!("openat2 is not available: a project's skill folders are checked by their real path, then opened")
+    });
+    let real = absolute(dir)?;
+    if !real.starts_with(absolute(root)?) {
+        return Err(Error::invalid("outside"));
+    }
+    Ok((crate::cas::open_dir(&real)?, real))
 }
 
 fn absolute(dir: &Path) -> Result<PathBuf> {

@@ -4,12 +4,17 @@ use super::digest::Digest;
 use super::store::{ObjectKind, Store, Writer};
 use super::tree::{Entry, Kind, Tree};
 use crate::error::{Error, Result};
+use nix::dir::{Dir, Type};
+use nix::errno::Errno;
+use nix::fcntl::{openat, readlinkat, AtFlags, OFlag};
+use nix::sys::stat::{fstatat, Mode, SFlag};
 use serde::Serialize;
 use std::ffi::OsStr;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// Ceilings for one import. A breach is a TOO_LARGE error naming the path and the limit.
@@ -58,29 +63,53 @@ impl Store {
     /// as data; anything else is an INVALID_ARGUMENT error naming its path, and then nothing
     /// of the import is published.
     pub fn import_dir(&self, path: &Path, limits: &Limits) -> Result<Imported> {
+        let dir = open_dir(path)?;
+        self.import_fd(dir, path, limits)
+    }
+
+    /// [`Store::import_dir`] of a directory already open (`shown` names it in errors).
+    pub fn import_fd(&self, dir: OwnedFd, shown: &Path, limits: &Limits) -> Result<Imported> {
         let mut writer = self.writer()?;
-        let imported = import_dir(&mut writer, path, limits)?;
+        let imported = import_fd(&mut writer, dir, shown, limits)?;
         writer.commit()?;
         Ok(imported)
     }
 }
 
+/// Opens the directory at `path` for an import, following `path` itself if it is a link.
+pub fn open_dir(path: &Path) -> Result<OwnedFd> {
+    nix::fcntl::open(
+        path,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        Errno::ENOTDIR => Error::invalid(format!("{} is not a directory", path.display())),
+        e => Error::io(path, e.into()),
+    })
+}
+
 /// Imports into an open batch; the caller commits.
 pub fn import_dir(writer: &mut Writer<'_>, path: &Path, limits: &Limits) -> Result<Imported> {
-    let meta = fs::metadata(path).map_err(|e| Error::io(path, e))?;
-    if !meta.is_dir() {
-        return Err(Error::invalid(format!(
-            "{} is not a directory",
-            path.display()
-        )));
-    }
+    import_fd(writer, open_dir(path)?, path, limits)
+}
+
+/// Imports the open directory `dir` into an open batch. The walk goes by file descriptor,
+/// each step `openat` with `O_NOFOLLOW` from its parent: a tree that changes meanwhile (a live
+/// project an executor writes) can make the import fail, never lead it anywhere else.
+pub fn import_fd(
+    writer: &mut Writer<'_>,
+    dir: OwnedFd,
+    shown: &Path,
+    limits: &Limits,
+) -> Result<Imported> {
     let mut walk = Walk {
         writer,
         limits,
         files: 0,
         bytes: 0,
     };
-    let digest = walk.dir(path, 0)?;
+    let digest = walk.dir(dir, shown, 0)?;
     Ok(Imported {
         digest,
         files: walk.files,
@@ -95,8 +124,14 @@ struct Walk<'w, 's> {
     bytes: u64,
 }
 
+/// A step of the walk found something other than what the listing said.
+fn changed(path: &Path) -> Error {
+    Error::invalid(format!("{}: changed during the import", path.display()))
+        .with_details(serde_json::json!({ "path": path.to_string_lossy() }))
+}
+
 impl Walk<'_, '_> {
-    fn dir(&mut self, path: &Path, depth: usize) -> Result<Digest> {
+    fn dir(&mut self, fd: OwnedFd, path: &Path, depth: usize) -> Result<Digest> {
         if depth > self.limits.max_depth {
             return Err(Error::too_large(format!(
                 "{}: deeper than the limit of {} levels",
@@ -104,40 +139,68 @@ impl Walk<'_, '_> {
                 self.limits.max_depth
             )));
         }
+        let io_err = |e: Errno| Error::io(path, e.into());
+        let mut listing =
+            Dir::from_fd(fd.try_clone().map_err(|e| Error::io(path, e))?).map_err(io_err)?;
+        let mut names = Vec::new();
+        for item in listing.iter() {
+            let item = item.map_err(io_err)?;
+            let name = item.file_name().to_bytes();
+            if name != b"." && name != b".." {
+                names.push((OsStr::from_bytes(name).to_owned(), item.file_type()));
+            }
+        }
+        drop(listing);
         let mut entries = Vec::new();
-        for item in fs::read_dir(path).map_err(|e| Error::io(path, e))? {
-            let item = item.map_err(|e| Error::io(path, e))?;
-            let child = item.path();
-            let name = entry_name(&item.file_name(), &child)?;
-            let ftype = item.file_type().map_err(|e| Error::io(&child, e))?;
-            let entry = if ftype.is_dir() {
-                let digest = self.dir(&child, depth + 1)?;
-                Entry {
-                    name,
-                    kind: Kind::Tree,
-                    size: 0,
-                    digest,
+        for (raw, ftype) in names {
+            let child = path.join(&raw);
+            let name = entry_name(&raw, &child)?;
+            let ftype = match ftype {
+                Some(t) => t,
+                None => file_type(&fd, &raw).map_err(|e| Error::io(&child, e.into()))?,
+            };
+            let entry = match ftype {
+                Type::Directory => {
+                    let flags =
+                        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+                    let sub = match openat(&fd, raw.as_os_str(), flags, Mode::empty()) {
+                        Ok(sub) => sub,
+                        Err(Errno::ELOOP | Errno::ENOTDIR) => return Err(changed(&child)),
+                        Err(e) => return Err(Error::io(&child, e.into())),
+                    };
+                    let digest = self.dir(sub, &child, depth + 1)?;
+                    Entry {
+                        name,
+                        kind: Kind::Tree,
+                        size: 0,
+                        digest,
+                    }
                 }
-            } else if ftype.is_symlink() {
-                let target = fs::read_link(&child).map_err(|e| Error::io(&child, e))?;
-                let bytes = target.as_os_str().as_bytes();
-                self.count(&child, bytes.len() as u64)?;
-                let digest = self.writer.put_blob(bytes)?;
-                Entry {
-                    name,
-                    kind: Kind::Symlink,
-                    size: bytes.len() as u64,
-                    digest,
+                Type::Symlink => {
+                    let target = match readlinkat(&fd, raw.as_os_str()) {
+                        Ok(t) => t,
+                        Err(Errno::EINVAL) => return Err(changed(&child)),
+                        Err(e) => return Err(Error::io(&child, e.into())),
+                    };
+                    let bytes = target.as_bytes();
+                    self.count(&child, bytes.len() as u64)?;
+                    let digest = self.writer.put_blob(bytes)?;
+                    Entry {
+                        name,
+                        kind: Kind::Symlink,
+                        size: bytes.len() as u64,
+                        digest,
+                    }
                 }
-            } else if ftype.is_file() {
-                self.file(&child, name)?
-            } else {
-                return Err(Error::invalid(format!(
-                    "{}: a {} is not a regular file, directory or symlink",
-                    child.display(),
-                    describe(&ftype)
-                ))
-                .with_details(serde_json::json!({ "path": child.to_string_lossy() })));
+                Type::File => self.file(&fd, &raw, &child, name)?,
+                other => {
+                    return Err(Error::invalid(format!(
+                        "{}: a {} is not a regular file, directory or symlink",
+                        child.display(),
+                        describe(other)
+                    ))
+                    .with_details(serde_json::json!({ "path": child.to_string_lossy() })))
+                }
             };
             entries.push(entry);
         }
@@ -145,19 +208,18 @@ impl Walk<'_, '_> {
         self.writer.put_tree(&tree)
     }
 
-    fn file(&mut self, path: &Path, name: String) -> Result<Entry> {
-        // O_NOFOLLOW: a file swapped for a symlink after the listing is refused, not followed.
-        let file = OpenOptions::new()
-            .read(true)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(path)
-            .map_err(|e| Error::io(path, e))?;
+    fn file(&mut self, dir: &OwnedFd, raw: &OsStr, path: &Path, name: String) -> Result<Entry> {
+        // O_NOFOLLOW: a file swapped for a symlink after the listing is refused, not followed;
+        // O_NONBLOCK: one swapped for a FIFO does not hang the open.
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
+        let file = match openat(dir, raw, flags, Mode::empty()) {
+            Ok(fd) => File::from(fd),
+            Err(Errno::ELOOP) => return Err(changed(path)),
+            Err(e) => return Err(Error::io(path, e.into())),
+        };
         let meta = file.metadata().map_err(|e| Error::io(path, e))?;
         if !meta.is_file() {
-            return Err(Error::invalid(format!(
-                "{}: changed type during the import",
-                path.display()
-            )));
+            return Err(changed(path));
         }
         if meta.len() > self.limits.max_file_bytes {
             return Err(self.file_too_large(path));
@@ -226,18 +288,30 @@ fn entry_name(name: &OsStr, path: &Path) -> Result<String> {
     })
 }
 
-fn describe(ftype: &fs::FileType) -> &'static str {
-    if ftype.is_fifo() {
-        "FIFO"
-    } else if ftype.is_socket() {
-        "socket"
-    } else if ftype.is_block_device() {
-        "block device"
-    } else if ftype.is_char_device() {
-        "character device"
-    } else {
-        "special file"
+fn describe(ftype: Type) -> &'static str {
+    match ftype {
+        Type::Fifo => "FIFO",
+        Type::Socket => "socket",
+        Type::BlockDevice => "block device",
+        Type::CharacterDevice => "character device",
+        _ => "special file",
     }
+}
+
+/// The type of `name` in `dir` when the listing does not say (some file systems).
+fn file_type(dir: &OwnedFd, name: &OsStr) -> std::result::Result<Type, Errno> {
+    let st = fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)?;
+    Ok(
+        match SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT {
+            SFlag::S_IFDIR => Type::Directory,
+            SFlag::S_IFLNK => Type::Symlink,
+            SFlag::S_IFREG => Type::File,
+            SFlag::S_IFIFO => Type::Fifo,
+            SFlag::S_IFSOCK => Type::Socket,
+            SFlag::S_IFBLK => Type::BlockDevice,
+            _ => Type::CharacterDevice,
+        },
+    )
 }
 
 /// Writes the tree `digest` to `dest`, which must not exist. Everything is written under a

@@ -10,6 +10,6 @@ mod tree;
 
 pub use check::{GcReport, Problem, ProblemKind, VerifyReport};
 pub use digest::{Digest, Hasher};
-pub use import::{import_dir, materialize, Imported, Limits};
+pub use import::{import_dir, import_fd, materialize, open_dir, Imported, Limits};
 pub use store::{ObjectKind, Store, Writer};
 pub use tree::{canonical_order, check_name, Entry, Kind, Tree};
