@@ -191,6 +191,11 @@ impl Tree {
             if kind == Kind::Tree && size != 0 {
                 return Err(bad("directory with a size"));
             }
+            // Bare hex only: `sha256:<hex>` names the same object in other places, but one
+            // tree has one encoding.
+            if hex.len() != 64 {
+                return Err(bad("non-canonical digest"));
+            }
             let digest = Digest::parse(std::str::from_utf8(hex).map_err(|_| bad("digest"))?)?;
             let name = std::str::from_utf8(name)
                 .map_err(|_| bad("name is not UTF-8"))?
@@ -239,6 +244,20 @@ mod tests {
             assert_eq!(t.get(name).unwrap().name, name);
         }
         assert!(t.get("a/").is_none() && t.get("b").is_none());
+    }
+
+    /// Found by fuzzing (`fuzz/fuzz_targets/tree_decode.rs`): the decoder took a digest with
+    /// its `sha256:` prefix, so two encodings (two digests) named one tree.
+    #[test]
+    fn a_digest_with_its_prefix_is_not_canonical() {
+        let t = Tree::new(vec![entry("a", Kind::File)]).unwrap();
+        let canonical = t.encode();
+        assert_eq!(Tree::decode(&canonical).unwrap(), t);
+        let hex = t.entries()[0].digest.hex();
+        let text = String::from_utf8(canonical).unwrap();
+        let prefixed = text.replace(&hex, &format!("sha256:{hex}"));
+        let err = Tree::decode(prefixed.as_bytes()).unwrap_err();
+        assert!(err.message.contains("non-canonical digest"), "{err}");
     }
 
     #[test]
