@@ -253,6 +253,17 @@ fn containment(kind: Kind) {
     assert_eq!(seen["tmpWrite"], "ok");
     assert_eq!(seen["rootWrite"], "EROFS", "{seen}");
     assert_eq!(seen["usrWrite"], "EROFS", "{seen}");
+    // The ceilings the README names: a private /tmp of 1 GiB; 1,024 processes (docker: the
+    // container's pid cgroup, with 2 GiB of memory; bwrap: the uid's process limit).
+    let limits = &seen["limits"];
+    assert_eq!(limits["tmpBytes"], json!(1u64 << 30), "{seen}");
+    match kind {
+        Kind::Docker => {
+            assert_eq!(limits["pidsMax"], "1024", "{seen}");
+            assert_eq!(limits["memoryMax"], json!((2u64 << 30).to_string()), "{seen}");
+        }
+        _ => assert_eq!(limits["nproc"], 1024, "{seen}"),
+    }
     drop(listener);
 
     // An approved script runs inside and says so.

@@ -7,6 +7,7 @@ what a hostile script could do there, as one JSON document on stdout.
 import errno
 import json
 import os
+import resource
 import socket
 import sys
 
@@ -77,4 +78,23 @@ out["workspaceWrite"] = attempt(lambda: open("/workspace/probe-was-here", "w").c
 out["tmpWrite"] = attempt(lambda: open("/tmp/probe", "w").close())
 out["rootWrite"] = attempt(lambda: open("/probe", "w").close())
 out["usrWrite"] = attempt(lambda: open("/usr/probe", "w").close())
+
+
+def cgroup(*names):
+    """The first of these cgroup files there is (cgroup v2, then v1)."""
+    for name in names:
+        try:
+            return open(f"/sys/fs/cgroup/{name}").read().strip()
+        except OSError:
+            pass
+    return None
+
+
+tmp = os.statvfs("/tmp")
+out["limits"] = {
+    "nproc": resource.getrlimit(resource.RLIMIT_NPROC)[0],
+    "pidsMax": cgroup("pids.max", "pids/pids.max"),
+    "memoryMax": cgroup("memory.max", "memory/memory.limit_in_bytes"),
+    "tmpBytes": tmp.f_blocks * tmp.f_frsize,
+}
 print(json.dumps(out))
