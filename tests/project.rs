@@ -493,3 +493,66 @@ fn a_project_clone_stays_under_its_ceilings() {
         .close(result["workspace"].as_str().unwrap())
         .unwrap();
 }
+
+/// Pages of a text file end on character boundaries: each is valid UTF-8 text, `nextOffset`
+/// says where the next begins, and the pages put together are the file, byte for byte.
+#[test]
+fn pages_of_a_multibyte_text_file_are_each_text_and_add_up_to_the_file() {
+    let w = world();
+    // Two-, three- and four-byte characters, so any page length splits one sometimes.
+    let text: String = (0..3000)
+        .map(|i| ["é", "ж", "€", "漢", "😀", "a"][i % 6])
+        .collect();
+    let url = w.project(
+        "unicode",
+        dir(vec![(
+            ".agents",
+            dir(vec![(
+                "skills",
+                dir(vec![(
+                    "uni",
+                    dir(vec![
+                        ("SKILL.md", skill_md("uni")),
+                        (
+                            "refs",
+                            dir(vec![("u.md", Node::File(text.clone().into_bytes()))]),
+                        ),
+                    ]),
+                )]),
+            )]),
+        )]),
+    );
+    let result = w.open("unicode", &url, vec![]).unwrap();
+    let id = result["workspace"].as_str().unwrap();
+    let ws = w.workspaces.get(id).unwrap();
+    for length in [1000, 1001, 1002, 1003, 4097] {
+        let (mut whole, mut offset, mut pages) = (Vec::new(), 0, 0);
+        loop {
+            let page = ws.read("uni", "refs/u.md", offset, length).unwrap();
+            assert_eq!(page.encoding, "utf-8", "length {length}, page at {offset}");
+            assert_eq!(page.length, page.content.len() as u64);
+            whole.extend_from_slice(page.content.as_bytes());
+            pages += 1;
+            match page.next_offset {
+                Some(next) => {
+                    assert_eq!(next, offset + page.length);
+                    offset = next;
+                }
+                None => break,
+            }
+        }
+        assert_eq!(whole, text.as_bytes(), "length {length}");
+        assert!(pages > 1);
+    }
+    // A page asked for in the middle of a character is not text: base64.
+    assert_eq!(
+        ws.read("uni", "refs/u.md", 1, 100).unwrap().encoding,
+        "base64"
+    );
+    drop(ws);
+    w.workspaces.close(id).unwrap();
+}
+
+fn skill_md(name: &str) -> Node {
+    Node::File(format!("---\nname: {name}\ndescription: d\n---\n").into_bytes())
+}

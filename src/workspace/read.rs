@@ -48,6 +48,31 @@ pub fn check_skill_path<'a>(path: &'a str, field: &str) -> Result<Vec<&'a str>> 
     Ok(parts)
 }
 
+/// A page as text when it is UTF-8, else base64. A text page whose end splits a character
+/// ends before that character (the next page starts with it), so a model never gets an
+/// unreadable page of a text file; only a file that is not UTF-8 text comes as base64.
+/// Returns the encoding, the content and how many bytes of the file it holds.
+fn page_text(mut bytes: Vec<u8>, last: bool) -> (&'static str, String, u64) {
+    match std::str::from_utf8(&bytes) {
+        Ok(_) => {}
+        // Only a character cut by the page's end, in a page with text before it.
+        Err(e) if e.error_len().is_none() && e.valid_up_to() > 0 && !last => {
+            bytes.truncate(e.valid_up_to())
+        }
+        Err(_) => {
+            use base64::Engine;
+            let text = base64::engine::general_purpose::STANDARD.encode(&bytes);
+            return ("base64", text, bytes.len() as u64);
+        }
+    }
+    let length = bytes.len() as u64;
+    (
+        "utf-8",
+        String::from_utf8(bytes).expect("checked above"),
+        length,
+    )
+}
+
 impl Workspace {
     /// Reads a page of a served skill's file.
     pub fn read(&self, skill: &str, path: &str, offset: u64, length: u64) -> Result<Page> {
@@ -80,18 +105,8 @@ impl Workspace {
             }
             Err(e) => return Err(Error::internal(format!("reading {skill}/{path}: {e}"))),
         };
-        let length = bytes.len() as u64;
+        let (encoding, content, length) = page_text(bytes, offset + want as u64 >= size);
         let end = offset.saturating_add(length);
-        let (encoding, content) = match String::from_utf8(bytes) {
-            Ok(text) => ("utf-8", text),
-            Err(e) => {
-                use base64::Engine;
-                (
-                    "base64",
-                    base64::engine::general_purpose::STANDARD.encode(e.as_bytes()),
-                )
-            }
-        };
         let path = parts.join("/");
         Ok(Page {
             skill: skill.to_owned(),
