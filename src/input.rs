@@ -26,6 +26,29 @@ pub fn parse<T: DeserializeOwned>(value: Value, whole: &str) -> Result<T> {
     })
 }
 
+/// A string field of at most `max` bytes; longer is an INVALID_ARGUMENT naming the field.
+pub fn max_len(field: &str, value: &str, max: usize) -> Result<()> {
+    if value.len() > max {
+        return Err(Error::invalid(format!(
+            "{field}: is {} bytes, more than the {max} allowed",
+            value.len()
+        ))
+        .with_details(json!({ "field": field, "limit": max })));
+    }
+    Ok(())
+}
+
+/// An array field of at most `max` items.
+pub fn max_items(field: &str, items: usize, max: usize) -> Result<()> {
+    if items > max {
+        return Err(Error::invalid(format!(
+            "{field}: has {items} items, more than the {max} allowed"
+        ))
+        .with_details(json!({ "field": field, "limit": max })));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,12 +2,26 @@
 //! provisioning code can act on. Every violation is an INVALID_ARGUMENT or FORBIDDEN error whose
 //! details name the field.
 
+use crate::input::{max_items, max_len};
 use crate::presets;
 use crate::provision::hosts::HostPolicy;
 use cloud_harness_fs::discovery::Layout;
 use cloud_harness_fs::{relpath, Code, Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
+
+/// Ceilings of a spec's fields, enforced before anything else and stated in the tools' schemas.
+pub const MAX_URL: usize = 2048;
+/// A preset id, a version (a tag).
+pub const MAX_NAME: usize = 200;
+/// A subdirectory, a skill root.
+pub const MAX_PATH: usize = 1024;
+pub const MAX_ROOTS: usize = 16;
+/// Include and exclude patterns, each list.
+pub const MAX_PATTERNS: usize = 256;
+pub const MAX_PATTERN: usize = 256;
+/// Toolkits in one request.
+pub const MAX_TOOLKITS: usize = 32;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
@@ -202,8 +216,46 @@ fn check_subdirectory(sub: &str) -> Result<String> {
 }
 
 impl ToolkitSpec {
+    /// Every string and list of the spec within its ceiling.
+    fn check_sizes(&self) -> Result<()> {
+        match self {
+            ToolkitSpec::Preset(p) => {
+                max_len("id", &p.id, MAX_NAME)?;
+                max_len("version", p.version.as_deref().unwrap_or(""), MAX_NAME)
+            }
+            ToolkitSpec::Git(g) => {
+                max_len("url", &g.url, MAX_URL)?;
+                max_len("instanceId", &g.instance_id, 80)?;
+                max_len("ref", g.git_ref.as_deref().unwrap_or(""), 64)?;
+                max_len(
+                    "subdirectory",
+                    g.subdirectory.as_deref().unwrap_or(""),
+                    MAX_PATH,
+                )?;
+                let roots = g.layout.as_ref().and_then(|l| l.skill_roots.as_deref());
+                let roots = roots.unwrap_or_default();
+                max_items("layout.skillRoots", roots.len(), MAX_ROOTS)?;
+                for root in roots {
+                    max_len("layout.skillRoots", root, MAX_PATH)?;
+                }
+                let filter = g.skills.clone().unwrap_or_default();
+                for (field, patterns) in [
+                    ("skills.include", &filter.include),
+                    ("skills.exclude", &filter.exclude),
+                ] {
+                    max_items(field, patterns.len(), MAX_PATTERNS)?;
+                    for p in patterns {
+                        max_len(field, p, MAX_PATTERN)?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// Validates the spec against the host policy and resolves presets.
     pub fn resolve(&self, hosts: &HostPolicy) -> Result<Toolkit> {
+        self.check_sizes()?;
         match self {
             ToolkitSpec::Preset(p) => {
                 let preset = presets::find(&p.id).ok_or_else(|| {
@@ -294,6 +346,7 @@ pub fn in_request(mut e: Error, i: usize) -> Error {
 /// Validates every spec of a request; field names carry the index (`toolkits[1].url`), and
 /// instance ids must be unique.
 pub fn resolve_request(specs: &[ToolkitSpec], hosts: &HostPolicy) -> Result<Vec<Toolkit>> {
+    max_items("toolkits", specs.len(), MAX_TOOLKITS)?;
     let mut seen = HashSet::new();
     let mut out = Vec::with_capacity(specs.len());
     for (i, spec) in specs.iter().enumerate() {

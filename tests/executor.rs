@@ -260,7 +260,11 @@ fn containment(kind: Kind) {
     match kind {
         Kind::Docker => {
             assert_eq!(limits["pidsMax"], "1024", "{seen}");
-            assert_eq!(limits["memoryMax"], json!((2u64 << 30).to_string()), "{seen}");
+            assert_eq!(
+                limits["memoryMax"],
+                json!((2u64 << 30).to_string()),
+                "{seen}"
+            );
         }
         _ => assert_eq!(limits["nproc"], 1024, "{seen}"),
     }

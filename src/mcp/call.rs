@@ -1,8 +1,9 @@
 //! A tool call's arguments, decoded and checked before anything runs: a problem is an
 //! INVALID_ARGUMENT naming the field, and nothing has been touched yet.
 
+use crate::input::{max_items, max_len};
 use crate::runner;
-use crate::toolkit;
+use crate::toolkit::{self, MAX_TOOLKITS, MAX_URL};
 use crate::workspace::{check_skill_path, OpenRequest, RunRequest};
 use cloud_harness_fs::resolver::Tier;
 use cloud_harness_fs::{Code, Error};
@@ -14,6 +15,12 @@ use std::time::Duration;
 /// Default and largest page of `skills_read`.
 pub const PAGE: u64 = 64 << 10;
 pub const MAX_PAGE: u64 = 1 << 20;
+/// A workspace handle, a skill name.
+pub const MAX_HANDLE: usize = 64;
+pub const MAX_SKILL: usize = 255;
+/// `skills_run` arguments: how many, and the bytes of each.
+pub const MAX_ARGS: usize = 256;
+pub const MAX_ARG: usize = 32 << 10;
 
 /// A decoded tool call.
 #[derive(Debug)]
@@ -45,6 +52,12 @@ pub fn decode(tool: &str, arguments: Option<JsonObject>) -> Result<Call, Error> 
     Ok(match tool {
         "workspace_open" => {
             let args: OpenArgs = parse(arguments)?;
+            max_len(
+                "repositoryUrl",
+                args.repository_url.as_deref().unwrap_or(""),
+                MAX_URL,
+            )?;
+            max_items("toolkits", args.toolkits.len(), MAX_TOOLKITS)?;
             let mut toolkits = Vec::with_capacity(args.toolkits.len());
             for (i, value) in args.toolkits.into_iter().enumerate() {
                 let spec =
@@ -60,12 +73,14 @@ pub fn decode(tool: &str, arguments: Option<JsonObject>) -> Result<Call, Error> 
         }
         "workspace_close" => {
             let args: CloseArgs = parse(arguments)?;
+            max_len("workspace", &args.workspace, MAX_HANDLE)?;
             Call::Close {
                 workspace: args.workspace,
             }
         }
         "skills_list" => {
             let args: ListArgs = parse(arguments)?;
+            max_len("workspace", &args.workspace, MAX_HANDLE)?;
             Call::List {
                 workspace: args.workspace,
                 tier: args.tier,
@@ -74,6 +89,8 @@ pub fn decode(tool: &str, arguments: Option<JsonObject>) -> Result<Call, Error> 
         }
         "skills_read" => {
             let args: ReadArgs = parse(arguments)?;
+            max_len("workspace", &args.workspace, MAX_HANDLE)?;
+            max_len("skill", &args.skill, MAX_SKILL)?;
             let length = args.length.unwrap_or(PAGE);
             if length == 0 || length > MAX_PAGE {
                 return Err(
@@ -100,11 +117,14 @@ pub fn decode(tool: &str, arguments: Option<JsonObject>) -> Result<Call, Error> 
 }
 
 fn run(args: RunArgs) -> Result<Call, Error> {
+    max_len("workspace", &args.workspace, MAX_HANDLE)?;
+    max_len("skill", &args.skill, MAX_SKILL)?;
     check_skill_path(&args.script, "script")?;
+    max_items("args", args.args.len(), MAX_ARGS)?;
     for (i, a) in args.args.iter().enumerate() {
-        if a.contains('\0') || a.len() > 32 << 10 {
+        if a.contains('\0') || a.len() > MAX_ARG {
             return Err(Error::invalid(format!(
-                "args[{i}]: must be under 32 KiB without NUL bytes"
+                "args[{i}]: must be at most {MAX_ARG} bytes, without NUL bytes"
             ))
             .with_details(json!({ "field": format!("args[{i}]") })));
         }

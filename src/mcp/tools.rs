@@ -1,8 +1,12 @@
 //! The tools' descriptions and input schemas, as `tools/list` returns them. Flat objects
 //! without `$ref`, so every client's schema handling accepts them.
 
-use super::call::MAX_PAGE;
+use super::call::{MAX_ARG, MAX_ARGS, MAX_HANDLE, MAX_PAGE, MAX_SKILL};
 use crate::runner;
+use crate::toolkit::{
+    MAX_NAME, MAX_PATH, MAX_PATTERN, MAX_PATTERNS, MAX_ROOTS, MAX_TOOLKITS, MAX_URL,
+};
+use crate::workspace::MAX_SKILL_PATH;
 use rmcp::model::{JsonObject, Tool};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -21,24 +25,25 @@ pub fn tools() -> &'static [Tool] {
 }
 
 fn build_tools() -> Vec<Tool> {
-    let workspace =
-        json!({ "type": "string", "description": "The handle workspace_open returned." });
+    let workspace = json!({ "type": "string", "maxLength": MAX_HANDLE, "description": "The handle workspace_open returned." });
+    let skill = json!({ "type": "string", "minLength": 1, "maxLength": MAX_SKILL, "description": "A skill's name, as skills_list shows it." });
+    let patterns = json!({ "type": "array", "maxItems": MAX_PATTERNS, "items": { "type": "string", "maxLength": MAX_PATTERN } });
     let toolkit = json!({
         "type": "object",
         "description": "A preset {kind: \"preset\", id, scope?, version?} or a git toolkit {kind: \"git\", instanceId, url, ref?, scope?, subdirectory?, layout?, skills?}.",
         "properties": {
             "kind": { "type": "string", "enum": ["preset", "git"] },
-            "id": { "type": "string", "description": "preset: its id, e.g. obra/superpowers" },
-            "version": { "type": "string", "description": "preset: a commit id or a tag; absent: the default branch head" },
-            "instanceId": { "type": "string", "description": "git: 1-80 letters, digits, - and _" },
-            "url": { "type": "string", "description": "git: an HTTPS URL on the allowed hosts" },
-            "ref": { "type": "string", "description": "git: an exact commit id (40 or 64 hex); absent: the default branch head" },
+            "id": { "type": "string", "maxLength": MAX_NAME, "description": "preset: its id, e.g. obra/superpowers" },
+            "version": { "type": "string", "maxLength": MAX_NAME, "description": "preset: a commit id or a tag; absent: the default branch head" },
+            "instanceId": { "type": "string", "pattern": "^[A-Za-z0-9_-]{1,80}$", "maxLength": 80, "description": "git: 1-80 letters, digits, - and _" },
+            "url": { "type": "string", "maxLength": MAX_URL, "description": "git: an HTTPS URL on the allowed hosts" },
+            "ref": { "type": "string", "pattern": "^([0-9a-f]{40}|[0-9a-f]{64})$", "maxLength": 64, "description": "git: an exact commit id (40 or 64 hex); absent: the default branch head" },
             "scope": { "type": "string", "enum": ["owner", "workspace"] },
-            "subdirectory": { "type": "string" },
+            "subdirectory": { "type": "string", "maxLength": MAX_PATH },
             "layout": {
                 "type": "object",
                 "properties": {
-                    "skillRoots": { "type": "array", "items": { "type": "string" } },
+                    "skillRoots": { "type": "array", "maxItems": MAX_ROOTS, "items": { "type": "string", "maxLength": MAX_PATH } },
                     "recursive": { "type": "boolean" },
                     "pluginManifest": { "type": "boolean", "description": "install only the skills the toolkit's .claude-plugin manifest lists" }
                 }
@@ -46,8 +51,8 @@ fn build_tools() -> Vec<Tool> {
             "skills": {
                 "type": "object",
                 "properties": {
-                    "include": { "type": "array", "items": { "type": "string" } },
-                    "exclude": { "type": "array", "items": { "type": "string" } }
+                    "include": patterns,
+                    "exclude": patterns
                 }
             }
         },
@@ -60,9 +65,9 @@ fn build_tools() -> Vec<Tool> {
             schema(json!({
                 "type": "object",
                 "properties": {
-                    "repositoryUrl": { "type": "string", "description": "HTTPS URL of the project repository (optional: without it the working tree starts empty)" },
-                    "idempotencyKey": { "type": "string", "description": "The same key with the same request returns the same workspace" },
-                    "toolkits": { "type": "array", "items": toolkit },
+                    "repositoryUrl": { "type": "string", "maxLength": MAX_URL, "description": "HTTPS URL of the project repository (optional: without it the working tree starts empty)" },
+                    "idempotencyKey": { "type": "string", "minLength": 1, "maxLength": 200, "description": "The same key with the same request returns the same workspace (1-200 characters, no control characters)" },
+                    "toolkits": { "type": "array", "maxItems": MAX_TOOLKITS, "items": toolkit },
                     "allowToolkitWorkspaceChanges": { "type": "boolean", "description": "Required for toolkits of scope workspace, which write into .cloud-harness/skills/" }
                 },
                 "required": ["idempotencyKey"],
@@ -100,8 +105,8 @@ fn build_tools() -> Vec<Tool> {
                 "type": "object",
                 "properties": {
                     "workspace": workspace,
-                    "skill": { "type": "string" },
-                    "path": { "type": "string", "description": "Relative to the skill folder; default SKILL.md" },
+                    "skill": skill,
+                    "path": { "type": "string", "maxLength": MAX_SKILL_PATH, "description": "Relative to the skill folder; default SKILL.md" },
                     "offset": { "type": "integer", "minimum": 0 },
                     "length": { "type": "integer", "minimum": 1, "maximum": MAX_PAGE }
                 },
@@ -116,9 +121,9 @@ fn build_tools() -> Vec<Tool> {
                 "type": "object",
                 "properties": {
                     "workspace": workspace,
-                    "skill": { "type": "string" },
-                    "script": { "type": "string", "description": "Relative to the skill folder, e.g. scripts/check.sh" },
-                    "args": { "type": "array", "items": { "type": "string" } },
+                    "skill": skill,
+                    "script": { "type": "string", "maxLength": MAX_SKILL_PATH, "description": "Relative to the skill folder, e.g. scripts/check.sh" },
+                    "args": { "type": "array", "maxItems": MAX_ARGS, "items": { "type": "string", "maxLength": MAX_ARG } },
                     "timeoutSeconds": { "type": "integer", "minimum": 1, "maximum": runner::MAX_TIMEOUT.as_secs() }
                 },
                 "required": ["workspace", "skill", "script"],

@@ -29,7 +29,7 @@ mod request;
 mod roots;
 mod run;
 
-pub use read::{check_skill_path, Page};
+pub use read::{check_skill_path, Page, MAX_SKILL_PATH};
 pub use record::Record;
 pub use request::OpenRequest;
 pub use run::RunRequest;

@@ -28,15 +28,12 @@ pub struct Page {
     pub next_offset: Option<u64>,
 }
 
+/// The longest path inside a skill (`path`, `script`).
+pub const MAX_SKILL_PATH: usize = 4096;
+
 /// A file inside a skill, given in `field`: relative, inside the skill folder, naming a file.
 pub fn check_skill_path<'a>(path: &'a str, field: &str) -> Result<Vec<&'a str>> {
-    if path.len() > 4096 {
-        return Err(Error::field(
-            Code::InvalidArgument,
-            field,
-            format!("{path:?} is longer than 4096 bytes"),
-        ));
-    }
+    crate::input::max_len(field, path, MAX_SKILL_PATH)?;
     let parts = relpath::segments(path, field, "the skill folder")?;
     if parts.is_empty() {
         return Err(Error::field(

@@ -72,6 +72,18 @@ async def served_digest(c, handle, name):
     return [s for s in listing["skills"] if s["name"] == name][0]["digest"]
 
 
+def bounded(where, schema):
+    """Every string and array argument states its limit in the schema."""
+    kind = schema.get("type")
+    if kind == "string":
+        assert "enum" in schema or "maxLength" in schema, f"{where}: a string without maxLength"
+    if kind == "array":
+        assert "maxItems" in schema, f"{where}: an array without maxItems"
+        bounded(where + "[]", schema["items"])
+    for name, sub in schema.get("properties", {}).items():
+        bounded(f"{where}.{name}", sub)
+
+
 async def full():
     fx = CONFIG["fixtures"]
     async with client() as c:
@@ -82,6 +94,7 @@ async def full():
         assert names == ["skills_list", "skills_read", "skills_run", "workspace_close", "workspace_open"], names
         for t in (await c.list_tools()).tools:
             assert "$ref" not in json.dumps(t.input_schema), t.name
+            bounded(t.name, t.input_schema)
 
         # Open: a preset-shaped toolkit (through the mirror) and a git toolkit, owner scope.
         request = {
@@ -318,6 +331,15 @@ async def bad_input():
             ("workspace_open", {"idempotencyKey": "k", "surprise": 1}, "surprise"),
             ("workspace_close", {}, "workspace"),
             ("workspace_close", {"workspace": ["a"]}, "workspace"),
+            ("workspace_close", {"workspace": huge}, "workspace"),
+            ("workspace_open", {"idempotencyKey": "k", "toolkits": [{"kind": "preset", "id": "obra/superpowers"}] * 33}, "toolkits"),
+            ("workspace_open", {"idempotencyKey": "k", "repositoryUrl": "https://github.com/" + "x" * 3000}, "repositoryUrl"),
+            ("workspace_open", {"idempotencyKey": "k", "toolkits": [{"kind": "git", "instanceId": "x", "url": "https://github.com/a/b", "skills": {"include": ["a"] * 257}}]}, "toolkits[0].skills.include"),
+            ("workspace_open", {"idempotencyKey": "k", "toolkits": [{"kind": "git", "instanceId": "x", "url": "https://github.com/a/b", "skills": {"exclude": ["a" * 300]}}]}, "toolkits[0].skills.exclude"),
+            ("workspace_open", {"idempotencyKey": "k", "toolkits": [{"kind": "git", "instanceId": "x", "url": "https://github.com/a/b", "layout": {"skillRoots": ["s"] * 17}}]}, "toolkits[0].layout.skillRoots"),
+            ("skills_list", {"workspace": huge}, "workspace"),
+            ("skills_read", {"workspace": h, "skill": huge}, "skill"),
+            ("skills_run", {"workspace": h, "skill": "cloud-harness-skills", "script": "a.sh", "args": ["a"] * 257}, "args"),
             ("skills_list", {"workspace": h, "tier": "everything"}, "tier"),
             ("skills_list", {"workspace": h, "includeShadowed": 1}, "includeShadowed"),
             ("skills_read", {"workspace": h}, "skill"),
@@ -342,9 +364,7 @@ async def bad_input():
                 assert out["details"]["field"] == field, f"{name} {str(args)[:120]}: {str(out)[:300]}"
         for name, args in [
             ("skills_list", {"workspace": "ws_nope"}),
-            ("skills_list", {"workspace": huge}),
             ("skills_read", {"workspace": h, "skill": "no-such-skill"}),
-            ("skills_read", {"workspace": h, "skill": huge}),
             ("skills_read", {"workspace": h, "skill": "cloud-harness-skills", "path": "missing.md"}),
             ("workspace_close", {"workspace": "ws_nope"}),
         ]:
