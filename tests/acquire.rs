@@ -1109,3 +1109,54 @@ fn an_in_process_download_stops_at_twice_the_byte_ceiling() {
     p.limits.max_file_bytes = 16 << 20;
     p.acquire(&spec.resolve(p.hosts()).unwrap()).unwrap();
 }
+
+/// An outage on the way to a git host (a name without an address, a dial refused) is
+/// UPSTREAM and retryable, never FORBIDDEN. The CLI runs in a network namespace of its own, so
+/// no lookup or dial leaves this machine.
+#[test]
+fn an_outage_is_upstream_and_retryable_not_a_refusal() {
+    if !nix::unistd::geteuid().is_root() {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
+        eprintln!("skipped: unshare -n needs root");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let add = |host: &str, url: &str, env: &[(&str, &str)]| {
+        // Loopback up (the built-in egress proxy listens there), nothing else.
+        let out = std::process::Command::new("unshare")
+            .args(["-n", "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\""])
+            .args([env!("CARGO_BIN_EXE_cloud-harness"), "toolkit", "add"])
+            .args(["--url", url, "--instance-id", "x"])
+            .env("TOOLKIT_CACHE_ROOT", tmp.path().join("store"))
+            .env("ALLOWED_GIT_HOSTS", host)
+            .env("CLOUD_HARNESS_CONTAINERS", "off")
+            .env_remove("HTTPS_PROXY")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!err.contains("FORBIDDEN"), "{err}");
+        err
+    };
+    // No address: the namespace has no network, so resolving fails at once.
+    let err = add("git.example.test", "https://git.example.test/x.git", &[]);
+    assert!(
+        err.contains("UPSTREAM") && err.contains("could not reach"),
+        "{err}"
+    );
+    assert!(err.contains("\"retryable\":true"), "{err}");
+    // A dial that fails: the name pinned to a loopback port nothing listens on.
+    let err = add(
+        "git.example.test:4431",
+        "https://git.example.test:4431/x.git",
+        &[
+            ("CLOUD_HARNESS_RESOLVE", "git.example.test=127.0.0.1"),
+            ("CLOUD_HARNESS_ALLOW_CIDRS", "127.0.0.0/8"),
+        ],
+    );
+    assert!(
+        err.contains("UPSTREAM") && err.contains("dialling"),
+        "{err}"
+    );
+}

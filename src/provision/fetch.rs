@@ -139,7 +139,7 @@ fn upstream(url: &str, e: impl std::fmt::Display) -> Error {
         Code::Upstream
     };
     Error::new(code, format!("fetching {url}: {text}"))
-        .with_details(serde_json::json!({ "url": url }))
+        .with_details(serde_json::json!({ "url": url, "retryable": code == Code::Upstream }))
 }
 
 /// The bytes of the files directly in `dir` (a pack directory: the pack being received is a
@@ -215,7 +215,8 @@ fn watched<T>(
         (Err(_), None) if interrupt.load(Ordering::SeqCst) => Err(Error::new(
             Code::Timeout,
             format!("fetching {url} took longer than the time allowed"),
-        )),
+        )
+        .with_details(serde_json::json!({ "url": url, "retryable": true }))),
         (other, _) => other,
     }
 }

@@ -181,20 +181,30 @@ impl Provisioner {
         }
     }
 
-    /// A fetch error, explained by the egress proxy when it refused the host.
-    pub fn explain(&self, url: &str, error: Error) -> Error {
+    /// A fetch error of a fetch that began at `since`, explained by the egress proxy when it
+    /// turned the host away meanwhile: a refusal by policy is FORBIDDEN, an outage on the way
+    /// (no address, a failed or timed-out dial) UPSTREAM or TIMEOUT, marked retryable.
+    pub fn explain(&self, url: &str, error: Error, since: Instant) -> Error {
         let host = url::Url::parse(url)
             .ok()
             .and_then(|u| u.host_str().and_then(hosts::normalize_host));
-        let reason = host.and_then(|h| {
+        let refusal = host.and_then(|h| {
             let embedded = self.embedded.lock().expect("proxy lock");
             embedded.as_ref().and_then(|p| p.refusal(&h))
         });
-        match reason {
-            Some(why) => Error::new(Code::Forbidden, format!("the egress proxy refused {why}"))
-                .with_details(serde_json::json!({ "url": url, "egress": why })),
-            None => error,
-        }
+        let Some(r) = refusal.filter(|r| r.at >= since) else {
+            return error;
+        };
+        let (code, what) = match r.status {
+            504 => (Code::Timeout, "the egress proxy timed out reaching"),
+            502 => (Code::Upstream, "the egress proxy could not reach"),
+            _ => (Code::Forbidden, "the egress proxy refused"),
+        };
+        Error::new(code, format!("{what} {}", r.reason)).with_details(serde_json::json!({
+            "url": url,
+            "egress": r.reason,
+            "retryable": r.is_outage(),
+        }))
     }
 
     /// How fetches reach git hosts: through the egress proxy (on loopback, started on first
@@ -283,7 +293,7 @@ impl Provisioner {
                     setting: "twice CLOUD_HARNESS_MAX_BYTES",
                 },
             )
-            .map_err(|e| self.explain(&fetched_url, e)),
+            .map_err(|e| self.explain(&fetched_url, e, started)),
         }?;
         verify_fetched(&revision, &fetched, &fetched_url)?;
         let commit = fetched.commit.to_string();

@@ -357,7 +357,37 @@ async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<String>> {
 }
 
 /// The latest refusal per host, so a failed fetch can say why.
-pub type Refusals = Arc<std::sync::Mutex<HashMap<String, String>>>;
+/// Why the proxy last turned a host away: a refusal by policy (403, 400, 405) or an outage on
+/// the way (502: resolving or dialling failed; 504: dialling timed out), and when.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    pub status: u16,
+    pub reason: String,
+    pub at: std::time::Instant,
+}
+
+impl Refusal {
+    /// An outage a client should retry, as opposed to a refusal by policy.
+    pub fn is_outage(&self) -> bool {
+        matches!(self.status, 502 | 504)
+    }
+}
+
+pub type Refusals = Arc<std::sync::Mutex<HashMap<String, Refusal>>>;
+
+fn remember(refusals: &Refusals, host: &str, port: u16, status: u16, why: &str) {
+    let refusal = Refusal {
+        status,
+        reason: format!("{host}:{port}: {why}"),
+        at: std::time::Instant::now(),
+    };
+    let mut table = refusals.lock().expect("refusals lock");
+    // Bounded: a client naming many hosts cannot grow it without end.
+    if table.len() >= 1024 {
+        table.clear();
+    }
+    table.insert(host.to_owned(), refusal);
+}
 
 async fn handle(
     mut client: TcpStream,
@@ -376,10 +406,7 @@ async fn handle(
     let target = match decision.verdict {
         Verdict::Allow(to) => to,
         Verdict::Refuse(status, why) => {
-            refusals.lock().expect("refusals lock").insert(
-                decision.host.clone(),
-                format!("{}:{}: {why}", decision.host, decision.port),
-            );
+            remember(&refusals, &decision.host, decision.port, status, &why);
             let text = match status {
                 400 => "Bad Request",
                 403 => "Forbidden",
@@ -400,12 +427,16 @@ async fn handle(
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             tracing::warn!(target: "egress", host = %decision.host, to = %target, error = %e, "dial failed");
+            let why = format!("dialling {target} failed: {e}");
+            remember(&refusals, &decision.host, decision.port, 502, &why);
             let _ = client
                 .write_all(b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\n\r\n")
                 .await;
             return;
         }
         Err(_) => {
+            let why = format!("dialling {target} timed out");
+            remember(&refusals, &decision.host, decision.port, 504, &why);
             let _ = client
                 .write_all(b"HTTP/1.1 504 Gateway Timeout\r\nConnection: close\r\n\r\n")
                 .await;
@@ -496,7 +527,7 @@ impl EmbeddedProxy {
     }
 
     /// Why the proxy last refused `host`, if it did.
-    pub fn refusal(&self, host: &str) -> Option<String> {
+    pub fn refusal(&self, host: &str) -> Option<Refusal> {
         self.refusals
             .lock()
             .expect("refusals lock")

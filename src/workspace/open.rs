@@ -129,8 +129,8 @@ impl Workspaces {
         let mut repository = Value::Null;
         match repo_url {
             Some(fetched) => {
-                let deadline =
-                    Instant::now() + Duration::from_secs(self.provisioner.limits.max_seconds);
+                let started = Instant::now();
+                let deadline = started + Duration::from_secs(self.provisioner.limits.max_seconds);
                 let commit = fetch::clone_worktree(
                     fetched,
                     &Revision::DefaultHead,
@@ -139,7 +139,7 @@ impl Workspaces {
                     deadline,
                     self.provisioner.project_limits,
                 )
-                .map_err(|e| self.provisioner.explain(fetched, e))?;
+                .map_err(|e| self.provisioner.explain(fetched, e, started))?;
                 repository = json!({ "url": request.repository_url, "fetchedUrl": fetched, "commit": commit.to_string() });
             }
             None => fs::create_dir_all(repo).map_err(|e| Error::io(repo, e))?,
