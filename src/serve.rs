@@ -73,10 +73,16 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
     }
     match args.http {
         None => {
-            let service = server
-                .serve(rmcp::transport::stdio())
-                .await
-                .map_err(|e| Error::internal(format!("stdio: {e}")))?;
+            let service = match server.serve(rmcp::transport::stdio()).await {
+                Ok(service) => service,
+                // The client went away before a session began (one that only asked
+                // `server/discover`, as SDKs probing a server do): a normal end.
+                Err(rmcp::service::ServerInitializeError::ConnectionClosed(when)) => {
+                    tracing::debug!(%when, "stdio closed before a session began");
+                    return Ok(());
+                }
+                Err(e) => return Err(Error::internal(format!("stdio: {e}"))),
+            };
             tokio::select! {
                 _ = service.waiting() => {}
                 _ = stop.cancelled() => {}

@@ -371,3 +371,36 @@ fn front_matter_names_that_are_paths_are_skipped() {
     ));
     assert_eq!(doc["skills"][0]["name"], "fine", "{doc}");
 }
+
+/// A stdio client that goes away before a session begins (nothing sent, or only
+/// `server/discover`, as SDKs probing a server do) ends `serve` normally: exit 0.
+#[test]
+fn serve_on_stdio_ends_with_0_when_the_client_leaves_before_a_session() {
+    let tmp = tempfile::tempdir().unwrap();
+    let discover = r#"{"jsonrpc":"2.0","id":1,"method":"server/discover","params":{}}"#;
+    for input in ["", discover] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
+            .args(["serve", "--no-mount"])
+            .env("TOOLKIT_CACHE_ROOT", tmp.path().join("store"))
+            .env("CLOUD_HARNESS_HOME", tmp.path().join("home"))
+            .env("CLOUD_HARNESS_EXECUTOR", "none")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().unwrap();
+            writeln!(stdin, "{input}").unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{input:?}: {stderr}");
+        assert!(!stderr.contains("error"), "{stderr}");
+        if !input.is_empty() {
+            let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(answer["id"], 1, "{answer}");
+        }
+    }
+}
