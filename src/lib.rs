@@ -8,6 +8,7 @@ pub mod executor;
 pub mod home;
 pub mod input;
 pub mod keyed_lock;
+pub mod listener;
 pub mod mcp;
 pub mod mount;
 pub mod operator;

@@ -37,6 +37,11 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     // What the server writes for executors (approved copies, identity files) must be readable
     // by their unprivileged user, whatever umask the server was started with.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+    // Room for the connection cap besides the store's and the mounts' descriptors.
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
     let home = args.home.clone().unwrap_or_else(home::default_home);
     let provisioner = Provisioner::from_env(store.clone())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -126,11 +131,10 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
             let bound = listener
                 .local_addr()
                 .map_err(|e| Error::internal(e.to_string()))?;
+            let limits = crate::listener::Limits::from_env()?;
             eprintln!("cloud-harness: MCP over Streamable HTTP at http://{bound}/mcp");
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async move { stop.cancelled_owned().await })
-                .await
-                .map_err(|e| Error::internal(format!("serving: {e}")))
+            crate::listener::serve(listener, router, limits, stop).await;
+            Ok(())
         }
     }
 }

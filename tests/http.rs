@@ -1,0 +1,187 @@
+//! `serve --http` as a raw HTTP client sees it: connections the server must not keep (half-sent
+//! request heads), a connection cap answered with 503, and `TCP_NODELAY` on accepted sockets.
+//! Loopback only.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    _tmp: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn server(env: &[(&str, &str)]) -> Server {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
+        .args(["serve", "--http", "127.0.0.1:0", "--no-mount"])
+        .env("TOOLKIT_CACHE_ROOT", tmp.path().join("store"))
+        .env("CLOUD_HARNESS_HOME", tmp.path().join("home"))
+        .env("CLOUD_HARNESS_EXECUTOR", "none")
+        .envs(env.iter().copied())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let addr = loop {
+        line.clear();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "serve ended");
+        if let Some(rest) = line.split("at http://").nth(1) {
+            break rest.trim().trim_end_matches("/mcp").parse().unwrap();
+        }
+    };
+    // Keep draining its log so it never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    Server {
+        child,
+        addr,
+        _tmp: tmp,
+    }
+}
+
+/// A complete `tools/list` over the legacy protocol's first step: any answer will do.
+fn request(addr: SocketAddr) -> String {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// Whether the peer closed `s` (EOF or reset) within `within`.
+fn closed_by_peer(s: &mut TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 512];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue, // an error page before the close
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[test]
+fn half_sent_request_heads_are_closed_after_the_header_timeout() {
+    let s = server(&[("CLOUD_HARNESS_HTTP_HEADER_TIMEOUT", "1")]);
+    let mut slow: Vec<TcpStream> = (0..200)
+        .map(|_| {
+            let mut c = TcpStream::connect(s.addr).unwrap();
+            c.write_all(b"POST /mcp HTTP/1.1\r\nHost: localhost\r\n")
+                .unwrap();
+            c
+        })
+        .collect();
+    // Normal requests are served meanwhile.
+    assert!(request(s.addr).starts_with("HTTP/1.1 200"), "served");
+    let started = Instant::now();
+    for c in &mut slow {
+        assert!(
+            closed_by_peer(c, Duration::from_secs(10)),
+            "a half-sent head was kept open"
+        );
+    }
+    eprintln!("200 slow connections closed in {:?}", started.elapsed());
+    assert!(request(s.addr).starts_with("HTTP/1.1 200"));
+}
+
+#[test]
+fn connections_over_the_cap_get_503_with_retry_after() {
+    let s = server(&[("CLOUD_HARNESS_HTTP_MAX_CONNECTIONS", "8")]);
+    let held: Vec<TcpStream> = (0..8)
+        .map(|_| TcpStream::connect(s.addr).unwrap())
+        .collect();
+    // The server takes the eight as they come; the ninth finds it full.
+    std::thread::sleep(Duration::from_millis(300));
+    let answer = request(s.addr);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("Retry-After: 1"), "{answer}");
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !request(s.addr).starts_with("HTTP/1.1 200") {
+        assert!(
+            Instant::now() < deadline,
+            "the freed connections were not reused"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The server's end of `client`, taken from the server process (`pidfd_getfd`, as root):
+/// whether it has `TCP_NODELAY` set.
+fn server_side_nodelay(pid: u32, client: &TcpStream) -> Option<bool> {
+    use nix::libc;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let port = client.local_addr().unwrap().port();
+    // The server's socket is the one whose remote port is the client's.
+    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let inode = tcp.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let remote_port = u16::from_str_radix(f[2].rsplit(':').next()?, 16).ok()?;
+        (remote_port == port).then(|| f[9].to_owned())
+    })?;
+    let wanted = format!("socket:[{inode}]");
+    let fd: i32 = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .find(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy() == wanted))?
+        .file_name()
+        .to_str()?
+        .parse()
+        .ok()?;
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid, 0);
+        assert!(pidfd >= 0, "pidfd_open");
+        let pidfd = OwnedFd::from_raw_fd(pidfd as i32);
+        let theirs = libc::syscall(
+            libc::SYS_pidfd_getfd,
+            std::os::fd::AsRawFd::as_raw_fd(&pidfd),
+            fd,
+            0,
+        );
+        assert!(theirs >= 0, "pidfd_getfd");
+        let theirs = OwnedFd::from_raw_fd(theirs as i32);
+        nix::sys::socket::getsockopt(&theirs, nix::sys::socket::sockopt::TcpNoDelay).ok()
+    }
+}
+
+#[test]
+fn accepted_connections_have_tcp_nodelay() {
+    if !nix::unistd::geteuid().is_root() {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
+        eprintln!("skipped: pidfd_getfd of another process needs root");
+        return;
+    }
+    let s = server(&[]);
+    let client = TcpStream::connect(s.addr).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let nodelay = loop {
+        if let Some(v) = server_side_nodelay(s.child.id(), &client) {
+            break v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server's socket was not found"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(nodelay, "TCP_NODELAY is not set on the accepted socket");
+}
