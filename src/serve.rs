@@ -1,7 +1,7 @@
 //! `cloud-harness serve`: the MCP server over stdio (default) or Streamable HTTP.
 
 use crate::home;
-use crate::mcp::HarnessServer;
+use crate::mcp::{malformed, HarnessServer};
 use crate::provision::Provisioner;
 use crate::workspace::Workspaces;
 use clap::Args;
@@ -61,6 +61,41 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     result.map(|()| 0)
 }
 
+/// A POST of JSON that is not one well-formed JSON-RPC message gets the JSON-RPC error it
+/// deserves (the SDK would answer 415 in plain text, or "method not found").
+async fn refuse_malformed(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let is_json = request
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if request.method() != axum::http::Method::POST || !is_json {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let refused = match axum::body::to_bytes(body, malformed::MAX_MESSAGE).await {
+        Ok(bytes) => match malformed::check(&bytes) {
+            None => {
+                let request = axum::extract::Request::from_parts(parts, bytes.into());
+                return next.run(request).await;
+            }
+            Some(refused) => refused,
+        },
+        Err(_) => malformed::too_large(),
+    };
+    let status = axum::http::StatusCode::from_u16(refused.status)
+        .unwrap_or(axum::http::StatusCode::BAD_REQUEST);
+    let body = serde_json::to_vec(&refused.answer).expect("errors serialize");
+    axum::response::Response::builder()
+        .status(status)
+        .header(axum::http::header::CONTENT_TYPE, "application/json")
+        .body(body.into())
+        .expect("a response")
+}
+
 async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
     let server = HarnessServer::new(workspaces);
     let stop = CancellationToken::new();
@@ -78,21 +113,27 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
     }
     match args.http {
         None => {
-            let service = match server.serve(rmcp::transport::stdio()).await {
-                Ok(service) => service,
+            let (input, output, writer) =
+                crate::mcp::stdio::filtered(tokio::io::stdin(), tokio::io::stdout());
+            let ended = match server.serve((input, output)).await {
+                Ok(service) => {
+                    tokio::select! {
+                        _ = service.waiting() => {}
+                        _ = stop.cancelled() => {}
+                    }
+                    Ok(())
+                }
                 // The client went away before a session began (one that only asked
                 // `server/discover`, as SDKs probing a server do): a normal end.
                 Err(rmcp::service::ServerInitializeError::ConnectionClosed(when)) => {
                     tracing::debug!(%when, "stdio closed before a session began");
-                    return Ok(());
+                    Ok(())
                 }
-                Err(e) => return Err(Error::internal(format!("stdio: {e}"))),
+                Err(e) => Err(Error::internal(format!("stdio: {e}"))),
             };
-            tokio::select! {
-                _ = service.waiting() => {}
-                _ = stop.cancelled() => {}
-            }
-            Ok(())
+            // The last answers out before exiting.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), writer).await;
+            ended
         }
         Some(addr) => {
             let mut origins: Vec<String> = [
@@ -124,7 +165,9 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
                 Arc::new(LocalSessionManager::default()),
                 config,
             );
-            let router = axum::Router::new().nest_service("/mcp", service);
+            let router = axum::Router::new()
+                .nest_service("/mcp", service)
+                .layer(axum::middleware::from_fn(refuse_malformed));
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|e| Error::internal(format!("binding {addr}: {e}")))?;

@@ -404,3 +404,60 @@ fn serve_on_stdio_ends_with_0_when_the_client_leaves_before_a_session() {
         }
     }
 }
+
+/// On stdio every line gets an answer: a line that is not JSON, a batch, one that is not a
+/// JSON-RPC message, and one over 16 MiB get their JSON-RPC errors, and the server goes on.
+#[test]
+fn serve_on_stdio_answers_every_malformed_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
+        .args(["serve", "--no-mount"])
+        .env("TOOLKIT_CACHE_ROOT", tmp.path().join("store"))
+        .env("CLOUD_HARNESS_HOME", tmp.path().join("home"))
+        .env("CLOUD_HARNESS_EXECUTOR", "none")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let huge = format!(
+            r#"{{"jsonrpc":"2.0","id":9,"x":"{}"}}"#,
+            "a".repeat(17 << 20)
+        );
+        for line in [
+            "{not json",
+            r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#,
+            r#"{"jsonrpc":"2.0","id":2}"#,
+            &huge,
+            r#"{"jsonrpc":"2.0","id":3,"method":"server/discover","params":{}}"#,
+        ] {
+            writeln!(stdin, "{line}").unwrap();
+        }
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let answers: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let codes: Vec<(Value, i64)> = answers
+        .iter()
+        .map(|a| (a["id"].clone(), a["error"]["code"].as_i64().unwrap_or(0)))
+        .collect();
+    assert_eq!(
+        &codes[..4],
+        [
+            (Value::Null, -32700),
+            (Value::Null, -32600),
+            (Value::from(2), -32600),
+            (Value::Null, -32600),
+        ],
+        "{answers:?}"
+    );
+    // And the server went on to answer the next line.
+    assert_eq!(answers[4]["id"], 3, "{answers:?}");
+}

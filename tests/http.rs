@@ -185,3 +185,53 @@ fn accepted_connections_have_tcp_nodelay() {
     };
     assert!(nodelay, "TCP_NODELAY is not set on the accepted socket");
 }
+
+/// One POST of `body` as JSON; the status line and the body.
+fn post(addr: SocketAddr, body: &[u8]) -> (String, serde_json::Value) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    let _ = s.write_all(body);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.lines().next().unwrap_or("").to_owned();
+    (
+        status,
+        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+#[test]
+fn malformed_messages_get_json_rpc_errors_with_the_right_codes() {
+    let s = server(&[]);
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"ping","params":{{"x":"{}"}}}}"#,
+        "a".repeat(17 << 20)
+    );
+    for (body, status, code) in [
+        ("{not json".to_owned(), "400", -32700),
+        (r#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]"#.to_owned(), "400", -32600),
+        (r#"{"jsonrpc":"2.0","id":1}"#.to_owned(), "400", -32600),
+        (r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#.to_owned(), "400", -32600),
+        (
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"skills_list","arguments":"x"}}"#.to_owned(),
+            "200",
+            -32602,
+        ),
+        (huge, "413", -32600),
+    ] {
+        let (line, answer) = post(s.addr, body.as_bytes());
+        assert!(line.contains(status), "{}: {line} {answer}", &body[..body.len().min(80)]);
+        assert_eq!(answer["error"]["code"], code, "{}: {answer}", &body[..body.len().min(80)]);
+        assert_eq!(answer["jsonrpc"], "2.0");
+    }
+    // A well-formed request still reaches the server.
+    assert!(request(s.addr).starts_with("HTTP/1.1 200"));
+}

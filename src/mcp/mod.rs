@@ -7,6 +7,8 @@
 //! no `$ref`.
 
 pub mod call;
+pub mod malformed;
+pub mod stdio;
 mod tools;
 
 use crate::session_start;
