@@ -9,7 +9,9 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // A client's bad request is its business: the SDK's per-request error lines
+                // stay out of an operator's log unless asked for.
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rmcp::service=error")),
         )
         .init();
     match cli::run(Cli::parse()) {

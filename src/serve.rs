@@ -141,6 +141,8 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
                 "http://127.0.0.1:*",
                 "http://[::1]:*",
                 "https://localhost:*",
+                "https://127.0.0.1:*",
+                "https://[::1]:*",
             ]
             .iter()
             .map(|s| s.to_string())

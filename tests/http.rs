@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 struct Server {
     child: Child,
     addr: SocketAddr,
+    /// What the server logged so far.
+    log: std::sync::Arc<std::sync::Mutex<String>>,
     _tmp: tempfile::TempDir,
 }
 
@@ -40,11 +42,20 @@ fn server(env: &[(&str, &str)]) -> Server {
             break rest.trim().trim_end_matches("/mcp").parse().unwrap();
         }
     };
-    // Keep draining its log so it never blocks on a full pipe.
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    // Keep reading its log so it never blocks on a full pipe.
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let kept = log.clone();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        while stderr.read_line(&mut line).unwrap_or(0) > 0 {
+            kept.lock().unwrap().push_str(&line);
+            line.clear();
+        }
+    });
     Server {
         child,
         addr,
+        log,
         _tmp: tmp,
     }
 }
@@ -234,4 +245,62 @@ fn malformed_messages_get_json_rpc_errors_with_the_right_codes() {
     }
     // A well-formed request still reaches the server.
     assert!(request(s.addr).starts_with("HTTP/1.1 200"));
+    // A client's mistakes are answered, not logged as the server's warnings: a session's
+    // call of an unknown method gets -32601 and leaves no line of the SDK's in the log.
+    let session = legacy_session(s.addr);
+    let unknown = r#"{"jsonrpc":"2.0","id":8,"method":"no/such/method"}"#;
+    let answer = raw(s.addr, unknown, &[("Mcp-Session-Id", &session)]);
+    assert!(answer.contains("-32601"), "{answer}");
+    std::thread::sleep(Duration::from_millis(200));
+    let log = s.log.lock().unwrap().clone();
+    assert!(!log.contains("rmcp"), "{log}");
+}
+
+/// A POST with extra headers; the whole answer as text.
+fn raw(addr: SocketAddr, body: &str, headers: &[(&str, &str)]) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    // An SSE answer stays open: one read of its event is enough.
+    let mut buf = [0u8; 65536];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+        if String::from_utf8_lossy(&out).contains("\"jsonrpc\"") {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A session of the 2025-11-25 protocol, initialized; its id.
+fn legacy_session(addr: SocketAddr) -> String {
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    let answer = raw(addr, init, &[]);
+    let session = answer
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no session: {answer}"));
+    raw(
+        addr,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        &[("Mcp-Session-Id", &session)],
+    );
+    session
 }

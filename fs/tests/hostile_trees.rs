@@ -51,8 +51,14 @@ impl Race {
             let (stop, place, parked) = (stop.clone(), place.to_owned(), parked.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    renameat2(AT_FDCWD, &place, AT_FDCWD, &parked, RenameFlags::RENAME_EXCHANGE)
-                        .unwrap();
+                    renameat2(
+                        AT_FDCWD,
+                        &place,
+                        AT_FDCWD,
+                        &parked,
+                        RenameFlags::RENAME_EXCHANGE,
+                    )
+                    .unwrap();
                 }
             })
         };
@@ -69,9 +75,7 @@ impl Race {
         eprintln!("{clean} clean imports, {refused} refused");
         assert!(clean > 0 && refused > 0, "the race never ran both ways");
         assert!(
-            !self
-                .store
-                .contains(ObjectKind::Blob, &Digest::of(SECRET)),
+            !self.store.contains(ObjectKind::Blob, &Digest::of(SECRET)),
             "an import read through the swapped-in link"
         );
     }

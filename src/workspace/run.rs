@@ -53,6 +53,29 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl Workspace {
+    /// That the served skill has the file `script` (as the mount shows it).
+    fn served_script(&self, skill: &str, script: &str) -> Result<()> {
+        let parts = super::check_skill_path(script, "script")?;
+        let path: Vec<&str> = std::iter::once(skill).chain(parts).collect();
+        let missing = || {
+            Error::new(
+                Code::NotFound,
+                format!("script: skill `{skill}` has no script {script:?}"),
+            )
+            .with_details(json!({ "field": "script" }))
+        };
+        match self.merged.read_path(&path, 0, 0) {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(missing()),
+            Err(nix::errno::Errno::EISDIR) => Err(Error::new(
+                Code::InvalidArgument,
+                format!("script: {script:?} is a folder, not a file"),
+            )
+            .with_details(json!({ "field": "script" }))),
+            Err(e) => Err(Error::internal(format!("reading {skill}/{script}: {e}"))),
+        }
+    }
+
     /// The verified copy of the skill tree `digest`, made once per workspace.
     fn approved_copy(&self, digest: &Digest) -> Result<PathBuf> {
         let dir = self.places.mounts.join(executor::BY_DIGEST);
@@ -80,6 +103,8 @@ impl Workspace {
     ) -> Result<serde_json::Value> {
         let executor = self.executor.as_ref().ok_or_else(executor::missing)?;
         let digest = self.skill(&request.skill)?;
+        // A script the skill does not have is NOT_FOUND whether or not the skill is approved.
+        self.served_script(&request.skill, &request.script)?;
         let operator = Operator::load(home)?;
         if !operator.is_approved(&digest) {
             let file = Operator::path(home);

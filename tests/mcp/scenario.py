@@ -175,7 +175,9 @@ async def full():
             offset = p["nextOffset"]
         assert len(big) == p["size"] == 300000 and pages == 3, (len(big), pages)
 
-        # Run: refused until approved, then run, with progress.
+        # Run: refused until approved, then run, with progress. A script the skill lacks is
+        # NOT_FOUND, approved or not.
+        await refused(c, "skills_run", {"workspace": handle, "skill": "review", "script": "scripts/nope.sh"}, "NOT_FOUND", "script")
         out = await refused(c, "skills_run", {"workspace": handle, "skill": "review", "script": "scripts/check.sh"}, "FORBIDDEN")
         assert "approvedSkills" in out["message"], out
         operator = os.path.join(CONFIG["home"], "operator.json")
@@ -416,6 +418,16 @@ async def origin():
         raise AssertionError("a foreign Host must be refused")
     except urllib.error.HTTPError as e:
         assert e.code == 403, e.code
+    # Every loopback origin, in http and https, by name and by address, is this machine's.
+    for allowed in ["http://localhost:3000", "https://localhost:3000", "http://127.0.0.1:3000",
+                    "https://127.0.0.1:3000", "http://[::1]:3000", "https://[::1]:3000"]:
+        req = urllib.request.Request(CONFIG["url"], data=body, method="POST", headers={
+            "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+            "Origin": allowed, "MCP-Protocol-Version": "2025-11-25"})
+        try:
+            urllib.request.urlopen(req, timeout=10)
+        except urllib.error.HTTPError as e:
+            assert e.code != 403, f"{allowed} refused"
 
 
 PARTS = {"full": full, "bad-input": bad_input, "restart-1": lambda: restart(1), "restart-2": lambda: restart(2), "origin": origin}
