@@ -7,7 +7,7 @@ use crate::toolkit::{
     MAX_NAME, MAX_PATH, MAX_PATTERN, MAX_PATTERNS, MAX_ROOTS, MAX_TOOLKITS, MAX_URL,
 };
 use crate::workspace::MAX_SKILL_PATH;
-use rmcp::model::{JsonObject, Tool};
+use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -20,8 +20,85 @@ fn schema(value: Value) -> Arc<JsonObject> {
 
 /// The tools, built once: their schemas never change.
 pub fn tools() -> &'static [Tool] {
-    static TOOLS: std::sync::LazyLock<Vec<Tool>> = std::sync::LazyLock::new(build_tools);
+    static TOOLS: std::sync::LazyLock<Vec<Tool>> =
+        std::sync::LazyLock::new(|| build_tools().into_iter().map(with_metadata).collect());
     &TOOLS
+}
+
+/// A tool's title, its behaviour hints and the shape of its result (`structuredContent` of a
+/// success; a failure has `{code, status, message, details}`).
+fn with_metadata(tool: Tool) -> Tool {
+    let string = json!({ "type": "string" });
+    let array = json!({ "type": "array" });
+    let object = |required: &[&str], properties: Value| {
+        schema(json!({ "type": "object", "required": required, "properties": properties }))
+    };
+    // (title, read-only, destructive, idempotent, open world, result)
+    let (title, read_only, destructive, idempotent, open_world, output) = match &*tool.name {
+        "workspace_open" => (
+            "Open a workspace",
+            false,
+            false,
+            true, // by idempotencyKey
+            true, // fetches repositories
+            object(
+                &["workspace", "generation", "toolkits", "skills", "warnings"],
+                json!({ "workspace": string, "generation": string, "toolkits": array, "skills": array, "shadowed": array, "conflicts": array, "warnings": array }),
+            ),
+        ),
+        "workspace_close" => (
+            "Close a workspace",
+            false,
+            true, // the working tree goes
+            true,
+            false,
+            object(
+                &["workspace", "closed"],
+                json!({ "workspace": string, "closed": { "type": "boolean" } }),
+            ),
+        ),
+        "skills_list" => (
+            "List skills",
+            true,
+            false,
+            true,
+            false,
+            object(
+                &["workspace", "generation", "count", "skills", "conflicts"],
+                json!({ "workspace": string, "generation": string, "count": { "type": "integer" }, "skills": array, "conflicts": array }),
+            ),
+        ),
+        "skills_read" => (
+            "Read a skill's file",
+            true,
+            false,
+            true,
+            false,
+            object(
+                &["skill", "path", "size", "offset", "length", "encoding", "content", "eof"],
+                json!({ "skill": string, "path": string, "size": { "type": "integer" }, "offset": { "type": "integer" }, "length": { "type": "integer" }, "encoding": { "type": "string", "enum": ["utf-8", "base64"] }, "content": string, "eof": { "type": "boolean" }, "nextOffset": { "type": "integer" } }),
+            ),
+        ),
+        _ => (
+            "Run a skill's script",
+            false,
+            true, // a script may change the working tree
+            false,
+            true, // with executor egress, it reaches allowed hosts
+            object(
+                &["command", "timedOut", "cancelled", "stdout", "stderr"],
+                json!({ "command": array, "exitCode": { "type": "integer" }, "timedOut": { "type": "boolean" }, "cancelled": { "type": "boolean" }, "stdout": string, "stderr": string }),
+            ),
+        ),
+    };
+    let mut hints = ToolAnnotations::new();
+    hints.read_only_hint = Some(read_only);
+    hints.destructive_hint = Some(destructive);
+    hints.idempotent_hint = Some(idempotent);
+    hints.open_world_hint = Some(open_world);
+    tool.with_title(title)
+        .with_annotations(hints)
+        .with_raw_output_schema(output)
 }
 
 fn build_tools() -> Vec<Tool> {

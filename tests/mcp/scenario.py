@@ -95,6 +95,15 @@ async def full():
         for t in (await c.list_tools()).tools:
             assert "$ref" not in json.dumps(t.input_schema), t.name
             bounded(t.name, t.input_schema)
+            # A title, every behaviour hint stated, and the shape of the result.
+            assert t.title, t.name
+            hints = t.annotations
+            assert None not in (hints.read_only_hint, hints.destructive_hint, hints.idempotent_hint, hints.open_world_hint), (t.name, hints)
+            assert t.output_schema and t.output_schema["type"] == "object", t.name
+        hints = {t.name: t.annotations for t in (await c.list_tools()).tools}
+        assert hints["skills_list"].read_only_hint and hints["skills_read"].read_only_hint
+        assert not hints["skills_run"].read_only_hint and hints["skills_run"].destructive_hint
+        assert hints["workspace_open"].idempotent_hint and hints["workspace_open"].open_world_hint
 
         # Open: a preset-shaped toolkit (through the mirror) and a git toolkit, owner scope.
         request = {
