@@ -10,7 +10,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -79,6 +79,12 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: 
         let Ok(permit) = open.clone().try_acquire_owned() else {
             tasks.spawn(async move {
                 let _ = tcp.write_all(BUSY).await;
+                let _ = tcp.shutdown().await;
+                // Take what the client sent (briefly), so the close is not a reset that
+                // could lose the answer on its way.
+                let mut sink = [0u8; 4096];
+                let drain = async { while let Ok(1..) = tcp.read(&mut sink).await {} };
+                let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
             });
             continue;
         };

@@ -65,15 +65,15 @@ fn request(addr: SocketAddr) -> String {
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
+    // A server that is full answers without reading: the write may fail.
+    let _ = write!(
         s,
         "POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    )
-    .unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
+    );
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Whether the peer closed `s` (EOF or reset) within `within`.
@@ -142,12 +142,15 @@ fn server_side_nodelay(pid: u32, client: &TcpStream) -> Option<bool> {
     use nix::libc;
     use std::os::fd::{FromRawFd, OwnedFd};
     let port = client.local_addr().unwrap().port();
-    // The server's socket is the one whose remote port is the client's.
+    let server_port = client.peer_addr().unwrap().port();
+    // The server's socket: its own port the server's, its peer's the client's (and a live
+    // socket, not one in TIME_WAIT, whose inode is 0).
     let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let port_of = |field: &str| u16::from_str_radix(field.rsplit(':').next()?, 16).ok();
     let inode = tcp.lines().skip(1).find_map(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
-        let remote_port = u16::from_str_radix(f[2].rsplit(':').next()?, 16).ok()?;
-        (remote_port == port).then(|| f[9].to_owned())
+        let ours = port_of(f[1])? == server_port && port_of(f[2])? == port && f[9] != "0";
+        ours.then(|| f[9].to_owned())
     })?;
     let wanted = format!("socket:[{inode}]");
     let fd: i32 = std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -254,6 +257,10 @@ fn malformed_messages_get_json_rpc_errors_with_the_right_codes() {
     std::thread::sleep(Duration::from_millis(200));
     let log = s.log.lock().unwrap().clone();
     assert!(!log.contains("rmcp"), "{log}");
+    // A list that comes in one page has no cursor to continue from: -32602.
+    let bogus = r#"{"jsonrpc":"2.0","id":9,"method":"tools/list","params":{"cursor":"bogus"}}"#;
+    let answer = raw(s.addr, bogus, &[("Mcp-Session-Id", &session)]);
+    assert!(answer.contains("-32602"), "{answer}");
 }
 
 /// A POST with extra headers; the whole answer as text.

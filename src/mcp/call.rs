@@ -4,7 +4,7 @@
 use crate::input::{max_items, max_len};
 use crate::runner;
 use crate::toolkit::{self, MAX_TOOLKITS, MAX_URL};
-use crate::workspace::{check_skill_path, OpenRequest, RunRequest};
+use crate::workspace::{check_skill_path, cursor_name, OpenRequest, RunRequest};
 use cloud_harness_fs::resolver::Tier;
 use cloud_harness_fs::{Code, Error};
 use rmcp::model::JsonObject;
@@ -21,6 +21,8 @@ pub const MAX_SKILL: usize = 255;
 /// `skills_run` arguments: how many, and the bytes of each.
 pub const MAX_ARGS: usize = 256;
 pub const MAX_ARG: usize = 32 << 10;
+/// Skills in one page of `skills_list` (and its default).
+pub const MAX_LIST: usize = 1000;
 
 /// A decoded tool call.
 #[derive(Debug)]
@@ -33,6 +35,9 @@ pub enum Call {
         workspace: String,
         tier: Option<Tier>,
         include_shadowed: bool,
+        /// The page: skills named after this one, at most `limit`.
+        after: Option<String>,
+        limit: usize,
     },
     Read {
         workspace: String,
@@ -81,10 +86,25 @@ pub fn decode(tool: &str, arguments: Option<JsonObject>) -> Result<Call, Error> 
         "skills_list" => {
             let args: ListArgs = parse(arguments)?;
             max_len("workspace", &args.workspace, MAX_HANDLE)?;
+            max_len("cursor", args.cursor.as_deref().unwrap_or(""), 1024)?;
+            let after = match &args.cursor {
+                None => None,
+                Some(c) => Some(cursor_name(c).ok_or_else(|| {
+                    Error::invalid("cursor: not a cursor this server gave")
+                        .with_details(json!({ "field": "cursor" }))
+                })?),
+            };
+            let limit = args.limit.unwrap_or(MAX_LIST as u64);
+            if limit == 0 || limit > MAX_LIST as u64 {
+                return Err(Error::invalid(format!("limit: must be 1 to {MAX_LIST}"))
+                    .with_details(json!({ "field": "limit" })));
+            }
             Call::List {
                 workspace: args.workspace,
                 tier: args.tier,
                 include_shadowed: args.include_shadowed,
+                after,
+                limit: limit as usize,
             }
         }
         "skills_read" => {
@@ -182,6 +202,10 @@ struct ListArgs {
     tier: Option<Tier>,
     #[serde(default)]
     include_shadowed: bool,
+    #[serde(default)]
+    cursor: Option<String>,
+    #[serde(default)]
+    limit: Option<u64>,
 }
 
 #[derive(Deserialize)]

@@ -34,6 +34,20 @@ pub struct HarnessServer {
     workspaces: Arc<Workspaces>,
 }
 
+/// These lists come whole, in one page: a cursor is one this server never gave.
+fn no_cursor(request: Option<PaginatedRequestParams>) -> Result<(), McpError> {
+    match request.and_then(|r| r.cursor) {
+        Some(cursor) => Err(McpError::invalid_params(
+            format!(
+                "unknown cursor {:?}: this list comes in one page",
+                cursor.chars().take(64).collect::<String>()
+            ),
+            None,
+        )),
+        None => Ok(()),
+    }
+}
+
 fn success(value: Value) -> CallToolResult {
     let text = serde_json::to_string(&value).unwrap_or_default();
     let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
@@ -105,7 +119,15 @@ impl HarnessServer {
                 workspace,
                 tier,
                 include_shadowed,
-            } => blocking(move || Ok(ws.get(&workspace)?.list(tier, include_shadowed))).await,
+                after,
+                limit,
+            } => {
+                blocking(move || {
+                    let ws = ws.get(&workspace)?;
+                    Ok(ws.list_page(tier, include_shadowed, after.as_deref(), limit))
+                })
+                .await
+            }
             Call::Read {
                 workspace,
                 skill,
@@ -173,9 +195,10 @@ impl ServerHandler for HarnessServer {
 
     async fn list_tools(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
+        no_cursor(request)?;
         Ok(ListToolsResult::with_all_items(tools().to_vec()))
     }
 
@@ -203,9 +226,10 @@ impl ServerHandler for HarnessServer {
 
     async fn list_prompts(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
+        no_cursor(request)?;
         let prompt = Prompt::new(
             SESSION_START_PROMPT,
             Some("The instructions the workspace's toolkits want at the start of a session, with their tool names mapped to this server's tools."),

@@ -1,7 +1,7 @@
 //! The tools' descriptions and input schemas, as `tools/list` returns them. Flat objects
 //! without `$ref`, so every client's schema handling accepts them.
 
-use super::call::{MAX_ARG, MAX_ARGS, MAX_HANDLE, MAX_PAGE, MAX_SKILL};
+use super::call::{MAX_ARG, MAX_ARGS, MAX_HANDLE, MAX_LIST, MAX_PAGE, MAX_SKILL};
 use crate::runner;
 use crate::toolkit::{
     MAX_NAME, MAX_PATH, MAX_PATTERN, MAX_PATTERNS, MAX_ROOTS, MAX_TOOLKITS, MAX_URL,
@@ -65,7 +65,7 @@ fn with_metadata(tool: Tool) -> Tool {
             false,
             object(
                 &["workspace", "generation", "count", "skills", "conflicts"],
-                json!({ "workspace": string, "generation": string, "count": { "type": "integer" }, "skills": array, "conflicts": array }),
+                json!({ "workspace": string, "generation": string, "count": { "type": "integer" }, "skills": array, "conflicts": array, "nextCursor": string }),
             ),
         ),
         "skills_read" => (
@@ -75,7 +75,9 @@ fn with_metadata(tool: Tool) -> Tool {
             true,
             false,
             object(
-                &["skill", "path", "size", "offset", "length", "encoding", "content", "eof"],
+                &[
+                    "skill", "path", "size", "offset", "length", "encoding", "content", "eof",
+                ],
                 json!({ "skill": string, "path": string, "size": { "type": "integer" }, "offset": { "type": "integer" }, "length": { "type": "integer" }, "encoding": { "type": "string", "enum": ["utf-8", "base64"] }, "content": string, "eof": { "type": "boolean" }, "nextOffset": { "type": "integer" } }),
             ),
         ),
@@ -169,7 +171,9 @@ fn build_tools() -> Vec<Tool> {
                 "properties": {
                     "workspace": workspace,
                     "tier": { "type": "string", "enum": ["builtin", "owner", "workspace", "repository"] },
-                    "includeShadowed": { "type": "boolean" }
+                    "includeShadowed": { "type": "boolean" },
+                    "cursor": { "type": "string", "maxLength": 1024, "description": "nextCursor of the previous page" },
+                    "limit": { "type": "integer", "minimum": 1, "maximum": MAX_LIST, "description": "Skills per page (default and most: 1000)" }
                 },
                 "required": ["workspace"],
                 "additionalProperties": false

@@ -47,12 +47,33 @@ impl Serialize for SkillPath<'_> {
 }
 
 #[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
 struct Listing<'a> {
     workspace: &'a str,
     generation: Digest,
     count: usize,
     skills: Vec<SkillView<'a>>,
     conflicts: Vec<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
+}
+
+/// The cursor of a page that follows the skill `name`: opaque to clients.
+fn cursor_after(name: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("after:{name}"))
+}
+
+/// The skill name a cursor continues after; `None` for a cursor this server never gave.
+pub fn cursor_name(cursor: &str) -> Option<String> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(cursor)
+        .ok()?;
+    String::from_utf8(bytes)
+        .ok()?
+        .strip_prefix("after:")
+        .map(str::to_owned)
 }
 
 /// Whether two candidates, each of its own index, are the same copy of a skill.
@@ -106,6 +127,19 @@ impl Workspace {
     /// `.tiers/<tier>/` serves them (the tier's sources resolved alone, the same resolution the
     /// mount uses, so a name the tier's own conflict drops is a conflict here too).
     pub fn list(&self, tier: Option<Tier>, include_shadowed: bool) -> Value {
+        self.list_page(tier, include_shadowed, None, usize::MAX)
+    }
+
+    /// One page of [`Workspace::list`]: at most `limit` skills, those named after `after` (in
+    /// name order, so a page follows on by name even when a live change made a new
+    /// generation meanwhile). `nextCursor` says where the next page starts.
+    pub fn list_page(
+        &self,
+        tier: Option<Tier>,
+        include_shadowed: bool,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Value {
         let g = self.generation();
         let merged = &g.index;
         let index = match tier {
@@ -116,9 +150,16 @@ impl Workspace {
         let root = root.as_deref();
         let mut skills = Vec::new();
         let mut conflicts = Vec::new();
+        let mut more = false;
         if let Some(index) = index {
-            for r in index.resolutions() {
+            let resolutions = index.resolutions();
+            let start = after.map_or(0, |a| resolutions.partition_point(|r| r.name.as_str() <= a));
+            for r in &resolutions[start..] {
                 let Some(c) = &r.winner else { continue };
+                if skills.len() == limit {
+                    more = true;
+                    break;
+                }
                 let served = tier.is_none()
                     || merged
                         .winner(&c.name)
@@ -133,12 +174,16 @@ impl Workspace {
             }
             conflicts.extend(index.conflicts().map(|r| index.conflict_json(r)));
         }
+        let next_cursor = more
+            .then(|| skills.last().map(|s| cursor_after(s.name)))
+            .flatten();
         serde_json::to_value(Listing {
             workspace: &self.id,
             generation: g.digest(),
             count: skills.len(),
             skills,
             conflicts,
+            next_cursor,
         })
         .expect("listings serialize")
     }

@@ -20,6 +20,7 @@
 //! ```
 
 mod listing;
+pub use listing::cursor_name;
 mod materialize;
 mod mounts;
 mod open;

@@ -168,6 +168,17 @@ async def full():
         assert tiers == {"builtin", "owner", "repository"}, tiers
         assert all(p.startswith("/opt/cloud-harness/skills/") for p in paths), paths
         assert inside(handle, " ".join(f"test -r '{p}/SKILL.md' || echo missing {p};" for p in paths)) == ""
+        # Pages of one skill each, followed by nextCursor, add up to the whole listing.
+        paged, cursor = [], None
+        while True:
+            args = {"workspace": handle, "limit": 1} | ({"cursor": cursor} if cursor else {})
+            page = await ok(c, "skills_list", args)
+            assert page["count"] == len(page["skills"]) <= 1, page
+            paged += [s["name"] for s in page["skills"]]
+            cursor = page.get("nextCursor")
+            if not cursor:
+                break
+        assert paged == [s["name"] for s in listing["skills"]] and len(paged) > 2, paged
         repo_tier = await ok(c, "skills_list", {"workspace": handle, "tier": "repository"})
         assert [(s["name"], s["served"]) for s in repo_tier["skills"]] == [("lint", False), ("probe", True)], repo_tier
         assert repo_tier["skills"][0]["path"] == "/opt/cloud-harness/skills/.tiers/repository/lint"
@@ -353,6 +364,9 @@ async def bad_input():
             ("skills_run", {"workspace": h, "skill": "cloud-harness-skills", "script": "a.sh", "args": ["a"] * 257}, "args"),
             ("skills_list", {"workspace": h, "tier": "everything"}, "tier"),
             ("skills_list", {"workspace": h, "includeShadowed": 1}, "includeShadowed"),
+            ("skills_list", {"workspace": h, "cursor": "bogus"}, "cursor"),
+            ("skills_list", {"workspace": h, "limit": 0}, "limit"),
+            ("skills_list", {"workspace": h, "limit": 1001}, "limit"),
             ("skills_read", {"workspace": h}, "skill"),
             ("skills_read", {"workspace": h, "skill": "cloud-harness-skills", "path": "../../etc/passwd"}, "path"),
             ("skills_read", {"workspace": h, "skill": "cloud-harness-skills", "path": "/etc/passwd"}, "path"),
