@@ -7,7 +7,6 @@
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -64,7 +63,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: 
     let open = Arc::new(Semaphore::new(limits.max_connections));
     let tasks = tokio_util::task::TaskTracker::new();
     loop {
-        let (mut tcp, _) = tokio::select! {
+        let (mut tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -89,7 +88,15 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: 
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
+        // Each request knows its client's address (per-client caps use it).
+        let router = router.clone();
+        let service = hyper::service::service_fn(move |mut request: hyper::Request<_>| {
+            request
+                .extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer));
+            let mut router = router.clone();
+            async move { tower_service::Service::call(&mut router, request).await }
+        });
         let stop = stop.clone();
         tasks.spawn(async move {
             let conn = hyper::server::conn::http1::Builder::new()

@@ -1,13 +1,12 @@
 //! `cloud-harness serve`: the MCP server over stdio (default) or Streamable HTTP.
 
 use crate::home;
-use crate::mcp::{malformed, HarnessServer};
+use crate::mcp::HarnessServer;
 use crate::provision::Provisioner;
 use crate::workspace::Workspaces;
 use clap::Args;
 use cloud_harness_fs::cas::Store;
 use cloud_harness_fs::{Error, Result};
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::ServiceExt;
 use std::net::SocketAddr;
@@ -59,41 +58,6 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     // Unmount before exiting; the records stay, so the next start restores the workspaces.
     workspaces.shutdown();
     result.map(|()| 0)
-}
-
-/// A POST of JSON that is not one well-formed JSON-RPC message gets the JSON-RPC error it
-/// deserves (the SDK would answer 415 in plain text, or "method not found").
-async fn refuse_malformed(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let is_json = request
-        .headers()
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
-    if request.method() != axum::http::Method::POST || !is_json {
-        return next.run(request).await;
-    }
-    let (parts, body) = request.into_parts();
-    let refused = match axum::body::to_bytes(body, malformed::MAX_MESSAGE).await {
-        Ok(bytes) => match malformed::check(&bytes) {
-            None => {
-                let request = axum::extract::Request::from_parts(parts, bytes.into());
-                return next.run(request).await;
-            }
-            Some(refused) => refused,
-        },
-        Err(_) => malformed::too_large(),
-    };
-    let status = axum::http::StatusCode::from_u16(refused.status)
-        .unwrap_or(axum::http::StatusCode::BAD_REQUEST);
-    let body = serde_json::to_vec(&refused.answer).expect("errors serialize");
-    axum::response::Response::builder()
-        .status(status)
-        .header(axum::http::header::CONTENT_TYPE, "application/json")
-        .body(body.into())
-        .expect("a response")
 }
 
 async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
@@ -162,14 +126,14 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
                 .with_allowed_origins(origins)
                 .with_legacy_session_mode(true)
                 .with_cancellation_token(stop.child_token());
+            let sessions =
+                crate::mcp::sessions::Sessions::new(crate::mcp::sessions::Limits::from_env()?);
             let service = StreamableHttpService::new(
                 move || Ok(server.clone()),
-                Arc::new(LocalSessionManager::default()),
+                sessions.manager.clone(),
                 config,
             );
-            let router = axum::Router::new()
-                .nest_service("/mcp", service)
-                .layer(axum::middleware::from_fn(refuse_malformed));
+            let router = crate::mcp::http::router(service, sessions);
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|e| Error::internal(format!("binding {addr}: {e}")))?;

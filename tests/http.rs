@@ -311,3 +311,73 @@ fn legacy_session(addr: SocketAddr) -> String {
     );
     session
 }
+
+/// The status line of `answer`.
+fn status(answer: &str) -> &str {
+    answer.lines().next().unwrap_or("")
+}
+
+#[test]
+fn sessions_are_capped_per_client_and_in_all_and_idle_ones_expire() {
+    let s = server(&[
+        ("CLOUD_HARNESS_HTTP_MAX_SESSIONS_PER_CLIENT", "3"),
+        ("CLOUD_HARNESS_HTTP_SESSION_IDLE", "2"),
+    ]);
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    let sessions: Vec<String> = (0..3).map(|_| legacy_session(s.addr)).collect();
+    let refused = raw(s.addr, init, &[]);
+    assert!(status(&refused).contains("429"), "{refused}");
+    assert!(
+        refused.contains("Retry-After: 5") || refused.contains("retry-after: 5"),
+        "{refused}"
+    );
+    // The sessions still work; once idle they close, and new ones can start.
+    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    assert!(raw(s.addr, list, &[("Mcp-Session-Id", &sessions[0])]).contains("skills_list"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !status(&raw(s.addr, init, &[])).contains("200") {
+        assert!(Instant::now() < deadline, "idle sessions never expired");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    let s = server(&[("CLOUD_HARNESS_HTTP_MAX_SESSIONS", "2")]);
+    legacy_session(s.addr);
+    legacy_session(s.addr);
+    let refused = raw(s.addr, init, &[]);
+    assert!(status(&refused).contains("503"), "{refused}");
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// A client looping on `initialize` cannot grow the server: past its share it is refused,
+/// and the server's memory stays where it was.
+#[test]
+fn a_flood_of_initializes_leaves_the_server_s_memory_bounded() {
+    let s = server(&[]);
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    // Warm up to the per-client share (100), then measure across 3,000 more.
+    for _ in 0..150 {
+        raw(s.addr, init, &[]);
+    }
+    let before = rss_kib(s.child.id());
+    let mut refused = 0;
+    for _ in 0..3000 {
+        if status(&raw(s.addr, init, &[])).contains("429") {
+            refused += 1;
+        }
+    }
+    let after = rss_kib(s.child.id());
+    eprintln!("RSS {before} KiB -> {after} KiB over 3,000 initializes ({refused} refused)");
+    assert_eq!(refused, 3000);
+    assert!(
+        after < before + 20 * 1024,
+        "RSS grew from {before} to {after} KiB"
+    );
+}

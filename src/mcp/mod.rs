@@ -7,7 +7,9 @@
 //! no `$ref`.
 
 pub mod call;
+pub mod http;
 pub mod malformed;
+pub mod sessions;
 pub mod stdio;
 mod tools;
 

@@ -1,0 +1,107 @@
+//! MCP over Streamable HTTP: the SDK's service behind a guard that answers what the SDK would
+//! answer wrongly (malformed messages) and bounds what it would keep without end (sessions).
+
+use super::malformed::{self, Refused};
+use super::sessions::{Full, Sessions};
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::Response;
+use serde_json::json;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// `/mcp` served by `service`, behind the guard.
+pub fn router<S>(service: S, sessions: Arc<Sessions>) -> axum::Router
+where
+    S: tower_service::Service<Request, Error = std::convert::Infallible> + Clone + Send + Sync,
+    S::Response: axum::response::IntoResponse,
+    S::Future: Send + 'static,
+    S: 'static,
+{
+    axum::Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn_with_state(sessions, guard))
+}
+
+/// A POST of JSON that is not one well-formed JSON-RPC message gets the JSON-RPC error it
+/// deserves (the SDK would answer 415 in plain text, or "method not found"); an `initialize`
+/// that would start a session beyond the caps gets 503 or 429.
+async fn guard(State(sessions): State<Arc<Sessions>>, request: Request, next: Next) -> Response {
+    let is_json = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if request.method() != Method::POST || !is_json {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, malformed::MAX_MESSAGE).await {
+        Ok(bytes) => bytes,
+        Err(_) => return refused(malformed::too_large()),
+    };
+    if let Some(r) = malformed::check(&bytes) {
+        return refused(r);
+    }
+    let starts_session = !parts.headers.contains_key(SESSION_HEADER) && is_initialize(&bytes);
+    let client = parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip());
+    let request = Request::from_parts(parts, bytes.into());
+    if !starts_session {
+        return next.run(request).await;
+    }
+    if let Err(full) = sessions.admit(client).await {
+        return busy(full);
+    }
+    let response = next.run(request).await;
+    let session = response
+        .headers()
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok());
+    sessions.answered(client, session);
+    response
+}
+
+fn is_initialize(bytes: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Method<'a> {
+        #[serde(borrow)]
+        method: Option<&'a str>,
+    }
+    serde_json::from_slice::<Method>(bytes).is_ok_and(|m| m.method == Some("initialize"))
+}
+
+fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {
+    let body = serde_json::to_vec(body).expect("errors serialize");
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body.into())
+        .expect("a response")
+}
+
+fn refused(r: Refused) -> Response {
+    let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::BAD_REQUEST);
+    json_response(status, &r.answer)
+}
+
+fn busy(full: Full) -> Response {
+    let why = match full.status {
+        429 => "this client has as many sessions as it may; close one (DELETE) or let one go idle",
+        _ => "the server has as many sessions as it takes; try again shortly",
+    };
+    let status = StatusCode::from_u16(full.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+    let mut response = json_response(
+        status,
+        &json!({ "jsonrpc": "2.0", "id": null, "error": { "code": -32000, "message": why } }),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(full.retry_after));
+    response
+}
