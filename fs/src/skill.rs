@@ -129,6 +129,15 @@ pub fn is_spec_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
+/// The front matter of a SKILL.md as JSON, every field as written (what the MCP Skills
+/// extension calls `frontmatter`); `None` when there is none or it is not a mapping.
+pub fn frontmatter_json(bytes: &[u8]) -> Option<serde_json::Value> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let (front, _) = split_front_matter(text.strip_prefix('\u{feff}').unwrap_or(text)).ok()?;
+    let value: serde_json::Value = yaml_serde::from_str(front).ok()?;
+    value.is_object().then_some(value)
+}
+
 /// The body of a SKILL.md: what follows its front matter (all of it when there is none).
 pub fn body(text: &str) -> &str {
     split_front_matter(text).map_or(text, |(_, body)| body)

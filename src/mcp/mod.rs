@@ -10,6 +10,7 @@ pub mod call;
 pub mod http;
 pub mod malformed;
 pub mod sessions;
+pub mod skills;
 pub mod stdio;
 mod tools;
 
@@ -18,10 +19,13 @@ use crate::workspace::{RunRequest, Workspaces};
 use call::Call;
 use cloud_harness_fs::Error;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, GetPromptRequestParams,
-    GetPromptResponse, GetPromptResult, Implementation, InitializeResult, ListPromptsResult,
-    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, Prompt, PromptArgument,
-    PromptMessage, Role, ServerCapabilities, ServerConfig, Tool,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
+    GetPromptRequestParams, GetPromptResponse, GetPromptResult, GetSkillRequestParams,
+    GetSkillResult, Implementation, InitializeResult, ListPromptsResult,
+    ListResourceTemplatesResult, ListResourcesResult, ListSkillsResult, ListToolsResult,
+    PaginatedRequestParams, ProgressNotificationParam, Prompt, PromptArgument, PromptMessage,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Role, ServerCapabilities,
+    ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -93,6 +97,17 @@ fn failure(error: Error) -> CallToolResult {
     ))]);
     result.structured_content = Some(value);
     result
+}
+
+async fn blocking_mcp<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, McpError> + Send + 'static,
+) -> Result<T, McpError> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        Err(McpError::internal_error(
+            format!("the task failed: {e}"),
+            None,
+        ))
+    })
 }
 
 async fn blocking<T: Send + 'static>(
@@ -184,7 +199,14 @@ impl ServerHandler for HarnessServer {
         server.name = "cloud-harness".into();
         server.version = env!("CARGO_PKG_VERSION").into();
         server.title = Some("Cloud Harness".into());
-        InitializeResult::new(ServerCapabilities::builder().enable_tools().enable_prompts().build())
+        InitializeResult::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_prompts()
+                .enable_resources()
+                .enable_skills()
+                .build(),
+        )
             .with_server_info(server)
             .with_instructions(
                 "Cloud Harness serves agent skills. Call workspace_open (with toolkits) first; it returns a workspace handle \
@@ -224,6 +246,67 @@ impl ServerHandler for HarnessServer {
             Err(error) => failure(error),
         };
         Ok(result.into())
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        let ws = self.workspaces.clone();
+        let cursor = request.and_then(|r| r.cursor);
+        let (items, next) = blocking_mcp(move || skills::resources(&ws, cursor.as_deref())).await?;
+        let mut result = ListResourcesResult::with_all_items(items)
+            .with_ttl_ms(0)
+            .with_cache_scope(CacheScope::Private);
+        result.next_cursor = next;
+        Ok(result)
+    }
+
+    async fn list_resource_templates(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        no_cursor(request)?;
+        Ok(
+            ListResourceTemplatesResult::with_all_items(skills::templates())
+                .with_ttl_ms(0)
+                .with_cache_scope(CacheScope::Public),
+        )
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let ws = self.workspaces.clone();
+        let uri = request.uri;
+        let contents = blocking_mcp(move || skills::read(&ws, &uri)).await?;
+        let mut result = ReadResourceResult::new(vec![contents]);
+        result.ttl_ms = Some(0);
+        result.cache_scope = Some(CacheScope::Private);
+        Ok(result.into())
+    }
+
+    async fn list_skills(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListSkillsResult, McpError> {
+        let ws = self.workspaces.clone();
+        let cursor = request.and_then(|r| r.cursor);
+        blocking_mcp(move || skills::list(&ws, cursor.as_deref())).await
+    }
+
+    async fn get_skill(
+        &self,
+        request: GetSkillRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetSkillResult, McpError> {
+        let ws = self.workspaces.clone();
+        blocking_mcp(move || skills::get(&ws, &request.uri)).await
     }
 
     async fn list_prompts(

@@ -19,7 +19,9 @@
 //! <home>/workspaces/<id>/etc/                the executor's passwd, group, hosts
 //! ```
 
+mod catalog;
 mod listing;
+pub use catalog::SkillFile;
 pub use listing::cursor_name;
 mod materialize;
 mod mounts;
@@ -232,6 +234,19 @@ impl Workspaces {
             executor: None,
             store: self.store().clone(),
         });
+    }
+
+    /// The open workspaces, in id order.
+    pub fn open_workspaces(&self) -> Vec<Arc<Workspace>> {
+        let mut open: Vec<Arc<Workspace>> = self
+            .open
+            .lock()
+            .expect("open lock")
+            .values()
+            .cloned()
+            .collect();
+        open.sort_by(|a, b| a.id.cmp(&b.id));
+        open
     }
 
     pub fn get(&self, id: &str) -> Result<Arc<Workspace>> {

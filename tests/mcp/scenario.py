@@ -182,6 +182,12 @@ async def full():
         repo_tier = await ok(c, "skills_list", {"workspace": handle, "tier": "repository"})
         assert [(s["name"], s["served"]) for s in repo_tier["skills"]] == [("lint", False), ("probe", True)], repo_tier
         assert repo_tier["skills"][0]["path"] == "/opt/cloud-harness/skills/.tiers/repository/lint"
+        # The same skill as an MCP resource (the Skills extension), read through the SDK.
+        uri = f"skill://{handle}/review/SKILL.md"
+        listed = [str(r.uri) for r in (await c.list_resources()).resources]
+        assert uri in listed, listed[:20]
+        contents = (await c.read_resource(uri)).contents
+        assert "Review code" in contents[0].text, contents
         page = await ok(c, "skills_read", {"workspace": handle, "skill": "review"})
         assert page["path"] == "SKILL.md" and "Review code" in page["content"] and page["eof"]
         assert page["executorPath"] == "/opt/cloud-harness/skills/review/SKILL.md", page

@@ -1,0 +1,83 @@
+//! A workspace's served skills as a catalogue: each skill's files with their SHA-256 digests
+//! and sizes (the store names blobs by exactly that digest), and its front matter as written.
+//! What the MCP Skills extension publishes; read from the store, as the mount serves it.
+
+use super::Workspace;
+use cloud_harness_fs::cas::{Digest, Kind};
+use cloud_harness_fs::relpath;
+use cloud_harness_fs::skill;
+use serde_json::Value;
+
+/// One file of a skill, as a read through the mount returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkillFile {
+    /// Relative to the skill folder, `/`-separated.
+    pub path: String,
+    pub digest: Digest,
+    pub size: u64,
+}
+
+impl Workspace {
+    /// The served skills, in name order.
+    pub fn served_names(&self) -> Vec<String> {
+        self.generation()
+            .index
+            .winners()
+            .map(|c| c.name.clone())
+            .collect()
+    }
+
+    /// Every file of the served skill `name`, in path order: links that lead to a file
+    /// inside the mount count as that file (a read follows them), others are left out.
+    pub fn skill_files(&self, name: &str) -> cloud_harness_fs::Result<Vec<SkillFile>> {
+        let root = self.skill(name)?;
+        let mut out = Vec::new();
+        let mut pending = vec![(String::new(), root)];
+        while let Some((dir, digest)) = pending.pop() {
+            for e in self.store.tree(&digest)?.entries() {
+                let path = relpath::join(&dir, &e.name);
+                match e.kind {
+                    Kind::Tree => pending.push((path, e.digest)),
+                    Kind::File | Kind::Executable => out.push(SkillFile {
+                        path,
+                        digest: e.digest,
+                        size: e.size,
+                    }),
+                    Kind::Symlink => {
+                        let parts: Vec<&str> =
+                            std::iter::once(name).chain(path.split('/')).collect();
+                        if let Ok(Some((size, bytes))) = self.merged.read_path(&parts, 0, u32::MAX)
+                        {
+                            out.push(SkillFile {
+                                path,
+                                digest: Digest::of(&bytes),
+                                size,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
+    /// The front matter of the served skill `name`'s SKILL.md, every field as written.
+    pub fn frontmatter(&self, name: &str) -> Option<Value> {
+        let (_, bytes) = self
+            .merged
+            .read_path(&[name, "SKILL.md"], 0, skill::MAX_SKILL_MD as u32)
+            .ok()??;
+        skill::frontmatter_json(&bytes)
+    }
+
+    /// The whole file `path` of the served skill `name` (`None`: no such file).
+    pub fn file_bytes(&self, name: &str, path: &str) -> cloud_harness_fs::Result<Option<Vec<u8>>> {
+        let parts = super::check_skill_path(path, "path")?;
+        let full: Vec<&str> = std::iter::once(name).chain(parts).collect();
+        match self.merged.read_path(&full, 0, u32::MAX) {
+            Ok(found) => Ok(found.map(|(_, bytes)| bytes)),
+            Err(_) => Ok(None),
+        }
+    }
+}
