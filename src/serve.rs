@@ -129,7 +129,7 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
             let sessions =
                 crate::mcp::sessions::Sessions::new(crate::mcp::sessions::Limits::from_env()?);
             let service = StreamableHttpService::new(
-                move || Ok(server.clone()),
+                move || Ok(server.for_session()),
                 sessions.manager.clone(),
                 config,
             );

@@ -12,7 +12,7 @@ struct Server {
     addr: SocketAddr,
     /// What the server logged so far.
     log: std::sync::Arc<std::sync::Mutex<String>>,
-    _tmp: tempfile::TempDir,
+    tmp: tempfile::TempDir,
 }
 
 impl Drop for Server {
@@ -56,7 +56,7 @@ fn server(env: &[(&str, &str)]) -> Server {
         child,
         addr,
         log,
-        _tmp: tmp,
+        tmp,
     }
 }
 
@@ -520,4 +520,65 @@ mod coreutils {
         let out = child.wait_with_output().unwrap();
         String::from_utf8(out.stdout).unwrap()[..64].to_owned()
     }
+}
+
+/// A session that opened a workspace hears when a live tier changes what it serves:
+/// `notifications/resources/list_changed` on its event stream, promptly.
+#[test]
+fn a_live_change_is_announced_to_the_session_bound_to_the_workspace() {
+    let s = server(&[]);
+    let session = legacy_session(s.addr);
+    let open = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"workspace_open","arguments":{"idempotencyKey":"live"}}}"#;
+    let opened = answer_of(&raw(s.addr, open, &[("Mcp-Session-Id", &session)]));
+    let ws = opened["result"]["structuredContent"]["workspace"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The session's stream of server messages.
+    let mut events = TcpStream::connect(s.addr).unwrap();
+    write!(
+        events,
+        "GET /mcp HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\nMcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n\r\n"
+    )
+    .unwrap();
+    events
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // A skill appears in the working tree (staged, then renamed into place whole).
+    let repo = s.tmp.path().join("home/workspaces").join(&ws).join("repo");
+    let staged = repo.join("staged/fresh");
+    std::fs::create_dir_all(&staged).unwrap();
+    std::fs::write(
+        staged.join("SKILL.md"),
+        "---\nname: fresh\ndescription: New.\n---\n",
+    )
+    .unwrap();
+    std::fs::create_dir_all(repo.join(".agents/skills")).unwrap();
+    let changed = Instant::now();
+    std::fs::rename(&staged, repo.join(".agents/skills/fresh")).unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Ok(n) = events.read(&mut buf) {
+            seen.extend_from_slice(&buf[..n]);
+        }
+        if String::from_utf8_lossy(&seen).contains("notifications/resources/list_changed") {
+            break;
+        }
+        assert!(
+            changed.elapsed() < Duration::from_secs(2),
+            "no change announced: {}",
+            String::from_utf8_lossy(&seen)
+        );
+    }
+    eprintln!("announced {:?} after the change", changed.elapsed());
+    let list = r#"{"jsonrpc":"2.0","id":3,"method":"skills/list"}"#;
+    let listed = answer_of(&raw(s.addr, list, &[("Mcp-Session-Id", &session)]));
+    assert!(
+        listed
+            .to_string()
+            .contains(&format!("skill://{ws}/fresh/SKILL.md")),
+        "{listed}"
+    );
 }

@@ -6,6 +6,7 @@
 //! not a tool call at all is a JSON-RPC error. Argument objects are flat and their schemas have
 //! no `$ref`.
 
+mod bound;
 pub mod call;
 pub mod http;
 pub mod malformed;
@@ -38,6 +39,8 @@ pub const SESSION_START_PROMPT: &str = "session-start";
 #[derive(Clone)]
 pub struct HarnessServer {
     workspaces: Arc<Workspaces>,
+    /// The workspaces this session opened or used (one server value per session).
+    bound: bound::Bound,
 }
 
 /// These lists come whole, in one page: a cursor is one this server never gave.
@@ -120,7 +123,22 @@ async fn blocking<T: Send + 'static>(
 
 impl HarnessServer {
     pub fn new(workspaces: Arc<Workspaces>) -> HarnessServer {
-        HarnessServer { workspaces }
+        HarnessServer {
+            workspaces,
+            bound: bound::Bound::default(),
+        }
+    }
+
+    /// The server for a new session: the same workspaces, no bindings yet.
+    pub fn for_session(&self) -> HarnessServer {
+        HarnessServer::new(self.workspaces.clone())
+    }
+
+    /// Binds this session to the workspace `id`, if it is open.
+    fn bind(&self, id: &str, context: &RequestContext<RoleServer>) {
+        if let Ok(ws) = self.workspaces.get(id) {
+            self.bound.bind(&ws, &context.peer);
+        }
     }
 
     async fn dispatch(
@@ -129,8 +147,21 @@ impl HarnessServer {
         context: RequestContext<RoleServer>,
     ) -> Result<Value, Error> {
         let ws = self.workspaces.clone();
-        match call::decode(&request.name, request.arguments)? {
-            Call::Open(request) => blocking(move || ws.open(request)).await,
+        let call = call::decode(&request.name, request.arguments)?;
+        match &call {
+            Call::List { workspace, .. }
+            | Call::Read { workspace, .. }
+            | Call::Run { workspace, .. } => self.bind(workspace, &context),
+            Call::Open(_) | Call::Close { .. } => {}
+        }
+        match call {
+            Call::Open(request) => {
+                let opened = blocking(move || ws.open(request)).await?;
+                if let Some(id) = opened["workspace"].as_str() {
+                    self.bind(id, &context);
+                }
+                Ok(opened)
+            }
             Call::Close { workspace } => blocking(move || ws.close(&workspace)).await,
             Call::List {
                 workspace,
@@ -204,6 +235,7 @@ impl ServerHandler for HarnessServer {
                 .enable_tools()
                 .enable_prompts()
                 .enable_resources()
+                .enable_resources_list_changed()
                 .enable_skills()
                 .build(),
         )
@@ -279,8 +311,11 @@ impl ServerHandler for HarnessServer {
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
+        if let Some((workspace, _, _)) = skills::parse(&request.uri) {
+            self.bind(&workspace, &context);
+        }
         let ws = self.workspaces.clone();
         let uri = request.uri;
         let contents = blocking_mcp(move || skills::read(&ws, &uri)).await?;

@@ -72,6 +72,8 @@ pub struct Workspace {
     runs: CancellationToken,
     /// Scripts running now.
     running: Arc<std::sync::atomic::AtomicUsize>,
+    /// The merged view's generation, changed by live tiers.
+    changes: tokio::sync::watch::Sender<Digest>,
 }
 
 pub struct Workspaces {
@@ -347,6 +349,12 @@ impl Workspace {
 
     pub fn generation(&self) -> Arc<Generation> {
         self.merged.generation()
+    }
+
+    /// Each change of what the workspace serves (a live tier's new generation); ends when
+    /// the workspace closes.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<Digest> {
+        self.changes.subscribe()
     }
 
     /// The merged view inside the executor, when the skills are mounted and there is one.

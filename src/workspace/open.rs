@@ -289,6 +289,17 @@ impl Workspaces {
         } else {
             (Vec::new(), mounts::unmounted(merged.clone(), owner))
         };
+        // A new generation of the merged view is announced to those watching the workspace.
+        let (changes, _) = tokio::sync::watch::channel(merged.generation().digest());
+        if let Some((ns, invalidate)) = targets.first_mut().map(|t| (t.0.clone(), &mut t.1)) {
+            let inner = std::mem::replace(invalidate, Box::new(|_: &[_]| {}));
+            let changes = changes.clone();
+            *invalidate = Box::new(move |items: &[_]| {
+                inner(items);
+                let now = ns.generation().digest();
+                changes.send_if_modified(|seen| std::mem::replace(seen, now) != now);
+            });
+        }
         // Each new generation of a live tier is rooted as soon as it is served.
         if let Some((ns, invalidate)) = targets.pop() {
             let (pinned, pin_store, id) = (ns.clone(), store.clone(), record.id.clone());
@@ -315,6 +326,7 @@ impl Workspaces {
             executor: None,
             runs: CancellationToken::new(),
             running: Arc::default(),
+            changes,
         })
     }
 
