@@ -26,9 +26,9 @@ use rmcp::model::{
     ListResourceTemplatesResult, ListResourcesResult, ListSkillsResult, ListToolsResult,
     PaginatedRequestParams, ProgressNotificationParam, Prompt, PromptArgument, PromptMessage,
     ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Role, ServerCapabilities,
-    ServerConfig, Tool,
+    ServerConfig, SubscriptionFilter, Tool,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -342,6 +342,35 @@ impl ServerHandler for HarnessServer {
     ) -> Result<GetSkillResult, McpError> {
         let ws = self.workspaces.clone();
         blocking_mcp(move || skills::get(&ws, &request.uri)).await
+    }
+
+    /// `subscriptions/listen` (2026-07-28): resource-list changes are offered; the listing
+    /// spans every open workspace, so any change of theirs is one.
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let offered = SubscriptionFilter::builder().resources_list_changed().build();
+        Some(requested.intersection(&offered))
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
+        let mut changes = self.workspaces.catalogue_changes();
+        loop {
+            tokio::select! {
+                _ = context.cancelled() => return Ok(()),
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return Ok(());
+                    }
+                    if context.accepted().resources_list_changed == Some(true)
+                        && context.sink().notify_resource_list_changed().await.is_err()
+                    {
+                        return Ok(());
+                    }
+                }
+            }
+        }
     }
 
     async fn list_prompts(

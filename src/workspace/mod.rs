@@ -88,6 +88,9 @@ pub struct Workspaces {
     keys: Mutex<HashMap<String, (Digest, String)>>,
     key_locks: KeyedLock,
     mounting: bool,
+    /// Bumped whenever what the open workspaces serve, together, changes: one opens or
+    /// closes, or a live tier changes one.
+    catalogue: tokio::sync::watch::Sender<u64>,
 }
 
 /// Removes a half-made workspace (its executor, mounts and folder) unless disarmed.
@@ -153,6 +156,7 @@ impl Workspaces {
             keys: Mutex::new(HashMap::new()),
             key_locks: KeyedLock::default(),
             mounting,
+            catalogue: tokio::sync::watch::channel(0).0,
         };
         ws.restore();
         Ok(ws)
@@ -238,6 +242,11 @@ impl Workspaces {
         });
     }
 
+    /// Each change of what the open workspaces serve, together.
+    pub fn catalogue_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.catalogue.subscribe()
+    }
+
     /// The open workspaces, in id order.
     pub fn open_workspaces(&self) -> Vec<Arc<Workspace>> {
         let mut open: Vec<Arc<Workspace>> = self
@@ -276,6 +285,7 @@ impl Workspaces {
         mounts::unshare(&ws.places.mounts);
         roots::unpin(self.store(), id)?;
         self.open.lock().expect("workspaces lock").remove(id);
+        self.catalogue.send_modify(|n| *n += 1);
         self.keys
             .lock()
             .expect("keys lock")

@@ -218,6 +218,7 @@ impl Workspaces {
             .lock()
             .expect("workspaces lock")
             .insert(id, Arc::new(ws));
+        self.catalogue.send_modify(|n| *n += 1);
         Ok(result)
     }
 
@@ -293,11 +294,13 @@ impl Workspaces {
         let (changes, _) = tokio::sync::watch::channel(merged.generation().digest());
         if let Some((ns, invalidate)) = targets.first_mut().map(|t| (t.0.clone(), &mut t.1)) {
             let inner = std::mem::replace(invalidate, Box::new(|_: &[_]| {}));
-            let changes = changes.clone();
+            let (changes, catalogue) = (changes.clone(), self.catalogue.clone());
             *invalidate = Box::new(move |items: &[_]| {
                 inner(items);
                 let now = ns.generation().digest();
-                changes.send_if_modified(|seen| std::mem::replace(seen, now) != now);
+                if changes.send_if_modified(|seen| std::mem::replace(seen, now) != now) {
+                    catalogue.send_modify(|n| *n += 1);
+                }
             });
         }
         // Each new generation of a live tier is rooted as soon as it is served.
