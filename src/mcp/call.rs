@@ -21,7 +21,8 @@ pub const MAX_SKILL: usize = 255;
 /// `skills_run` arguments: how many, and the bytes of each.
 pub const MAX_ARGS: usize = 256;
 pub const MAX_ARG: usize = 32 << 10;
-/// Skills in one page of `skills_list` (and its default).
+/// Skills in one page of `skills_list`: the default, and the most a page may ask for.
+pub const LIST_PAGE: usize = 100;
 pub const MAX_LIST: usize = 1000;
 
 /// A decoded tool call.
@@ -94,7 +95,7 @@ pub fn decode(tool: &str, arguments: Option<JsonObject>) -> Result<Call, Error> 
                         .with_details(json!({ "field": "cursor" }))
                 })?),
             };
-            let limit = args.limit.unwrap_or(MAX_LIST as u64);
+            let limit = args.limit.unwrap_or(LIST_PAGE as u64);
             if limit == 0 || limit > MAX_LIST as u64 {
                 return Err(Error::invalid(format!("limit: must be 1 to {MAX_LIST}"))
                     .with_details(json!({ "field": "limit" })));

@@ -350,7 +350,9 @@ impl ServerHandler for HarnessServer {
         &self,
         requested: &SubscriptionFilter,
     ) -> Option<SubscriptionFilter> {
-        let offered = SubscriptionFilter::builder().resources_list_changed().build();
+        let offered = SubscriptionFilter::builder()
+            .resources_list_changed()
+            .build();
         Some(requested.intersection(&offered))
     }
 

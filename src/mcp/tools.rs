@@ -173,7 +173,7 @@ fn build_tools() -> Vec<Tool> {
                     "tier": { "type": "string", "enum": ["builtin", "owner", "workspace", "repository"] },
                     "includeShadowed": { "type": "boolean" },
                     "cursor": { "type": "string", "maxLength": 1024, "description": "nextCursor of the previous page" },
-                    "limit": { "type": "integer", "minimum": 1, "maximum": MAX_LIST, "description": "Skills per page (default and most: 1000)" }
+                    "limit": { "type": "integer", "minimum": 1, "maximum": MAX_LIST, "description": "Skills per page (default 100, at most 1000)" }
                 },
                 "required": ["workspace"],
                 "additionalProperties": false

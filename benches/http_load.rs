@@ -1,0 +1,364 @@
+//! `serve --http` under load, over loopback: 200 concurrent clients, each with its own session
+//! of the 2025-11-25 protocol, calling `skills_list` (and `skills_read` of a SKILL.md) for a
+//! bounded time against a workspace of 1,000 skills. p50, p99, throughput, errors and the
+//! server's RSS (after warm-up and at the end), once over a reused connection per client and
+//! once with a new connection per request; rounds interleaved, medians reported. The same
+//! listing called in-process is the baseline.
+//!
+//! `cargo bench --bench http_load` (`LOAD_SECONDS`, `LOAD_CLIENTS`, `LOAD_ROUNDS` to change
+//! the defaults of 5, 200 and 3).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// CPU seconds (user and system) process `pid` used so far.
+fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, r)| r)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+/// One client's session: its HTTP client (pooling or not) and session id.
+struct Session {
+    http: reqwest::Client,
+    url: String,
+    id: String,
+}
+
+/// The JSON-RPC answer in a response body (JSON, or an SSE `data:` line).
+fn answer(body: &str) -> Option<Value> {
+    body.lines()
+        .map(|l| l.strip_prefix("data: ").unwrap_or(l))
+        .find_map(|l| {
+            serde_json::from_str::<Value>(l)
+                .ok()
+                .filter(|v| v.get("jsonrpc").is_some())
+        })
+}
+
+impl Session {
+    async fn post(
+        &self,
+        body: &Value,
+        session: Option<&str>,
+    ) -> Result<(Option<String>, String), String> {
+        let mut request = self
+            .http
+            .post(&self.url)
+            .header("Content-Type", "application/json")
+            .header("Accept", "application/json, text/event-stream")
+            .header("MCP-Protocol-Version", "2025-11-25")
+            .body(body.to_string());
+        if let Some(id) = session {
+            request = request.header("Mcp-Session-Id", id);
+        }
+        let response = request.send().await.map_err(|e| e.to_string())?;
+        if !response.status().is_success() {
+            return Err(format!("HTTP {}", response.status()));
+        }
+        let id = response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        Ok((id, response.text().await.map_err(|e| e.to_string())?))
+    }
+
+    async fn start(url: &str, reuse: bool) -> Session {
+        let mut builder = reqwest::Client::builder().no_proxy();
+        if !reuse {
+            builder = builder.pool_max_idle_per_host(0);
+        }
+        let mut s = Session {
+            http: builder.build().unwrap(),
+            url: url.to_owned(),
+            id: String::new(),
+        };
+        let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "load", "version": "1"}}});
+        let (id, _) = s.post(&init, None).await.unwrap();
+        s.id = id.expect("a session id");
+        s.post(
+            &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+            Some(&s.id),
+        )
+        .await
+        .unwrap();
+        s
+    }
+
+    /// One tool call; its answer, or why it failed.
+    async fn call(&self, n: u64, tool: &str, arguments: &Value) -> Result<Value, String> {
+        let body = json!({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": tool, "arguments": arguments}});
+        let (_, text) = self.post(&body, Some(&self.id)).await?;
+        let value = answer(&text).ok_or("no answer")?;
+        if value["result"]["isError"] == true || value.get("error").is_some() {
+            return Err(value.to_string());
+        }
+        Ok(value)
+    }
+}
+
+struct Outcome {
+    latencies: Vec<Duration>,
+    errors: usize,
+    elapsed: Duration,
+    rss_warm: f64,
+    rss_end: f64,
+    /// Cores the server and this load generator kept busy.
+    server_cores: f64,
+    client_cores: f64,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+async fn load(
+    url: &str,
+    pid: u32,
+    clients: usize,
+    seconds: u64,
+    reuse: bool,
+    tool: &str,
+    arguments: Value,
+) -> Outcome {
+    let arguments = Arc::new(arguments);
+    let mut sessions = Vec::new();
+    for _ in 0..clients {
+        sessions.push(Session::start(url, reuse).await);
+    }
+    let started = Instant::now();
+    let (server_cpu, client_cpu) = (cpu_seconds(&pid.to_string()), cpu_seconds("self"));
+    let deadline = started + Duration::from_secs(seconds);
+    let warm_at = started + Duration::from_secs(seconds.min(2));
+    let tasks: Vec<_> = sessions
+        .into_iter()
+        .map(|s| {
+            let (arguments, tool) = (arguments.clone(), tool.to_owned());
+            tokio::spawn(async move {
+                let (mut latencies, mut errors, mut n) = (Vec::new(), 0, 1);
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    match s.call(n, &tool, &arguments).await {
+                        Ok(_) => latencies.push(t.elapsed()),
+                        Err(_) => errors += 1,
+                    }
+                    n += 1;
+                }
+                (latencies, errors)
+            })
+        })
+        .collect();
+    tokio::time::sleep_until(warm_at.into()).await;
+    let rss_warm = rss_mib(pid);
+    let mut outcome = Outcome {
+        latencies: Vec::new(),
+        errors: 0,
+        elapsed: Duration::ZERO,
+        rss_warm,
+        rss_end: 0.0,
+        server_cores: 0.0,
+        client_cores: 0.0,
+    };
+    for t in tasks {
+        let (l, e) = t.await.unwrap();
+        outcome.latencies.extend(l);
+        outcome.errors += e;
+    }
+    outcome.elapsed = started.elapsed();
+    outcome.rss_end = rss_mib(pid);
+    let wall = outcome.elapsed.as_secs_f64();
+    outcome.server_cores = (cpu_seconds(&pid.to_string()) - server_cpu) / wall;
+    outcome.client_cores = (cpu_seconds("self") - client_cpu) / wall;
+    outcome.latencies.sort();
+    outcome
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    xs[xs.len() / 2]
+}
+
+fn main() {
+    let seconds = env_or("LOAD_SECONDS", 5);
+    let clients = env_or("LOAD_CLIENTS", 200) as usize;
+    let rounds = env_or("LOAD_ROUNDS", 3) as usize;
+    let tmp = tempfile::tempdir().unwrap();
+    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
+    let src = tmp.path().join("src/load");
+    for i in 0..1000 {
+        let skill = src.join(format!("load-skill-{i:04}"));
+        std::fs::create_dir_all(skill.join("references")).unwrap();
+        std::fs::write(
+            skill.join("SKILL.md"),
+            format!("---\nname: load-skill-{i:04}\ndescription: Skill {i} under load.\n---\nBody of skill {i}.\n"),
+        )
+        .unwrap();
+        std::fs::write(skill.join("references/notes.md"), format!("notes {i}")).unwrap();
+    }
+    let spec = support::warm_toolkit(&store, &src, "load");
+
+    let mut server: Child = Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
+        .args(["serve", "--http", "127.0.0.1:0", "--no-mount"])
+        .env("TOOLKIT_CACHE_ROOT", store.root())
+        .env("CLOUD_HARNESS_HOME", tmp.path().join("home"))
+        .env("CLOUD_HARNESS_EXECUTOR", "none")
+        .env("CLOUD_HARNESS_CONTAINERS", "off")
+        .env("ALLOWED_GIT_HOSTS", support::WARM_HOST)
+        // One machine plays all 200 clients: their sessions share its address.
+        .env("CLOUD_HARNESS_HTTP_MAX_SESSIONS_PER_CLIENT", "1000")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(server.stderr.take().unwrap());
+    let mut line = String::new();
+    let url = loop {
+        line.clear();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "serve ended");
+        if let Some(rest) = line.split("at http://").nth(1) {
+            break format!("http://{}", rest.trim());
+        }
+    };
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    let pid = server.id();
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let workspace = runtime.block_on(async {
+        let s = Session::start(&url, true).await;
+        let spec = serde_json::to_value(&spec).unwrap();
+        let opened = s
+            .call(
+                1,
+                "workspace_open",
+                &json!({"idempotencyKey": "load", "toolkits": [spec]}),
+            )
+            .await
+            .unwrap();
+        opened["result"]["structuredContent"]["workspace"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    });
+
+    // The baseline: the same listing in-process, no HTTP.
+    let workspaces = cloud_harness::workspace::Workspaces::with_executors(
+        tmp.path().join("baseline-home"),
+        support::warm_provisioner(&store),
+        false,
+        cloud_harness::executor::Settings::with_kind(cloud_harness::executor::Kind::Host),
+    )
+    .unwrap();
+    let baseline_ws = workspaces
+        .open(cloud_harness::workspace::OpenRequest {
+            repository_url: None,
+            idempotency_key: "baseline".into(),
+            toolkits: vec![spec.clone()],
+            allow_toolkit_workspace_changes: false,
+        })
+        .unwrap();
+    let ws = workspaces
+        .get(baseline_ws["workspace"].as_str().unwrap())
+        .unwrap();
+    let mut direct: Vec<Duration> = (0..50)
+        .map(|_| {
+            let t = Instant::now();
+            let listing = ws.list(None, false);
+            assert_eq!(listing["count"], 1003);
+            t.elapsed()
+        })
+        .collect();
+    direct.sort();
+
+    let calls = [
+        ("skills_list", json!({"workspace": workspace})),
+        (
+            "skills_read",
+            json!({"workspace": workspace, "skill": "load-skill-0500"}),
+        ),
+    ];
+    println!(
+        "{clients} clients, {seconds} s a run, {rounds} rounds interleaved, a workspace of 1,003 skills (medians over rounds)"
+    );
+    println!(
+        "in-process skills_list (baseline): p50 {:.2} ms, p99 {:.2} ms",
+        percentile(&direct, 0.5).as_secs_f64() * 1e3,
+        percentile(&direct, 0.99).as_secs_f64() * 1e3
+    );
+    let mut figures: Vec<Vec<[f64; 8]>> = vec![Vec::new(); 4];
+    for _ in 0..rounds {
+        for (m, (reuse, (tool, args))) in [true, false]
+            .iter()
+            .flat_map(|r| calls.iter().map(move |c| (*r, c)))
+            .enumerate()
+        {
+            let o = runtime.block_on(load(&url, pid, clients, seconds, reuse, tool, args.clone()));
+            let n = o.latencies.len().max(1);
+            figures[m].push([
+                percentile(&o.latencies, 0.5).as_secs_f64() * 1e3,
+                percentile(&o.latencies, 0.99).as_secs_f64() * 1e3,
+                n as f64 / o.elapsed.as_secs_f64(),
+                o.errors as f64,
+                o.rss_warm,
+                o.rss_end,
+                o.server_cores,
+                o.client_cores,
+            ]);
+        }
+    }
+    for (m, (reuse, (tool, _))) in [true, false]
+        .iter()
+        .flat_map(|r| calls.iter().map(move |c| (*r, c)))
+        .enumerate()
+    {
+        let col = |i: usize| median(figures[m].iter().map(|f| f[i]).collect());
+        println!(
+            "{tool:<11} {:<22} p50 {:>7.2} ms  p99 {:>7.2} ms  {:>7.0} calls/s  errors {:>3}  RSS {:.0} -> {:.0} MiB  cores: server {:.2}, load {:.2}",
+            if reuse { "reused connection" } else { "connection per call" },
+            col(0),
+            col(1),
+            col(2),
+            col(3),
+            col(4),
+            col(5),
+            col(6),
+            col(7)
+        );
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+}
