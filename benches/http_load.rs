@@ -121,6 +121,17 @@ impl Session {
         s
     }
 
+    /// Ends the session (as a well-behaved client does, freeing its place).
+    async fn close(&self) {
+        let _ = self
+            .http
+            .delete(&self.url)
+            .header("Mcp-Session-Id", &self.id)
+            .header("MCP-Protocol-Version", "2025-11-25")
+            .send()
+            .await;
+    }
+
     /// One tool call; its answer, or why it failed.
     async fn call(&self, n: u64, tool: &str, arguments: &Value) -> Result<Value, String> {
         let body = json!({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": tool, "arguments": arguments}});
@@ -180,6 +191,7 @@ async fn load(
                     }
                     n += 1;
                 }
+                s.close().await;
                 (latencies, errors)
             })
         })

@@ -54,6 +54,13 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
             .await
             .map_err(|e| Error::internal(e.to_string()))?
     })?);
+    // The engine's warnings (an engine with CVE-2024-29018, say) are said once, at start-up,
+    // in the log; results carry them only under `provisioning`. Asked in the background, so
+    // neither the start nor a warm open waits for the engine.
+    {
+        let workspaces = workspaces.clone();
+        std::thread::spawn(move || workspaces.provisioning());
+    }
     let result = runtime.block_on(serve(workspaces.clone(), args));
     // Unmount before exiting; the records stay, so the next start restores the workspaces.
     workspaces.shutdown();

@@ -582,3 +582,66 @@ fn a_live_change_is_announced_to_the_session_bound_to_the_workspace() {
         "{listed}"
     );
 }
+
+/// An engine with CVE-2024-29018 (DNS forwarded from internal networks) is said once, in the
+/// log at start-up, and under `provisioning` in results, never among a call's own warnings.
+#[test]
+fn an_affected_docker_engine_is_named_once_at_start_up() {
+    let version = Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    let Some(version) = version else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI starts a Docker engine"
+        );
+        eprintln!("skipped: no Docker engine");
+        return;
+    };
+    let major: u32 = version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    let affected = major < 23; // the fixed releases are 23.0.11, 25.0.5 and 26.0.0 on
+    let s = server(&[]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let warned = loop {
+        if s.log.lock().unwrap().contains("CVE-2024-29018") {
+            break true;
+        }
+        if Instant::now() > deadline {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if major < 23 || major >= 26 {
+        assert_eq!(
+            warned,
+            affected,
+            "engine {version}: {}",
+            s.log.lock().unwrap()
+        );
+    }
+    let session = legacy_session(s.addr);
+    let open = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"workspace_open","arguments":{"idempotencyKey":"cve"}}}"#;
+    let opened = answer_of(&raw(s.addr, open, &[("Mcp-Session-Id", &session)]));
+    let result = &opened["result"]["structuredContent"];
+    assert!(
+        !result["warnings"].to_string().contains("CVE-2024-29018"),
+        "{result}"
+    );
+    assert_eq!(
+        result["provisioning"]["warnings"]
+            .to_string()
+            .contains("CVE-2024-29018"),
+        warned,
+        "{result}"
+    );
+    // Said once: the log names it one time however many calls come.
+    raw(s.addr, open, &[("Mcp-Session-Id", &session)]);
+    assert!(s.log.lock().unwrap().matches("CVE-2024-29018").count() <= 1);
+}

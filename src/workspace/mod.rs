@@ -242,6 +242,11 @@ impl Workspaces {
         });
     }
 
+    /// Where fetches run: the mode, the engine and its warnings (asking the engine once).
+    pub fn provisioning(&self) -> Value {
+        self.provisioner.provisioning()
+    }
+
     /// Each change of what the open workspaces serve, together.
     pub fn catalogue_changes(&self) -> tokio::sync::watch::Receiver<u64> {
         self.catalogue.subscribe()
