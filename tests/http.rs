@@ -1,80 +1,15 @@
 //! `serve --http` as a raw HTTP client sees it: connections the server must not keep (half-sent
-//! request heads), a connection cap answered with 503, and `TCP_NODELAY` on accepted sockets.
-//! Loopback only.
+//! request heads), a connection cap answered with 503, `TCP_NODELAY` on accepted sockets,
+//! sessions capped and expiring, malformed messages answered with their JSON-RPC errors, and
+//! what the log says. Loopback only.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod support;
+
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    /// What the server logged so far.
-    log: std::sync::Arc<std::sync::Mutex<String>>,
-    tmp: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn server(env: &[(&str, &str)]) -> Server {
-    let tmp = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
-        .args(["serve", "--http", "127.0.0.1:0", "--no-mount"])
-        .env("TOOLKIT_CACHE_ROOT", tmp.path().join("store"))
-        .env("CLOUD_HARNESS_HOME", tmp.path().join("home"))
-        .env("CLOUD_HARNESS_EXECUTOR", "none")
-        .envs(env.iter().copied())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    let addr = loop {
-        line.clear();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "serve ended");
-        if let Some(rest) = line.split("at http://").nth(1) {
-            break rest.trim().trim_end_matches("/mcp").parse().unwrap();
-        }
-    };
-    // Keep reading its log so it never blocks on a full pipe.
-    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let kept = log.clone();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        while stderr.read_line(&mut line).unwrap_or(0) > 0 {
-            kept.lock().unwrap().push_str(&line);
-            line.clear();
-        }
-    });
-    Server {
-        child,
-        addr,
-        log,
-        tmp,
-    }
-}
-
-/// A complete `tools/list` over the legacy protocol's first step: any answer will do.
-fn request(addr: SocketAddr) -> String {
-    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    // A server that is full answers without reading: the write may fail.
-    let _ = write!(
-        s,
-        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    String::from_utf8_lossy(&out).into_owned()
-}
+use support::http::{answer_of, legacy_session, raw, request, server};
 
 /// Whether the peer closed `s` (EOF or reset) within `within`.
 fn closed_by_peer(s: &mut TcpStream, within: Duration) -> bool {
@@ -263,55 +198,6 @@ fn malformed_messages_get_json_rpc_errors_with_the_right_codes() {
     assert!(answer.contains("-32602"), "{answer}");
 }
 
-/// A POST with extra headers; the whole answer as text.
-fn raw(addr: SocketAddr, body: &str, headers: &[(&str, &str)]) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let extra: String = headers
-        .iter()
-        .map(|(k, v)| format!("{k}: {v}\r\n"))
-        .collect();
-    write!(
-        s,
-        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut out = Vec::new();
-    // An SSE answer stays open: one read of its event is enough.
-    let mut buf = [0u8; 65536];
-    while let Ok(n) = s.read(&mut buf) {
-        if n == 0 {
-            break;
-        }
-        out.extend_from_slice(&buf[..n]);
-        if String::from_utf8_lossy(&out).contains("\"jsonrpc\"") {
-            break;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// A session of the 2025-11-25 protocol, initialized; its id.
-fn legacy_session(addr: SocketAddr) -> String {
-    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
-    let answer = raw(addr, init, &[]);
-    let session = answer
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("mcp-session-id")
-                .then(|| v.trim().to_owned())
-        })
-        .unwrap_or_else(|| panic!("no session: {answer}"));
-    raw(
-        addr,
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-        &[("Mcp-Session-Id", &session)],
-    );
-    session
-}
-
 /// The status line of `answer`.
 fn status(answer: &str) -> &str {
     answer.lines().next().unwrap_or("")
@@ -382,207 +268,6 @@ fn a_flood_of_initializes_leaves_the_server_s_memory_bounded() {
     );
 }
 
-/// The JSON-RPC answer inside a raw HTTP answer (a JSON body or an SSE `data:` line).
-fn answer_of(raw: &str) -> serde_json::Value {
-    let body = raw.split_once("\r\n\r\n").map_or(raw, |(_, b)| b);
-    body.lines()
-        .map(|l| l.strip_prefix("data: ").unwrap_or(l))
-        .find_map(|l| {
-            serde_json::from_str::<serde_json::Value>(l)
-                .ok()
-                .filter(|v| v.get("jsonrpc").is_some())
-        })
-        .unwrap_or_else(|| panic!("no JSON-RPC answer in {raw}"))
-}
-
-/// The MCP Skills extension (SEP-2640) as a client sees it: the capability, `skills/list` and
-/// `skills/get` entries whose manifests match what `resources/read` returns byte for byte,
-/// `resources/list` and the template, and -32602 for what the server does not serve.
-#[test]
-fn the_skills_extension_lists_skills_whose_manifests_match_their_files() {
-    use coreutils::sha256_hex;
-    let s = server(&[]);
-    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
-    let capabilities = answer_of(&raw(s.addr, init, &[]))["result"]["capabilities"].clone();
-    assert!(
-        capabilities["extensions"]["io.modelcontextprotocol/skills"].is_object(),
-        "{capabilities}"
-    );
-    assert!(capabilities["resources"].is_object(), "{capabilities}");
-    let session = legacy_session(s.addr);
-    let call = |id: u32, method: &str, params: serde_json::Value| {
-        let body =
-            serde_json::json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
-        answer_of(&raw(
-            s.addr,
-            &body.to_string(),
-            &[("Mcp-Session-Id", &session)],
-        ))
-    };
-    let opened = call(
-        2,
-        "tools/call",
-        serde_json::json!({ "name": "workspace_open", "arguments": { "idempotencyKey": "skills-ext" } }),
-    );
-    let ws = opened["result"]["structuredContent"]["workspace"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-
-    let listed = call(3, "skills/list", serde_json::json!({}));
-    let skills = listed["result"]["skills"].as_array().unwrap().clone();
-    let names: Vec<&str> = skills
-        .iter()
-        .map(|e| e["frontmatter"]["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(
-        names,
-        [
-            "cloud-harness-conflicts",
-            "cloud-harness-skills",
-            "cloud-harness-toolkits"
-        ],
-        "{listed}"
-    );
-    assert_eq!(listed["result"]["ttlMs"], 0);
-    for entry in &skills {
-        let name = entry["frontmatter"]["name"].as_str().unwrap();
-        assert_eq!(entry["uri"], format!("skill://{ws}/{name}/SKILL.md"));
-        assert_eq!(
-            entry["frontmatter"]["license"], "Apache-2.0",
-            "front matter as written"
-        );
-        // skills/get gives the same entry.
-        let got = call(4, "skills/get", serde_json::json!({ "uri": entry["uri"] }));
-        assert_eq!(&got["result"]["skill"], entry);
-        for file in entry["resources"].as_array().unwrap() {
-            let read = call(
-                5,
-                "resources/read",
-                serde_json::json!({ "uri": file["uri"] }),
-            );
-            let text = read["result"]["contents"][0]["text"].as_str().unwrap();
-            assert_eq!(text.len() as u64, file["size"].as_u64().unwrap(), "{file}");
-            assert_eq!(
-                format!("sha256:{}", sha256_hex(text.as_bytes())),
-                file["digest"],
-                "{file}"
-            );
-        }
-    }
-    let resources = call(6, "resources/list", serde_json::json!({}));
-    let uris: Vec<&str> = resources["result"]["resources"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["uri"].as_str().unwrap())
-        .collect();
-    assert!(
-        uris.contains(&format!("skill://{ws}/cloud-harness-skills/SKILL.md").as_str()),
-        "{resources}"
-    );
-    let templates = call(7, "resources/templates/list", serde_json::json!({}));
-    assert_eq!(
-        templates["result"]["resourceTemplates"][0]["uriTemplate"],
-        "skill://{workspace}/{skill}/{+path}"
-    );
-    // What is not served is -32602.
-    for (method, uri) in [
-        ("skills/get", format!("skill://{ws}/no-such-skill/SKILL.md")),
-        (
-            "skills/get",
-            "skill://ws_nope/cloud-harness-skills/SKILL.md".to_owned(),
-        ),
-        (
-            "resources/read",
-            format!("skill://{ws}/cloud-harness-skills/missing.md"),
-        ),
-        ("resources/read", "file:///etc/passwd".to_owned()),
-    ] {
-        let refused = call(8, method, serde_json::json!({ "uri": uri }));
-        assert_eq!(
-            refused["error"]["code"], -32602,
-            "{method} {uri}: {refused}"
-        );
-    }
-}
-
-/// SHA-256 by `sha256sum`, independent of the harness's own hashing.
-mod coreutils {
-    pub fn sha256_hex(bytes: &[u8]) -> String {
-        use std::io::Write;
-        let mut child = std::process::Command::new("sha256sum")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(bytes).unwrap();
-        let out = child.wait_with_output().unwrap();
-        String::from_utf8(out.stdout).unwrap()[..64].to_owned()
-    }
-}
-
-/// A session that opened a workspace hears when a live tier changes what it serves:
-/// `notifications/resources/list_changed` on its event stream, promptly.
-#[test]
-fn a_live_change_is_announced_to_the_session_bound_to_the_workspace() {
-    let s = server(&[]);
-    let session = legacy_session(s.addr);
-    let open = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"workspace_open","arguments":{"idempotencyKey":"live"}}}"#;
-    let opened = answer_of(&raw(s.addr, open, &[("Mcp-Session-Id", &session)]));
-    let ws = opened["result"]["structuredContent"]["workspace"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    // The session's stream of server messages.
-    let mut events = TcpStream::connect(s.addr).unwrap();
-    write!(
-        events,
-        "GET /mcp HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\nMcp-Session-Id: {session}\r\nMCP-Protocol-Version: 2025-11-25\r\n\r\n"
-    )
-    .unwrap();
-    events
-        .set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    // A skill appears in the working tree (staged, then renamed into place whole).
-    let repo = s.tmp.path().join("home/workspaces").join(&ws).join("repo");
-    let staged = repo.join("staged/fresh");
-    std::fs::create_dir_all(&staged).unwrap();
-    std::fs::write(
-        staged.join("SKILL.md"),
-        "---\nname: fresh\ndescription: New.\n---\n",
-    )
-    .unwrap();
-    std::fs::create_dir_all(repo.join(".agents/skills")).unwrap();
-    let changed = Instant::now();
-    std::fs::rename(&staged, repo.join(".agents/skills/fresh")).unwrap();
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        if let Ok(n) = events.read(&mut buf) {
-            seen.extend_from_slice(&buf[..n]);
-        }
-        if String::from_utf8_lossy(&seen).contains("notifications/resources/list_changed") {
-            break;
-        }
-        assert!(
-            changed.elapsed() < Duration::from_secs(2),
-            "no change announced: {}",
-            String::from_utf8_lossy(&seen)
-        );
-    }
-    eprintln!("announced {:?} after the change", changed.elapsed());
-    let list = r#"{"jsonrpc":"2.0","id":3,"method":"skills/list"}"#;
-    let listed = answer_of(&raw(s.addr, list, &[("Mcp-Session-Id", &session)]));
-    assert!(
-        listed
-            .to_string()
-            .contains(&format!("skill://{ws}/fresh/SKILL.md")),
-        "{listed}"
-    );
-}
-
 /// An engine with CVE-2024-29018 (DNS forwarded from internal networks) is said once, in the
 /// log at start-up, and under `provisioning` in results, never among a call's own warnings.
 #[test]
@@ -618,7 +303,7 @@ fn an_affected_docker_engine_is_named_once_at_start_up() {
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    if major < 23 || major >= 26 {
+    if !(23..26).contains(&major) {
         assert_eq!(
             warned,
             affected,

@@ -3,7 +3,7 @@
 #![no_main]
 
 use cloud_harness::provision::hosts::HostPolicy;
-use cloud_harness::provision::proxy::{classify, decide, EgressPolicy, Resolve, Verdict};
+use cloud_harness::provision::egress::{classify, decide, EgressPolicy, Resolve, Verdict};
 use libfuzzer_sys::fuzz_target;
 use std::future::Future;
 use std::net::IpAddr;

@@ -4,6 +4,7 @@
 //! checks, normalized into a bundle and recorded.
 
 pub mod containers;
+pub mod egress;
 pub mod fetch;
 pub mod hosts;
 pub mod index;
@@ -93,7 +94,7 @@ pub struct Provisioner {
     /// Ceilings of a project repository's clone.
     pub project_limits: fetch::CloneLimits,
     /// The egress rules, the host allowlist among them.
-    pub egress: proxy::EgressPolicy,
+    pub egress: egress::EgressPolicy,
     /// Helper containers, when a Docker engine is there: given, or looked for on first need
     /// (a warm start never asks the engine).
     sandbox: OnceLock<Option<sandbox::Sandbox>>,
@@ -109,7 +110,7 @@ impl Provisioner {
         store: Store,
         transport: fetch::Transport,
         limits: staging::Limits,
-        egress: proxy::EgressPolicy,
+        egress: egress::EgressPolicy,
     ) -> Provisioner {
         Provisioner {
             store,
@@ -155,7 +156,7 @@ impl Provisioner {
             store,
             fetch::Transport::from_env()?,
             staging::Limits::from_env()?,
-            proxy::EgressPolicy::from_env(hosts::HostPolicy::from_env()?)?,
+            egress::EgressPolicy::from_env(hosts::HostPolicy::from_env()?)?,
         );
         provisioner.sandbox = OnceLock::new();
         provisioner.project_limits = fetch::CloneLimits::from_env()?;

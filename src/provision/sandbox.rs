@@ -14,9 +14,9 @@ use crate::engine::{self, block_on, connect, docker_error, ensure_image, RootFs}
 use crate::provision::containers::{
     hardened, isolated_network_options, proxy_refusal, start, start_proxy, PROXY_PORT,
 };
+use crate::provision::egress::EgressPolicy;
 use crate::provision::fetch::{Fetched, Transport};
 pub use crate::provision::pack::{index_pack, index_pack_from, PACK_MAGIC};
-use crate::provision::proxy::EgressPolicy;
 use crate::provision::staging::Limits;
 use crate::toolkit::Revision;
 use bollard::models::{ContainerCreateBody, NetworkCreateRequest};

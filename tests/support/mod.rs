@@ -2,11 +2,13 @@
 //! by object, so that hostile trees (names git itself would refuse) can be served too.
 #![allow(dead_code)]
 
+pub mod http;
+
 use cloud_harness::fs::cas::{Limits as ImportLimits, Store};
+use cloud_harness::provision::egress::EgressPolicy;
 use cloud_harness::provision::fetch::Transport;
 use cloud_harness::provision::hosts::HostPolicy;
 use cloud_harness::provision::index::{BundleIndex, BundleKey, BundleRecord};
-use cloud_harness::provision::proxy::EgressPolicy;
 use cloud_harness::provision::staging::Limits;
 use cloud_harness::provision::Provisioner;
 use cloud_harness::toolkit::{self, ToolkitSpec};

@@ -1,0 +1,138 @@
+//! A `serve --http` of its own for a test, and a raw HTTP client of the MCP endpoint: what
+//! the SDKs hide (status lines, headers, the exact bytes) stays visible.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub struct Server {
+    pub child: Child,
+    pub addr: SocketAddr,
+    /// What the server logged so far.
+    pub log: std::sync::Arc<std::sync::Mutex<String>>,
+    pub tmp: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn server(env: &[(&str, &str)]) -> Server {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
+        .args(["serve", "--http", "127.0.0.1:0", "--no-mount"])
+        .env("TOOLKIT_CACHE_ROOT", tmp.path().join("store"))
+        .env("CLOUD_HARNESS_HOME", tmp.path().join("home"))
+        .env("CLOUD_HARNESS_EXECUTOR", "none")
+        .envs(env.iter().copied())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let addr = loop {
+        line.clear();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "serve ended");
+        if let Some(rest) = line.split("at http://").nth(1) {
+            break rest.trim().trim_end_matches("/mcp").parse().unwrap();
+        }
+    };
+    // Keep reading its log so it never blocks on a full pipe.
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let kept = log.clone();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        while stderr.read_line(&mut line).unwrap_or(0) > 0 {
+            kept.lock().unwrap().push_str(&line);
+            line.clear();
+        }
+    });
+    Server {
+        child,
+        addr,
+        log,
+        tmp,
+    }
+}
+
+/// A complete `tools/list` over the legacy protocol's first step: any answer will do.
+pub fn request(addr: SocketAddr) -> String {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // A server that is full answers without reading: the write may fail.
+    let _ = write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A POST with extra headers; the whole answer as text.
+pub fn raw(addr: SocketAddr, body: &str, headers: &[(&str, &str)]) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    // An SSE answer stays open: one read of its event is enough.
+    let mut buf = [0u8; 65536];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+        if String::from_utf8_lossy(&out).contains("\"jsonrpc\"") {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A session of the 2025-11-25 protocol, initialized; its id.
+pub fn legacy_session(addr: SocketAddr) -> String {
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+    let answer = raw(addr, init, &[]);
+    let session = answer
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no session: {answer}"));
+    raw(
+        addr,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        &[("Mcp-Session-Id", &session)],
+    );
+    session
+}
+
+/// The JSON-RPC answer inside a raw HTTP answer (a JSON body or an SSE `data:` line).
+pub fn answer_of(raw: &str) -> serde_json::Value {
+    let body = raw.split_once("\r\n\r\n").map_or(raw, |(_, b)| b);
+    body.lines()
+        .map(|l| l.strip_prefix("data: ").unwrap_or(l))
+        .find_map(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .filter(|v| v.get("jsonrpc").is_some())
+        })
+        .unwrap_or_else(|| panic!("no JSON-RPC answer in {raw}"))
+}
