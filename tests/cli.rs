@@ -372,6 +372,20 @@ fn front_matter_names_that_are_paths_are_skipped() {
     assert_eq!(doc["skills"][0]["name"], "fine", "{doc}");
 }
 
+/// `serve` on stdio with its state under `dir`, all three streams piped.
+fn stdio_server(dir: &Path) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
+        .args(["serve", "--no-mount"])
+        .env("TOOLKIT_CACHE_ROOT", dir.join("store"))
+        .env("CLOUD_HARNESS_HOME", dir.join("home"))
+        .env("CLOUD_HARNESS_EXECUTOR", "none")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// A stdio client that goes away before a session begins (nothing sent, or only
 /// `server/discover`, as SDKs probing a server do) ends `serve` normally: exit 0.
 #[test]
@@ -379,16 +393,7 @@ fn serve_on_stdio_ends_with_0_when_the_client_leaves_before_a_session() {
     let tmp = tempfile::tempdir().unwrap();
     let discover = r#"{"jsonrpc":"2.0","id":1,"method":"server/discover","params":{}}"#;
     for input in ["", discover] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
-            .args(["serve", "--no-mount"])
-            .env("TOOLKIT_CACHE_ROOT", tmp.path().join("store"))
-            .env("CLOUD_HARNESS_HOME", tmp.path().join("home"))
-            .env("CLOUD_HARNESS_EXECUTOR", "none")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = stdio_server(tmp.path());
         {
             use std::io::Write;
             let mut stdin = child.stdin.take().unwrap();
@@ -410,16 +415,7 @@ fn serve_on_stdio_ends_with_0_when_the_client_leaves_before_a_session() {
 #[test]
 fn serve_on_stdio_answers_every_malformed_line() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
-        .args(["serve", "--no-mount"])
-        .env("TOOLKIT_CACHE_ROOT", tmp.path().join("store"))
-        .env("CLOUD_HARNESS_HOME", tmp.path().join("home"))
-        .env("CLOUD_HARNESS_EXECUTOR", "none")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = stdio_server(tmp.path());
     let mut stdin = child.stdin.take().unwrap();
     let writer = std::thread::spawn(move || {
         use std::io::Write;
