@@ -2,6 +2,7 @@
 //! by object, so that hostile trees (names git itself would refuse) can be served too.
 #![allow(dead_code)]
 
+pub mod acquisition;
 pub mod http;
 
 use cloud_harness::fs::cas::{Limits as ImportLimits, Store};
