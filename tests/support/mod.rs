@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod acquisition;
+pub mod executors;
 pub mod http;
 
 use cloud_harness::fs::cas::{Limits as ImportLimits, Store};

@@ -1,0 +1,172 @@
+//! A harness for executor tests: a warm toolkit with one skill (and scripts that print and
+//! that wait), workspaces on a given backend, and the ways tests drive and inspect them.
+
+use cloud_harness::executor::{Kind, Settings};
+use cloud_harness::workspace::{OpenRequest, RunRequest, Workspaces};
+use cloud_harness_fs::cas::Store;
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_cloud-harness");
+
+pub fn available(kind: Kind) -> bool {
+    let root = nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists();
+    let backend = super::executor_backend(kind.as_str());
+    let ok = root && backend;
+    assert!(
+        ok || std::env::var_os("CI").is_none(),
+        "CI must run the {kind:?} executor tests (root, /dev/fuse, .ci/setup's packages)"
+    );
+    if !ok {
+        eprintln!("skipped: the {kind:?} executor tests need root, /dev/fuse and the backend");
+    }
+    ok
+}
+
+pub struct Harness {
+    pub tmp: tempfile::TempDir,
+    pub kind: Kind,
+    pub workspaces: Arc<Workspaces>,
+    pub kit: cloud_harness::toolkit::ToolkitSpec,
+}
+
+pub fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+pub fn harness(kind: Kind) -> Harness {
+    harness_with(Settings::with_kind(kind), |store| {
+        super::warm_provisioner(store)
+    })
+}
+
+pub fn harness_with(
+    settings: Settings,
+    provisioner: impl FnOnce(&Store) -> cloud_harness::provision::Provisioner,
+) -> Harness {
+    let kind = match settings.choice {
+        cloud_harness::executor::Choice::Only(kind) => kind,
+        // Without an executor, only the store and the mounts are made.
+        _ => Kind::Host,
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path().join("store")).unwrap();
+    let src = tmp.path().join("kit");
+    write(
+        &src.join("alpha/SKILL.md"),
+        "---\nname: alpha\ndescription: The alpha skill.\n---\nAlpha.\n",
+    );
+    write(
+        &src.join("alpha/scripts/hello.sh"),
+        "echo hello from $(pwd)\n",
+    );
+    write(&src.join("alpha/scripts/long.sh"), "sleep 120\n");
+    let kit = super::warm_toolkit(&store, &src, "kit");
+    let workspaces =
+        Workspaces::with_executors(tmp.path().join("home"), provisioner(&store), true, settings)
+            .unwrap();
+    Harness {
+        tmp,
+        kind,
+        workspaces: Arc::new(workspaces),
+        kit,
+    }
+}
+
+impl Harness {
+    pub fn home(&self) -> PathBuf {
+        self.tmp.path().join("home")
+    }
+
+    pub fn open(&self, key: &str) -> Value {
+        self.workspaces
+            .open(OpenRequest {
+                repository_url: None,
+                idempotency_key: key.into(),
+                toolkits: vec![self.kit.clone()],
+                allow_toolkit_workspace_changes: false,
+            })
+            .unwrap()
+    }
+
+    /// `cloud-harness exec WS -- ARGV`, with `stdin`; exit status, stdout, stderr.
+    pub fn exec(&self, ws: &str, argv: &[&str], stdin: &[u8]) -> (i32, String, String) {
+        let mut child = Command::new(BIN)
+            .arg("exec")
+            .arg(ws)
+            .arg("--")
+            .args(argv)
+            .env("CLOUD_HARNESS_HOME", self.home())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    pub fn approve(&self, digest: &Value) {
+        write(
+            &self.home().join("operator.json"),
+            &json!({ "approvedSkills": [digest] }).to_string(),
+        );
+    }
+
+    pub fn run(&self, ws: &str, script: &str) -> cloud_harness_fs::Result<Value> {
+        let ws = self.workspaces.get(ws)?;
+        let home = self.home();
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(ws.run(
+            &home,
+            RunRequest {
+                skill: "alpha".into(),
+                script: script.into(),
+                args: vec![],
+                timeout: Duration::from_secs(60),
+            },
+            CancellationToken::new(),
+            |_, _| {},
+        ))
+    }
+
+    /// Nothing of this harness's workspaces is left: no container, no mount, no folder.
+    pub fn assert_nothing_left(&self) {
+        let home = self.home();
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(
+            !mounts.contains(&*home.to_string_lossy()),
+            "mounts left under {}",
+            home.display()
+        );
+        let left: Vec<_> = std::fs::read_dir(home.join("workspaces"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        if self.kind == Kind::Docker {
+            let out = Command::new("docker")
+                .args(["ps", "-a", "--format"])
+                .arg("{{.Label \"io.cloud-harness.workspace-dir\"}}")
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                !text.lines().any(|d| Path::new(d).starts_with(&home)),
+                "containers left: {text}"
+            );
+        }
+    }
+}
