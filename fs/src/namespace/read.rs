@@ -1,0 +1,223 @@
+//! Reads through the namespace: file contents (each blob checked against its digest before its
+//! first byte is served), symlink targets, a whole path without the kernel, and the extended
+//! attributes that show where a skill comes from.
+
+use super::{Child, Ident, Namespace, Result, XATTR_PREFIX};
+use crate::cas::{Digest, Kind, ObjectKind};
+use crate::generation::SkillOrigin;
+use nix::errno::Errno;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+impl Namespace {
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        match &self.node(ino)?.ident {
+            Ident::SkillBlob {
+                kind: Kind::Symlink,
+                digest,
+                ..
+            } => self.store.blob(digest).map_err(|e| {
+                tracing::error!(object = %digest, error = %e, "cannot read symlink target");
+                Errno::EIO
+            }),
+            _ => Err(Errno::EINVAL),
+        }
+    }
+
+    /// Reads up to `size` bytes at `offset`. A blob is checked against its digest before its
+    /// first byte is served; a corrupt one gives EIO (and a log line naming it), never bytes.
+    pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let node = self.node(ino)?;
+        match &node.ident {
+            Ident::Resolution(_) => {
+                let data = node.data.as_deref().unwrap_or_default();
+                let start = (offset as usize).min(data.len());
+                let end = start.saturating_add(size as usize).min(data.len());
+                Ok(data[start..end].to_vec())
+            }
+            Ident::SkillBlob {
+                kind: Kind::File | Kind::Executable,
+                digest,
+                ..
+            } => self.read_blob(digest, node.attr.size, offset, size),
+            Ident::SkillBlob { .. } => Err(Errno::EINVAL),
+            _ => Err(Errno::EISDIR),
+        }
+    }
+
+    /// Up to `size` bytes at `offset` of the blob `digest`, a file of `file_size` bytes.
+    fn read_blob(
+        &self,
+        digest: &Digest,
+        file_size: u64,
+        offset: u64,
+        size: u32,
+    ) -> Result<Vec<u8>> {
+        let file = self.open_blob(digest)?;
+        let want = (size as u64).min(file_size.saturating_sub(offset)) as usize;
+        let mut buf = vec![0u8; want];
+        let mut done = 0;
+        while done < want {
+            match file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::error!(object = %digest, error = %e, "read failed");
+                    return Err(Errno::EIO);
+                }
+            }
+        }
+        buf.truncate(done);
+        Ok(buf)
+    }
+
+    /// Reads up to `size` bytes at `offset` of the file at `path` (names below the root, as
+    /// the mount shows them) in the current generation, without the kernel: nothing is
+    /// remembered. Symlinks are followed inside the mount, as a read through it would.
+    /// Returns the file's size and the bytes; `Ok(None)` when there is no such file, EISDIR
+    /// for a folder.
+    pub fn read_path(
+        &self,
+        path: &[&str],
+        offset: u64,
+        size: u32,
+    ) -> Result<Option<(u64, Vec<u8>)>> {
+        let g = self.generation();
+        // Names still to walk (last first) and the folders walked so far.
+        let mut pending: Vec<String> = path.iter().rev().map(|s| s.to_string()).collect();
+        let mut walked: Vec<Child> = Vec::new();
+        let mut links = 0;
+        while let Some(name) = pending.pop() {
+            match name.as_str() {
+                "" | "." => continue,
+                ".." => {
+                    if walked.pop().is_none() {
+                        return Ok(None); // above the root
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            let parent = walked.last().map_or(Ident::Root, |c| c.ident.clone());
+            let child = match self.find_child(&g, &parent, &name) {
+                Ok(Some(child)) => child,
+                Ok(None) | Err(Errno::ENOENT) | Err(Errno::ENOTDIR) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            if let Ident::SkillBlob {
+                kind: Kind::Symlink,
+                digest,
+                ..
+            } = &child.ident
+            {
+                links += 1;
+                if links > 40 {
+                    return Err(Errno::ELOOP);
+                }
+                let target = self.store.blob(digest).map_err(|_| Errno::EIO)?;
+                let Ok(target) = String::from_utf8(target) else {
+                    return Ok(None);
+                };
+                if target.starts_with('/') {
+                    return Ok(None); // outside the mount
+                }
+                pending.extend(target.split('/').rev().map(str::to_owned));
+                continue;
+            }
+            walked.push(child);
+        }
+        let Some(file) = walked.last() else {
+            return Err(Errno::EISDIR);
+        };
+        match &file.ident {
+            Ident::SkillBlob { digest, .. } => {
+                let bytes = self.read_blob(digest, file.attr.size, offset, size)?;
+                Ok(Some((file.attr.size, bytes)))
+            }
+            Ident::Resolution(_) => {
+                let data = g.resolution_json.as_ref();
+                let start = (offset as usize).min(data.len());
+                let end = start.saturating_add(size as usize).min(data.len());
+                Ok(Some((data.len() as u64, data[start..end].to_vec())))
+            }
+            _ => Err(Errno::EISDIR),
+        }
+    }
+
+    fn open_blob(&self, digest: &Digest) -> Result<Arc<File>> {
+        if let Some(f) = self.open_blobs.lock().expect("blob cache lock").get(digest) {
+            return Ok(f.clone());
+        }
+        let path = self.store.object_path(ObjectKind::Blob, digest);
+        let mut file = File::open(&path).map_err(|e| {
+            tracing::error!(object = %digest, error = %e, "blob missing from the store");
+            Errno::EIO
+        })?;
+        let known_good = self
+            .verified
+            .lock()
+            .expect("verified lock")
+            .get(digest)
+            .is_some();
+        if !known_good {
+            let (content, _) =
+                Digest::of_stream(&mut file, &mut io::sink()).map_err(|_| Errno::EIO)?;
+            if content != *digest {
+                tracing::error!(object = %digest, path = %path.display(), "corrupt object: its content does not match its digest; serving EIO");
+                return Err(Errno::EIO);
+            }
+            self.verified
+                .lock()
+                .expect("verified lock")
+                .put(*digest, ());
+        }
+        let file = Arc::new(file);
+        self.open_blobs
+            .lock()
+            .expect("blob cache lock")
+            .put(*digest, file.clone());
+        Ok(file)
+    }
+
+    /// The extended attributes of a node: provenance of skills, the generation at the root.
+    pub fn xattrs(&self, ino: u64) -> Result<Vec<(String, String)>> {
+        let node = self.node(ino)?;
+        let g = self.generation();
+        let mut out = Vec::new();
+        let mut put = |k: &str, v: String| out.push((format!("{XATTR_PREFIX}{k}"), v));
+        match &node.ident {
+            Ident::Root | Ident::Resolution(_) | Ident::TiersDir => {
+                put("generation", g.digest().to_string())
+            }
+            Ident::TierDir(t) => put("tier", t.to_string()),
+            Ident::SkillDir { view, skill, rel }
+            | Ident::SkillBlob {
+                view, skill, rel, ..
+            } => {
+                let origin: &SkillOrigin = g.skill(*view, skill).ok_or(Errno::ENOENT)?;
+                put("skill", skill.to_string());
+                put("tier", origin.tier.to_string());
+                put("source", origin.source.clone());
+                if let Some(t) = &origin.provenance.toolkit {
+                    put("toolkit", t.clone());
+                }
+                if let Some(u) = &origin.provenance.url {
+                    put("url", u.clone());
+                }
+                if let Some(c) = &origin.provenance.commit {
+                    put("commit", c.clone());
+                }
+                put("skill-digest", origin.digest.to_string());
+                let digest = match &node.ident {
+                    Ident::SkillBlob { digest, .. } => *digest,
+                    _ => self.skill_tree(&g, *view, skill, rel)?.1,
+                };
+                put("digest", digest.to_string());
+            }
+        }
+        Ok(out)
+    }
+}
