@@ -16,7 +16,7 @@ pub mod stdio;
 mod tools;
 
 use crate::session_start;
-use crate::workspace::{RunRequest, Workspaces};
+use crate::workspace::{blocking, RunRequest, Workspaces};
 use call::Call;
 use cloud_harness_fs::Error;
 use rmcp::model::{
@@ -102,23 +102,14 @@ fn failure(error: Error) -> CallToolResult {
     result
 }
 
-async fn blocking_mcp<T: Send + 'static>(
+/// `work` off the async threads, for the protocol's own methods (their errors are JSON-RPC
+/// errors); one that fails to finish is an internal error.
+async fn blocking_rpc<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, McpError> + Send + 'static,
 ) -> Result<T, McpError> {
-    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
-        Err(McpError::internal_error(
-            format!("the task failed: {e}"),
-            None,
-        ))
-    })
-}
-
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, Error> + Send + 'static,
-) -> Result<T, Error> {
-    tokio::task::spawn_blocking(work)
+    blocking(move || Ok(work()))
         .await
-        .unwrap_or_else(|e| Err(Error::internal(format!("the task failed: {e}"))))
+        .map_err(|e| McpError::internal_error(e.message, None))?
 }
 
 impl HarnessServer {
@@ -287,7 +278,7 @@ impl ServerHandler for HarnessServer {
     ) -> Result<ListResourcesResult, McpError> {
         let ws = self.workspaces.clone();
         let cursor = request.and_then(|r| r.cursor);
-        let (items, next) = blocking_mcp(move || skills::resources(&ws, cursor.as_deref())).await?;
+        let (items, next) = blocking_rpc(move || skills::resources(&ws, cursor.as_deref())).await?;
         let mut result = ListResourcesResult::with_all_items(items)
             .with_ttl_ms(0)
             .with_cache_scope(CacheScope::Private);
@@ -318,7 +309,7 @@ impl ServerHandler for HarnessServer {
         }
         let ws = self.workspaces.clone();
         let uri = request.uri;
-        let contents = blocking_mcp(move || skills::read(&ws, &uri)).await?;
+        let contents = blocking_rpc(move || skills::read(&ws, &uri)).await?;
         let mut result = ReadResourceResult::new(vec![contents]);
         result.ttl_ms = Some(0);
         result.cache_scope = Some(CacheScope::Private);
@@ -332,7 +323,7 @@ impl ServerHandler for HarnessServer {
     ) -> Result<ListSkillsResult, McpError> {
         let ws = self.workspaces.clone();
         let cursor = request.and_then(|r| r.cursor);
-        blocking_mcp(move || skills::list(&ws, cursor.as_deref())).await
+        blocking_rpc(move || skills::list(&ws, cursor.as_deref())).await
     }
 
     async fn get_skill(
@@ -341,7 +332,7 @@ impl ServerHandler for HarnessServer {
         _context: RequestContext<RoleServer>,
     ) -> Result<GetSkillResult, McpError> {
         let ws = self.workspaces.clone();
-        blocking_mcp(move || skills::get(&ws, &request.uri)).await
+        blocking_rpc(move || skills::get(&ws, &request.uri)).await
     }
 
     /// `subscriptions/listen` (2026-07-28): resource-list changes are offered; the listing

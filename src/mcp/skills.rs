@@ -278,10 +278,13 @@ pub fn read(workspaces: &Workspaces, uri: &str) -> Result<ResourceContents, McpE
     let (workspace, skill, path) = parse(uri).ok_or_else(|| unknown(uri))?;
     let ws = workspaces.get(&workspace).map_err(|_| unknown(uri))?;
     ws.skill(&skill).map_err(|_| unknown(uri))?;
-    let bytes = ws
-        .file_bytes(&skill, &path)
-        .map_err(|_| unknown(uri))?
-        .ok_or_else(|| unknown(uri))?;
+    let bytes = match ws.file_bytes(&skill, &path) {
+        Ok(Some(bytes)) => bytes,
+        Err(e) if e.code == cloud_harness_fs::Code::Internal => {
+            return Err(McpError::internal_error(e.message, None))
+        }
+        Ok(None) | Err(_) => return Err(unknown(uri)),
+    };
     let mime = Some(mime_type(&path).to_owned());
     Ok(match String::from_utf8(bytes) {
         Ok(text) => ResourceContents::TextResourceContents {

@@ -71,13 +71,17 @@ impl Workspace {
         skill::frontmatter_json(&bytes)
     }
 
-    /// The whole file `path` of the served skill `name` (`None`: no such file).
+    /// The whole file `path` of the served skill `name` (`None`: no such file, or a folder or
+    /// a link loop there). A store object that cannot be read is an error, not an absence.
     pub fn file_bytes(&self, name: &str, path: &str) -> cloud_harness_fs::Result<Option<Vec<u8>>> {
         let parts = super::check_skill_path(path, "path")?;
         let full: Vec<&str> = std::iter::once(name).chain(parts).collect();
         match self.merged.read_path(&full, 0, u32::MAX) {
             Ok(found) => Ok(found.map(|(_, bytes)| bytes)),
-            Err(_) => Ok(None),
+            Err(nix::errno::Errno::EISDIR | nix::errno::Errno::ELOOP) => Ok(None),
+            Err(e) => Err(cloud_harness_fs::Error::internal(format!(
+                "reading {name}/{path}: {e}"
+            ))),
         }
     }
 }

@@ -35,6 +35,7 @@ mod run;
 pub use read::{check_skill_path, Page, MAX_SKILL_PATH};
 pub use record::Record;
 pub use request::OpenRequest;
+pub use run::blocking;
 pub use run::RunRequest;
 
 use crate::executor::{self, Executor, Kind, Places};

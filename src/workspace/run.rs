@@ -44,7 +44,9 @@ pub struct RunRequest {
     pub timeout: Duration,
 }
 
-async fn blocking<T: Send + 'static>(
+/// Workspace work (file system, engine calls) off the async threads; a task that fails to
+/// finish is an internal error.
+pub async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
     tokio::task::spawn_blocking(work)
