@@ -161,11 +161,11 @@ impl HarnessServer {
                 after,
                 limit,
             } => {
-                blocking(move || {
-                    let ws = ws.get(&workspace)?;
-                    Ok(ws.list_page(tier, include_shadowed, after.as_deref(), limit))
-                })
-                .await
+                // In memory and bounded (a page of at most MAX_LIST skills): done here, not
+                // queued behind the blocking pool's threads, which would take the CPU from
+                // the threads serving every connection.
+                let ws = ws.get(&workspace)?;
+                Ok(ws.list_page(tier, include_shadowed, after.as_deref(), limit))
             }
             Call::Read {
                 workspace,

@@ -7,6 +7,8 @@ use cloud_harness_fs::namespace::TIERS_DIR;
 use cloud_harness_fs::resolver::{Candidate, Index, Tier};
 use serde::Serialize;
 use serde_json::Value;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 
 /// A skill as listings show it.
 #[derive(Serialize)]
@@ -56,6 +58,39 @@ struct Listing<'a> {
     conflicts: Vec<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     next_cursor: Option<String>,
+}
+
+/// What a listing page depends on: the generation it shows and the request.
+#[derive(PartialEq)]
+struct PageKey {
+    generation: Digest,
+    root: Option<String>,
+    tier: Option<Tier>,
+    include_shadowed: bool,
+    after: Option<String>,
+    limit: usize,
+}
+
+/// The pages built last. A generation never changes, so a page built from one stays true for
+/// it; agents list the same pages over and over, and building one is most of a call's cost.
+#[derive(Default)]
+pub(super) struct Pages(Mutex<VecDeque<(PageKey, Arc<Value>)>>);
+
+impl Pages {
+    const KEPT: usize = 16;
+
+    fn get(&self, key: &PageKey) -> Option<Arc<Value>> {
+        let pages = self.0.lock().expect("page cache lock");
+        pages.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+    }
+
+    fn put(&self, key: PageKey, page: Arc<Value>) {
+        let mut pages = self.0.lock().expect("page cache lock");
+        if pages.len() == Self::KEPT {
+            pages.pop_front();
+        }
+        pages.push_back((key, page));
+    }
 }
 
 /// The cursor of a page that follows the skill `name`: opaque to clients.
@@ -141,13 +176,36 @@ impl Workspace {
         limit: usize,
     ) -> Value {
         let g = self.generation();
+        let key = PageKey {
+            generation: g.digest(),
+            root: self.skills_root(),
+            tier,
+            include_shadowed,
+            after: after.map(str::to_owned),
+            limit,
+        };
+        if let Some(page) = self.pages.get(&key) {
+            return (*page).clone();
+        }
+        let page = self.build_page(&g, &key);
+        self.pages.put(key, Arc::new(page.clone()));
+        page
+    }
+
+    fn build_page(&self, g: &cloud_harness_fs::generation::Generation, key: &PageKey) -> Value {
+        let PageKey {
+            tier,
+            include_shadowed,
+            limit,
+            ..
+        } = *key;
+        let after = key.after.as_deref();
         let merged = &g.index;
         let index = match tier {
             None => Some(&**merged),
             Some(t) => g.tier_index(t),
         };
-        let root = self.skills_root();
-        let root = root.as_deref();
+        let root = key.root.as_deref();
         let mut skills = Vec::new();
         let mut conflicts = Vec::new();
         let mut more = false;

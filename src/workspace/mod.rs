@@ -75,6 +75,8 @@ pub struct Workspace {
     running: Arc<std::sync::atomic::AtomicUsize>,
     /// The merged view's generation, changed by live tiers.
     changes: tokio::sync::watch::Sender<Digest>,
+    /// The listing pages served last, for the generation they were built from.
+    pages: listing::Pages,
 }
 
 pub struct Workspaces {

@@ -330,6 +330,7 @@ impl Workspaces {
             runs: CancellationToken::new(),
             running: Arc::default(),
             changes,
+            pages: Default::default(),
         })
     }
 

@@ -75,9 +75,20 @@ impl Digest {
     }
 }
 
+impl Digest {
+    /// `sha256:<hex>` written into a buffer of its own: listings write thousands of these.
+    fn text(&self) -> [u8; 71] {
+        let mut out = [0u8; 71];
+        out[..7].copy_from_slice(Self::PREFIX.as_bytes());
+        hex::encode_to_slice(self.0, &mut out[7..]).expect("64 hex digits fit");
+        out
+    }
+}
+
 impl fmt::Display for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}{}", Self::PREFIX, self.hex())
+        let text = self.text();
+        f.write_str(std::str::from_utf8(&text).expect("ASCII"))
     }
 }
 
@@ -96,7 +107,8 @@ impl FromStr for Digest {
 
 impl Serialize for Digest {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+        let text = self.text();
+        s.serialize_str(std::str::from_utf8(&text).expect("ASCII"))
     }
 }
 
