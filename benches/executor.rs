@@ -131,6 +131,7 @@ fn main() {
             let out = runtime
                 .block_on(ws.clone().run(
                     sets[i].1.home(),
+                    "bench",
                     RunRequest {
                         skill: "alpha".into(),
                         script: "scripts/ok.sh".into(),

@@ -262,7 +262,14 @@ fn main() {
     let spec = support::warm_toolkit(&store, &src, "load");
 
     let mut server: Child = Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
-        .args(["serve", "--http", "127.0.0.1:0", "--no-mount"])
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--no-mount",
+            "--auth",
+            "none",
+        ])
         .env("TOOLKIT_CACHE_ROOT", store.root())
         .env("CLOUD_HARNESS_HOME", tmp.path().join("home"))
         .env("CLOUD_HARNESS_EXECUTOR", "none")

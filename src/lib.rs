@@ -1,8 +1,12 @@
 //! Cloud Harness: installs third-party agent skill toolkits into workspaces and serves them.
 //! The store, skill model and resolver live in the `cloud-harness-fs` crate.
 
+pub mod api;
+pub mod audit;
+pub mod auth;
 pub mod builtin;
 pub mod cli;
+pub mod decisions;
 pub mod engine;
 pub mod executor;
 pub mod home;
@@ -18,6 +22,7 @@ pub mod runner;
 pub mod serve;
 pub mod session_start;
 pub mod stack;
+pub mod state;
 pub mod toolkit;
 pub mod workspace;
 

@@ -30,9 +30,29 @@ pub struct ServeArgs {
     /// Do not mount skills file systems (skills_read and skills_run still work).
     #[arg(long)]
     pub no_mount: bool,
+    /// How HTTP callers are checked: `token` (bearer tokens and browser sessions), or `none`
+    /// (everyone is the operator; accepted on a loopback address only).
+    #[arg(long, value_enum, default_value_t = AuthMode::Token)]
+    pub auth: AuthMode,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AuthMode {
+    Token,
+    None,
 }
 
 pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
+    if let (Some(addr), AuthMode::None) = (args.http, args.auth) {
+        if !addr.ip().is_loopback() {
+            return Err(Error::field(
+                cloud_harness_fs::Code::InvalidArgument,
+                "auth",
+                format!("--auth none serves anyone who reaches {addr}: it is accepted on a loopback address only"),
+            ));
+        }
+        tracing::warn!(%addr, "--auth none: every local process may call as the operator");
+    }
     // What the server writes for executors (approved copies, identity files) must be readable
     // by their unprivileged user, whatever umask the server was started with.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
@@ -67,8 +87,24 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     result.map(|()| 0)
 }
 
+/// On the first start (no token was ever made) an operator token, shown once, and a one-time
+/// login link for the browser.
+fn first_start(db: &crate::state::Db, bound: SocketAddr) -> Result<()> {
+    if crate::auth::any(db)? {
+        return Ok(());
+    }
+    const NAME: &str = "operator";
+    let token = crate::auth::create(db, NAME, crate::auth::Role::Operator, "system:first-start")?;
+    let code = crate::auth::login_code(db, NAME, "system:first-start")?;
+    eprintln!(
+        "cloud-harness: first start: made the operator token {NAME:?} (shown only now; `cloud-harness token …` manages tokens):\n    {}\ncloud-harness: MCP clients send it as `Authorization: Bearer <token>`; sign in from a browser (once, within a day) at:\n    http://{bound}/login?code={code}",
+        token.token
+    );
+    Ok(())
+}
+
 async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
-    let server = HarnessServer::new(workspaces);
+    let server = HarnessServer::new(workspaces.clone());
     let stop = CancellationToken::new();
     {
         let stop = stop.clone();
@@ -140,7 +176,22 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
                 sessions.manager.clone(),
                 config,
             );
-            let router = crate::mcp::http::router(service, sessions);
+            let db = workspaces.db().clone();
+            let mode = match args.auth {
+                AuthMode::Token => crate::auth::http::Mode::Tokens,
+                AuthMode::None => crate::auth::http::Mode::None,
+            };
+            let auth = crate::auth::http::Auth::new(db.clone(), mode, args.allow_origins.clone());
+            let api = Arc::new(crate::api::Api {
+                workspaces: workspaces.clone(),
+            });
+            let router = crate::mcp::http::router(service, sessions)
+                .merge(crate::api::router(api))
+                .merge(crate::auth::http::pages(auth.clone()))
+                .layer(axum::middleware::from_fn_with_state(
+                    auth,
+                    crate::auth::http::guard,
+                ));
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|e| Error::internal(format!("binding {addr}: {e}")))?;
@@ -149,6 +200,9 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
                 .map_err(|e| Error::internal(e.to_string()))?;
             let limits = crate::listener::Limits::from_env()?;
             eprintln!("cloud-harness: MCP over Streamable HTTP at http://{bound}/mcp");
+            if mode == crate::auth::http::Mode::Tokens {
+                first_start(&db, bound)?;
+            }
             crate::listener::serve(listener, router, limits, stop).await;
             Ok(())
         }

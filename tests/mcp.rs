@@ -226,7 +226,9 @@ impl World {
     }
 
     fn scenario(&self, python: &str, transport: &str, mode: &str, url: Option<&str>, part: &str) {
+        let token = std::fs::read_to_string(self.tmp.path().join("token")).ok();
         let config = json!({
+            "token": token,
             "binary": BIN,
             "env": self.env.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
             "transport": transport,
@@ -301,7 +303,8 @@ impl World {
         )
     }
 
-    /// `serve --http` on an ephemeral loopback port; returns the process and the URL.
+    /// `serve --http` on an ephemeral loopback port; returns the process and the URL. The
+    /// operator token its first start prints is kept for the scenarios (in `<tmp>/token`).
     fn http_server(&self) -> (Serve, String) {
         let mut child = Command::new(BIN)
             .args(["serve", "--http", "127.0.0.1:0"])
@@ -319,6 +322,19 @@ impl World {
                 break line[at..].trim().to_owned();
             }
         };
+        let token_file = self.tmp.path().join("token");
+        if !token_file.exists() {
+            let token = loop {
+                let line = lines
+                    .next()
+                    .expect("a first start prints its token")
+                    .unwrap();
+                if let Some(t) = line.split_whitespace().find(|w| w.starts_with("cht_")) {
+                    break t.to_owned();
+                }
+            };
+            std::fs::write(&token_file, token).unwrap();
+        }
         // Keep draining its log so it never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
         (Serve(Some(child)), url)

@@ -10,6 +10,8 @@ use std::path::Path;
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Code {
     InvalidArgument,
+    /// No credentials, or ones that are unknown, expired or revoked.
+    Unauthenticated,
     Forbidden,
     NotFound,
     Conflict,
@@ -20,8 +22,9 @@ pub enum Code {
 }
 
 impl Code {
-    pub const ALL: [Code; 8] = [
+    pub const ALL: [Code; 9] = [
         Code::InvalidArgument,
+        Code::Unauthenticated,
         Code::Forbidden,
         Code::NotFound,
         Code::Conflict,
@@ -39,6 +42,7 @@ impl Code {
     pub fn as_str(self) -> &'static str {
         match self {
             Code::InvalidArgument => "INVALID_ARGUMENT",
+            Code::Unauthenticated => "UNAUTHENTICATED",
             Code::Forbidden => "FORBIDDEN",
             Code::NotFound => "NOT_FOUND",
             Code::Conflict => "CONFLICT",
@@ -52,6 +56,7 @@ impl Code {
     pub fn status(self) -> u16 {
         match self {
             Code::InvalidArgument => 400,
+            Code::Unauthenticated => 401,
             Code::Forbidden => 403,
             Code::NotFound => 404,
             Code::Conflict => 409,

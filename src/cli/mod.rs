@@ -1,6 +1,7 @@
 //! The `cloud-harness` command line.
 
 mod cas;
+mod control;
 mod exec;
 mod fetch_pack;
 mod proxy;
@@ -52,6 +53,34 @@ pub enum Command {
     /// Toolkits: acquire presets and git toolkits into the store, list what is there.
     #[command(subcommand)]
     Toolkit(toolkit::ToolkitCommand),
+    /// Bearer tokens for the HTTP listener (MCP and the API) and browser login links.
+    Token {
+        #[command(flatten)]
+        home: control::HomeArg,
+        #[command(subcommand)]
+        command: control::TokenCommand,
+    },
+    /// Approvals of skill digests for skills_run.
+    Approve {
+        #[command(flatten)]
+        home: control::HomeArg,
+        #[command(subcommand)]
+        command: control::ApproveCommand,
+    },
+    /// Overrides of same-tier conflicts: which source serves a skill.
+    Override {
+        #[command(flatten)]
+        home: control::HomeArg,
+        #[command(subcommand)]
+        command: control::OverrideCommand,
+    },
+    /// The audit log, newest first.
+    Audit {
+        #[command(flatten)]
+        home: control::HomeArg,
+        #[command(flatten)]
+        args: control::AuditArgs,
+    },
 }
 
 /// The inputs of a tier stack, shared by every command that resolves one.
@@ -96,16 +125,28 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Exec(args) => return exec::run(args),
         _ => {}
     }
+    // The control plane's commands need the database, not the store.
+    let command = match cli.command {
+        Command::Token { home, command } => return control::token(&home, command),
+        Command::Approve { home, command } => return control::approve(&home, command),
+        Command::Override { home, command } => return control::override_(&home, command),
+        Command::Audit { home, args } => return control::audit(&home, args),
+        other => other,
+    };
     let store = Store::open(cli.store.clone().unwrap_or_else(Store::default_root))?;
-    match cli.command {
+    match command {
         Command::Skills(cmd) => skills::run(&store, cmd),
         Command::Cas(cmd) => cas::run(&store, cmd),
         Command::Mount(args) => crate::mount::run(&store, &args),
         Command::Toolkit(cmd) => toolkit::run(&store, cmd),
         Command::Serve(args) => crate::serve::run(&store, &args),
-        Command::Proxy(_) | Command::FetchPack(_) | Command::Exec(_) => {
-            unreachable!("handled above")
-        }
+        Command::Proxy(_)
+        | Command::FetchPack(_)
+        | Command::Exec(_)
+        | Command::Token { .. }
+        | Command::Approve { .. }
+        | Command::Override { .. }
+        | Command::Audit { .. } => unreachable!("handled above"),
     }
 }
 

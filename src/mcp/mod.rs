@@ -102,6 +102,15 @@ fn failure(error: Error) -> CallToolResult {
     result
 }
 
+/// Who made a request: the token an HTTP request was authenticated with, else stdio's user.
+fn actor(context: &RequestContext<RoleServer>) -> String {
+    context
+        .extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|p| p.extensions.get::<crate::auth::Identity>())
+        .map_or_else(|| "stdio".to_owned(), |i| i.actor())
+}
+
 /// `work` off the async threads, for the protocol's own methods (their errors are JSON-RPC
 /// errors); one that fails to finish is an internal error.
 async fn blocking_rpc<T: Send + 'static>(
@@ -195,6 +204,7 @@ impl HarnessServer {
         let peer = context.peer.clone();
         ws.run(
             self.workspaces.home(),
+            &actor(&context),
             request,
             context.ct.clone(),
             move |elapsed, bytes| {

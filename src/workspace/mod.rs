@@ -20,6 +20,7 @@
 //! ```
 
 mod catalog;
+mod keys;
 mod listing;
 pub use catalog::SkillFile;
 pub use listing::cursor_name;
@@ -40,9 +41,9 @@ pub use run::RunRequest;
 
 use crate::executor::{self, Executor, Kind, Places};
 use crate::keyed_lock::KeyedLock;
-use crate::operator::Operator;
 use crate::provision::Provisioner;
 use crate::session_start::SessionStart;
+use crate::state::Db;
 use cloud_harness_fs::cas::{Digest, Store};
 use cloud_harness_fs::generation::Generation;
 use cloud_harness_fs::live::LiveTiers;
@@ -77,6 +78,8 @@ pub struct Workspace {
     changes: tokio::sync::watch::Sender<Digest>,
     /// The listing pages served last, for the generation they were built from.
     pages: listing::Pages,
+    /// The state database: the approvals each run checks, the refusals it records.
+    db: Db,
 }
 
 pub struct Workspaces {
@@ -86,9 +89,10 @@ pub struct Workspaces {
     /// The executor backend new workspaces get, if any.
     executor_kind: Option<Kind>,
     open: Mutex<HashMap<String, Arc<Workspace>>>,
-    /// Idempotency keys in use: the request each was opened with and its workspace. Filled
-    /// from the workspace records at start-up, so it needs no file of its own.
-    keys: Mutex<HashMap<String, (Digest, String)>>,
+    /// The control plane's database: idempotency keys, decisions, the audit log.
+    db: Db,
+    /// One open per key at a time in this process (the database's unique key guards the
+    /// others).
     key_locks: KeyedLock,
     mounting: bool,
     /// Bumped whenever what the open workspaces serve, together, changes: one opens or
@@ -150,13 +154,14 @@ impl Workspaces {
             Some(Kind::Host) => tracing::warn!("CLOUD_HARNESS_EXECUTOR=host: scripts run on the host, for development only"),
             Some(_) => {}
         }
+        let db = Db::open(&home)?;
         let ws = Workspaces {
             home,
             provisioner,
             executors,
             executor_kind,
             open: Mutex::new(HashMap::new()),
-            keys: Mutex::new(HashMap::new()),
+            db,
             key_locks: KeyedLock::default(),
             mounting,
             catalogue: tokio::sync::watch::channel(0).0,
@@ -169,6 +174,10 @@ impl Workspaces {
         &self.home
     }
 
+    pub fn db(&self) -> &Db {
+        &self.db
+    }
+
     pub fn store(&self) -> &Store {
         &self.provisioner.store
     }
@@ -177,6 +186,14 @@ impl Workspaces {
         let Ok(entries) = fs::read_dir(record::workspaces_dir(&self.home)) else {
             return;
         };
+        let overrides = match crate::decisions::in_force(&self.db, &self.home) {
+            Ok(d) => d.overrides,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the operator's decisions: no workspace restored");
+                return;
+            }
+        };
+        let mut on_disk = std::collections::HashSet::new();
         for entry in entries.flatten() {
             if !record::record_path(&entry.path()).is_file() {
                 // A workspace whose open was cut short (the server killed before its record
@@ -192,17 +209,17 @@ impl Workspaces {
                 }
             };
             let id = record.id.clone();
-            self.keys.lock().expect("keys lock").insert(
-                record.idempotency_key.clone(),
-                (record.request_digest, id.clone()),
-            );
-            let overrides = match Operator::load(&self.home) {
-                Ok(o) => o.overrides,
-                Err(e) => {
-                    tracing::error!(workspace = %id, error = %e, "cannot restore workspace");
-                    continue;
-                }
-            };
+            on_disk.insert(id.clone());
+            if let Err(e) = keys::adopt(
+                &self.db,
+                &id,
+                &record.idempotency_key,
+                &record.request_digest,
+                record.created_at,
+            ) {
+                tracing::error!(workspace = %id, error = %e, "cannot restore workspace");
+                continue;
+            }
             let places = Places::of(&entry.path());
             // The container (if any) lives on; a record from before executors gets one now.
             let executor = match record.executor.clone() {
@@ -219,6 +236,15 @@ impl Workspaces {
                         .insert(id, Arc::new(ws));
                 }
                 Err(e) => tracing::error!(workspace = %id, error = %e, "cannot restore workspace"),
+            }
+        }
+        // A row whose workspace has no record (an open cut short, its folder swept above):
+        // its key is free again.
+        for id in keys::all(&self.db).unwrap_or_default() {
+            if !on_disk.contains(&id) {
+                if let Err(e) = keys::release(&self.db, &id) {
+                    tracing::error!(workspace = %id, error = %e, "cannot free the key of a half-made workspace");
+                }
             }
         }
     }
@@ -294,11 +320,8 @@ impl Workspaces {
         roots::unpin(self.store(), id)?;
         self.open.lock().expect("workspaces lock").remove(id);
         self.catalogue.send_modify(|n| *n += 1);
-        self.keys
-            .lock()
-            .expect("keys lock")
-            .remove(&ws.record.idempotency_key);
         fs::remove_dir_all(&ws.dir).map_err(|e| Error::io(&ws.dir, e))?;
+        keys::release(&self.db, id)?;
         Ok(json!({ "workspace": id, "closed": true }))
     }
 
@@ -313,11 +336,8 @@ impl Workspaces {
         mounts::clear(&places.mounts);
         mounts::unshare(&places.mounts);
         roots::unpin(self.store(), id)?;
-        self.keys
-            .lock()
-            .expect("keys lock")
-            .remove(&record.idempotency_key);
         fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        keys::release(&self.db, id)?;
         Ok(json!({ "workspace": id, "closed": true }))
     }
 
@@ -363,6 +383,21 @@ impl Workspace {
 
     pub fn session_start(&self) -> &[SessionStart] {
         &self.record.session_start
+    }
+
+    /// What the API's list of workspaces shows of one.
+    pub fn summary(&self) -> Value {
+        let g = self.generation();
+        json!({
+            "workspace": self.id,
+            "idempotencyKey": self.record.idempotency_key,
+            "createdAt": self.record.created_at,
+            "generation": g.digest(),
+            "skills": g.index.winners().count(),
+            "conflicts": g.index.conflicts().count(),
+            "executor": self.executor.as_ref().map(|e| e.spec.kind),
+            "toolkits": self.record.result.get("toolkits").cloned().unwrap_or(Value::Null),
+        })
     }
 
     pub fn generation(&self) -> Arc<Generation> {

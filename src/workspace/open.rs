@@ -2,11 +2,10 @@
 //! materialized, the tier stack built and mounted, the executor made, the result recorded.
 
 use super::{
-    materialize, mounts, record, request, roots, Cleanup, OpenRequest, Record, Workspace,
+    keys, materialize, mounts, record, request, roots, Cleanup, OpenRequest, Record, Workspace,
     Workspaces, WORKSPACE_SKILLS,
 };
 use crate::executor::{self, Executor, Kind, Places};
-use crate::operator::Operator;
 use crate::provision::{fetch, Acquired};
 use crate::session_start::{self, SessionStart};
 use crate::stack::{OwnerBundle, TierInputs};
@@ -97,26 +96,70 @@ impl Workspaces {
         digest: Digest,
     ) -> Result<Value> {
         let key = request.idempotency_key.clone();
-        let existing = self.keys.lock().expect("keys lock").get(&key).cloned();
-        if let Some((existing_digest, workspace)) = existing {
+        if let Some(bound) = keys::find(&self.db, &key)? {
+            return self.replay(&key, bound, digest);
+        }
+        let id = new_id();
+        if !keys::claim(&self.db, &key, &digest, &id)? {
+            // Another process bound the key between the look and the claim.
+            let bound = keys::find(&self.db, &key)?.ok_or_else(|| {
+                Error::internal(format!(
+                    "idempotencyKey {key:?} was bound and freed at once"
+                ))
+            })?;
+            return self.replay(&key, bound, digest);
+        }
+        let opened = self.open_new(request, toolkits, repo_url, digest, &id);
+        match &opened {
+            Ok(_) => keys::opened(&self.db, &id)?,
+            Err(_) => keys::release(&self.db, &id)?,
+        }
+        opened
+    }
+
+    /// The answer to a request whose key is bound already: the workspace it opened, if the
+    /// request is the same.
+    fn replay(&self, key: &str, bound: keys::Bound, digest: Digest) -> Result<Value> {
+        let keys::Bound {
+            digest: existing_digest,
+            workspace,
+            opening,
+        } = bound;
+        {
             if existing_digest != digest {
                 return Err(Error::conflict(format!(
                     "idempotencyKey {key:?} was used for a different request (workspace {workspace}); use a new key for a new request"
                 ))
                 .with_details(json!({ "field": "idempotencyKey", "workspace": workspace })));
             }
+            if opening {
+                return Err(Error::conflict(format!(
+                    "idempotencyKey {key:?} is opening workspace {workspace} in another process; ask again when it is done"
+                ))
+                .with_details(json!({ "field": "idempotencyKey", "workspace": workspace })));
+            }
             // One key owns at most one workspace: one that could not be served again after a
             // restart keeps its key until it is closed.
-            return match self.get(&workspace) {
+            match self.get(&workspace) {
                 Ok(ws) => Ok(ws.record.result.clone()),
                 Err(_) => Err(Error::conflict(format!(
                     "idempotencyKey {key:?} belongs to workspace {workspace}, which could not be served again after a restart (the server's log says why); close it with workspace_close to free the key"
                 ))
                 .with_details(json!({ "field": "idempotencyKey", "workspace": workspace }))),
-            };
+            }
         }
+    }
 
-        let id = new_id();
+    fn open_new(
+        &self,
+        request: &OpenRequest,
+        toolkits: &[toolkit::Toolkit],
+        repo_url: Option<&str>,
+        digest: Digest,
+        id: &str,
+    ) -> Result<Value> {
+        let key = request.idempotency_key.clone();
+        let id = id.to_owned();
         let dir = record::workspaces_dir(&self.home).join(&id);
         fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         let mut cleanup = Cleanup {
@@ -150,7 +193,7 @@ impl Workspaces {
             let a = self.provisioner.acquire(t)?;
             acquired.push((t.clone(), a));
         }
-        let overrides = Operator::load(&self.home)?.overrides;
+        let overrides = crate::decisions::in_force(&self.db, &self.home)?.overrides;
         let workspace_skills =
             materialize::workspace_scope(self.store(), repo, &acquired, &overrides)?;
         if matches!(self.executor_kind, Some(Kind::Docker | Kind::Bwrap))
@@ -210,10 +253,6 @@ impl Workspaces {
             return Err(e);
         }
         let result = ws.record.result.clone();
-        self.keys
-            .lock()
-            .expect("keys lock")
-            .insert(key, (digest, id.clone()));
         self.open
             .lock()
             .expect("workspaces lock")
@@ -331,6 +370,7 @@ impl Workspaces {
             running: Arc::default(),
             changes,
             pages: Default::default(),
+            db: self.db.clone(),
         })
     }
 

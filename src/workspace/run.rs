@@ -7,8 +7,8 @@
 //! its skill does not run.
 
 use super::Workspace;
+use crate::decisions;
 use crate::executor::{self, Command};
-use crate::operator::Operator;
 use crate::runner::{self, Outcome};
 use cloud_harness_fs::cas::{self, Digest};
 use cloud_harness_fs::{Code, Error, Result};
@@ -96,9 +96,11 @@ impl Workspace {
     }
 
     /// Runs a script of a served, approved skill in the executor.
+    /// `actor` is who asked (the audit log names them when the run is refused).
     pub async fn run(
         self: Arc<Self>,
         home: &Path,
+        actor: &str,
         request: RunRequest,
         cancel: CancellationToken,
         progress: impl Fn(Duration, u64),
@@ -107,18 +109,37 @@ impl Workspace {
         let digest = self.skill(&request.skill)?;
         // A script the skill does not have is NOT_FOUND whether or not the skill is approved.
         self.served_script(&request.skill, &request.script)?;
-        let operator = Operator::load(home)?;
-        if !operator.is_approved(&digest) {
-            let file = Operator::path(home);
+        let approved = {
+            let (db, home, ws) = (self.db.clone(), home.to_owned(), self.clone());
+            let (skill, script, actor) = (
+                request.skill.clone(),
+                request.script.clone(),
+                actor.to_owned(),
+            );
+            blocking(move || {
+                let approved = decisions::in_force(&db, &home)?.is_approved(&digest);
+                if !approved {
+                    decisions::refused_run(&db, &digest, &skill, &script, &ws.id, &actor)?;
+                }
+                Ok(approved)
+            })
+            .await?
+        };
+        if !approved {
+            let file = crate::operator::Operator::path(home);
             return Err(Error::new(
                 Code::Forbidden,
                 format!(
-                    "skill `{}` ({digest}) is not approved to run scripts; an operator approves it by adding \"{digest}\" to approvedSkills in {}",
+                    "skill `{}` ({digest}) is not approved to run scripts; an operator approves it with `cloud-harness approve add {digest}`, POST /api/v1/approvals, or by adding it to approvedSkills in {}",
                     request.skill,
                     file.display()
                 ),
             )
-            .with_details(json!({ "skill": request.skill, "digest": digest, "approve": { "file": file, "approvedSkills": [digest] } })));
+            .with_details(json!({
+                "skill": request.skill,
+                "digest": digest,
+                "approve": { "cli": format!("cloud-harness approve add {digest}"), "api": "POST /api/v1/approvals", "file": file, "approvedSkills": [digest] },
+            })));
         }
         let ws = self.clone();
         let copy = {

@@ -21,6 +21,7 @@ from mcp.client.stdio import StdioServerParameters
 
 CONFIG = json.load(open(sys.argv[1]))
 PART = sys.argv[2]
+AUTH = {"Authorization": "Bearer " + CONFIG["token"]} if CONFIG.get("token") else {}
 
 
 def client():
@@ -29,7 +30,10 @@ def client():
     if CONFIG["transport"] == "stdio":
         target = StdioServerParameters(command=CONFIG["binary"], args=["serve"], env=CONFIG["env"])
     else:
-        target = CONFIG["url"]
+        # The server's first start made an operator token: sent as a bearer token.
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client
+        target = streamable_http_client(CONFIG["url"], http_client=create_mcp_http_client(headers=AUTH))
     return Client(target, mode=mode, read_timeout_seconds=120)
 
 
@@ -430,7 +434,7 @@ async def restart(step):
 async def origin():
     import urllib.request, urllib.error
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}).encode()
-    req = urllib.request.Request(CONFIG["url"], data=body, method="POST", headers={
+    req = urllib.request.Request(CONFIG["url"], data=body, method="POST", headers={**AUTH, 
         "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
         "Origin": "http://evil.example", "MCP-Protocol-Version": "2025-11-25"})
     try:
@@ -439,7 +443,7 @@ async def origin():
     except urllib.error.HTTPError as e:
         assert e.code == 403, e.code
     # A name that is not this machine's (DNS rebinding): refused the same way.
-    req = urllib.request.Request(CONFIG["url"], data=body, method="POST", headers={
+    req = urllib.request.Request(CONFIG["url"], data=body, method="POST", headers={**AUTH, 
         "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
         "Host": "evil.example", "MCP-Protocol-Version": "2025-11-25"})
     try:
@@ -450,7 +454,7 @@ async def origin():
     # Every loopback origin, in http and https, by name and by address, is this machine's.
     for allowed in ["http://localhost:3000", "https://localhost:3000", "http://127.0.0.1:3000",
                     "https://127.0.0.1:3000", "http://[::1]:3000", "https://[::1]:3000"]:
-        req = urllib.request.Request(CONFIG["url"], data=body, method="POST", headers={
+        req = urllib.request.Request(CONFIG["url"], data=body, method="POST", headers={**AUTH, 
             "Content-Type": "application/json", "Accept": "application/json, text/event-stream",
             "Origin": allowed, "MCP-Protocol-Version": "2025-11-25"})
         try:

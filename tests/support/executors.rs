@@ -130,6 +130,7 @@ impl Harness {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         runtime.block_on(ws.run(
             &home,
+            "test",
             RunRequest {
                 skill: "alpha".into(),
                 script: script.into(),

@@ -21,10 +21,17 @@ impl Drop for Server {
     }
 }
 
+/// A server on loopback that checks no tokens (`--auth none`): these tests are about the MCP
+/// endpoint's HTTP, `tests/api.rs` about who may call it.
 pub fn server(env: &[(&str, &str)]) -> Server {
-    let tmp = tempfile::tempdir().unwrap();
+    server_in(tempfile::tempdir().unwrap(), &["--auth", "none"], env)
+}
+
+/// A server with these arguments, its store and home in `tmp` (`store`, `home`).
+pub fn server_in(tmp: tempfile::TempDir, args: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
         .args(["serve", "--http", "127.0.0.1:0", "--no-mount"])
+        .args(args)
         .env("TOOLKIT_CACHE_ROOT", tmp.path().join("store"))
         .env("CLOUD_HARNESS_HOME", tmp.path().join("home"))
         .env("CLOUD_HARNESS_EXECUTOR", "none")

@@ -249,6 +249,27 @@ pub fn skill(name: &str, body: &str) -> Node {
     )])
 }
 
+/// Writes `node` at `path` as plain files (a folder for a toolkit made without git).
+pub fn materialize(path: &Path, node: &Node) {
+    use std::os::unix::fs::PermissionsExt;
+    match node {
+        Node::File(b) => std::fs::write(path, b).unwrap(),
+        Node::Exec(b) => {
+            std::fs::write(path, b).unwrap();
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        Node::Link(t) => std::os::unix::fs::symlink(t, path).unwrap(),
+        Node::Dir(entries) => {
+            std::fs::create_dir_all(path).unwrap();
+            for (name, e) in entries {
+                use std::os::unix::ffi::OsStrExt;
+                materialize(&path.join(std::ffi::OsStr::from_bytes(name)), e);
+            }
+        }
+        Node::Submodule(_) => panic!("a submodule is git's"),
+    }
+}
+
 /// A bare repository built object by object.
 pub struct Repo {
     pub path: PathBuf,

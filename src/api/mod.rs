@@ -1,0 +1,193 @@
+//! The control plane's JSON API, `/api/v1` on the `serve --http` listener: the same error
+//! shape as the MCP tools (`code`, `status`, `message`, `details`), lists paged by cursor,
+//! every write audited with the caller's identity. The OpenAPI document is `openapi.json`.
+
+mod decisions;
+mod openapi;
+mod tokens;
+
+use crate::auth::http::error_response;
+use crate::auth::Identity;
+use crate::workspace::Workspaces;
+use axum::body::Bytes;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get};
+use axum::Router;
+use cloud_harness_fs::{Code, Error, Result};
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// The most a request body may be: decisions and tokens are small.
+const MAX_BODY: usize = 64 << 10;
+
+pub struct Api {
+    pub workspaces: Arc<Workspaces>,
+}
+
+pub type State = axum::extract::State<Arc<Api>>;
+
+pub fn router(api: Arc<Api>) -> Router {
+    Router::new()
+        .route("/api/v1/openapi.json", get(openapi::document))
+        .route("/api/v1/whoami", get(whoami))
+        .route("/api/v1/tokens", get(tokens::list).post(tokens::create))
+        .route("/api/v1/tokens/{name}", delete(tokens::revoke))
+        .route(
+            "/api/v1/approvals",
+            get(decisions::approvals).post(decisions::approve),
+        )
+        .route("/api/v1/approvals/pending", get(decisions::pending))
+        .route("/api/v1/approvals/{id}", delete(decisions::revoke_approval))
+        .route(
+            "/api/v1/overrides",
+            get(decisions::overrides).post(decisions::set_override),
+        )
+        .route("/api/v1/overrides/{id}", delete(decisions::revoke_override))
+        .route("/api/v1/audit", get(audit))
+        .route("/api/v1/workspaces", get(workspaces))
+        .fallback(|| async {
+            error_response(&Error::not_found(
+                "no such API path (see /api/v1/openapi.json)",
+            ))
+        })
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(api)
+}
+
+/// A result as the API answers it: `status` with the value as JSON, or the error.
+fn answer(status: StatusCode, result: Result<Value>) -> Response {
+    match result {
+        Ok(v) => (status, axum::Json(v)).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+/// Runs `work` (database calls) off the async threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    crate::workspace::blocking(work).await
+}
+
+/// A JSON body of type `T`: unknown fields, wrong types and bad JSON are INVALID_ARGUMENT
+/// naming the field.
+fn body<T: DeserializeOwned>(bytes: &Bytes) -> Result<T> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let field = e.path().to_string();
+        let inner = e.into_inner();
+        if field == "." || field.is_empty() {
+            Error::invalid(format!("the request body: {inner}"))
+        } else {
+            Error::field(Code::InvalidArgument, &field, inner)
+        }
+    })
+}
+
+fn actor(identity: &Identity) -> String {
+    identity.actor()
+}
+
+async fn whoami(axum::Extension(id): axum::Extension<Identity>) -> Response {
+    let mut v = json!({ "name": id.name, "role": id.role, "actor": id.actor() });
+    if let Some(csrf) = &id.csrf {
+        v["csrfToken"] = json!(csrf);
+    }
+    answer(StatusCode::OK, Ok(v))
+}
+
+/// A cursor: opaque to clients, the position a list continues after.
+fn cursor_of(n: i64) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("before:{n}"))
+}
+
+fn cursor_value(cursor: &str) -> Result<i64> {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(cursor)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .and_then(|s| s.strip_prefix("before:").and_then(|n| n.parse().ok()))
+        .ok_or_else(|| {
+            Error::field(
+                Code::InvalidArgument,
+                "cursor",
+                "not a cursor this server gave",
+            )
+        })
+}
+
+/// A query string as the handlers take it: a bad one is INVALID_ARGUMENT, not a rejection.
+pub type Query<T> =
+    std::result::Result<axum::extract::Query<T>, axum::extract::rejection::QueryRejection>;
+
+fn query<T>(q: Query<T>) -> Result<T> {
+    q.map(|q| q.0)
+        .map_err(|e| Error::invalid(format!("the query: {}", e.body_text())))
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuditQuery {
+    actor: Option<String>,
+    action: Option<String>,
+    subject: Option<String>,
+    cursor: Option<String>,
+    limit: Option<usize>,
+}
+
+const AUDIT_PAGE: usize = 100;
+const MAX_AUDIT_PAGE: usize = 1000;
+
+async fn audit(axum::extract::State(api): State, q: Query<AuditQuery>) -> Response {
+    let q = match query(q) {
+        Ok(q) => q,
+        Err(e) => return error_response(&e),
+    };
+    let result = (|| {
+        let limit = q.limit.unwrap_or(AUDIT_PAGE);
+        if limit == 0 || limit > MAX_AUDIT_PAGE {
+            return Err(Error::field(
+                Code::InvalidArgument,
+                "limit",
+                format!("must be 1 to {MAX_AUDIT_PAGE}"),
+            ));
+        }
+        let before = q.cursor.as_deref().map(cursor_value).transpose()?;
+        let filter = crate::audit::Filter {
+            actor: q.actor,
+            action: q.action,
+            subject: q.subject,
+        };
+        Ok((filter, before, limit))
+    })();
+    let (filter, before, limit) = match result {
+        Ok(v) => v,
+        Err(e) => return error_response(&e),
+    };
+    let db = api.workspaces.db().clone();
+    let page = blocking(move || crate::audit::list(&db, &filter, before, limit)).await;
+    answer(
+        StatusCode::OK,
+        page.map(|(entries, next)| {
+            let mut v = json!({ "entries": entries });
+            if let Some(n) = next {
+                v["nextCursor"] = json!(cursor_of(n));
+            }
+            v
+        }),
+    )
+}
+
+async fn workspaces(axum::extract::State(api): State) -> Response {
+    let open: Vec<Value> = api
+        .workspaces
+        .open_workspaces()
+        .iter()
+        .map(|ws| ws.summary())
+        .collect();
+    answer(StatusCode::OK, Ok(json!({ "workspaces": open })))
+}

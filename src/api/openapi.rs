@@ -1,0 +1,103 @@
+//! `GET /api/v1/openapi.json`: the API described (OpenAPI 3.1).
+
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+fn error_responses() -> Value {
+    let e = json!({ "description": "an error", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } });
+    json!({ "400": e, "401": e, "403": e, "404": e, "409": e, "500": e })
+}
+
+fn op(summary: &str, body: Option<&str>, ok: &str, query: &[(&str, &str)]) -> Value {
+    let mut responses = error_responses();
+    responses[ok] = json!({ "description": "done", "content": { "application/json": { "schema": { "type": "object" } } } });
+    let mut v = json!({ "summary": summary, "responses": responses });
+    if let Some(schema) = body {
+        v["requestBody"] = json!({ "required": true, "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{schema}") } } } });
+    }
+    let mut parameters: Vec<Value> = query
+        .iter()
+        .map(|(name, ty)| json!({ "name": name, "in": "query", "required": false, "schema": { "type": ty } }))
+        .collect();
+    if summary.contains("{id}") || summary.contains("{name}") {
+        let name = if summary.contains("{id}") {
+            "id"
+        } else {
+            "name"
+        };
+        parameters.push(
+            json!({ "name": name, "in": "path", "required": true, "schema": { "type": "string" } }),
+        );
+    }
+    if !parameters.is_empty() {
+        v["parameters"] = json!(parameters);
+    }
+    v
+}
+
+pub fn spec() -> Value {
+    let text = |max: u64| json!({ "type": "string", "minLength": 1, "maxLength": max });
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Cloud Harness control plane",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "Operator decisions, tokens and the audit log. Authenticate with `Authorization: Bearer <token>`; a browser session's writes also send `X-CSRF-Token`. Reads need the `client` role (tokens and audit: `operator`), writes `operator`."
+        },
+        "servers": [{ "url": "/" }],
+        "security": [{ "bearer": [] }],
+        "paths": {
+            "/api/v1/whoami": { "get": op("who the caller is (and a browser session's CSRF token)", None, "200", &[]) },
+            "/api/v1/tokens": {
+                "get": op("every token (never a secret)", None, "200", &[]),
+                "post": op("make a token; its secret is in this answer only", Some("NewToken"), "201", &[]),
+            },
+            "/api/v1/tokens/{name}": { "delete": op("revoke the active token {name}", None, "200", &[]) },
+            "/api/v1/approvals": {
+                "get": op("approvals of skill digests for skills_run (managed ones from operator.json too)", None, "200", &[("revoked", "boolean")]),
+                "post": op("approve a skill digest", Some("NewApproval"), "201", &[]),
+            },
+            "/api/v1/approvals/pending": { "get": op("skills_run calls refused for want of an approval", None, "200", &[]) },
+            "/api/v1/approvals/{id}": { "delete": op("revoke the approval {id}", None, "200", &[("reason", "string")]) },
+            "/api/v1/overrides": {
+                "get": op("overrides of same-tier conflicts", None, "200", &[("revoked", "boolean")]),
+                "post": op("serve a skill from a source (supersedes an override of the same skill)", Some("NewOverride"), "201", &[]),
+            },
+            "/api/v1/overrides/{id}": { "delete": op("revoke the override {id}", None, "200", &[("reason", "string")]) },
+            "/api/v1/audit": { "get": op("the audit log, newest first, paged", None, "200", &[("actor", "string"), ("action", "string"), ("subject", "string"), ("cursor", "string"), ("limit", "integer")]) },
+            "/api/v1/workspaces": { "get": op("the open workspaces", None, "200", &[]) },
+            "/api/v1/openapi.json": { "get": op("this document", None, "200", &[]) },
+        },
+        "components": {
+            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
+            "schemas": {
+                "Error": {
+                    "type": "object",
+                    "required": ["code", "status", "message"],
+                    "properties": {
+                        "code": { "type": "string", "enum": cloud_harness_fs::Code::ALL.iter().map(|c| c.as_str()).collect::<Vec<_>>() },
+                        "status": { "type": "integer" },
+                        "message": { "type": "string" },
+                        "details": {}
+                    }
+                },
+                "NewToken": {
+                    "type": "object", "additionalProperties": false, "required": ["name", "role"],
+                    "properties": { "name": { "type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$" }, "role": { "enum": ["client", "operator"] } }
+                },
+                "NewApproval": {
+                    "type": "object", "additionalProperties": false, "required": ["digest"],
+                    "properties": { "digest": { "type": "string", "pattern": "^(sha256:)?[0-9a-f]{64}$" }, "skill": text(64), "reason": text(1000) }
+                },
+                "NewOverride": {
+                    "type": "object", "additionalProperties": false, "required": ["skill", "source"],
+                    "properties": { "skill": text(64), "source": text(255), "reason": text(1000) }
+                }
+            }
+        }
+    })
+}
+
+pub async fn document() -> Response {
+    axum::Json(spec()).into_response()
+}

@@ -1,0 +1,439 @@
+//! What only an operator decides: overrides of same-tier conflicts (which source serves a
+//! skill) and approvals of skill digests for `skills_run`. Each has who, when and an optional
+//! reason, and is revoked rather than deleted. Decisions made through the API and the CLI live
+//! in the database; those declared in `<home>/operator.json` are *managed*: in force and
+//! shown, but changed only by editing the file (configuration management owns them).
+
+use crate::audit;
+use crate::operator::Operator;
+use crate::state::{self, Db};
+use cloud_harness_fs::cas::Digest;
+use cloud_harness_fs::resolver::Override;
+use cloud_harness_fs::{Code, Error, Result};
+use rusqlite::{params, OptionalExtension};
+use serde::Serialize;
+use serde_json::json;
+use std::path::Path;
+
+const MAX_SOURCE: usize = 255;
+const MAX_REASON: usize = 1000;
+
+/// One decision as listings show it.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    /// `managed` for one of operator.json.
+    pub id: String,
+    pub actor: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub created_at: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoked_by: Option<String>,
+    pub managed: bool,
+    #[serde(flatten)]
+    pub what: What,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase", untagged)]
+pub enum What {
+    Override {
+        skill: String,
+        source: String,
+    },
+    Approval {
+        digest: Digest,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        skill: Option<String>,
+    },
+}
+
+/// The decisions in force: what opens and runs read.
+#[derive(Debug, Clone, Default)]
+pub struct InForce {
+    pub overrides: Vec<Override>,
+    pub approved: Vec<Digest>,
+}
+
+impl InForce {
+    pub fn is_approved(&self, digest: &Digest) -> bool {
+        self.approved.contains(digest)
+    }
+}
+
+fn clip(text: &str) -> String {
+    text.chars().take(80).collect()
+}
+
+fn check_text(field: &str, text: &str, max: usize) -> Result<()> {
+    if text.is_empty() || text.len() > max || text.chars().any(char::is_control) {
+        return Err(Error::field(
+            Code::InvalidArgument,
+            field,
+            format!("must be 1 to {max} bytes without control characters"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_reason(reason: Option<&str>) -> Result<()> {
+    reason.map_or(Ok(()), |r| check_text("reason", r, MAX_REASON))
+}
+
+pub fn check_skill(skill: &str) -> Result<()> {
+    if cloud_harness_fs::skill::is_spec_name(skill) {
+        Ok(())
+    } else {
+        Err(Error::field(
+            Code::InvalidArgument,
+            "skill",
+            format!(
+                "{:?} is not a skill name: 1-64 lowercase letters, digits and single hyphens",
+                clip(skill)
+            ),
+        ))
+    }
+}
+
+pub fn in_force(db: &Db, home: &Path) -> Result<InForce> {
+    let managed = Operator::load(home)?;
+    let mut overrides = managed.overrides;
+    let mut approved = managed.approved_skills;
+    let (db_overrides, db_approved) = db.with(|c| {
+        let o = c
+            .prepare_cached(
+                "SELECT skill, source FROM overrides WHERE revoked_at IS NULL ORDER BY skill",
+            )?
+            .query_map([], |r| {
+                Ok(Override {
+                    skill: r.get(0)?,
+                    source: r.get(1)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let a = c
+            .prepare_cached("SELECT digest FROM approvals WHERE revoked_at IS NULL")?
+            .query_map([], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok((o, a))
+    })?;
+    // A managed override of a skill is the one in force (the API refuses to add another).
+    for o in db_overrides {
+        if !overrides.iter().any(|m| m.skill == o.skill) {
+            overrides.push(o);
+        }
+    }
+    approved.extend(db_approved.iter().filter_map(|d| Digest::parse(d).ok()));
+    Ok(InForce {
+        overrides,
+        approved,
+    })
+}
+
+fn managed(home: &Path) -> Result<Vec<Decision>> {
+    let m = Operator::load(home)?;
+    let file = Operator::path(home).display().to_string();
+    let decision = |what| Decision {
+        id: "managed".into(),
+        actor: format!("file:{file}"),
+        reason: None,
+        created_at: 0,
+        revoked_at: None,
+        revoked_by: None,
+        managed: true,
+        what,
+    };
+    let mut all: Vec<Decision> = m
+        .overrides
+        .into_iter()
+        .map(|o| {
+            decision(What::Override {
+                skill: o.skill,
+                source: o.source,
+            })
+        })
+        .collect();
+    all.extend(m.approved_skills.into_iter().map(|digest| {
+        decision(What::Approval {
+            digest,
+            skill: None,
+        })
+    }));
+    Ok(all)
+}
+
+fn decision_row(r: &rusqlite::Row, what: What) -> rusqlite::Result<Decision> {
+    Ok(Decision {
+        id: r.get("id")?,
+        actor: r.get("actor")?,
+        reason: r.get("reason")?,
+        created_at: r.get("created_at")?,
+        revoked_at: r.get("revoked_at")?,
+        revoked_by: r.get("revoked_by")?,
+        managed: false,
+        what,
+    })
+}
+
+/// Every decision: managed ones first, then the database's, newest first.
+pub fn list(db: &Db, home: &Path, include_revoked: bool) -> Result<Vec<Decision>> {
+    let mut all = managed(home)?;
+    db.with(|c| {
+        let mut q = c.prepare_cached(
+            "SELECT id, skill, source, actor, reason, created_at, revoked_at, revoked_by FROM overrides
+             WHERE ($1 OR revoked_at IS NULL) ORDER BY created_at DESC, id",
+        )?;
+        for d in q.query_map(params![include_revoked], |r| {
+            let what = What::Override { skill: r.get("skill")?, source: r.get("source")? };
+            decision_row(r, what)
+        })? {
+            all.push(d?);
+        }
+        let mut q = c.prepare_cached(
+            "SELECT id, digest, skill, actor, reason, created_at, revoked_at, revoked_by FROM approvals
+             WHERE ($1 OR revoked_at IS NULL) ORDER BY created_at DESC, id",
+        )?;
+        for d in q.query_map(params![include_revoked], |r| {
+            let digest: String = r.get("digest")?;
+            let what = What::Approval {
+                digest: Digest::parse(&digest).unwrap_or(Digest([0; 32])),
+                skill: r.get("skill")?,
+            };
+            decision_row(r, what)
+        })? {
+            all.push(d?);
+        }
+        Ok(())
+    })?;
+    Ok(all)
+}
+
+/// Serves `skill` from `source` from now on (workspaces opened after it); an override of the
+/// same skill made before is revoked by it, in the same transaction.
+pub fn set_override(
+    db: &Db,
+    home: &Path,
+    skill: &str,
+    source: &str,
+    reason: Option<&str>,
+    actor: &str,
+) -> Result<Decision> {
+    check_skill(skill)?;
+    check_text("source", source, MAX_SOURCE)?;
+    check_reason(reason)?;
+    if Operator::load(home)?
+        .overrides
+        .iter()
+        .any(|o| o.skill == skill)
+    {
+        return Err(Error::field(
+            Code::Conflict,
+            "skill",
+            format!(
+                "the override of `{skill}` is managed in {}; change it there",
+                Operator::path(home).display()
+            ),
+        ));
+    }
+    let decision = Decision {
+        id: state::new_id("ovr"),
+        actor: actor.to_owned(),
+        reason: reason.map(str::to_owned),
+        created_at: state::now_ms(),
+        revoked_at: None,
+        revoked_by: None,
+        managed: false,
+        what: What::Override {
+            skill: skill.to_owned(),
+            source: source.to_owned(),
+        },
+    };
+    db.write(|tx| {
+        let superseded: Option<String> = tx
+            .query_row(
+                "UPDATE overrides SET revoked_at = $1, revoked_by = $2 WHERE skill = $3 AND revoked_at IS NULL RETURNING id",
+                params![decision.created_at, actor, skill],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(state::internal)?;
+        tx.execute(
+            "INSERT INTO overrides (id, skill, source, actor, reason, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
+            params![decision.id, skill, source, actor, reason, decision.created_at],
+        )
+        .map_err(state::internal)?;
+        audit::record(
+            tx,
+            actor,
+            "override.set",
+            &format!("skill:{skill}"),
+            &json!({ "id": decision.id, "source": source, "reason": reason, "supersedes": superseded }),
+        )
+    })?;
+    Ok(decision)
+}
+
+/// Lets the scripts of the skill folder `digest` run; CONFLICT if it already may.
+pub fn approve(
+    db: &Db,
+    digest: &Digest,
+    skill: Option<&str>,
+    reason: Option<&str>,
+    actor: &str,
+) -> Result<Decision> {
+    if let Some(s) = skill {
+        check_skill(s)?;
+    }
+    check_reason(reason)?;
+    let decision = Decision {
+        id: state::new_id("apr"),
+        actor: actor.to_owned(),
+        reason: reason.map(str::to_owned),
+        created_at: state::now_ms(),
+        revoked_at: None,
+        revoked_by: None,
+        managed: false,
+        what: What::Approval {
+            digest: *digest,
+            skill: skill.map(str::to_owned),
+        },
+    };
+    db.write(|tx| {
+        tx.execute(
+            "INSERT INTO approvals (id, digest, skill, actor, reason, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
+            params![decision.id, digest.to_string(), skill, actor, reason, decision.created_at],
+        )
+        .map_err(|e| {
+            if state::is_constraint(&e) {
+                Error::field(Code::Conflict, "digest", format!("{digest} is approved already"))
+            } else {
+                state::internal(e)
+            }
+        })?;
+        audit::record(
+            tx,
+            actor,
+            "approval.grant",
+            &format!("skill:{digest}"),
+            &json!({ "id": decision.id, "skill": skill, "reason": reason }),
+        )
+    })?;
+    Ok(decision)
+}
+
+/// The two kinds of decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Override,
+    Approval,
+}
+
+/// Revokes the decision `id` of `kind`: NOT_FOUND unless it is in force.
+pub fn revoke(db: &Db, kind: Kind, id: &str, reason: Option<&str>, actor: &str) -> Result<()> {
+    check_reason(reason)?;
+    let (table, prefix) = match kind {
+        Kind::Override => ("overrides", "ovr_"),
+        Kind::Approval => ("approvals", "apr_"),
+    };
+    if !id.starts_with(prefix) {
+        return Err(Error::field(
+            Code::NotFound,
+            "id",
+            format!(
+                "no {table} decision {:?} (managed decisions are changed in operator.json)",
+                clip(id)
+            ),
+        ));
+    }
+    db.write(|tx| {
+        let subject: Option<String> = tx
+            .query_row(
+                &format!(
+                    "UPDATE {table} SET revoked_at = $1, revoked_by = $2 WHERE id = $3 AND revoked_at IS NULL
+                     RETURNING {}",
+                    if table == "overrides" { "skill" } else { "digest" }
+                ),
+                params![state::now_ms(), actor, id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(state::internal)?;
+        let subject = subject.ok_or_else(|| {
+            Error::field(Code::NotFound, "id", format!("no decision {:?} in force", clip(id)))
+        })?;
+        let action = if table == "overrides" { "override.revoke" } else { "approval.revoke" };
+        audit::record(tx, actor, action, &format!("skill:{subject}"), &json!({ "id": id, "reason": reason }))
+    })
+}
+
+/// A `skills_run` refused for want of an approval: kept as a pending request (the latest
+/// script asked for, how often) and audited.
+pub fn refused_run(
+    db: &Db,
+    digest: &Digest,
+    skill: &str,
+    script: &str,
+    workspace: &str,
+    actor: &str,
+) -> Result<()> {
+    db.write(|tx| {
+        let now = state::now_ms();
+        tx.execute(
+            "INSERT INTO run_requests (digest, skill, script, workspace, first_at, last_at, refusals)
+             VALUES ($1, $2, $3, $4, $5, $5, 1)
+             ON CONFLICT (digest) DO UPDATE SET script = $3, workspace = $4, last_at = $5,
+                 refusals = run_requests.refusals + 1",
+            params![digest.to_string(), skill, script, workspace, now],
+        )
+        .map_err(state::internal)?;
+        audit::record(
+            tx,
+            actor,
+            "run.refused",
+            &format!("skill:{digest}"),
+            &json!({ "skill": skill, "script": script, "workspace": workspace }),
+        )
+    })
+}
+
+/// A run waiting for an approval.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pending {
+    pub digest: String,
+    pub skill: String,
+    pub script: String,
+    pub workspace: String,
+    pub first_at: i64,
+    pub last_at: i64,
+    pub refusals: i64,
+}
+
+/// Refused runs of skills that are still not approved, latest first.
+pub fn pending(db: &Db, home: &Path) -> Result<Vec<Pending>> {
+    let force = in_force(db, home)?;
+    let all = db.with(|c| {
+        c.prepare_cached(
+            "SELECT digest, skill, script, workspace, first_at, last_at, refusals FROM run_requests ORDER BY last_at DESC",
+        )?
+        .query_map([], |r| {
+            Ok(Pending {
+                digest: r.get(0)?,
+                skill: r.get(1)?,
+                script: r.get(2)?,
+                workspace: r.get(3)?,
+                first_at: r.get(4)?,
+                last_at: r.get(5)?,
+                refusals: r.get(6)?,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()
+    })?;
+    Ok(all
+        .into_iter()
+        .filter(|p| Digest::parse(&p.digest).is_ok_and(|d| !force.is_approved(&d)))
+        .collect())
+}

@@ -1,0 +1,133 @@
+//! The schema, one migration per version. Each runs once, in order, in a transaction with
+//! its version recorded; a migration is never edited once released, only followed.
+
+use super::internal;
+use cloud_harness_fs::{Error, Result};
+use rusqlite::{Connection, TransactionBehavior};
+
+/// `(version, what it does, SQL)`.
+const MIGRATIONS: &[(i64, &str, &str)] = &[(
+    1,
+    "workspaces and keys, tokens, browser sessions, decisions, refused runs, the audit log",
+    r#"
+CREATE TABLE workspaces (
+    id TEXT PRIMARY KEY,
+    idempotency_key TEXT NOT NULL UNIQUE,
+    request_digest TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('opening', 'open')),
+    created_at BIGINT NOT NULL
+);
+CREATE TABLE tokens (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    role TEXT NOT NULL CHECK (role IN ('client', 'operator')),
+    hash TEXT NOT NULL UNIQUE,
+    created_at BIGINT NOT NULL,
+    created_by TEXT NOT NULL,
+    revoked_at BIGINT,
+    revoked_by TEXT
+);
+CREATE UNIQUE INDEX tokens_active_name ON tokens (name) WHERE revoked_at IS NULL;
+CREATE TABLE login_codes (
+    hash TEXT PRIMARY KEY,
+    token_id TEXT NOT NULL REFERENCES tokens (id),
+    expires_at BIGINT NOT NULL
+);
+CREATE TABLE browser_sessions (
+    hash TEXT PRIMARY KEY,
+    token_id TEXT NOT NULL REFERENCES tokens (id),
+    csrf TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL
+);
+CREATE TABLE approvals (
+    id TEXT PRIMARY KEY,
+    digest TEXT NOT NULL,
+    skill TEXT,
+    actor TEXT NOT NULL,
+    reason TEXT,
+    created_at BIGINT NOT NULL,
+    revoked_at BIGINT,
+    revoked_by TEXT
+);
+CREATE UNIQUE INDEX approvals_active ON approvals (digest) WHERE revoked_at IS NULL;
+CREATE TABLE run_requests (
+    digest TEXT PRIMARY KEY,
+    skill TEXT NOT NULL,
+    script TEXT NOT NULL,
+    workspace TEXT NOT NULL,
+    first_at BIGINT NOT NULL,
+    last_at BIGINT NOT NULL,
+    refusals BIGINT NOT NULL
+);
+CREATE TABLE overrides (
+    id TEXT PRIMARY KEY,
+    skill TEXT NOT NULL,
+    source TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    reason TEXT,
+    created_at BIGINT NOT NULL,
+    revoked_at BIGINT,
+    revoked_by TEXT
+);
+CREATE UNIQUE INDEX overrides_active ON overrides (skill) WHERE revoked_at IS NULL;
+CREATE TABLE audit (
+    seq INTEGER PRIMARY KEY,
+    at BIGINT NOT NULL,
+    actor TEXT NOT NULL,
+    action TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    details TEXT NOT NULL
+);
+CREATE INDEX audit_actor ON audit (actor, seq);
+CREATE INDEX audit_action ON audit (action, seq);
+CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
+    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
+    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+"#,
+)];
+
+/// The newest version this binary knows.
+pub fn latest() -> i64 {
+    MIGRATIONS.last().map_or(0, |m| m.0)
+}
+
+/// Brings the database to [`latest`]. Two processes starting at once serialize on the write
+/// lock; the second finds the work done.
+pub fn apply(conn: &mut Connection) -> Result<()> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(internal)?;
+    tx.execute_batch(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+            version BIGINT PRIMARY KEY,
+            description TEXT NOT NULL,
+            applied_at BIGINT NOT NULL
+        )",
+    )
+    .map_err(internal)?;
+    let current: i64 = tx
+        .query_row(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(internal)?;
+    if current > latest() {
+        return Err(Error::internal(format!(
+            "the state database is at schema version {current}, newer than this binary knows ({}): upgrade cloud-harness",
+            latest()
+        )));
+    }
+    for (version, description, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+        tx.execute_batch(sql)
+            .map_err(|e| Error::internal(format!("state database migration {version}: {e}")))?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, description, applied_at) VALUES ($1, $2, $3)",
+            rusqlite::params![version, description, super::now_ms()],
+        )
+        .map_err(internal)?;
+    }
+    tx.commit().map_err(internal)
+}
