@@ -221,6 +221,19 @@ pub fn set_override(
     reason: Option<&str>,
     actor: &str,
 ) -> Result<Decision> {
+    set_override_with(db, home, skill, source, reason, actor, |_, _| Ok(()))
+}
+
+/// [`set_override`], with `also` done in the same transaction (given the override's id).
+pub fn set_override_with(
+    db: &Db,
+    home: &Path,
+    skill: &str,
+    source: &str,
+    reason: Option<&str>,
+    actor: &str,
+    also: impl FnOnce(&rusqlite::Transaction, &str) -> Result<()>,
+) -> Result<Decision> {
     check_skill(skill)?;
     check_text("source", source, MAX_SOURCE)?;
     check_reason(reason)?;
@@ -271,7 +284,8 @@ pub fn set_override(
             "override.set",
             &format!("skill:{skill}"),
             &json!({ "id": decision.id, "source": source, "reason": reason, "supersedes": superseded }),
-        )
+        )?;
+        also(tx, &decision.id)
     })?;
     Ok(decision)
 }

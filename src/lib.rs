@@ -6,6 +6,7 @@ pub mod audit;
 pub mod auth;
 pub mod builtin;
 pub mod cli;
+pub mod conflicts;
 pub mod decisions;
 pub mod engine;
 pub mod executor;

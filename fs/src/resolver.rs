@@ -235,8 +235,15 @@ impl Index {
             "digest": c.digest(),
             "description": c.info.meta.description,
         });
-        if let Some(toolkit) = &src.provenance.toolkit {
-            v["toolkit"] = toolkit.clone().into();
+        let p = &src.provenance;
+        for (key, value) in [
+            ("toolkit", &p.toolkit),
+            ("url", &p.url),
+            ("commit", &p.commit),
+        ] {
+            if let Some(value) = value {
+                v[key] = value.clone().into();
+            }
         }
         v
     }

@@ -2,6 +2,7 @@
 //! shape as the MCP tools (`code`, `status`, `message`, `details`), lists paged by cursor,
 //! every write audited with the caller's identity. The OpenAPI document is `openapi.json`.
 
+mod conflicts;
 mod decisions;
 mod openapi;
 mod tokens;
@@ -12,7 +13,7 @@ use crate::workspace::Workspaces;
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get};
+use axum::routing::{delete, get, post};
 use axum::Router;
 use cloud_harness_fs::{Code, Error, Result};
 use serde::de::DeserializeOwned;
@@ -45,6 +46,9 @@ pub fn router(api: Arc<Api>) -> Router {
             get(decisions::overrides).post(decisions::set_override),
         )
         .route("/api/v1/overrides/{id}", delete(decisions::revoke_override))
+        .route("/api/v1/conflicts", get(conflicts::list))
+        .route("/api/v1/conflicts/{id}", get(conflicts::get))
+        .route("/api/v1/conflicts/{id}/settle", post(conflicts::settle))
         .route("/api/v1/audit", get(audit))
         .route("/api/v1/workspaces", get(workspaces))
         .fallback(|| async {

@@ -64,6 +64,9 @@ pub fn spec() -> Value {
                 "post": op("serve a skill from a source (supersedes an override of the same skill)", Some("NewOverride"), "201", &[]),
             },
             "/api/v1/overrides/{id}": { "delete": op("revoke the override {id}", None, "200", &[("reason", "string")]) },
+            "/api/v1/conflicts": { "get": op("launch conflicts: opens refused because two sources of a tier define a skill differently", None, "200", &[("settled", "boolean")]) },
+            "/api/v1/conflicts/{id}": { "get": op("the launch conflict {id}: its request and candidates (source, commit, digest, SKILL.md)", None, "200", &[]) },
+            "/api/v1/conflicts/{id}/settle": { "post": op("settle the conflict {id}: the chosen candidate's source serves the skill (an override)", Some("Settle"), "200", &[]) },
             "/api/v1/audit": { "get": op("the audit log, newest first, paged", None, "200", &[("actor", "string"), ("action", "string"), ("subject", "string"), ("cursor", "string"), ("limit", "integer")]) },
             "/api/v1/workspaces": { "get": op("the open workspaces", None, "200", &[]) },
             "/api/v1/openapi.json": { "get": op("this document", None, "200", &[]) },
@@ -88,6 +91,10 @@ pub fn spec() -> Value {
                 "NewApproval": {
                     "type": "object", "additionalProperties": false, "required": ["digest"],
                     "properties": { "digest": { "type": "string", "pattern": "^(sha256:)?[0-9a-f]{64}$" }, "skill": text(64), "reason": text(1000) }
+                },
+                "Settle": {
+                    "type": "object", "additionalProperties": false, "required": ["source"],
+                    "properties": { "source": text(255), "reason": text(1000) }
                 },
                 "NewOverride": {
                     "type": "object", "additionalProperties": false, "required": ["skill", "source"],

@@ -174,6 +174,19 @@ pub enum OverrideCommand {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Launch conflicts: opens refused because two sources of a tier define a skill
+    /// differently (with --settled, also those settled).
+    Conflicts {
+        #[arg(long)]
+        settled: bool,
+    },
+    /// Settle the launch conflict ID: SOURCE (one of its candidates) serves the skill.
+    Settle {
+        id: String,
+        source: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
 }
 
 pub fn override_(home: &HomeArg, cmd: OverrideCommand) -> Result<u8> {
@@ -197,6 +210,20 @@ pub fn override_(home: &HomeArg, cmd: OverrideCommand) -> Result<u8> {
         OverrideCommand::Revoke { id, reason } => {
             decisions::revoke(&db, Kind::Override, &id, reason.as_deref(), &actor())?;
             print(json!({ "id": id, "revoked": true }));
+        }
+        OverrideCommand::Conflicts { settled } => {
+            print(json!({ "conflicts": crate::conflicts::list(&db, settled)? }))
+        }
+        OverrideCommand::Settle { id, source, reason } => {
+            let made = crate::conflicts::settle(
+                &db,
+                &home.dir(),
+                &id,
+                &source,
+                reason.as_deref(),
+                &actor(),
+            )?;
+            print(json!({ "conflict": id, "override": made }));
         }
     }
     Ok(0)

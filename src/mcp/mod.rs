@@ -156,7 +156,20 @@ impl HarnessServer {
         }
         match call {
             Call::Open(request) => {
-                let opened = blocking(move || ws.open(request)).await?;
+                let actor = actor(&context);
+                let opened = blocking(move || {
+                    let asked = request.to_json();
+                    let opened = ws.open(request);
+                    if let Err(e) = &opened {
+                        if let Err(not) =
+                            crate::conflicts::record(ws.db(), ws.store(), &asked, e, &actor)
+                        {
+                            tracing::error!(error = %not, "cannot record a launch conflict");
+                        }
+                    }
+                    opened
+                })
+                .await?;
                 if let Some(id) = opened["workspace"].as_str() {
                     self.bind(id, &context);
                 }

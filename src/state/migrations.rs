@@ -8,7 +8,7 @@ use rusqlite::{Connection, TransactionBehavior};
 /// `(version, what it does, SQL)`.
 const MIGRATIONS: &[(i64, &str, &str)] = &[(
     1,
-    "workspaces and keys, tokens, browser sessions, decisions, refused runs, the audit log",
+    "workspaces and keys, tokens, browser sessions, decisions, refused runs, launch conflicts, the audit log",
     r#"
 CREATE TABLE workspaces (
     id TEXT PRIMARY KEY,
@@ -71,6 +71,22 @@ CREATE TABLE overrides (
     revoked_by TEXT
 );
 CREATE UNIQUE INDEX overrides_active ON overrides (skill) WHERE revoked_at IS NULL;
+CREATE TABLE launch_conflicts (
+    id TEXT PRIMARY KEY,
+    conflict_key TEXT NOT NULL,
+    skill TEXT NOT NULL,
+    tier TEXT NOT NULL,
+    candidates TEXT NOT NULL,
+    request TEXT NOT NULL,
+    first_at BIGINT NOT NULL,
+    last_at BIGINT NOT NULL,
+    refusals BIGINT NOT NULL,
+    actor TEXT NOT NULL,
+    settled_at BIGINT,
+    settled_by TEXT,
+    override_id TEXT REFERENCES overrides (id)
+);
+CREATE UNIQUE INDEX launch_conflicts_open ON launch_conflicts (conflict_key) WHERE settled_at IS NULL;
 CREATE TABLE audit (
     seq INTEGER PRIMARY KEY,
     at BIGINT NOT NULL,

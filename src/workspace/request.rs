@@ -15,6 +15,18 @@ pub struct OpenRequest {
     pub allow_toolkit_workspace_changes: bool,
 }
 
+impl OpenRequest {
+    /// The request as `workspace_open` took it (what a launch-conflict record keeps).
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({
+            "idempotencyKey": self.idempotency_key,
+            "repositoryUrl": self.repository_url,
+            "toolkits": self.toolkits,
+            "allowToolkitWorkspaceChanges": self.allow_toolkit_workspace_changes,
+        })
+    }
+}
+
 /// An idempotency key: 1-200 characters, none of them control characters.
 pub fn check_key(key: &str) -> Result<()> {
     if key.is_empty() || key.chars().count() > 200 || key.chars().any(char::is_control) {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod acquisition;
+pub mod api;
 pub mod executors;
 pub mod http;
 

@@ -1,0 +1,69 @@
+//! `/api/v1/conflicts`: launch conflicts, and settling one.
+
+use super::{actor, answer, blocking, body, query, Query, State};
+use crate::auth::http::error_response;
+use crate::auth::Identity;
+use crate::conflicts;
+use axum::body::Bytes;
+use axum::extract::Path;
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::Extension;
+use serde_json::json;
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Also those settled.
+    #[serde(default)]
+    settled: bool,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Settle {
+    source: String,
+    reason: Option<String>,
+}
+
+pub async fn list(axum::extract::State(api): State, q: Query<ListQuery>) -> Response {
+    let settled = match query(q) {
+        Ok(q) => q.settled,
+        Err(e) => return error_response(&e),
+    };
+    let db = api.workspaces.db().clone();
+    let all = blocking(move || conflicts::list(&db, settled)).await;
+    answer(StatusCode::OK, all.map(|c| json!({ "conflicts": c })))
+}
+
+pub async fn get(axum::extract::State(api): State, Path(id): Path<String>) -> Response {
+    let db = api.workspaces.db().clone();
+    let one = blocking(move || conflicts::get(&db, &id)).await;
+    answer(StatusCode::OK, one.map(|c| json!(c)))
+}
+
+pub async fn settle(
+    axum::extract::State(api): State,
+    Extension(who): Extension<Identity>,
+    Path(id): Path<String>,
+    bytes: Bytes,
+) -> Response {
+    let (db, home) = (
+        api.workspaces.db().clone(),
+        api.workspaces.home().to_owned(),
+    );
+    let done = blocking(move || {
+        let req: Settle = body(&bytes)?;
+        let made = conflicts::settle(
+            &db,
+            &home,
+            &id,
+            &req.source,
+            req.reason.as_deref(),
+            &actor(&who),
+        )?;
+        Ok(json!({ "conflict": id, "override": made }))
+    })
+    .await;
+    answer(StatusCode::OK, done)
+}

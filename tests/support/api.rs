@@ -1,0 +1,154 @@
+//! A `serve --http` that checks tokens, as the control plane's tests use it: its first-start
+//! operator token, an HTTP client of its API, its CLI, MCP calls with a bearer token.
+
+use super::http::{answer_of, raw, server_in, Server};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_cloud-harness");
+
+/// A server that checks tokens (the default), its first-start operator token, and the CLI's
+/// environment for its home.
+pub struct World {
+    pub server: Server,
+    pub operator: String,
+    pub http: reqwest::blocking::Client,
+}
+
+pub fn world_with(tmp: tempfile::TempDir, env: &[(&str, &str)]) -> World {
+    let server = server_in(tmp, &[], env);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let operator = loop {
+        let log = server.log.lock().unwrap().clone();
+        if let Some(t) = log.split_whitespace().find(|w| w.starts_with("cht_")) {
+            break t.to_owned();
+        }
+        assert!(Instant::now() < deadline, "no first-start token: {log}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    World {
+        server,
+        operator,
+        http: reqwest::blocking::Client::builder()
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap(),
+    }
+}
+
+pub fn world() -> World {
+    world_with(
+        tempfile::tempdir().unwrap(),
+        &[("CLOUD_HARNESS_EXECUTOR", "none")],
+    )
+}
+
+impl World {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.server.addr)
+    }
+
+    pub fn home(&self) -> std::path::PathBuf {
+        self.server.tmp.path().join("home")
+    }
+
+    /// A request with a bearer token (or none); the status and the JSON answer.
+    pub fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&str>,
+    ) -> (u16, Value) {
+        let mut r = self
+            .http
+            .request(method.parse().unwrap(), self.url(path))
+            .header("Content-Type", "application/json");
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            r = r.body(b.to_owned());
+        }
+        let response = r.send().unwrap();
+        let status = response.status().as_u16();
+        let text = response.text().unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub fn op(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let body = body.map(|b| b.to_string());
+        let (status, v) = self.call(method, path, Some(&self.operator), body.as_deref());
+        assert!(
+            (200..300).contains(&status),
+            "{method} {path}: {status} {v}"
+        );
+        v
+    }
+
+    /// The CLI on this server's home; its exit code and output.
+    pub fn cli(&self, args: &[&str]) -> (i32, String) {
+        let out = Command::new(BIN)
+            .args(args)
+            .env("CLOUD_HARNESS_HOME", self.home())
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+
+    pub fn audit_actions(&self) -> Vec<String> {
+        let v = self.op("GET", "/api/v1/audit?limit=1000", None);
+        v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["action"].as_str().unwrap().to_owned())
+            .collect()
+    }
+}
+
+/// An MCP session of the 2025-11-25 protocol with a bearer token; its id.
+pub fn mcp_session(addr: SocketAddr, token: &str) -> String {
+    let auth = format!("Bearer {token}");
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"api-test","version":"1"}}}"#;
+    let answer = raw(addr, init, &[("Authorization", &auth)]);
+    let session = answer
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no session: {answer}"));
+    raw(
+        addr,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        &[("Mcp-Session-Id", &session), ("Authorization", &auth)],
+    );
+    session
+}
+
+/// A tool call in `session`; its result (`isError` and `structuredContent`).
+pub fn tool(addr: SocketAddr, token: &str, session: &str, name: &str, args: Value) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": name, "arguments": args}});
+    let auth = format!("Bearer {token}");
+    let answer = raw(
+        addr,
+        &body.to_string(),
+        &[("Mcp-Session-Id", session), ("Authorization", &auth)],
+    );
+    answer_of(&answer)["result"].clone()
+}
