@@ -22,6 +22,7 @@ pub mod provision;
 pub mod runner;
 pub mod serve;
 pub mod session_start;
+pub mod sets;
 pub mod stack;
 pub mod state;
 pub mod toolkit;

@@ -28,6 +28,17 @@ pub const MAX_TOOLKITS: usize = 32;
 pub enum ToolkitSpec {
     Preset(PresetSpec),
     Git(GitSpec),
+    /// A skill set: expanded into its members when a workspace opens.
+    Set(SetRef),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SetRef {
+    pub id: String,
+    /// A revision of the set; absent: its latest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -166,15 +177,16 @@ pub fn spec_from_value(mut value: serde_json::Value) -> Result<ToolkitSpec> {
     match kind.as_ref().and_then(|k| k.as_str()) {
         Some("preset") => Ok(ToolkitSpec::Preset(typed(value)?)),
         Some("git") => Ok(ToolkitSpec::Git(typed(value)?)),
+        Some("set") => Ok(ToolkitSpec::Set(typed(value)?)),
         Some(other) => Err(Error::field(
             Code::InvalidArgument,
             "kind",
-            format!("{other:?} is neither \"preset\" nor \"git\""),
+            format!("{other:?} is not \"preset\", \"git\" or \"set\""),
         )),
         None => Err(Error::field(
             Code::InvalidArgument,
             "kind",
-            "missing: \"preset\" or \"git\"",
+            "missing: \"preset\", \"git\" or \"set\"",
         )),
     }
 }
@@ -223,6 +235,17 @@ impl ToolkitSpec {
                 max_len("id", &p.id, MAX_NAME)?;
                 max_len("version", p.version.as_deref().unwrap_or(""), MAX_NAME)
             }
+            ToolkitSpec::Set(s) => {
+                max_len("id", &s.id, 64)?;
+                if s.revision.is_some_and(|r| r < 1) {
+                    return Err(Error::field(
+                        Code::InvalidArgument,
+                        "revision",
+                        "a revision is 1 or more",
+                    ));
+                }
+                Ok(())
+            }
             ToolkitSpec::Git(g) => {
                 max_len("url", &g.url, MAX_URL)?;
                 max_len("instanceId", &g.instance_id, 80)?;
@@ -257,6 +280,14 @@ impl ToolkitSpec {
     pub fn resolve(&self, hosts: &HostPolicy) -> Result<Toolkit> {
         self.check_sizes()?;
         match self {
+            ToolkitSpec::Set(s) => Err(Error::field(
+                Code::InvalidArgument,
+                "kind",
+                format!(
+                    "set {:?} is one toolkit of workspace_open, expanded into its members there",
+                    s.id
+                ),
+            )),
             ToolkitSpec::Preset(p) => {
                 let preset = presets::find(&p.id).ok_or_else(|| {
                     let known: Vec<&str> = presets::all().iter().map(|p| p.id.as_str()).collect();

@@ -5,6 +5,7 @@
 mod conflicts;
 mod decisions;
 mod openapi;
+mod sets;
 mod tokens;
 
 use crate::auth::http::error_response;
@@ -49,6 +50,9 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/api/v1/conflicts", get(conflicts::list))
         .route("/api/v1/conflicts/{id}", get(conflicts::get))
         .route("/api/v1/conflicts/{id}/settle", post(conflicts::settle))
+        .route("/api/v1/sets", get(sets::list).post(sets::create))
+        .route("/api/v1/sets/{id}", get(sets::get).put(sets::edit))
+        .route("/api/v1/sets/{id}/revisions", get(sets::revisions))
         .route("/api/v1/audit", get(audit))
         .route("/api/v1/workspaces", get(workspaces))
         .fallback(|| async {

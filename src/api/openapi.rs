@@ -67,6 +67,15 @@ pub fn spec() -> Value {
             "/api/v1/conflicts": { "get": op("launch conflicts: opens refused because two sources of a tier define a skill differently", None, "200", &[("settled", "boolean")]) },
             "/api/v1/conflicts/{id}": { "get": op("the launch conflict {id}: its request and candidates (source, commit, digest, SKILL.md)", None, "200", &[]) },
             "/api/v1/conflicts/{id}/settle": { "post": op("settle the conflict {id}: the chosen candidate's source serves the skill (an override)", Some("Settle"), "200", &[]) },
+            "/api/v1/sets": {
+                "get": op("every skill set at its latest revision", None, "200", &[]),
+                "post": op("make a set (revision 1)", Some("NewSet"), "201", &[]),
+            },
+            "/api/v1/sets/{id}": {
+                "get": op("the set {id} (its latest revision, or ?revision=N)", None, "200", &[("revision", "integer")]),
+                "put": op("edit the set {id}: names the revision it changes; a stale one is CONFLICT", Some("EditSet"), "200", &[]),
+            },
+            "/api/v1/sets/{id}/revisions": { "get": op("the revisions of the set {id}, newest first, each with what changed", None, "200", &[]) },
             "/api/v1/audit": { "get": op("the audit log, newest first, paged", None, "200", &[("actor", "string"), ("action", "string"), ("subject", "string"), ("cursor", "string"), ("limit", "integer")]) },
             "/api/v1/workspaces": { "get": op("the open workspaces", None, "200", &[]) },
             "/api/v1/openapi.json": { "get": op("this document", None, "200", &[]) },
@@ -91,6 +100,22 @@ pub fn spec() -> Value {
                 "NewApproval": {
                     "type": "object", "additionalProperties": false, "required": ["digest"],
                     "properties": { "digest": { "type": "string", "pattern": "^(sha256:)?[0-9a-f]{64}$" }, "skill": text(64), "reason": text(1000) }
+                },
+                "NewSet": {
+                    "type": "object", "additionalProperties": false, "required": ["id", "members"],
+                    "properties": {
+                        "id": { "type": "string", "pattern": "^[a-z0-9][a-z0-9-]{0,63}$" },
+                        "description": { "type": "string", "maxLength": 1000 },
+                        "members": { "type": "array", "minItems": 1, "maxItems": crate::toolkit::MAX_TOOLKITS, "items": { "type": "object", "description": "a preset {kind: preset, id, version?, scope?} or a git toolkit pinned to a commit {kind: git, instanceId, url, ref, scope?, subdirectory?, layout?, skills?}" } }
+                    }
+                },
+                "EditSet": {
+                    "type": "object", "additionalProperties": false, "required": ["revision"],
+                    "properties": {
+                        "revision": { "type": "integer", "minimum": 1 },
+                        "description": { "type": "string", "maxLength": 1000 },
+                        "members": { "type": "array", "minItems": 1, "maxItems": crate::toolkit::MAX_TOOLKITS, "items": { "type": "object" } }
+                    }
                 },
                 "Settle": {
                     "type": "object", "additionalProperties": false, "required": ["source"],

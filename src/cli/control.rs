@@ -22,13 +22,13 @@ impl HomeArg {
         self.home.clone().unwrap_or_else(crate::home::default_home)
     }
 
-    fn db(&self) -> Result<Db> {
+    pub fn db(&self) -> Result<Db> {
         Db::open(&self.dir())
     }
 }
 
 /// Who runs this command, as the audit log names them.
-fn actor() -> String {
+pub fn actor() -> String {
     let user = std::env::var("USER")
         .ok()
         .filter(|u| !u.is_empty())
@@ -36,7 +36,7 @@ fn actor() -> String {
     format!("cli:{user}")
 }
 
-fn print(value: serde_json::Value) {
+pub fn print(value: serde_json::Value) {
     println!(
         "{}",
         serde_json::to_string_pretty(&value).expect("values serialize")

@@ -5,6 +5,7 @@ mod control;
 mod exec;
 mod fetch_pack;
 mod proxy;
+mod sets;
 mod skills;
 mod toolkit;
 
@@ -74,6 +75,13 @@ pub enum Command {
         #[command(subcommand)]
         command: control::OverrideCommand,
     },
+    /// Skill sets: named lists of toolkits that workspace_open takes as one.
+    Set {
+        #[command(flatten)]
+        home: control::HomeArg,
+        #[command(subcommand)]
+        command: sets::SetCommand,
+    },
     /// The audit log, newest first.
     Audit {
         #[command(flatten)]
@@ -131,6 +139,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Approve { home, command } => return control::approve(&home, command),
         Command::Override { home, command } => return control::override_(&home, command),
         Command::Audit { home, args } => return control::audit(&home, args),
+        Command::Set { home, command } => return sets::run(&home, command),
         other => other,
     };
     let store = Store::open(cli.store.clone().unwrap_or_else(Store::default_root))?;
@@ -146,7 +155,8 @@ pub fn run(cli: Cli) -> Result<u8> {
         | Command::Token { .. }
         | Command::Approve { .. }
         | Command::Override { .. }
-        | Command::Audit { .. } => unreachable!("handled above"),
+        | Command::Audit { .. }
+        | Command::Set { .. } => unreachable!("handled above"),
     }
 }
 

@@ -6,7 +6,8 @@ use cloud_harness_fs::{Error, Result};
 use rusqlite::{Connection, TransactionBehavior};
 
 /// `(version, what it does, SQL)`.
-const MIGRATIONS: &[(i64, &str, &str)] = &[(
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
     1,
     "workspaces and keys, tokens, browser sessions, decisions, refused runs, launch conflicts, the audit log",
     r#"
@@ -102,7 +103,28 @@ CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
 CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 "#,
-)];
+    ),
+    (
+        2,
+        "skill sets and their revisions",
+        r#"
+CREATE TABLE sets (
+    id TEXT PRIMARY KEY,
+    created_at BIGINT NOT NULL,
+    created_by TEXT NOT NULL
+);
+CREATE TABLE set_revisions (
+    set_id TEXT NOT NULL REFERENCES sets (id),
+    revision BIGINT NOT NULL,
+    description TEXT NOT NULL,
+    members TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    PRIMARY KEY (set_id, revision)
+);
+"#,
+    ),
+];
 
 /// The newest version this binary knows.
 pub fn latest() -> i64 {

@@ -178,6 +178,11 @@ impl Workspaces {
         &self.db
     }
 
+    /// The hosts toolkits may come from.
+    pub fn hosts(&self) -> &crate::provision::hosts::HostPolicy {
+        self.provisioner.hosts()
+    }
+
     pub fn store(&self) -> &Store {
         &self.provisioner.store
     }

@@ -62,7 +62,8 @@ impl Workspaces {
     pub fn open(&self, request: OpenRequest) -> Result<Value> {
         let key = request.idempotency_key.clone();
         request::check_key(&key)?;
-        let toolkits = toolkit::resolve_request(&request.toolkits, self.provisioner.hosts())?;
+        let expanded = crate::sets::expand(&self.db, &request.toolkits)?;
+        let toolkits = toolkit::resolve_request(&expanded.specs, self.provisioner.hosts())?;
         if !request.allow_toolkit_workspace_changes {
             if let Some((i, _)) = toolkits
                 .iter()
@@ -80,11 +81,25 @@ impl Workspaces {
             Some(url) => Some(self.provisioner.hosts().check(url, "repositoryUrl")?),
             None => None,
         };
-        let digest = request::request_digest(&request, &toolkits);
+        let asked: Vec<Value> = expanded
+            .asked
+            .iter()
+            .map(|a| match a {
+                Ok(i) => serde_json::to_value(&toolkits[*i]).expect("toolkits serialize"),
+                Err(set) => set.clone(),
+            })
+            .collect();
+        let digest = request::request_digest(&request, &asked);
 
         // One open per key at a time; the others then find its workspace.
         self.key_locks.with(&key, || {
-            self.open_locked(&request, &toolkits, repo_url.as_deref(), digest)
+            self.open_locked(
+                &request,
+                &toolkits,
+                &expanded.origins,
+                repo_url.as_deref(),
+                digest,
+            )
         })
     }
 
@@ -92,6 +107,7 @@ impl Workspaces {
         &self,
         request: &OpenRequest,
         toolkits: &[toolkit::Toolkit],
+        origins: &[Option<Value>],
         repo_url: Option<&str>,
         digest: Digest,
     ) -> Result<Value> {
@@ -109,7 +125,7 @@ impl Workspaces {
             })?;
             return self.replay(&key, bound, digest);
         }
-        let opened = self.open_new(request, toolkits, repo_url, digest, &id);
+        let opened = self.open_new(request, toolkits, origins, repo_url, digest, &id);
         match &opened {
             Ok(_) => keys::opened(&self.db, &id)?,
             Err(_) => keys::release(&self.db, &id)?,
@@ -154,6 +170,7 @@ impl Workspaces {
         &self,
         request: &OpenRequest,
         toolkits: &[toolkit::Toolkit],
+        origins: &[Option<Value>],
         repo_url: Option<&str>,
         digest: Digest,
         id: &str,
@@ -243,6 +260,14 @@ impl Workspaces {
         }
         ws.executor = cleanup.disarm();
         ws.record.result = self.open_result(&ws, &acquired, repository, warnings);
+        // The set (and revision) each toolkit a set brought came from.
+        if let Some(listed) = ws.record.result["toolkits"].as_array_mut() {
+            for (t, origin) in listed.iter_mut().zip(origins) {
+                if let Some(set) = origin {
+                    t["set"] = set.clone();
+                }
+            }
+        }
         if let Err(e) = ws.record.save(&dir) {
             // Armed again: nothing of a workspace without a record stays.
             let _ = Cleanup {

@@ -1,7 +1,7 @@
 //! A `workspace_open` request: validated, and digested so that the same key with the same
 //! request can be recognized.
 
-use crate::toolkit::{self, ToolkitSpec};
+use crate::toolkit::ToolkitSpec;
 use cloud_harness_fs::cas::Digest;
 use cloud_harness_fs::{Code, Error, Result};
 use serde_json::json;
@@ -40,8 +40,9 @@ pub fn check_key(key: &str) -> Result<()> {
 }
 
 /// What makes two requests "the same": every field but the key, with the toolkits as they
-/// resolve (defaults filled in, presets expanded), so spelling a default out changes nothing.
-pub fn request_digest(request: &OpenRequest, toolkits: &[toolkit::Toolkit]) -> Digest {
+/// resolve (defaults filled in, presets expanded), so spelling a default out changes nothing;
+/// a set as it was asked for (its members may change; the request stays the same).
+pub fn request_digest(request: &OpenRequest, toolkits: &[serde_json::Value]) -> Digest {
     let canonical = json!({
         "repositoryUrl": request.repository_url,
         "toolkits": toolkits,

@@ -1,0 +1,104 @@
+//! `cloud-harness set …`: skill sets from the command line (the database `serve` uses).
+
+use super::control::{actor, print, HomeArg};
+use crate::provision::hosts::HostPolicy;
+use crate::sets;
+use clap::Subcommand;
+use cloud_harness_fs::{Code, Error, Result};
+use serde_json::{json, Value};
+
+#[derive(Debug, Subcommand)]
+pub enum SetCommand {
+    /// Make the set ID (revision 1).
+    Create {
+        id: String,
+        #[arg(long, default_value = "")]
+        description: String,
+        /// A member as JSON, as workspace_open takes a toolkit (repeatable; git members with `ref`).
+        #[arg(long = "member", value_name = "JSON", required = true)]
+        members: Vec<String>,
+    },
+    /// Every set at its latest revision.
+    List,
+    /// The set ID (its latest revision, or --revision N).
+    Show {
+        id: String,
+        #[arg(long)]
+        revision: Option<i64>,
+    },
+    /// A new revision of the set ID, made from --revision (which must be its latest).
+    Edit {
+        id: String,
+        #[arg(long)]
+        revision: i64,
+        #[arg(long)]
+        description: Option<String>,
+        /// The members of the new revision, replacing all of them (repeatable).
+        #[arg(long = "member", value_name = "JSON")]
+        members: Vec<String>,
+    },
+    /// The revisions of the set ID, newest first, with what changed.
+    Revisions { id: String },
+}
+
+fn members(texts: &[String]) -> Result<Vec<Value>> {
+    texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            serde_json::from_str(t).map_err(|e| {
+                Error::field(
+                    Code::InvalidArgument,
+                    &format!("members[{i}]"),
+                    format!("not JSON: {e}"),
+                )
+            })
+        })
+        .collect()
+}
+
+pub fn run(home: &HomeArg, cmd: SetCommand) -> Result<u8> {
+    let db = home.db()?;
+    match cmd {
+        SetCommand::Create {
+            id,
+            description,
+            members: m,
+        } => {
+            let made = sets::create(
+                &db,
+                &HostPolicy::from_env()?,
+                &id,
+                &description,
+                &members(&m)?,
+                &actor(),
+            )?;
+            print(json!(made));
+        }
+        SetCommand::List => print(json!({ "sets": sets::list(&db)? })),
+        SetCommand::Show { id, revision } => print(json!(sets::get(&db, &id, revision)?)),
+        SetCommand::Edit {
+            id,
+            revision,
+            description,
+            members: m,
+        } => {
+            let m = members(&m)?;
+            let given = (!m.is_empty()).then_some(m.as_slice());
+            let made = sets::edit(
+                &db,
+                &HostPolicy::from_env()?,
+                &id,
+                revision,
+                description.as_deref(),
+                given,
+                &actor(),
+            )?;
+            print(json!(made));
+        }
+        SetCommand::Revisions { id } => {
+            print(json!({ "set": id, "revisions": sets::revisions(&db, &id)? }))
+        }
+    }
+    Ok(0)
+}
