@@ -19,6 +19,7 @@ pub mod mount;
 pub mod operator;
 pub mod presets;
 pub mod provision;
+pub mod registry;
 pub mod runner;
 pub mod serve;
 pub mod session_start;

@@ -6,6 +6,7 @@
 
 use crate::audit;
 use crate::provision::hosts::HostPolicy;
+use crate::registry::Registry;
 use crate::state::{self, Db};
 use crate::toolkit::{self, ToolkitSpec};
 use cloud_harness_fs::{Code, Error, Result};
@@ -51,7 +52,11 @@ pub fn check_id(id: &str) -> Result<()> {
 
 /// Members as an edit gives them: each a preset or a git toolkit pinned to a commit, valid on
 /// this server's hosts, instance ids unique.
-pub fn check_members(members: &[Value], hosts: &HostPolicy) -> Result<Vec<ToolkitSpec>> {
+pub fn check_members(
+    members: &[Value],
+    hosts: &HostPolicy,
+    registry: &Registry,
+) -> Result<Vec<ToolkitSpec>> {
     if members.is_empty() {
         return Err(Error::field(
             Code::InvalidArgument,
@@ -81,7 +86,7 @@ pub fn check_members(members: &[Value], hosts: &HostPolicy) -> Result<Vec<Toolki
         }
         specs.push(spec);
     }
-    toolkit::resolve_request(&specs, hosts).map_err(|mut e| {
+    toolkit::resolve_request_in(&specs, hosts, registry).map_err(|mut e| {
         if let Some(f) = e.details["field"].as_str() {
             let f = f.replacen("toolkits", "members", 1);
             e.message = e.message.replacen("toolkits", "members", 1);
@@ -137,7 +142,7 @@ pub fn create(
 ) -> Result<Revision> {
     check_id(id)?;
     check_description(description)?;
-    let members = check_members(members, hosts)?;
+    let members = check_members(members, hosts, &crate::registry::load(db)?)?;
     let now = state::now_ms();
     db.write(|tx| {
         tx.execute(
@@ -227,7 +232,7 @@ pub fn edit(
         check_description(d)?;
     }
     let members = match members {
-        Some(m) => check_members(m, hosts)?,
+        Some(m) => check_members(m, hosts, &crate::registry::load(db)?)?,
         None => current.members.clone(),
     };
     let description = description.unwrap_or(&current.description);

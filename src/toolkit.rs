@@ -3,8 +3,8 @@
 //! details name the field.
 
 use crate::input::{max_items, max_len};
-use crate::presets;
 use crate::provision::hosts::HostPolicy;
+use crate::registry::Registry;
 use cloud_harness_fs::discovery::Layout;
 use cloud_harness_fs::{relpath, Code, Error, Result};
 use serde::{Deserialize, Serialize};
@@ -276,8 +276,14 @@ impl ToolkitSpec {
         }
     }
 
-    /// Validates the spec against the host policy and resolves presets.
+    /// Validates the spec against the host policy and resolves presets from the shipped
+    /// registry, unpinned (a preset without a version is the default branch head).
     pub fn resolve(&self, hosts: &HostPolicy) -> Result<Toolkit> {
+        self.resolve_in(hosts, Registry::shipped())
+    }
+
+    /// The same, presets resolved in `registry`: one without a version is its entry's pin.
+    pub fn resolve_in(&self, hosts: &HostPolicy, registry: &Registry) -> Result<Toolkit> {
         self.check_sizes()?;
         match self {
             ToolkitSpec::Set(s) => Err(Error::field(
@@ -289,16 +295,23 @@ impl ToolkitSpec {
                 ),
             )),
             ToolkitSpec::Preset(p) => {
-                let preset = presets::find(&p.id).ok_or_else(|| {
-                    let known: Vec<&str> = presets::all().iter().map(|p| p.id.as_str()).collect();
+                let entry = registry.find(&p.id).ok_or_else(|| {
                     Error::field(
                         Code::InvalidArgument,
                         "id",
-                        format!("unknown preset {:?} (known: {})", p.id, known.join(", ")),
+                        format!(
+                            "unknown preset {:?} (known: {})",
+                            p.id,
+                            registry.ids().join(", ")
+                        ),
                     )
                 })?;
+                let preset = &entry.preset;
                 let revision = match p.version.as_deref() {
-                    None => Revision::DefaultHead,
+                    None => match &entry.pin {
+                        Some(pin) => Revision::Commit(pin.commit.clone()),
+                        None => Revision::DefaultHead,
+                    },
                     Some(v) if is_hex_commit(v) => Revision::Commit(v.to_owned()),
                     Some(v) => {
                         let valid = gix::validate::reference::name_partial(v.into()).is_ok()
@@ -375,13 +388,24 @@ pub fn in_request(mut e: Error, i: usize) -> Error {
 }
 
 /// Validates every spec of a request; field names carry the index (`toolkits[1].url`), and
-/// instance ids must be unique.
+/// instance ids must be unique. Presets from the shipped registry, unpinned.
 pub fn resolve_request(specs: &[ToolkitSpec], hosts: &HostPolicy) -> Result<Vec<Toolkit>> {
+    resolve_request_in(specs, hosts, Registry::shipped())
+}
+
+/// The same, presets resolved in `registry`.
+pub fn resolve_request_in(
+    specs: &[ToolkitSpec],
+    hosts: &HostPolicy,
+    registry: &Registry,
+) -> Result<Vec<Toolkit>> {
     max_items("toolkits", specs.len(), MAX_TOOLKITS)?;
     let mut seen = HashSet::new();
     let mut out = Vec::with_capacity(specs.len());
     for (i, spec) in specs.iter().enumerate() {
-        let toolkit = spec.resolve(hosts).map_err(|e| in_request(e, i))?;
+        let toolkit = spec
+            .resolve_in(hosts, registry)
+            .map_err(|e| in_request(e, i))?;
         if !seen.insert(toolkit.instance_id.clone()) {
             let field = format!("toolkits[{i}].instanceId");
             return Err(Error::field(

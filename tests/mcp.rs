@@ -71,7 +71,7 @@ fn world(executor: &'static str) -> World {
     let server = GitServer::start(&repos, &certs);
 
     let superpowers = Repo::create(&repos, "obra/superpowers.git", false);
-    superpowers.commit(dir(vec![(
+    let superpowers_commit = superpowers.commit(dir(vec![(
         "skills",
         dir(vec![
             ("using-superpowers", skill("using-superpowers", "Before any task, use the Skill tool to load the relevant skill. Track steps with TodoWrite.")),
@@ -197,6 +197,14 @@ fn world(executor: &'static str) -> World {
         ("RUST_LOG".to_owned(), "warn".to_owned()),
         ("PATH".to_owned(), std::env::var("PATH").unwrap_or_default()),
     ];
+    // The preset without a version means its pin: the operator pins it at the mirror's commit
+    // (acquired through the mirror, as any pin move is).
+    let pinned = Command::new(BIN)
+        .args(["registry", "pin", "obra/superpowers", &superpowers_commit])
+        .envs(env.iter().cloned())
+        .output()
+        .unwrap();
+    assert!(pinned.status.success(), "{}", String::from_utf8_lossy(&pinned.stderr));
     let git = |id: &str, repo: &str, commit: &str| json!({ "kind": "git", "instanceId": id, "url": server.url(repo), "ref": commit });
     let mut ws_scope = git("ws-kit", "ws/skills.git", &ws_commit);
     ws_scope["scope"] = json!("workspace");

@@ -5,6 +5,7 @@
 mod conflicts;
 mod decisions;
 mod openapi;
+mod registry;
 mod sets;
 mod tokens;
 
@@ -53,6 +54,17 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/api/v1/sets", get(sets::list).post(sets::create))
         .route("/api/v1/sets/{id}", get(sets::get).put(sets::edit))
         .route("/api/v1/sets/{id}/revisions", get(sets::revisions))
+        .route("/api/v1/registry", get(registry::list).post(registry::add))
+        .route("/api/v1/registry/{owner}/{name}", get(registry::get))
+        .route("/api/v1/registry/{owner}/{name}/pin", post(registry::pin))
+        .route(
+            "/api/v1/registry/{owner}/{name}/rollback",
+            post(registry::rollback),
+        )
+        .route(
+            "/api/v1/registry/{owner}/{name}/updates",
+            post(registry::updates),
+        )
         .route("/api/v1/audit", get(audit))
         .route("/api/v1/workspaces", get(workspaces))
         .fallback(|| async {

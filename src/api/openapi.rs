@@ -15,24 +15,34 @@ fn op(summary: &str, body: Option<&str>, ok: &str, query: &[(&str, &str)]) -> Va
     if let Some(schema) = body {
         v["requestBody"] = json!({ "required": true, "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{schema}") } } } });
     }
-    let mut parameters: Vec<Value> = query
+    let parameters: Vec<Value> = query
         .iter()
         .map(|(name, ty)| json!({ "name": name, "in": "query", "required": false, "schema": { "type": ty } }))
         .collect();
-    if summary.contains("{id}") || summary.contains("{name}") {
-        let name = if summary.contains("{id}") {
-            "id"
-        } else {
-            "name"
-        };
-        parameters.push(
-            json!({ "name": name, "in": "path", "required": true, "schema": { "type": "string" } }),
-        );
-    }
-    if !parameters.is_empty() {
-        v["parameters"] = json!(parameters);
-    }
+    v["parameters"] = json!(parameters);
     v
+}
+
+/// Declares every `{segment}` of each path as a path parameter of its operations.
+fn with_path_parameters(mut spec: Value) -> Value {
+    let Some(paths) = spec["paths"].as_object_mut() else {
+        return spec;
+    };
+    for (path, ops) in paths.iter_mut() {
+        let names: Vec<&str> = path
+            .split('/')
+            .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+            .collect();
+        for op in ops.as_object_mut().into_iter().flat_map(|o| o.values_mut()) {
+            let params = op["parameters"]
+                .as_array_mut()
+                .expect("every operation has parameters");
+            for name in &names {
+                params.push(json!({ "name": name, "in": "path", "required": true, "schema": { "type": "string" } }));
+            }
+        }
+    }
+    spec
 }
 
 pub fn spec() -> Value {
@@ -76,6 +86,14 @@ pub fn spec() -> Value {
                 "put": op("edit the set {id}: names the revision it changes; a stale one is CONFLICT", Some("EditSet"), "200", &[]),
             },
             "/api/v1/sets/{id}/revisions": { "get": op("the revisions of the set {id}, newest first, each with what changed", None, "200", &[]) },
+            "/api/v1/registry": {
+                "get": op("every registry entry (the shipped presets and the operator's) with its pin", None, "200", &[]),
+                "post": op("add an entry, pinned at a commit acquired first", Some("NewEntry"), "201", &[]),
+            },
+            "/api/v1/registry/{owner}/{name}": { "get": op("one entry and every pin it had", None, "200", &[]) },
+            "/api/v1/registry/{owner}/{name}/pin": { "post": op("move the pin (the commit is acquired first)", Some("MovePin"), "200", &[]) },
+            "/api/v1/registry/{owner}/{name}/rollback": { "post": op("move the pin back to the one before", None, "200", &[]) },
+            "/api/v1/registry/{owner}/{name}/updates": { "post": op("ask the remote for its default branch head (refs only) and compare it with the pin", None, "200", &[]) },
             "/api/v1/audit": { "get": op("the audit log, newest first, paged", None, "200", &[("actor", "string"), ("action", "string"), ("subject", "string"), ("cursor", "string"), ("limit", "integer")]) },
             "/api/v1/workspaces": { "get": op("the open workspaces", None, "200", &[]) },
             "/api/v1/openapi.json": { "get": op("this document", None, "200", &[]) },
@@ -117,6 +135,22 @@ pub fn spec() -> Value {
                         "members": { "type": "array", "minItems": 1, "maxItems": crate::toolkit::MAX_TOOLKITS, "items": { "type": "object" } }
                     }
                 },
+                "NewEntry": {
+                    "type": "object", "additionalProperties": false, "required": ["id", "name", "description", "url", "commit"],
+                    "properties": {
+                        "id": { "type": "string", "pattern": "^[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}/[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}$" },
+                        "name": text(200), "description": text(1024),
+                        "url": { "type": "string", "maxLength": crate::toolkit::MAX_URL },
+                        "layout": { "type": "object", "properties": { "skillRoots": { "type": "array", "items": { "type": "string" } }, "recursive": { "type": "boolean" } } },
+                        "defaultScope": { "enum": ["owner", "workspace"] },
+                        "sessionStartSkill": text(64),
+                        "commit": { "type": "string", "pattern": "^([0-9a-f]{40}|[0-9a-f]{64})$" }
+                    }
+                },
+                "MovePin": {
+                    "type": "object", "additionalProperties": false, "required": ["commit"],
+                    "properties": { "commit": { "type": "string", "pattern": "^([0-9a-f]{40}|[0-9a-f]{64})$" }, "reason": text(1000) }
+                },
                 "Settle": {
                     "type": "object", "additionalProperties": false, "required": ["source"],
                     "properties": { "source": text(255), "reason": text(1000) }
@@ -131,5 +165,5 @@ pub fn spec() -> Value {
 }
 
 pub async fn document() -> Response {
-    axum::Json(spec()).into_response()
+    axum::Json(with_path_parameters(spec())).into_response()
 }

@@ -5,6 +5,7 @@ mod control;
 mod exec;
 mod fetch_pack;
 mod proxy;
+mod registry;
 mod sets;
 mod skills;
 mod toolkit;
@@ -82,6 +83,13 @@ pub enum Command {
         #[command(subcommand)]
         command: sets::SetCommand,
     },
+    /// The registry: presets and the commits they are pinned to.
+    Registry {
+        #[command(flatten)]
+        home: control::HomeArg,
+        #[command(subcommand)]
+        command: registry::RegistryCommand,
+    },
     /// The audit log, newest first.
     Audit {
         #[command(flatten)]
@@ -149,6 +157,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Mount(args) => crate::mount::run(&store, &args),
         Command::Toolkit(cmd) => toolkit::run(&store, cmd),
         Command::Serve(args) => crate::serve::run(&store, &args),
+        Command::Registry { home, command } => registry::run(&store, &home, command),
         Command::Proxy(_)
         | Command::FetchPack(_)
         | Command::Exec(_)

@@ -258,6 +258,70 @@ fn check_checkout(
     Ok(())
 }
 
+/// Makes `conn` reach its remote through `transport` (our proxy, CA and timeouts).
+fn use_transport<T>(
+    conn: &mut gix::remote::Connection<'_, '_, '_, T>,
+    transport: &Transport,
+) -> std::result::Result<(), gix::Error>
+where
+    T: gix::protocol::transport::client::blocking_io::Transport,
+{
+    let remote_url = conn
+        .remote()
+        .url(gix::remote::Direction::Fetch)
+        .map(|u| u.to_bstring())
+        .unwrap_or_default();
+    let mut options = conn
+        .remote()
+        .repo()
+        .transport_options(gix::bstr::BStr::new(&remote_url), None)?
+        .unwrap_or_else(|| {
+            Box::new(gix::protocol::transport::client::blocking_io::http::Options::default())
+        });
+    if let Some(http) =
+        options.downcast_mut::<gix::protocol::transport::client::blocking_io::http::Options>()
+    {
+        let transport = transport.clone();
+        http.backend = Some(Arc::new(Mutex::new(
+            gix::protocol::transport::client::blocking_io::http::reqwest::Options {
+                configure_client: Some(Box::new(move |b| transport.configure(b))),
+                configure_request: None,
+            },
+        )));
+    }
+    conn.set_transport_options(options);
+    Ok(())
+}
+
+/// The commit the remote's default branch head is at, asking for its refs only (no objects).
+pub fn remote_head(url: &str, transport: &Transport) -> Result<gix::ObjectId> {
+    let dir = tempfile::tempdir().map_err(|e| Error::internal(e.to_string()))?;
+    let repo = gix::ThreadSafeRepository::init_opts(
+        dir.path(),
+        gix::create::Kind::Bare,
+        gix::create::Options::default(),
+        gix::open::Options::isolated(),
+    )
+    .map_err(|e| upstream(url, e))?
+    .to_thread_local();
+    let remote = repo
+        .remote_at(url)
+        .map_err(|e| upstream(url, e))?
+        .with_refspecs(
+            Some("+HEAD:refs/remotes/origin/HEAD"),
+            gix::remote::Direction::Fetch,
+        )
+        .map_err(|e| upstream(url, e))?;
+    let mut conn = remote
+        .connect(gix::remote::Direction::Fetch)
+        .map_err(|e| upstream(url, e))?;
+    use_transport(&mut conn, transport).map_err(|e| upstream(url, e))?;
+    let (refs, _) = conn
+        .ref_map(gix::progress::Discard, Default::default())
+        .map_err(|e| upstream(url, e))?;
+    fetched_commit(url, &Revision::DefaultHead, &refs)
+}
+
 /// A clone of one commit, depth 1, with the remote's object format and our transport.
 fn prepare(
     url: &str,
@@ -277,33 +341,7 @@ fn prepare(
     )
     .map_err(|e| upstream(url, e))?
     .with_shallow(Shallow::DepthAtRemote(1.try_into().expect("1 is not zero")))
-    .configure_connection(move |conn| {
-        let remote_url = conn
-            .remote()
-            .url(gix::remote::Direction::Fetch)
-            .map(|u| u.to_bstring())
-            .unwrap_or_default();
-        let mut options = conn
-            .remote()
-            .repo()
-            .transport_options(gix::bstr::BStr::new(&remote_url), None)?
-            .unwrap_or_else(|| {
-                Box::new(gix::protocol::transport::client::blocking_io::http::Options::default())
-            });
-        if let Some(http) =
-            options.downcast_mut::<gix::protocol::transport::client::blocking_io::http::Options>()
-        {
-            let transport = transport.clone();
-            http.backend = Some(Arc::new(Mutex::new(
-                gix::protocol::transport::client::blocking_io::http::reqwest::Options {
-                    configure_client: Some(Box::new(move |b| transport.configure(b))),
-                    configure_request: None,
-                },
-            )));
-        }
-        conn.set_transport_options(options);
-        Ok(())
-    });
+    .configure_connection(move |conn| use_transport(conn, &transport));
     match revision {
         Revision::Commit(hex) => prepare.with_revision(Some(hex.as_str())),
         Revision::Tag(tag) => prepare.with_ref_name(Some(format!("refs/tags/{tag}").as_str())),

@@ -124,6 +124,34 @@ CREATE TABLE set_revisions (
 );
 "#,
     ),
+    (
+        3,
+        "the registry and its pins",
+        r#"
+CREATE TABLE registry_entries (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    description TEXT NOT NULL,
+    url TEXT NOT NULL,
+    layout TEXT NOT NULL,
+    default_scope TEXT NOT NULL CHECK (default_scope IN ('owner', 'workspace')),
+    session_start_skill TEXT,
+    origin TEXT NOT NULL CHECK (origin IN ('shipped', 'operator')),
+    created_at BIGINT NOT NULL,
+    created_by TEXT NOT NULL
+);
+CREATE TABLE pins (
+    id TEXT PRIMARY KEY,
+    entry_id TEXT NOT NULL REFERENCES registry_entries (id),
+    commit_id TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    reason TEXT,
+    created_at BIGINT NOT NULL,
+    superseded_at BIGINT
+);
+CREATE UNIQUE INDEX pins_current ON pins (entry_id) WHERE superseded_at IS NULL;
+"#,
+    ),
 ];
 
 /// The newest version this binary knows.

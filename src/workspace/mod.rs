@@ -155,6 +155,7 @@ impl Workspaces {
             Some(_) => {}
         }
         let db = Db::open(&home)?;
+        crate::registry::sync_shipped(&db)?;
         let ws = Workspaces {
             home,
             provisioner,
@@ -181,6 +182,10 @@ impl Workspaces {
     /// The hosts toolkits may come from.
     pub fn hosts(&self) -> &crate::provision::hosts::HostPolicy {
         self.provisioner.hosts()
+    }
+
+    pub fn provisioner(&self) -> &Provisioner {
+        &self.provisioner
     }
 
     pub fn store(&self) -> &Store {

@@ -63,7 +63,9 @@ impl Workspaces {
         let key = request.idempotency_key.clone();
         request::check_key(&key)?;
         let expanded = crate::sets::expand(&self.db, &request.toolkits)?;
-        let toolkits = toolkit::resolve_request(&expanded.specs, self.provisioner.hosts())?;
+        let registry = crate::registry::load(&self.db)?;
+        let toolkits =
+            toolkit::resolve_request_in(&expanded.specs, self.provisioner.hosts(), &registry)?;
         if !request.allow_toolkit_workspace_changes {
             if let Some((i, _)) = toolkits
                 .iter()

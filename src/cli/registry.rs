@@ -1,0 +1,137 @@
+//! `cloud-harness registry …`: the registry's entries and pins (the database `serve` uses;
+//! moving a pin acquires into the store first).
+
+use super::control::{actor, print, HomeArg};
+use crate::provision::Provisioner;
+use crate::registry::{self, NewEntry};
+use crate::toolkit::Scope;
+use clap::Subcommand;
+use cloud_harness_fs::cas::Store;
+use cloud_harness_fs::discovery::Layout;
+use cloud_harness_fs::{Code, Error, Result};
+use serde_json::json;
+
+#[derive(Debug, Subcommand)]
+pub enum RegistryCommand {
+    /// Every entry with its pin.
+    List,
+    /// One entry and every pin it had.
+    Show { id: String },
+    /// Add an entry, pinned at COMMIT (acquired first).
+    Add {
+        /// `owner/name`.
+        id: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        description: String,
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        commit: String,
+        /// Folders holding skills (repeatable; default `skills`).
+        #[arg(long = "skill-root", value_name = "DIR")]
+        skill_roots: Vec<String>,
+        #[arg(long)]
+        not_recursive: bool,
+        #[arg(long, default_value = "owner")]
+        scope: String,
+        #[arg(long)]
+        session_start_skill: Option<String>,
+    },
+    /// Move the pin of ID to COMMIT (acquired first; the old pin stays in the history).
+    Pin {
+        id: String,
+        commit: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Move the pin of ID back to the one before.
+    Rollback { id: String },
+    /// Ask the remote of ID for its default branch head and compare it with the pin.
+    Check { id: String },
+}
+
+pub fn run(store: &Store, home: &HomeArg, cmd: RegistryCommand) -> Result<u8> {
+    let db = home.db()?;
+    registry::sync_shipped(&db)?;
+    let provisioner = || Provisioner::from_env(store.clone());
+    match cmd {
+        RegistryCommand::List => {
+            let r = registry::load(&db)?;
+            print(json!({ "entries": r.entries().collect::<Vec<_>>() }));
+        }
+        RegistryCommand::Show { id } => {
+            let r = registry::load(&db)?;
+            let entry = r.find(&id).ok_or_else(|| {
+                Error::field(Code::NotFound, "id", format!("no registry entry {id:?}"))
+            })?;
+            print(json!({ "entry": entry, "pins": registry::history(&db, &id)? }));
+        }
+        RegistryCommand::Add {
+            id,
+            name,
+            description,
+            url,
+            commit,
+            skill_roots,
+            not_recursive,
+            scope,
+            session_start_skill,
+        } => {
+            let defaults = Layout::default();
+            let layout = Layout {
+                skill_roots: if skill_roots.is_empty() {
+                    defaults.skill_roots
+                } else {
+                    skill_roots
+                },
+                recursive: !not_recursive,
+                ..defaults
+            };
+            let default_scope = match scope.as_str() {
+                "owner" => Scope::Owner,
+                "workspace" => Scope::Workspace,
+                _ => {
+                    return Err(Error::field(
+                        Code::InvalidArgument,
+                        "scope",
+                        "`owner` or `workspace`",
+                    ))
+                }
+            };
+            let new = NewEntry {
+                id,
+                name,
+                description,
+                url,
+                layout,
+                default_scope,
+                session_start_skill,
+                commit,
+            };
+            print(json!(registry::add(&db, &provisioner()?, new, &actor())?));
+        }
+        RegistryCommand::Pin { id, commit, reason } => print(json!(registry::pin(
+            &db,
+            &provisioner()?,
+            &id,
+            &commit,
+            reason.as_deref(),
+            &actor()
+        )?)),
+        RegistryCommand::Rollback { id } => print(json!(registry::rollback(
+            &db,
+            &provisioner()?,
+            &id,
+            &actor()
+        )?)),
+        RegistryCommand::Check { id } => print(registry::check_updates(
+            &db,
+            &provisioner()?,
+            &id,
+            &actor(),
+        )?),
+    }
+    Ok(0)
+}
