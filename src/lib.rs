@@ -1,6 +1,7 @@
 //! Cloud Harness: installs third-party agent skill toolkits into workspaces and serves them.
 //! The store, skill model and resolver live in the `cloud-harness-fs` crate.
 
+pub mod acquisitions;
 pub mod api;
 pub mod audit;
 pub mod auth;
@@ -11,6 +12,7 @@ pub mod decisions;
 pub mod engine;
 pub mod executor;
 pub mod home;
+pub mod imports;
 pub mod input;
 pub mod keyed_lock;
 pub mod listener;

@@ -184,6 +184,7 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
             let auth = crate::auth::http::Auth::new(db.clone(), mode, args.allow_origins.clone());
             let api = Arc::new(crate::api::Api {
                 workspaces: workspaces.clone(),
+                imports: crate::imports::Imports::start(workspaces.clone())?,
             });
             let router = crate::mcp::http::router(service, sessions)
                 .merge(crate::api::router(api))

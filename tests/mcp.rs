@@ -204,7 +204,11 @@ fn world(executor: &'static str) -> World {
         .envs(env.iter().cloned())
         .output()
         .unwrap();
-    assert!(pinned.status.success(), "{}", String::from_utf8_lossy(&pinned.stderr));
+    assert!(
+        pinned.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pinned.stderr)
+    );
     let git = |id: &str, repo: &str, commit: &str| json!({ "kind": "git", "instanceId": id, "url": server.url(repo), "ref": commit });
     let mut ws_scope = git("ws-kit", "ws/skills.git", &ws_commit);
     ws_scope["scope"] = json!("workspace");

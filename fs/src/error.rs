@@ -19,10 +19,12 @@ pub enum Code {
     Internal,
     Upstream,
     Timeout,
+    /// Stopped because someone asked (an import job cancelled).
+    Cancelled,
 }
 
 impl Code {
-    pub const ALL: [Code; 9] = [
+    pub const ALL: [Code; 10] = [
         Code::InvalidArgument,
         Code::Unauthenticated,
         Code::Forbidden,
@@ -32,6 +34,7 @@ impl Code {
         Code::Internal,
         Code::Upstream,
         Code::Timeout,
+        Code::Cancelled,
     ];
 
     /// The code named `name` (as [`Code::as_str`] writes it).
@@ -50,6 +53,7 @@ impl Code {
             Code::Internal => "INTERNAL",
             Code::Upstream => "UPSTREAM",
             Code::Timeout => "TIMEOUT",
+            Code::Cancelled => "CANCELLED",
         }
     }
 
@@ -64,6 +68,8 @@ impl Code {
             Code::Internal => 500,
             Code::Upstream => 502,
             Code::Timeout => 504,
+            // As nginx answers a request its client gave up on.
+            Code::Cancelled => 499,
         }
     }
 }

@@ -4,6 +4,7 @@
 
 mod conflicts;
 mod decisions;
+mod imports;
 mod openapi;
 mod registry;
 mod sets;
@@ -27,6 +28,7 @@ const MAX_BODY: usize = 64 << 10;
 
 pub struct Api {
     pub workspaces: Arc<Workspaces>,
+    pub imports: Arc<crate::imports::Imports>,
 }
 
 pub type State = axum::extract::State<Arc<Api>>;
@@ -65,6 +67,10 @@ pub fn router(api: Arc<Api>) -> Router {
             "/api/v1/registry/{owner}/{name}/updates",
             post(registry::updates),
         )
+        .route("/api/v1/imports", get(imports::list).post(imports::submit))
+        .route("/api/v1/imports/{id}", get(imports::get))
+        .route("/api/v1/imports/{id}/cancel", post(imports::cancel))
+        .route("/api/v1/acquisitions", get(imports::acquisitions))
         .route("/api/v1/audit", get(audit))
         .route("/api/v1/workspaces", get(workspaces))
         .fallback(|| async {

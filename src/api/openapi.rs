@@ -94,6 +94,13 @@ pub fn spec() -> Value {
             "/api/v1/registry/{owner}/{name}/pin": { "post": op("move the pin (the commit is acquired first)", Some("MovePin"), "200", &[]) },
             "/api/v1/registry/{owner}/{name}/rollback": { "post": op("move the pin back to the one before", None, "200", &[]) },
             "/api/v1/registry/{owner}/{name}/updates": { "post": op("ask the remote for its default branch head (refs only) and compare it with the pin", None, "200", &[]) },
+            "/api/v1/imports": {
+                "get": op("import jobs, newest first, with live progress", None, "200", &[("limit", "integer")]),
+                "post": op("queue the import of one toolkit into the store", Some("NewImport"), "202", &[]),
+            },
+            "/api/v1/imports/{id}": { "get": op("one import job: state, phase, bytes, result or error", None, "200", &[]) },
+            "/api/v1/imports/{id}/cancel": { "post": op("cancel a queued or running import", None, "200", &[]) },
+            "/api/v1/acquisitions": { "get": op("every acquisition (workspace_open's and imports'), newest first, paged", None, "200", &[("cursor", "string"), ("limit", "integer")]) },
             "/api/v1/audit": { "get": op("the audit log, newest first, paged", None, "200", &[("actor", "string"), ("action", "string"), ("subject", "string"), ("cursor", "string"), ("limit", "integer")]) },
             "/api/v1/workspaces": { "get": op("the open workspaces", None, "200", &[]) },
             "/api/v1/openapi.json": { "get": op("this document", None, "200", &[]) },
@@ -150,6 +157,10 @@ pub fn spec() -> Value {
                 "MovePin": {
                     "type": "object", "additionalProperties": false, "required": ["commit"],
                     "properties": { "commit": { "type": "string", "pattern": "^([0-9a-f]{40}|[0-9a-f]{64})$" }, "reason": text(1000) }
+                },
+                "NewImport": {
+                    "type": "object", "additionalProperties": false, "required": ["toolkit"],
+                    "properties": { "toolkit": { "type": "object", "description": "a preset or a git toolkit, as workspace_open takes it" } }
                 },
                 "Settle": {
                     "type": "object", "additionalProperties": false, "required": ["source"],

@@ -44,6 +44,7 @@ pub fn run(args: &FetchPackArgs) -> Result<u8> {
         &dir,
         deadline,
         &ceiling,
+        &crate::provision::observe::Observer::default(),
     )?;
     let pack_dir = dir.join("objects").join("pack");
     let packs: Vec<_> = std::fs::read_dir(&pack_dir)

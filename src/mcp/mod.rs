@@ -159,7 +159,7 @@ impl HarnessServer {
                 let actor = actor(&context);
                 let opened = blocking(move || {
                     let asked = request.to_json();
-                    let opened = ws.open(request);
+                    let opened = ws.open_as(request, &actor);
                     if let Err(e) = &opened {
                         if let Err(not) =
                             crate::conflicts::record(ws.db(), ws.store(), &asked, e, &actor)

@@ -4,6 +4,7 @@
 //! lands: past its byte ceiling or its deadline it is interrupted, and a project's checkout is
 //! measured (files and bytes, from the tree) before anything is written.
 
+use super::observe::Observer;
 use crate::toolkit::Revision;
 use cloud_harness_fs::{Code, Error, Result};
 use gix::remote::fetch::Shallow;
@@ -175,29 +176,37 @@ fn check_download(url: &str, pack_dir: &Path, ceiling: &Ceiling<'_>) -> Result<(
     }
 }
 
-/// Runs `work` with an interrupt flag that is raised at `deadline` (a TIMEOUT error) or when
-/// the bytes under `pack_dir` pass the ceiling (TOO_LARGE).
+/// The bytes of the packs a fetch into the bare repository `repo` wrote.
+pub fn pack_bytes(repo: &Path) -> u64 {
+    bytes_in(&repo.join("objects/pack"))
+}
+
+/// Runs `work` with an interrupt flag that is raised at `deadline` (a TIMEOUT error), when
+/// the bytes under `pack_dir` pass the ceiling (TOO_LARGE), or when `observer` is cancelled
+/// (CANCELLED); the bytes so far go to `observer`.
 fn watched<T>(
     url: &str,
     deadline: Instant,
     pack_dir: PathBuf,
     ceiling: &Ceiling<'_>,
+    observer: &Observer,
     work: impl FnOnce(&AtomicBool) -> Result<T>,
 ) -> Result<T> {
-    let interrupt = Arc::new(AtomicBool::new(false));
+    let interrupt = AtomicBool::new(false);
     let (done, wait) = channel::<()>();
     let max_bytes = ceiling.max_bytes;
-    let watcher = {
-        let interrupt = interrupt.clone();
-        std::thread::spawn(move || loop {
+    let (interrupt, pack_dir) = (&interrupt, &pack_dir);
+    let (result, over) = std::thread::scope(|s| {
+        let watcher = s.spawn(move || loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match wait.recv_timeout(left.min(WATCH_EVERY)) {
-                Err(RecvTimeoutError::Timeout) if left.is_zero() => {
+                Err(RecvTimeoutError::Timeout) if left.is_zero() || observer.is_cancelled() => {
                     interrupt.store(true, Ordering::SeqCst);
                     return None;
                 }
                 Err(RecvTimeoutError::Timeout) => {
-                    let seen = bytes_in(&pack_dir);
+                    let seen = bytes_in(pack_dir);
+                    observer.set_bytes(seen);
                     if seen > max_bytes {
                         interrupt.store(true, Ordering::SeqCst);
                         return Some(seen);
@@ -205,13 +214,17 @@ fn watched<T>(
                 }
                 _ => return None,
             }
-        })
-    };
-    let result = work(&interrupt);
-    drop(done);
-    let over = watcher.join().ok().flatten();
+        });
+        let result = work(interrupt);
+        drop(done);
+        (result, watcher.join().ok().flatten())
+    });
     match (result, over) {
         (Err(_), Some(seen)) => Err(too_large(url, seen, ceiling)),
+        (Err(_), None) if observer.is_cancelled() => Err(Error::new(
+            Code::Cancelled,
+            format!("fetching {url} was cancelled"),
+        )),
         (Err(_), None) if interrupt.load(Ordering::SeqCst) => Err(Error::new(
             Code::Timeout,
             format!("fetching {url} took longer than the time allowed"),
@@ -382,19 +395,27 @@ pub fn fetch(
     dir: &Path,
     deadline: Instant,
     ceiling: &Ceiling<'_>,
+    observer: &Observer,
 ) -> Result<Fetched> {
     let pack_dir = dir.join("objects/pack");
-    watched(url, deadline, pack_dir.clone(), ceiling, |interrupt| {
-        let (repo, outcome) = prepare(url, revision, transport, dir, gix::create::Kind::Bare)?
-            .fetch_only(gix::progress::Discard, interrupt)
-            .map_err(|e| upstream(url, e))?;
-        check_download(url, &pack_dir, ceiling)?;
-        let commit = fetched_commit(url, revision, &outcome.ref_map)?;
-        // The fetched commit must be there (a server may answer without it).
-        repo.find_commit(commit)
-            .map_err(|e| upstream(url, format!("commit {commit}: {e}")))?;
-        Ok(Fetched { repo, commit })
-    })
+    watched(
+        url,
+        deadline,
+        pack_dir.clone(),
+        ceiling,
+        observer,
+        |interrupt| {
+            let (repo, outcome) = prepare(url, revision, transport, dir, gix::create::Kind::Bare)?
+                .fetch_only(gix::progress::Discard, interrupt)
+                .map_err(|e| upstream(url, e))?;
+            check_download(url, &pack_dir, ceiling)?;
+            let commit = fetched_commit(url, revision, &outcome.ref_map)?;
+            // The fetched commit must be there (a server may answer without it).
+            repo.find_commit(commit)
+                .map_err(|e| upstream(url, format!("commit {commit}: {e}")))?;
+            Ok(Fetched { repo, commit })
+        },
+    )
 }
 
 /// Clones `revision` of `url` into `dir` with a checked-out working tree (a project
@@ -412,23 +433,31 @@ pub fn clone_worktree(
         setting: "CLOUD_HARNESS_PROJECT_MAX_BYTES",
     };
     let pack_dir = dir.join(".git/objects/pack");
-    watched(url, deadline, pack_dir.clone(), &ceiling, |interrupt| {
-        let mut prepare = prepare(
-            url,
-            revision,
-            transport,
-            dir,
-            gix::create::Kind::WithWorktree,
-        )?;
-        let (mut checkout, outcome) = prepare
-            .fetch_then_checkout(gix::progress::Discard, interrupt)
-            .map_err(|e| upstream(url, e))?;
-        check_download(url, &pack_dir, &ceiling)?;
-        let commit = fetched_commit(url, revision, &outcome.ref_map)?;
-        check_checkout(url, checkout.repo(), commit, limits)?;
-        checkout
-            .main_worktree(gix::progress::Discard, interrupt)
-            .map_err(|e| upstream(url, format!("checking out: {e}")))?;
-        Ok(commit)
-    })
+    let observer = Observer::default();
+    watched(
+        url,
+        deadline,
+        pack_dir.clone(),
+        &ceiling,
+        &observer,
+        |interrupt| {
+            let mut prepare = prepare(
+                url,
+                revision,
+                transport,
+                dir,
+                gix::create::Kind::WithWorktree,
+            )?;
+            let (mut checkout, outcome) = prepare
+                .fetch_then_checkout(gix::progress::Discard, interrupt)
+                .map_err(|e| upstream(url, e))?;
+            check_download(url, &pack_dir, &ceiling)?;
+            let commit = fetched_commit(url, revision, &outcome.ref_map)?;
+            check_checkout(url, checkout.repo(), commit, limits)?;
+            checkout
+                .main_worktree(gix::progress::Discard, interrupt)
+                .map_err(|e| upstream(url, format!("checking out: {e}")))?;
+            Ok(commit)
+        },
+    )
 }

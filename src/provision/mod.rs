@@ -9,6 +9,7 @@ pub mod fetch;
 pub mod hosts;
 pub mod index;
 pub mod normalize;
+pub mod observe;
 pub mod pack;
 pub mod proxy;
 pub mod sandbox;
@@ -85,6 +86,8 @@ pub struct Acquired {
     /// Where the fetch ran.
     pub mode: &'static str,
     pub millis: u64,
+    /// What was fetched (the pack's bytes); 0 for a warm start.
+    pub bytes: u64,
 }
 
 pub struct Provisioner {
@@ -232,13 +235,26 @@ impl Provisioner {
     /// (several workspaces opening with the same toolkit) fetch once: the others wait, then
     /// find its bundle in the index.
     pub fn acquire(&self, toolkit: &Toolkit) -> Result<Acquired> {
-        let key = format!("{}\n{}", toolkit.url, toolkit.revision.to_arg());
-        self.acquiring.with(&key, || self.acquire_now(toolkit))
+        self.acquire_observed(toolkit, &observe::Observer::default())
     }
 
-    fn acquire_now(&self, toolkit: &Toolkit) -> Result<Acquired> {
+    /// [`Provisioner::acquire`], showing its phase and bytes to `observer` and stopping when
+    /// it is cancelled.
+    pub fn acquire_observed(
+        &self,
+        toolkit: &Toolkit,
+        observer: &observe::Observer,
+    ) -> Result<Acquired> {
+        let key = format!("{}\n{}", toolkit.url, toolkit.revision.to_arg());
+        observer.set_phase("queued");
+        self.acquiring
+            .with(&key, || self.acquire_now(toolkit, observer))
+    }
+
+    fn acquire_now(&self, toolkit: &Toolkit, observer: &observe::Observer) -> Result<Acquired> {
         let started = Instant::now();
         let index = self.index();
+        let bytes = std::cell::Cell::new(0u64);
         let done = |mut record: BundleRecord, warm: bool| Acquired {
             record: {
                 // The same bundle may have been acquired under another name before.
@@ -249,6 +265,13 @@ impl Provisioner {
             warm,
             mode: if warm { "warm" } else { self.mode() },
             millis: started.elapsed().as_millis() as u64,
+            bytes: bytes.get(),
+        };
+        let cancelled = || {
+            Error::new(
+                Code::Cancelled,
+                format!("acquiring {} was cancelled", toolkit.url),
+            )
         };
         let known = match &toolkit.revision {
             Revision::Commit(c) => Some(c.clone()),
@@ -264,6 +287,10 @@ impl Provisioner {
         }
 
         let fetched_url = self.hosts().check(&toolkit.url, "url")?;
+        if observer.is_cancelled() {
+            return Err(cancelled());
+        }
+        observer.set_phase("fetching");
         let deadline = started + Duration::from_secs(self.limits.max_seconds);
         let scratch = tempfile::Builder::new()
             .prefix("fetch-")
@@ -293,10 +320,16 @@ impl Provisioner {
                     max_bytes: self.limits.max_bytes.saturating_mul(2),
                     setting: "twice CLOUD_HARNESS_MAX_BYTES",
                 },
+                observer,
             )
             .map_err(|e| self.explain(&fetched_url, e, started)),
         }?;
+        if observer.is_cancelled() {
+            return Err(cancelled());
+        }
         verify_fetched(&revision, &fetched, &fetched_url)?;
+        bytes.set(fetch::pack_bytes(&scratch.path().join("repo")));
+        observer.set_bytes(bytes.get());
         let commit = fetched.commit.to_string();
         if let Revision::Tag(t) = &toolkit.revision {
             index.set_tag(&toolkit.url, t, &commit)?;
@@ -306,6 +339,7 @@ impl Provisioner {
             return Ok(done(record, false));
         }
 
+        observer.set_phase("staging");
         let mut writer = self.store.writer()?;
         let staged = staging::stage(
             &fetched.repo,

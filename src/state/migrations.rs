@@ -152,6 +152,44 @@ CREATE TABLE pins (
 CREATE UNIQUE INDEX pins_current ON pins (entry_id) WHERE superseded_at IS NULL;
 "#,
     ),
+    (
+        4,
+        "import jobs and the acquisition history",
+        r#"
+CREATE TABLE imports (
+    id TEXT PRIMARY KEY,
+    spec TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('queued', 'running', 'done', 'failed', 'cancelled')),
+    actor TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    started_at BIGINT,
+    finished_at BIGINT,
+    result TEXT,
+    error TEXT
+);
+CREATE INDEX imports_state ON imports (state, created_at);
+CREATE TABLE acquisitions (
+    seq INTEGER PRIMARY KEY,
+    at BIGINT NOT NULL,
+    toolkit TEXT NOT NULL,
+    preset TEXT,
+    url TEXT NOT NULL,
+    requested TEXT NOT NULL,
+    commit_id TEXT,
+    bundle TEXT,
+    mode TEXT,
+    millis BIGINT NOT NULL,
+    bytes BIGINT NOT NULL,
+    skills BIGINT,
+    result TEXT NOT NULL CHECK (result IN ('ok', 'error')),
+    error_code TEXT,
+    error_message TEXT,
+    actor TEXT NOT NULL,
+    via TEXT NOT NULL,
+    subject TEXT
+);
+"#,
+    ),
 ];
 
 /// The newest version this binary knows.

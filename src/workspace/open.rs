@@ -30,6 +30,15 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// What an open works from besides the request: its toolkits resolved, where each came from
+/// (a set, or the request itself), who asked.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    toolkits: &'a [toolkit::Toolkit],
+    origins: &'a [Option<Value>],
+    actor: &'a str,
+}
+
 fn new_id() -> String {
     format!("ws_{}", uuid::Uuid::new_v4().simple())
 }
@@ -58,8 +67,13 @@ impl Workspaces {
         Executor::create(&self.executors, kind, places, id, egress_proxy).map(Some)
     }
 
-    /// `workspace_open`.
+    /// `workspace_open`, by the process itself.
     pub fn open(&self, request: OpenRequest) -> Result<Value> {
+        self.open_as(request, "local")
+    }
+
+    /// `workspace_open` asked by `actor` (who the acquisition history names).
+    pub fn open_as(&self, request: OpenRequest, actor: &str) -> Result<Value> {
         let key = request.idempotency_key.clone();
         request::check_key(&key)?;
         let expanded = crate::sets::expand(&self.db, &request.toolkits)?;
@@ -95,21 +109,19 @@ impl Workspaces {
 
         // One open per key at a time; the others then find its workspace.
         self.key_locks.with(&key, || {
-            self.open_locked(
-                &request,
-                &toolkits,
-                &expanded.origins,
-                repo_url.as_deref(),
-                digest,
-            )
+            let asked = Asked {
+                toolkits: &toolkits,
+                origins: &expanded.origins,
+                actor,
+            };
+            self.open_locked(&request, &asked, repo_url.as_deref(), digest)
         })
     }
 
     fn open_locked(
         &self,
         request: &OpenRequest,
-        toolkits: &[toolkit::Toolkit],
-        origins: &[Option<Value>],
+        asked: &Asked,
         repo_url: Option<&str>,
         digest: Digest,
     ) -> Result<Value> {
@@ -127,7 +139,7 @@ impl Workspaces {
             })?;
             return self.replay(&key, bound, digest);
         }
-        let opened = self.open_new(request, toolkits, origins, repo_url, digest, &id);
+        let opened = self.open_new(request, asked, repo_url, digest, &id);
         match &opened {
             Ok(_) => keys::opened(&self.db, &id)?,
             Err(_) => keys::release(&self.db, &id)?,
@@ -171,12 +183,16 @@ impl Workspaces {
     fn open_new(
         &self,
         request: &OpenRequest,
-        toolkits: &[toolkit::Toolkit],
-        origins: &[Option<Value>],
+        asked: &Asked,
         repo_url: Option<&str>,
         digest: Digest,
         id: &str,
     ) -> Result<Value> {
+        let Asked {
+            toolkits,
+            origins,
+            actor,
+        } = *asked;
         let key = request.idempotency_key.clone();
         let id = id.to_owned();
         let dir = record::workspaces_dir(&self.home).join(&id);
@@ -209,8 +225,19 @@ impl Workspaces {
 
         let mut acquired: Vec<(toolkit::Toolkit, Acquired)> = Vec::new();
         for t in toolkits {
-            let a = self.provisioner.acquire(t)?;
-            acquired.push((t.clone(), a));
+            let started = Instant::now();
+            let a = self.provisioner.acquire(t);
+            let millis = started.elapsed().as_millis() as u64;
+            crate::acquisitions::record(
+                &self.db,
+                t,
+                &a,
+                millis,
+                actor,
+                "workspace_open",
+                Some(&id),
+            );
+            acquired.push((t.clone(), a?));
         }
         let overrides = crate::decisions::in_force(&self.db, &self.home)?.overrides;
         let workspace_skills =

@@ -97,6 +97,7 @@ impl World {
         let out = Command::new(BIN)
             .args(args)
             .env("CLOUD_HARNESS_HOME", self.home())
+            .env("TOOLKIT_CACHE_ROOT", self.server.tmp.path().join("store"))
             .output()
             .unwrap();
         (

@@ -1,0 +1,147 @@
+//! The history of every acquisition — those `workspace_open` makes and those import jobs make
+//! — with the toolkit, URL, commit, mode, duration, bytes fetched, skill count and result (or
+//! the error and its code).
+
+use crate::provision::Acquired;
+use crate::state::{self, Db};
+use crate::toolkit::Toolkit;
+use cloud_harness_fs::Result;
+use rusqlite::params;
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Acquisition {
+    pub seq: i64,
+    pub at: i64,
+    pub toolkit: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preset: Option<String>,
+    pub url: String,
+    /// What was asked for: a commit, a tag, or the default branch head.
+    pub requested: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    pub millis: i64,
+    pub bytes: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skills: Option<i64>,
+    /// `ok` or `error`.
+    pub result: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_message: Option<String>,
+    pub actor: String,
+    /// `workspace_open` or `import`.
+    pub via: String,
+    /// The workspace or the import job it was for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+}
+
+/// Records one acquisition's outcome; a failure to record is logged, never the caller's.
+pub fn record(
+    db: &Db,
+    toolkit: &Toolkit,
+    outcome: &Result<Acquired>,
+    millis: u64,
+    actor: &str,
+    via: &str,
+    subject: Option<&str>,
+) {
+    let (commit, bundle, mode, bytes, skills, code, message) = match outcome {
+        Ok(a) => (
+            Some(a.record.key.commit.clone()),
+            Some(a.record.bundle.to_string()),
+            Some(a.mode.to_owned()),
+            a.bytes as i64,
+            Some(a.record.skills as i64),
+            None,
+            None,
+        ),
+        Err(e) => (
+            None,
+            None,
+            None,
+            0,
+            None,
+            Some(e.code.as_str()),
+            Some(e.message.clone()),
+        ),
+    };
+    let written = db.write(|tx| {
+        tx.execute(
+            "INSERT INTO acquisitions (at, toolkit, preset, url, requested, commit_id, bundle, mode, millis, bytes, skills,
+                 result, error_code, error_message, actor, via, subject)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+            params![
+                state::now_ms(),
+                toolkit.instance_id,
+                toolkit.preset,
+                toolkit.url,
+                crate::provision::index::describe(&toolkit.revision),
+                commit,
+                bundle,
+                mode,
+                millis as i64,
+                bytes,
+                skills,
+                if outcome.is_ok() { "ok" } else { "error" },
+                code,
+                message,
+                actor,
+                via,
+                subject,
+            ],
+        )
+        .map_err(state::internal)?;
+        Ok(())
+    });
+    if let Err(e) = written {
+        tracing::error!(error = %e, "cannot record an acquisition");
+    }
+}
+
+/// The history, newest first, before `before` (a `seq`), at most `limit`; the `seq` to go on
+/// from when there is more.
+pub fn list(db: &Db, before: Option<i64>, limit: usize) -> Result<(Vec<Acquisition>, Option<i64>)> {
+    let mut all = db.with(|c| {
+        c.prepare_cached(
+            "SELECT seq, at, toolkit, preset, url, requested, commit_id, bundle, mode, millis, bytes, skills,
+                    result, error_code, error_message, actor, via, subject
+             FROM acquisitions WHERE ($1 IS NULL OR seq < $1) ORDER BY seq DESC LIMIT $2",
+        )?
+        .query_map(params![before, (limit + 1) as i64], |r| {
+            Ok(Acquisition {
+                seq: r.get(0)?,
+                at: r.get(1)?,
+                toolkit: r.get(2)?,
+                preset: r.get(3)?,
+                url: r.get(4)?,
+                requested: r.get(5)?,
+                commit: r.get(6)?,
+                bundle: r.get(7)?,
+                mode: r.get(8)?,
+                millis: r.get(9)?,
+                bytes: r.get(10)?,
+                skills: r.get(11)?,
+                result: r.get(12)?,
+                error_code: r.get(13)?,
+                error_message: r.get(14)?,
+                actor: r.get(15)?,
+                via: r.get(16)?,
+                subject: r.get(17)?,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()
+    })?;
+    let more = all.len() > limit;
+    all.truncate(limit);
+    let next = more.then(|| all.last().map(|a| a.seq)).flatten();
+    Ok((all, next))
+}
