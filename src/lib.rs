@@ -15,6 +15,7 @@ pub mod home;
 pub mod imports;
 pub mod input;
 pub mod keyed_lock;
+pub mod library;
 pub mod listener;
 pub mod mcp;
 pub mod mount;

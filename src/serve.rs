@@ -185,6 +185,7 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
             let api = Arc::new(crate::api::Api {
                 workspaces: workspaces.clone(),
                 imports: crate::imports::Imports::start(workspaces.clone())?,
+                library: Default::default(),
             });
             let router = crate::mcp::http::router(service, sessions)
                 .merge(crate::api::router(api))

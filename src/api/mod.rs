@@ -8,6 +8,7 @@ mod imports;
 mod openapi;
 mod registry;
 mod sets;
+mod skills;
 mod tokens;
 
 use crate::auth::http::error_response;
@@ -29,6 +30,7 @@ const MAX_BODY: usize = 64 << 10;
 pub struct Api {
     pub workspaces: Arc<Workspaces>,
     pub imports: Arc<crate::imports::Imports>,
+    pub library: crate::library::Library,
 }
 
 pub type State = axum::extract::State<Arc<Api>>;
@@ -71,6 +73,8 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/api/v1/imports/{id}", get(imports::get))
         .route("/api/v1/imports/{id}/cancel", post(imports::cancel))
         .route("/api/v1/acquisitions", get(imports::acquisitions))
+        .route("/api/v1/skills", get(skills::list))
+        .route("/api/v1/skills/{digest}", get(skills::get))
         .route("/api/v1/audit", get(audit))
         .route("/api/v1/workspaces", get(workspaces))
         .fallback(|| async {

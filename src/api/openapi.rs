@@ -101,6 +101,8 @@ pub fn spec() -> Value {
             "/api/v1/imports/{id}": { "get": op("one import job: state, phase, bytes, result or error", None, "200", &[]) },
             "/api/v1/imports/{id}/cancel": { "post": op("cancel a queued or running import", None, "200", &[]) },
             "/api/v1/acquisitions": { "get": op("every acquisition (workspace_open's and imports'), newest first, paged", None, "200", &[("cursor", "string"), ("limit", "integer")]) },
+            "/api/v1/skills": { "get": op("the library: every skill of the store and the built-in tier, searched (every word of q in the name, description or toolkit) and filtered, with where each is used", None, "200", &[("q", "string"), ("tier", "string"), ("toolkit", "string"), ("warnings", "boolean"), ("cursor", "string"), ("limit", "integer")]) },
+            "/api/v1/skills/{digest}": { "get": op("one skill folder: every copy of it, its files, where it is used", None, "200", &[]) },
             "/api/v1/audit": { "get": op("the audit log, newest first, paged", None, "200", &[("actor", "string"), ("action", "string"), ("subject", "string"), ("cursor", "string"), ("limit", "integer")]) },
             "/api/v1/workspaces": { "get": op("the open workspaces", None, "200", &[]) },
             "/api/v1/openapi.json": { "get": op("this document", None, "200", &[]) },
