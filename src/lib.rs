@@ -11,6 +11,7 @@ pub mod conflicts;
 pub mod decisions;
 pub mod engine;
 pub mod executor;
+pub mod heads;
 pub mod home;
 pub mod imports;
 pub mod input;

@@ -12,12 +12,17 @@ use support::{dir, skill, Certs, GitServer, Repo};
 struct Fixture {
     w: World,
     git: GitServer,
+    repo: Repo,
     kit: String,
     _certs: Certs,
 }
 
 /// `slow`: seconds the git server waits before answering each fetch.
 fn fixture(slow: f64) -> Fixture {
+    fixture_with(slow, &[])
+}
+
+fn fixture_with(slow: f64, extra: &[(&str, &str)]) -> Fixture {
     let tmp = tempfile::tempdir().unwrap();
     let certs = Certs::new(&tmp.path().join("certs"));
     let repos = tmp.path().join("repos");
@@ -31,19 +36,20 @@ fn fixture(slow: f64) -> Fixture {
     )]));
     let git = GitServer::start_with(&repos, &certs, "127.0.0.1", slow);
     let ca = certs.ca.display().to_string();
-    let w = world_with(
-        tmp,
-        &[
-            ("CLOUD_HARNESS_EXECUTOR", "none"),
-            ("CLOUD_HARNESS_CONTAINERS", "off"),
-            ("ALLOWED_GIT_HOSTS", &git.host()),
-            ("CLOUD_HARNESS_EXTRA_CA", &ca),
-            ("CLOUD_HARNESS_ALLOW_CIDRS", "127.0.0.0/8"),
-        ],
-    );
+    let host = git.host();
+    let mut env = vec![
+        ("CLOUD_HARNESS_EXECUTOR", "none"),
+        ("CLOUD_HARNESS_CONTAINERS", "off"),
+        ("ALLOWED_GIT_HOSTS", host.as_str()),
+        ("CLOUD_HARNESS_EXTRA_CA", ca.as_str()),
+        ("CLOUD_HARNESS_ALLOW_CIDRS", "127.0.0.0/8"),
+    ];
+    env.extend_from_slice(extra);
+    let w = world_with(tmp, &env);
     Fixture {
         w,
         git,
+        repo,
         kit,
         _certs: certs,
     }
@@ -219,4 +225,59 @@ fn an_import_is_cancelled_while_it_fetches_and_publishes_nothing() {
     let (code, out) = w.cli(&["toolkit", "list", "--json"]);
     assert_eq!(code, 0, "{out}");
     assert!(!out.contains(&f.kit), "{out}");
+}
+
+#[test]
+fn a_default_head_is_resolved_once_and_reused_for_the_time_allowed() {
+    for ttl in ["600", "0"] {
+        default_head_reuse(ttl);
+    }
+}
+
+fn default_head_reuse(ttl: &str) {
+    let f = fixture_with(0.0, &[("CLOUD_HARNESS_HEAD_TTL", ttl)]);
+    let w = &f.w;
+    let session = mcp_session(w.server.addr, &w.operator);
+    let unpinned = json!({"kind": "git", "instanceId": "kit", "url": f.git.url("team/kit.git")});
+    let open = |key: &str| {
+        let r = tool(
+            w.server.addr,
+            &w.operator,
+            &session,
+            "workspace_open",
+            json!({"idempotencyKey": key, "toolkits": [unpinned]}),
+        );
+        assert_eq!(r["isError"], false, "{r}");
+        r["structuredContent"]["toolkits"][0].clone()
+    };
+    let first = open("one");
+    assert_eq!(
+        (first["commit"].as_str(), first["warm"].as_bool()),
+        (Some(f.kit.as_str()), Some(false)),
+        "{first}"
+    );
+    assert!(first["resolvedAt"].is_i64(), "{first}");
+    // The branch moves on; within the time allowed, opens keep the head they found, warm.
+    let moved = f.repo.commit(dir(vec![(
+        "skills",
+        dir(vec![("lint", skill("lint", "Lint it, v2."))]),
+    )]));
+    let asked = f.git.requests();
+    let second = open("two");
+    if ttl == "0" {
+        // Asked every time.
+        assert_eq!(
+            (second["commit"].as_str(), second["warm"].as_bool()),
+            (Some(moved.as_str()), Some(false)),
+            "{second}"
+        );
+        return;
+    }
+    assert_eq!(
+        (second["commit"].as_str(), second["warm"].as_bool()),
+        (Some(f.kit.as_str()), Some(true)),
+        "{second}"
+    );
+    assert_eq!(second["resolvedAt"], first["resolvedAt"]);
+    assert_eq!(f.git.requests(), asked, "a warm open asked the git server");
 }

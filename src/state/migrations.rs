@@ -154,7 +154,7 @@ CREATE UNIQUE INDEX pins_current ON pins (entry_id) WHERE superseded_at IS NULL;
     ),
     (
         4,
-        "import jobs and the acquisition history",
+        "import jobs, the acquisition history, default-head resolutions",
         r#"
 CREATE TABLE imports (
     id TEXT PRIMARY KEY,
@@ -168,6 +168,11 @@ CREATE TABLE imports (
     error TEXT
 );
 CREATE INDEX imports_state ON imports (state, created_at);
+CREATE TABLE head_resolutions (
+    url TEXT PRIMARY KEY,
+    commit_id TEXT NOT NULL,
+    resolved_at BIGINT NOT NULL
+);
 CREATE TABLE acquisitions (
     seq INTEGER PRIMARY KEY,
     at BIGINT NOT NULL,

@@ -224,9 +224,23 @@ impl Workspaces {
         }
 
         let mut acquired: Vec<(toolkit::Toolkit, Acquired)> = Vec::new();
+        let head_ttl = crate::heads::ttl()?;
+        // When each default-head toolkit's head was found (ms).
+        let mut resolved_at: Vec<Option<i64>> = Vec::new();
         for t in toolkits {
             let started = Instant::now();
-            let a = self.provisioner.acquire(t);
+            let head = match t.revision {
+                Revision::DefaultHead => Some(crate::heads::fresh(&self.db, &t.url, head_ttl)?),
+                _ => None,
+            };
+            let fetch = match &head {
+                Some(Some((commit, _))) => toolkit::Toolkit {
+                    revision: Revision::Commit(commit.clone()),
+                    ..t.clone()
+                },
+                _ => t.clone(),
+            };
+            let a = self.provisioner.acquire(&fetch);
             let millis = started.elapsed().as_millis() as u64;
             crate::acquisitions::record(
                 &self.db,
@@ -237,7 +251,17 @@ impl Workspaces {
                 "workspace_open",
                 Some(&id),
             );
-            acquired.push((t.clone(), a?));
+            let a = a?;
+            resolved_at.push(match head {
+                Some(Some((_, at))) => Some(at),
+                Some(None) => Some(crate::heads::remember(
+                    &self.db,
+                    &t.url,
+                    &a.record.key.commit,
+                )?),
+                None => None,
+            });
+            acquired.push((t.clone(), a));
         }
         let overrides = crate::decisions::in_force(&self.db, &self.home)?.overrides;
         let workspace_skills =
@@ -289,11 +313,15 @@ impl Workspaces {
         }
         ws.executor = cleanup.disarm();
         ws.record.result = self.open_result(&ws, &acquired, repository, warnings);
-        // The set (and revision) each toolkit a set brought came from.
+        // The set (and revision) each toolkit a set brought came from; when the head of each
+        // default-head toolkit was found.
         if let Some(listed) = ws.record.result["toolkits"].as_array_mut() {
-            for (t, origin) in listed.iter_mut().zip(origins) {
+            for ((t, origin), at) in listed.iter_mut().zip(origins).zip(&resolved_at) {
                 if let Some(set) = origin {
                     t["set"] = set.clone();
+                }
+                if let Some(at) = at {
+                    t["resolvedAt"] = json!(at);
                 }
             }
         }
