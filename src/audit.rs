@@ -93,3 +93,34 @@ pub fn list(
     let next = more.then(|| entries.last().map(|e| e.seq)).flatten();
     Ok((entries, next))
 }
+
+/// Records a FORBIDDEN answer to `via` (a security event): `egress.refused` when it names a
+/// URL or an address (the host allowlist, the egress proxy), else `request.refused`. Nothing
+/// for other errors; a failure to record is logged.
+pub fn refusal(db: &Db, actor: &str, via: &str, error: &cloud_harness_fs::Error) {
+    if error.code != cloud_harness_fs::Code::Forbidden {
+        return;
+    }
+    let field = error
+        .details
+        .get("field")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let url = error.details.get("url").and_then(Value::as_str);
+    let egress = url.is_some() || field.ends_with("url") || field.ends_with("Url");
+    let action = if egress {
+        "egress.refused"
+    } else {
+        "request.refused"
+    };
+    let subject = match url {
+        Some(u) => format!("url:{u}"),
+        None if !field.is_empty() => format!("field:{field}"),
+        None => via.to_owned(),
+    };
+    let details =
+        serde_json::json!({ "via": via, "message": error.message, "details": error.details });
+    if let Err(e) = event(db, actor, action, &subject, &details) {
+        tracing::error!(error = %e, "cannot record a refusal in the audit log");
+    }
+}

@@ -92,7 +92,10 @@ impl Imports {
             ));
         }
         let registry = crate::registry::load(db_of(self))?;
-        parsed.resolve_in(self.workspaces.hosts(), &registry)?;
+        if let Err(e) = parsed.resolve_in(self.workspaces.hosts(), &registry) {
+            crate::audit::refusal(db_of(self), actor, "import", &e);
+            return Err(e);
+        }
         let id = state::new_id("imp");
         let now = state::now_ms();
         db_of(self).write(|tx| {
@@ -191,6 +194,9 @@ impl Imports {
                 ),
             ),
         };
+        if let Err(e) = &outcome {
+            crate::audit::refusal(db_of(self), &actor, "import", e);
+        }
         let written = db_of(self).write(|tx| {
             tx.execute(
                 "UPDATE imports SET state = $1, finished_at = $2, result = $3, error = $4 WHERE id = $5",

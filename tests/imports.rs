@@ -120,7 +120,7 @@ fn an_import_runs_to_done_and_one_that_fails_keeps_its_error() {
     );
 
     // A toolkit this server may not fetch is refused before it is queued.
-    let (status, v) = w.call("POST", "/api/v1/imports", Some(&w.operator), Some(&json!({"toolkit": {"kind": "git", "instanceId": "x", "url": "https://elsewhere.example/x.git"}}).to_string()));
+    let (status, v) = w.call("POST", "/api/v1/imports", Some(&w.operator), Some(&json!({"toolkit": {"kind": "git", "instanceId": "x", "url": "https://localhost:1/x.git"}}).to_string()));
     assert_eq!(
         (status, v["code"].as_str()),
         (403, Some("FORBIDDEN")),
@@ -182,6 +182,11 @@ fn an_import_runs_to_done_and_one_that_fails_keeps_its_error() {
         (Some("ok"), Some(f.kit.as_str()), Some(2))
     );
     assert!(all[2]["bytes"].as_i64().unwrap() > 0 && all[2]["millis"].is_i64());
+    let (code, out) = w.cli(&["acquisitions", "--limit", "2"]);
+    assert_eq!(code, 0, "{out}");
+    let listed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed["acquisitions"].as_array().unwrap().len(), 2);
+    assert_eq!(listed["acquisitions"][0]["via"], "workspace_open");
     let page = w.op("GET", "/api/v1/acquisitions?limit=1", None);
     let rest = w.op(
         "GET",
@@ -280,4 +285,59 @@ fn default_head_reuse(ttl: &str) {
     );
     assert_eq!(second["resolvedAt"], first["resolvedAt"]);
     assert_eq!(f.git.requests(), asked, "a warm open asked the git server");
+}
+
+#[test]
+fn refused_egress_is_in_the_audit_log() {
+    // Loopback is a special-purpose address the egress proxy refuses unless told otherwise.
+    let f = fixture_with(0.0, &[("CLOUD_HARNESS_ALLOW_CIDRS", "")]);
+    let w = &f.w;
+    let queued = w.op(
+        "POST",
+        "/api/v1/imports",
+        Some(json!({"toolkit": spec(&f, &f.kit)})),
+    );
+    let failed = wait_for(w, queued["id"].as_str().unwrap(), ended);
+    assert_eq!(
+        (failed["state"].as_str(), failed["error"]["code"].as_str()),
+        (Some("failed"), Some("FORBIDDEN")),
+        "{failed}"
+    );
+    // A host off the allowlist, asked by an agent through workspace_open.
+    let made = w.op(
+        "POST",
+        "/api/v1/tokens",
+        Some(json!({"name": "agent", "role": "client"})),
+    );
+    let client = made["token"].as_str().unwrap();
+    let session = mcp_session(w.server.addr, client);
+    let refused = tool(
+        w.server.addr,
+        client,
+        &session,
+        "workspace_open",
+        json!({"idempotencyKey": "x", "toolkits": [{"kind": "git", "instanceId": "x", "url": "https://localhost:1/x.git"}]}),
+    );
+    assert_eq!(
+        refused["structuredContent"]["code"], "FORBIDDEN",
+        "{refused}"
+    );
+    let log = w.op("GET", "/api/v1/audit?action=egress.refused", None);
+    let entries = log["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 2, "{log}");
+    assert_eq!(
+        (
+            entries[0]["actor"].as_str(),
+            entries[0]["details"]["via"].as_str()
+        ),
+        (Some("token:agent"), Some("workspace_open"))
+    );
+    assert!(
+        entries[0]["details"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("localhost:1"),
+        "{log}"
+    );
+    assert_eq!(entries[1]["details"]["via"], "import");
 }

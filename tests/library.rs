@@ -93,6 +93,14 @@ fn the_library_finds_every_skill_and_says_where_each_is_used() {
     assert_eq!(rest["skills"].as_array().unwrap().len(), 2);
     assert!(rest.get("nextCursor").is_none());
 
+    // The CLI searches the same library.
+    let (code, out) = w.cli(&["library", "pull", "REQUESTS"]);
+    assert_eq!(code, 0, "{out}");
+    let found: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (found["total"].as_i64(), found["skills"][0]["name"].as_str()),
+        (Some(1), Some("alpha"))
+    );
     // Used by a set, then by a workspace opened from it.
     w.op(
         "POST",

@@ -165,7 +165,7 @@ fn an_operator_entry_is_added_pinned_and_opens_and_bad_entries_store_nothing() {
             "INVALID_ARGUMENT",
         ),
         (
-            json!({"id": "a/b", "name": "n", "description": "d", "url": "https://elsewhere.example/x.git", "commit": f.kit}),
+            json!({"id": "a/b", "name": "n", "description": "d", "url": "https://localhost:1/x.git", "commit": f.kit}),
             "url",
             "FORBIDDEN",
         ),

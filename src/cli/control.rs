@@ -229,6 +229,20 @@ pub fn override_(home: &HomeArg, cmd: OverrideCommand) -> Result<u8> {
     Ok(0)
 }
 
+/// `cloud-harness acquisitions`: the acquisition history, newest first.
+pub fn acquisitions(home: &HomeArg, limit: usize) -> Result<u8> {
+    if limit == 0 || limit > 10_000 {
+        return Err(Error::field(
+            Code::InvalidArgument,
+            "limit",
+            "must be 1 to 10000",
+        ));
+    }
+    let (all, _) = crate::acquisitions::list(&home.db()?, None, limit)?;
+    print(json!({ "acquisitions": all }));
+    Ok(0)
+}
+
 #[derive(Debug, Args)]
 pub struct AuditArgs {
     #[arg(long)]

@@ -4,6 +4,7 @@ mod cas;
 mod control;
 mod exec;
 mod fetch_pack;
+mod library;
 mod proxy;
 mod registry;
 mod sets;
@@ -90,12 +91,21 @@ pub enum Command {
         #[command(subcommand)]
         command: registry::RegistryCommand,
     },
+    /// The library: every skill of the store and the built-in tier, searched.
+    Library(library::LibraryArgs),
     /// The audit log, newest first.
     Audit {
         #[command(flatten)]
         home: control::HomeArg,
         #[command(flatten)]
         args: control::AuditArgs,
+    },
+    /// The acquisition history (workspace_open's and import jobs'), newest first.
+    Acquisitions {
+        #[command(flatten)]
+        home: control::HomeArg,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
     },
 }
 
@@ -148,6 +158,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Override { home, command } => return control::override_(&home, command),
         Command::Audit { home, args } => return control::audit(&home, args),
         Command::Set { home, command } => return sets::run(&home, command),
+        Command::Acquisitions { home, limit } => return control::acquisitions(&home, limit),
         other => other,
     };
     let store = Store::open(cli.store.clone().unwrap_or_else(Store::default_root))?;
@@ -158,6 +169,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Toolkit(cmd) => toolkit::run(&store, cmd),
         Command::Serve(args) => crate::serve::run(&store, &args),
         Command::Registry { home, command } => registry::run(&store, &home, command),
+        Command::Library(args) => library::run(&store, args),
         Command::Proxy(_)
         | Command::FetchPack(_)
         | Command::Exec(_)
@@ -165,7 +177,8 @@ pub fn run(cli: Cli) -> Result<u8> {
         | Command::Approve { .. }
         | Command::Override { .. }
         | Command::Audit { .. }
-        | Command::Set { .. } => unreachable!("handled above"),
+        | Command::Set { .. }
+        | Command::Acquisitions { .. } => unreachable!("handled above"),
     }
 }
 

@@ -166,6 +166,7 @@ impl HarnessServer {
                         {
                             tracing::error!(error = %not, "cannot record a launch conflict");
                         }
+                        crate::audit::refusal(ws.db(), &actor, "workspace_open", e);
                     }
                     opened
                 })
