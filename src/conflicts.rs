@@ -177,6 +177,7 @@ pub fn settle(
     home: &Path,
     id: &str,
     source: &str,
+    set: Option<&str>,
     reason: Option<&str>,
     actor: &str,
 ) -> Result<decisions::Decision> {
@@ -204,27 +205,25 @@ pub fn settle(
             ),
         ));
     }
-    decisions::set_override_with(
-        db,
-        home,
-        &conflict.skill,
+    let new = decisions::NewOverride {
+        skill: &conflict.skill,
         source,
+        set,
         reason,
-        actor,
-        |tx, override_id| {
-            tx.execute(
-                "UPDATE launch_conflicts SET settled_at = $1, settled_by = $2, override_id = $3
+    };
+    decisions::set_override_with(db, home, &new, actor, |tx, override_id| {
+        tx.execute(
+            "UPDATE launch_conflicts SET settled_at = $1, settled_by = $2, override_id = $3
              WHERE skill = $4 AND settled_at IS NULL",
-                params![state::now_ms(), actor, override_id, conflict.skill],
-            )
-            .map_err(state::internal)?;
-            audit::record(
-                tx,
-                actor,
-                "conflict.settle",
-                &format!("skill:{}", conflict.skill),
-                &json!({ "id": id, "source": source, "override": override_id }),
-            )
-        },
-    )
+            params![state::now_ms(), actor, override_id, conflict.skill],
+        )
+        .map_err(state::internal)?;
+        audit::record(
+            tx,
+            actor,
+            "conflict.settle",
+            &format!("skill:{}", conflict.skill),
+            &json!({ "id": id, "source": source, "set": set, "override": override_id }),
+        )
+    })
 }

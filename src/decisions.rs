@@ -43,6 +43,9 @@ pub enum What {
     Override {
         skill: String,
         source: String,
+        /// The set whose workspaces it applies to; none: every workspace.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        set: Option<String>,
     },
     Approval {
         digest: Digest,
@@ -54,13 +57,40 @@ pub enum What {
 /// The decisions in force: what opens and runs read.
 #[derive(Debug, Clone, Default)]
 pub struct InForce {
-    pub overrides: Vec<Override>,
+    /// Managed ones (operator.json), then the database's: each with the set it is for.
+    overrides: Vec<(Override, Option<String>)>,
+    /// How many of `overrides` are managed.
+    managed: usize,
     pub approved: Vec<Digest>,
 }
 
 impl InForce {
     pub fn is_approved(&self, digest: &Digest) -> bool {
         self.approved.contains(digest)
+    }
+
+    /// The overrides of a workspace whose toolkits came from `sets` (and the request): for each
+    /// skill a managed one, else one for one of those sets, else a global one.
+    pub fn overrides_for(&self, sets: &[String]) -> Vec<Override> {
+        let mut out: Vec<Override> = Vec::new();
+        let rank = |set: &Option<String>| match set {
+            Some(s) if sets.contains(s) => Some(1),
+            Some(_) => None,
+            None => Some(2),
+        };
+        let mut best: std::collections::BTreeMap<&str, (u8, &Override)> = Default::default();
+        for (i, (o, set)) in self.overrides.iter().enumerate() {
+            // Managed ones come first and win.
+            let Some(r) = (if i < self.managed { Some(0) } else { rank(set) }) else {
+                continue;
+            };
+            let slot = best.entry(o.skill.as_str()).or_insert((r, o));
+            if r < slot.0 {
+                *slot = (r, o);
+            }
+        }
+        out.extend(best.into_values().map(|(_, o)| o.clone()));
+        out
     }
 }
 
@@ -100,18 +130,23 @@ pub fn check_skill(skill: &str) -> Result<()> {
 
 pub fn in_force(db: &Db, home: &Path) -> Result<InForce> {
     let managed = Operator::load(home)?;
-    let mut overrides = managed.overrides;
+    let mut overrides: Vec<(Override, Option<String>)> =
+        managed.overrides.into_iter().map(|o| (o, None)).collect();
+    let managed_count = overrides.len();
     let mut approved = managed.approved_skills;
     let (db_overrides, db_approved) = db.with(|c| {
         let o = c
             .prepare_cached(
-                "SELECT skill, source FROM overrides WHERE revoked_at IS NULL ORDER BY skill",
+                "SELECT skill, source, set_id FROM overrides WHERE revoked_at IS NULL ORDER BY skill",
             )?
             .query_map([], |r| {
-                Ok(Override {
-                    skill: r.get(0)?,
-                    source: r.get(1)?,
-                })
+                Ok((
+                    Override {
+                        skill: r.get(0)?,
+                        source: r.get(1)?,
+                    },
+                    r.get::<_, Option<String>>(2)?,
+                ))
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         let a = c
@@ -120,15 +155,11 @@ pub fn in_force(db: &Db, home: &Path) -> Result<InForce> {
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok((o, a))
     })?;
-    // A managed override of a skill is the one in force (the API refuses to add another).
-    for o in db_overrides {
-        if !overrides.iter().any(|m| m.skill == o.skill) {
-            overrides.push(o);
-        }
-    }
+    overrides.extend(db_overrides);
     approved.extend(db_approved.iter().filter_map(|d| Digest::parse(d).ok()));
     Ok(InForce {
         overrides,
+        managed: managed_count,
         approved,
     })
 }
@@ -153,6 +184,7 @@ fn managed(home: &Path) -> Result<Vec<Decision>> {
             decision(What::Override {
                 skill: o.skill,
                 source: o.source,
+                set: None,
             })
         })
         .collect();
@@ -183,11 +215,11 @@ pub fn list(db: &Db, home: &Path, include_revoked: bool) -> Result<Vec<Decision>
     let mut all = managed(home)?;
     db.with(|c| {
         let mut q = c.prepare_cached(
-            "SELECT id, skill, source, actor, reason, created_at, revoked_at, revoked_by FROM overrides
+            "SELECT id, skill, source, set_id, actor, reason, created_at, revoked_at, revoked_by FROM overrides
              WHERE ($1 OR revoked_at IS NULL) ORDER BY created_at DESC, id",
         )?;
         for d in q.query_map(params![include_revoked], |r| {
-            let what = What::Override { skill: r.get("skill")?, source: r.get("source")? };
+            let what = What::Override { skill: r.get("skill")?, source: r.get("source")?, set: r.get("set_id")? };
             decision_row(r, what)
         })? {
             all.push(d?);
@@ -211,32 +243,40 @@ pub fn list(db: &Db, home: &Path, include_revoked: bool) -> Result<Vec<Decision>
     Ok(all)
 }
 
-/// Serves `skill` from `source` from now on (workspaces opened after it); an override of the
-/// same skill made before is revoked by it, in the same transaction.
-pub fn set_override(
-    db: &Db,
-    home: &Path,
-    skill: &str,
-    source: &str,
-    reason: Option<&str>,
-    actor: &str,
-) -> Result<Decision> {
-    set_override_with(db, home, skill, source, reason, actor, |_, _| Ok(()))
+/// What an override says: serve `skill` from `source`, in the workspaces of `set` (or all).
+pub struct NewOverride<'a> {
+    pub skill: &'a str,
+    pub source: &'a str,
+    pub set: Option<&'a str>,
+    pub reason: Option<&'a str>,
+}
+
+/// Serves the skill from the source from now on (workspaces opened after it); an override of
+/// the same skill and set made before is revoked by it, in the same transaction.
+pub fn set_override(db: &Db, home: &Path, new: &NewOverride, actor: &str) -> Result<Decision> {
+    set_override_with(db, home, new, actor, |_, _| Ok(()))
 }
 
 /// [`set_override`], with `also` done in the same transaction (given the override's id).
 pub fn set_override_with(
     db: &Db,
     home: &Path,
-    skill: &str,
-    source: &str,
-    reason: Option<&str>,
+    new: &NewOverride,
     actor: &str,
     also: impl FnOnce(&rusqlite::Transaction, &str) -> Result<()>,
 ) -> Result<Decision> {
+    let NewOverride {
+        skill,
+        source,
+        set,
+        reason,
+    } = *new;
     check_skill(skill)?;
     check_text("source", source, MAX_SOURCE)?;
     check_reason(reason)?;
+    if let Some(set) = set {
+        crate::sets::get(db, set, None).map_err(|e| Error::field(e.code, "set", e.message))?;
+    }
     if Operator::load(home)?
         .overrides
         .iter()
@@ -262,20 +302,22 @@ pub fn set_override_with(
         what: What::Override {
             skill: skill.to_owned(),
             source: source.to_owned(),
+            set: set.map(str::to_owned),
         },
     };
     db.write(|tx| {
         let superseded: Option<String> = tx
             .query_row(
-                "UPDATE overrides SET revoked_at = $1, revoked_by = $2 WHERE skill = $3 AND revoked_at IS NULL RETURNING id",
-                params![decision.created_at, actor, skill],
+                "UPDATE overrides SET revoked_at = $1, revoked_by = $2
+                 WHERE skill = $3 AND COALESCE(set_id, '') = COALESCE($4, '') AND revoked_at IS NULL RETURNING id",
+                params![decision.created_at, actor, skill, set],
                 |r| r.get(0),
             )
             .optional()
             .map_err(state::internal)?;
         tx.execute(
-            "INSERT INTO overrides (id, skill, source, actor, reason, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
-            params![decision.id, skill, source, actor, reason, decision.created_at],
+            "INSERT INTO overrides (id, skill, source, set_id, actor, reason, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            params![decision.id, skill, source, set, actor, reason, decision.created_at],
         )
         .map_err(state::internal)?;
         audit::record(
@@ -283,7 +325,7 @@ pub fn set_override_with(
             actor,
             "override.set",
             &format!("skill:{skill}"),
-            &json!({ "id": decision.id, "source": source, "reason": reason, "supersedes": superseded }),
+            &json!({ "id": decision.id, "source": source, "set": set, "reason": reason, "supersedes": superseded }),
         )?;
         also(tx, &decision.id)
     })?;

@@ -266,6 +266,13 @@ fn an_approval_through_the_api_lets_a_script_run_and_its_revocation_stops_it() {
     let pending = w.op("GET", "/api/v1/approvals/pending", None);
     assert_eq!(pending["pending"][0]["digest"], digest, "{pending}");
     assert_eq!(pending["pending"][0]["script"], "scripts/hello.sh");
+    let files: Vec<&str> = pending["pending"][0]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(files, ["SKILL.md", "scripts/hello.sh"], "{pending}");
     let approval = w.op(
         "POST",
         "/api/v1/approvals",
@@ -446,4 +453,96 @@ fn a_server_killed_mid_write_leaves_the_database_whole_with_every_acknowledged_d
     drop(db);
     let (code, out) = w.cli(&["approve", "list"]);
     assert_eq!(code, 0, "{out}");
+}
+
+#[test]
+fn an_override_for_one_set_applies_to_its_workspaces_only_and_wins_there() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (one, two, _) = conflicting_store(&tmp);
+    let w = world_with(
+        tmp,
+        &[
+            ("CLOUD_HARNESS_EXECUTOR", "none"),
+            ("CLOUD_HARNESS_CONTAINERS", "off"),
+            ("ALLOWED_GIT_HOSTS", support::WARM_HOST),
+        ],
+    );
+    w.op(
+        "POST",
+        "/api/v1/sets",
+        Some(json!({"id": "team", "members": [one, two]})),
+    );
+    let session = mcp_session(w.server.addr, &w.operator);
+    let open = |key: &str, toolkits: Value| {
+        tool(
+            w.server.addr,
+            &w.operator,
+            &session,
+            "workspace_open",
+            json!({"idempotencyKey": key, "toolkits": toolkits}),
+        )
+    };
+    let via_set = json!([{"kind": "set", "id": "team"}]);
+    let direct = json!([one, two]);
+    let refused = open("s1", via_set.clone());
+    assert_eq!(
+        refused["structuredContent"]["code"], "CONFLICT",
+        "{refused}"
+    );
+    let id = w.op("GET", "/api/v1/conflicts", None)["conflicts"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let settled = w.op(
+        "POST",
+        &format!("/api/v1/conflicts/{id}/settle"),
+        Some(json!({"source": "owner:two", "set": "team"})),
+    );
+    assert_eq!(settled["override"]["set"], "team", "{settled}");
+    let read = |r: &Value| {
+        let ws = r["structuredContent"]["workspace"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{r}"))
+            .to_owned();
+        let page = tool(
+            w.server.addr,
+            &w.operator,
+            &session,
+            "skills_read",
+            json!({"workspace": ws, "skill": "dup"}),
+        );
+        page["structuredContent"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert!(read(&open("s1", via_set.clone())).contains("Two's copy."));
+    // The set's override is not the others'.
+    let refused = open("d1", direct.clone());
+    assert_eq!(
+        refused["structuredContent"]["code"], "CONFLICT",
+        "{refused}"
+    );
+    // A global override serves everyone else; the set's still wins in its workspaces.
+    w.op(
+        "POST",
+        "/api/v1/overrides",
+        Some(json!({"skill": "dup", "source": "owner:one"})),
+    );
+    assert!(read(&open("d2", direct)).contains("One's copy."));
+    assert!(read(&open("s2", via_set)).contains("Two's copy."));
+    let both = w.op("GET", "/api/v1/overrides", None);
+    assert_eq!(both["overrides"].as_array().unwrap().len(), 2, "{both}");
+    // An override for a set that does not exist is refused.
+    let (status, v) = w.call(
+        "POST",
+        "/api/v1/overrides",
+        Some(&w.operator),
+        Some(&json!({"skill": "dup", "source": "owner:one", "set": "nobody"}).to_string()),
+    );
+    assert_eq!(
+        (status, v["details"]["field"].as_str()),
+        (404, Some("set")),
+        "{v}"
+    );
 }

@@ -23,6 +23,8 @@ pub struct ListQuery {
 #[serde(deny_unknown_fields)]
 struct Settle {
     source: String,
+    /// Settle it for the workspaces of this set only.
+    set: Option<String>,
     reason: Option<String>,
 }
 
@@ -59,6 +61,7 @@ pub async fn settle(
             &home,
             &id,
             &req.source,
+            req.set.as_deref(),
             req.reason.as_deref(),
             &actor(&who),
         )?;

@@ -40,6 +40,7 @@ struct NewApproval {
 struct NewOverride {
     skill: String,
     source: String,
+    set: Option<String>,
     reason: Option<String>,
 }
 
@@ -84,7 +85,23 @@ pub async fn pending(axum::extract::State(api): State) -> Response {
         api.workspaces.db().clone(),
         api.workspaces.home().to_owned(),
     );
-    let pending = blocking(move || decisions::pending(&db, &home)).await;
+    let ws = api.workspaces.clone();
+    let pending = blocking(move || {
+        // Each with the skill's files (the script among them), as the store has them.
+        let all: Vec<_> = decisions::pending(&db, &home)?
+            .into_iter()
+            .map(|p| {
+                let files = Digest::parse(&p.digest)
+                    .ok()
+                    .and_then(|d| crate::library::files(ws.store(), &d).ok());
+                let mut v = json!(p);
+                v["files"] = json!(files);
+                v
+            })
+            .collect();
+        Ok(all)
+    })
+    .await;
     answer(StatusCode::OK, pending.map(|p| json!({ "pending": p })))
 }
 
@@ -126,14 +143,13 @@ pub async fn set_override(
     );
     let made = blocking(move || {
         let req: NewOverride = body(&bytes)?;
-        decisions::set_override(
-            &db,
-            &home,
-            &req.skill,
-            &req.source,
-            req.reason.as_deref(),
-            &actor(&id),
-        )
+        let new = decisions::NewOverride {
+            skill: &req.skill,
+            source: &req.source,
+            set: req.set.as_deref(),
+            reason: req.reason.as_deref(),
+        };
+        decisions::set_override(&db, &home, &new, &actor(&id))
     })
     .await;
     answer(StatusCode::CREATED, made.map(|d| json!(d)))

@@ -166,11 +166,11 @@ pub fn spec() -> Value {
                 },
                 "Settle": {
                     "type": "object", "additionalProperties": false, "required": ["source"],
-                    "properties": { "source": text(255), "reason": text(1000) }
+                    "properties": { "source": text(255), "set": text(64), "reason": text(1000) }
                 },
                 "NewOverride": {
                     "type": "object", "additionalProperties": false, "required": ["skill", "source"],
-                    "properties": { "skill": text(64), "source": text(255), "reason": text(1000) }
+                    "properties": { "skill": text(64), "source": text(255), "set": text(64), "reason": text(1000) }
                 }
             }
         }

@@ -160,6 +160,9 @@ pub enum OverrideCommand {
     Add {
         skill: String,
         source: String,
+        /// Only in the workspaces of this set.
+        #[arg(long)]
+        set: Option<String>,
         #[arg(long)]
         reason: Option<String>,
     },
@@ -184,6 +187,9 @@ pub enum OverrideCommand {
     Settle {
         id: String,
         source: String,
+        /// Only in the workspaces of this set.
+        #[arg(long)]
+        set: Option<String>,
         #[arg(long)]
         reason: Option<String>,
     },
@@ -195,15 +201,22 @@ pub fn override_(home: &HomeArg, cmd: OverrideCommand) -> Result<u8> {
         OverrideCommand::Add {
             skill,
             source,
+            set,
             reason,
-        } => print(json!(decisions::set_override(
-            &db,
-            &home.dir(),
-            &skill,
-            &source,
-            reason.as_deref(),
-            &actor()
-        )?)),
+        } => {
+            let new = decisions::NewOverride {
+                skill: &skill,
+                source: &source,
+                set: set.as_deref(),
+                reason: reason.as_deref(),
+            };
+            print(json!(decisions::set_override(
+                &db,
+                &home.dir(),
+                &new,
+                &actor()
+            )?))
+        }
         OverrideCommand::List { revoked } => {
             print(json!({ "overrides": kept(decisions::list(&db, &home.dir(), revoked)?, false) }))
         }
@@ -214,12 +227,18 @@ pub fn override_(home: &HomeArg, cmd: OverrideCommand) -> Result<u8> {
         OverrideCommand::Conflicts { settled } => {
             print(json!({ "conflicts": crate::conflicts::list(&db, settled)? }))
         }
-        OverrideCommand::Settle { id, source, reason } => {
+        OverrideCommand::Settle {
+            id,
+            source,
+            set,
+            reason,
+        } => {
             let made = crate::conflicts::settle(
                 &db,
                 &home.dir(),
                 &id,
                 &source,
+                set.as_deref(),
                 reason.as_deref(),
                 &actor(),
             )?;

@@ -195,6 +195,15 @@ CREATE TABLE acquisitions (
 );
 "#,
     ),
+    (
+        5,
+        "overrides for the workspaces of one set",
+        r#"
+ALTER TABLE overrides ADD COLUMN set_id TEXT REFERENCES sets (id);
+DROP INDEX overrides_active;
+CREATE UNIQUE INDEX overrides_active ON overrides (skill, COALESCE(set_id, '')) WHERE revoked_at IS NULL;
+"#,
+    ),
 ];
 
 /// The newest version this binary knows.

@@ -196,8 +196,8 @@ impl Workspaces {
         let Ok(entries) = fs::read_dir(record::workspaces_dir(&self.home)) else {
             return;
         };
-        let overrides = match crate::decisions::in_force(&self.db, &self.home) {
-            Ok(d) => d.overrides,
+        let decisions = match crate::decisions::in_force(&self.db, &self.home) {
+            Ok(d) => d,
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the operator's decisions: no workspace restored");
                 return;
@@ -236,6 +236,7 @@ impl Workspaces {
                 Some(spec) => Some(Executor::attach(spec, places.clone(), &id)),
                 None => self.make_executor(&places, &id).ok().flatten(),
             };
+            let overrides = decisions.overrides_for(&record.sets());
             match self.activate(record, &entry.path(), &overrides, false, &mut Vec::new()) {
                 Ok(mut ws) => {
                     tracing::info!(workspace = %id, "workspace restored");

@@ -263,7 +263,13 @@ impl Workspaces {
             });
             acquired.push((t.clone(), a));
         }
-        let overrides = crate::decisions::in_force(&self.db, &self.home)?.overrides;
+        // The overrides for the sets the toolkits came from, and the global ones.
+        let sets: Vec<String> = origins
+            .iter()
+            .flatten()
+            .filter_map(|o| o["id"].as_str().map(str::to_owned))
+            .collect();
+        let overrides = crate::decisions::in_force(&self.db, &self.home)?.overrides_for(&sets);
         let workspace_skills =
             materialize::workspace_scope(self.store(), repo, &acquired, &overrides)?;
         if matches!(self.executor_kind, Some(Kind::Docker | Kind::Bwrap))

@@ -57,6 +57,18 @@ pub fn not_found(id: &str) -> Error {
 }
 
 impl Record {
+    /// The sets the workspace's toolkits came from.
+    pub fn sets(&self) -> Vec<String> {
+        let mut sets: Vec<String> = self.result["toolkits"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["set"]["id"].as_str().map(str::to_owned))
+            .collect();
+        sets.dedup();
+        sets
+    }
+
     pub fn save(&self, dir: &Path) -> Result<()> {
         write_atomic(
             &record_path(dir),
