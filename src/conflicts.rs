@@ -162,10 +162,7 @@ pub fn get(db: &Db, id: &str) -> Result<LaunchConflict> {
         Error::field(
             Code::NotFound,
             "id",
-            format!(
-                "no launch conflict {:?}",
-                id.chars().take(80).collect::<String>()
-            ),
+            format!("no launch conflict {:?}", crate::input::shown(id)),
         )
     })
 }
@@ -200,7 +197,7 @@ pub fn settle(
             "source",
             format!(
                 "{:?} is not a candidate of this conflict: {}",
-                source.chars().take(80).collect::<String>(),
+                crate::input::shown(source),
                 sources.join(", ")
             ),
         ));

@@ -5,6 +5,7 @@
 //! shown, but changed only by editing the file (configuration management owns them).
 
 use crate::audit;
+use crate::input::{check_text, shown};
 use crate::operator::Operator;
 use crate::state::{self, Db};
 use cloud_harness_fs::cas::Digest;
@@ -94,21 +95,6 @@ impl InForce {
     }
 }
 
-fn clip(text: &str) -> String {
-    text.chars().take(80).collect()
-}
-
-fn check_text(field: &str, text: &str, max: usize) -> Result<()> {
-    if text.is_empty() || text.len() > max || text.chars().any(char::is_control) {
-        return Err(Error::field(
-            Code::InvalidArgument,
-            field,
-            format!("must be 1 to {max} bytes without control characters"),
-        ));
-    }
-    Ok(())
-}
-
 fn check_reason(reason: Option<&str>) -> Result<()> {
     reason.map_or(Ok(()), |r| check_text("reason", r, MAX_REASON))
 }
@@ -122,7 +108,7 @@ pub fn check_skill(skill: &str) -> Result<()> {
             "skill",
             format!(
                 "{:?} is not a skill name: 1-64 lowercase letters, digits and single hyphens",
-                clip(skill)
+                shown(skill)
             ),
         ))
     }
@@ -400,7 +386,7 @@ pub fn revoke(db: &Db, kind: Kind, id: &str, reason: Option<&str>, actor: &str) 
             "id",
             format!(
                 "no {table} decision {:?} (managed decisions are changed in operator.json)",
-                clip(id)
+                shown(id)
             ),
         ));
     }
@@ -418,7 +404,7 @@ pub fn revoke(db: &Db, kind: Kind, id: &str, reason: Option<&str>, actor: &str) 
             .optional()
             .map_err(state::internal)?;
         let subject = subject.ok_or_else(|| {
-            Error::field(Code::NotFound, "id", format!("no decision {:?} in force", clip(id)))
+            Error::field(Code::NotFound, "id", format!("no decision {:?} in force", shown(id)))
         })?;
         let action = if table == "overrides" { "override.revoke" } else { "approval.revoke" };
         audit::record(tx, actor, action, &format!("skill:{subject}"), &json!({ "id": id, "reason": reason }))

@@ -251,10 +251,7 @@ impl Imports {
                 Error::field(
                     Code::NotFound,
                     "id",
-                    format!(
-                        "no import job {:?}",
-                        id.chars().take(80).collect::<String>()
-                    ),
+                    format!("no import job {:?}", crate::input::shown(id)),
                 )
             })?;
         Ok(self.live(job))

@@ -49,6 +49,23 @@ pub fn max_items(field: &str, items: usize, max: usize) -> Result<()> {
     Ok(())
 }
 
+/// How a value from a request is shown back in an error: its first 80 characters.
+pub fn shown(text: &str) -> String {
+    text.chars().take(80).collect()
+}
+
+/// A text field of 1 to `max` bytes without control characters (names, reasons, sources).
+pub fn check_text(field: &str, text: &str, max: usize) -> Result<()> {
+    if text.is_empty() || text.len() > max || text.chars().any(char::is_control) {
+        return Err(Error::field(
+            cloud_harness_fs::Code::InvalidArgument,
+            field,
+            format!("must be 1 to {max} bytes without control characters"),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,6 +4,7 @@
 //! new commit first and keeps the history (a rollback is a move back).
 
 use crate::audit;
+use crate::input::{check_text, shown};
 use crate::presets::{self, Preset};
 use crate::provision::Provisioner;
 use crate::state::{self, Db};
@@ -223,10 +224,7 @@ fn unknown(id: &str) -> Error {
     Error::field(
         Code::NotFound,
         "id",
-        format!(
-            "no registry entry {:?}",
-            id.chars().take(80).collect::<String>()
-        ),
+        format!("no registry entry {:?}", shown(id)),
     )
 }
 
@@ -371,21 +369,10 @@ fn check_entry_id(id: &str) -> Result<()> {
             "id",
             format!(
                 "{:?} is not `owner/name` (letters, digits, '.', '_', '-')",
-                id.chars().take(80).collect::<String>()
+                shown(id)
             ),
         )),
     }
-}
-
-fn check_text(field: &str, text: &str, max: usize) -> Result<()> {
-    if text.is_empty() || text.len() > max || text.chars().any(char::is_control) {
-        return Err(Error::field(
-            Code::InvalidArgument,
-            field,
-            format!("must be 1 to {max} bytes without control characters"),
-        ));
-    }
-    Ok(())
 }
 
 pub fn add(db: &Db, provisioner: &Provisioner, new: NewEntry, actor: &str) -> Result<Entry> {

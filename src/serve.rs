@@ -165,8 +165,8 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
                 tracing::warn!(%addr, "serving MCP beyond loopback");
             }
             let config = StreamableHttpServerConfig::default()
-                .with_allowed_hosts(hosts)
-                .with_allowed_origins(origins)
+                .with_allowed_hosts(hosts.clone())
+                .with_allowed_origins(origins.clone())
                 .with_legacy_session_mode(true)
                 .with_cancellation_token(stop.child_token());
             let sessions =
@@ -181,7 +181,8 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
                 AuthMode::Token => crate::auth::http::Mode::Tokens,
                 AuthMode::None => crate::auth::http::Mode::None,
             };
-            let auth = crate::auth::http::Auth::new(db.clone(), mode, args.allow_origins.clone());
+            let auth =
+                crate::auth::http::Auth::new(db.clone(), mode, origins.clone(), hosts.clone());
             let api = Arc::new(crate::api::Api {
                 workspaces: workspaces.clone(),
                 imports: crate::imports::Imports::start(workspaces.clone())?,
@@ -189,7 +190,7 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
             });
             let router = crate::mcp::http::router(service, sessions)
                 .merge(crate::api::router(api))
-                .merge(crate::auth::http::pages(auth.clone()))
+                .merge(crate::auth::pages::router(auth.clone()))
                 .layer(axum::middleware::from_fn_with_state(
                     auth,
                     crate::auth::http::guard,

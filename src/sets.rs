@@ -44,7 +44,7 @@ pub fn check_id(id: &str) -> Result<()> {
             "id",
             format!(
                 "{:?} is not a set id: 1-64 lowercase letters, digits and hyphens",
-                id.chars().take(80).collect::<String>()
+                crate::input::shown(id)
             ),
         ))
     }

@@ -402,3 +402,54 @@ fn bad_input_to_the_api_is_a_typed_error_and_stores_nothing() {
         assert!(doc["paths"][path].is_object(), "{path} is not documented");
     }
 }
+
+/// Even with `--auth none`, a page of another site cannot make a browser change anything: a
+/// write naming a foreign origin, a host name that is not this server's (DNS rebinding) and a
+/// body that is not JSON (a form, a text/plain post) are refused before anything is stored.
+#[test]
+fn without_auth_a_foreign_page_still_cannot_write() {
+    let server = support::http::server(&[]);
+    let url = format!("http://{}/api/v1/approvals", server.addr);
+    let http = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap();
+    let body = json!({"digest": format!("sha256:{}", "ab".repeat(32))}).to_string();
+    let post = |headers: &[(&str, &str)]| {
+        let mut r = http.post(&url).body(body.clone());
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        let response = r.send().unwrap();
+        let status = response.status().as_u16();
+        let v: Value = serde_json::from_str(&response.text().unwrap()).unwrap_or(Value::Null);
+        (status, v["code"].as_str().unwrap_or("").to_owned())
+    };
+    let json_type = ("Content-Type", "application/json");
+    assert_eq!(
+        post(&[json_type, ("Origin", "http://evil.example")]),
+        (403, "FORBIDDEN".into())
+    );
+    let port = server.addr.port().to_string();
+    let rebound = format!("evil.example:{port}");
+    assert_eq!(
+        post(&[json_type, ("Host", &rebound)]),
+        (403, "FORBIDDEN".into())
+    );
+    assert_eq!(
+        post(&[("Content-Type", "text/plain")]),
+        (400, "INVALID_ARGUMENT".into())
+    );
+    assert_eq!(
+        post(&[("Content-Type", "application/x-www-form-urlencoded")]),
+        (400, "INVALID_ARGUMENT".into())
+    );
+    let listed: Value =
+        serde_json::from_str(&http.get(&url).send().unwrap().text().unwrap()).unwrap();
+    assert_eq!(listed["approvals"], json!([]), "{listed}");
+    // This machine's own pages may write: a loopback origin, on any port.
+    assert_eq!(
+        post(&[json_type, ("Origin", "http://localhost:6274")]).0,
+        201
+    );
+}

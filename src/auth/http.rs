@@ -4,7 +4,7 @@
 
 use super::{Identity, Role};
 use crate::state::Db;
-use axum::extract::{Query, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -38,8 +38,12 @@ pub enum Mode {
 pub struct Auth {
     db: Db,
     mode: Mode,
-    /// Origins besides the server's own that may send a browser's writes.
+    /// Origins besides the server's own that may send a browser's writes, as the MCP endpoint
+    /// takes them (`http://localhost:*`: any port).
     origins: Vec<String>,
+    /// The names this server answers to (a browser led here by another name is refused:
+    /// DNS rebinding).
+    hosts: Vec<String>,
     cache: Mutex<HashMap<String, Checked>>,
 }
 
@@ -47,11 +51,12 @@ pub struct Auth {
 type Checked = (Instant, u64, Option<Identity>);
 
 impl Auth {
-    pub fn new(db: Db, mode: Mode, origins: Vec<String>) -> Arc<Auth> {
+    pub fn new(db: Db, mode: Mode, origins: Vec<String>, hosts: Vec<String>) -> Arc<Auth> {
         Arc::new(Auth {
             db,
             mode,
             origins,
+            hosts,
             cache: Mutex::default(),
         })
     }
@@ -129,12 +134,20 @@ pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
         .map(|(_, v)| v.to_owned())
 }
 
-/// Whether `origin` is this server's own (as the browser reached it) or one allowed.
+/// Whether `origin` is this server's own (as the browser reached it) or one allowed (a
+/// pattern ending in `:*` takes any port).
 fn same_origin(headers: &HeaderMap, origin: &str, allowed: &[String]) -> bool {
     let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
     let own =
         host.is_some_and(|h| origin == format!("http://{h}") || origin == format!("https://{h}"));
-    own || allowed.iter().any(|a| a == origin)
+    let matches = |a: &String| match a.strip_suffix(":*") {
+        Some(base) => origin.strip_prefix(base).is_some_and(|port| {
+            port.strip_prefix(':')
+                .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        }),
+        None => a == origin,
+    };
+    own || allowed.iter().any(matches)
 }
 
 pub async fn guard(State(auth): State<Arc<Auth>>, mut request: Request, next: Next) -> Response {
@@ -149,9 +162,51 @@ pub async fn guard(State(auth): State<Arc<Auth>>, mut request: Request, next: Ne
     next.run(request).await
 }
 
+/// The host name of a `Host` header, without its port (an IPv6 address without brackets).
+fn host_name(host: &str) -> &str {
+    match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(rest),
+        None => host.split(':').next().unwrap_or(host),
+    }
+}
+
 fn check(auth: &Auth, request: &Request, path: &str) -> Result<Option<Identity>, Error> {
     let headers = request.headers();
     let method = request.method();
+    let writes = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
+    if let Some(host) = headers.get(header::HOST).and_then(|v| v.to_str().ok()) {
+        if !auth.hosts.iter().any(|h| h == host_name(host)) {
+            return Err(Error::new(
+                Code::Forbidden,
+                "this server does not answer to that host name",
+            ));
+        }
+    }
+    // A page of another site may make a browser send a write (a form, a text/plain fetch):
+    // whatever the credentials, a write that names an origin must name this server's.
+    let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
+    if writes && origin.is_some_and(|o| !same_origin(headers, o, &auth.origins)) {
+        return Err(Error::new(
+            Code::Forbidden,
+            "a browser's write must come from this server's own origin",
+        ));
+    }
+    let has_body = headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|n| n != "0");
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if path.starts_with("/api/") && writes && has_body && !json {
+        // Only JSON: a cross-site form or text/plain post cannot send it without asking first.
+        return Err(Error::new(
+            Code::InvalidArgument,
+            "the API takes JSON: send Content-Type: application/json",
+        ));
+    }
     let identity =
         if auth.mode == Mode::None {
             Some(Identity {
@@ -188,12 +243,10 @@ fn check(auth: &Auth, request: &Request, path: &str) -> Result<Option<Identity>,
             "sign in: send `Authorization: Bearer <token>` (`cloud-harness token create`), or open a login link (`cloud-harness token login-url`)",
         ));
     };
-    let writes = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
     if let (Some(csrf), true) = (&identity.csrf, writes) {
         // A cookie rides along on any site's request: a browser's write must come from this
         // server's pages and carry the session's token.
-        let origin = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok());
-        if !origin.is_some_and(|o| same_origin(headers, o, &auth.origins)) {
+        if origin.is_none() {
             return Err(Error::new(
                 Code::Forbidden,
                 "a browser's write must come from this server's own origin",
@@ -220,88 +273,4 @@ fn check(auth: &Auth, request: &Request, path: &str) -> Result<Option<Identity>,
         ));
     }
     Ok(Some(identity))
-}
-
-#[derive(serde::Deserialize)]
-pub struct LoginQuery {
-    code: Option<String>,
-}
-
-/// `GET /login?code=…`: a one-time code becomes a browser session.
-pub async fn login(State(auth): State<Arc<Auth>>, Query(q): Query<LoginQuery>) -> Response {
-    let Some(code) = q.code.filter(|c| c.len() <= 128) else {
-        return error_response(&Error::field(
-            Code::InvalidArgument,
-            "code",
-            "a login link carries `code`",
-        ));
-    };
-    let db = auth.db.clone();
-    let session = match tokio::task::spawn_blocking(move || super::redeem(&db, &code)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return error_response(&e),
-        Err(e) => return error_response(&Error::internal(e.to_string())),
-    };
-    let cookie = format!(
-        "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
-        session.secret, session.max_age_secs
-    );
-    Response::builder()
-        .status(StatusCode::SEE_OTHER)
-        .header(header::LOCATION, "/")
-        .header(header::SET_COOKIE, cookie)
-        .body(axum::body::Body::empty())
-        .expect("a response")
-}
-
-/// `POST /logout`: ends the browser session (a write: origin and CSRF checked).
-pub async fn logout(State(auth): State<Arc<Auth>>, headers: HeaderMap) -> Response {
-    if let Some(secret) = cookie(&headers, COOKIE) {
-        let db = auth.db.clone();
-        let _ = tokio::task::spawn_blocking(move || super::logout(&db, &secret)).await;
-    }
-    Response::builder()
-        .status(StatusCode::NO_CONTENT)
-        .header(
-            header::SET_COOKIE,
-            format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
-        )
-        .body(axum::body::Body::empty())
-        .expect("a response")
-}
-
-/// `/login`, `/logout` and `/`: the pages of signing in.
-pub fn pages(auth: Arc<Auth>) -> axum::Router {
-    use axum::routing::{get, post};
-    axum::Router::new()
-        .route("/login", get(login))
-        .route("/logout", post(logout))
-        .route("/", get(home))
-        .with_state(auth)
-}
-
-/// `/`: who is signed in, or how to sign in.
-async fn home(identity: Option<axum::Extension<Identity>>) -> Response {
-    let body = match identity {
-        Some(axum::Extension(id)) => format!(
-            "<p>Signed in as <b>{}</b> ({}).</p><p>The API: <a href=\"/api/v1/openapi.json\">/api/v1/openapi.json</a>; MCP: <code>/mcp</code>.</p>",
-            html_escape(&id.name),
-            id.role.as_str()
-        ),
-        None => "<p>Not signed in. Open the login link <code>cloud-harness serve --http</code> printed at its first start, or make one with <code>cloud-harness token login-url</code>.</p>".to_owned(),
-    };
-    Response::builder()
-        .header(header::CONTENT_TYPE, "text/html; charset=utf-8")
-        .header("content-security-policy", "default-src 'none'")
-        .body(axum::body::Body::from(format!(
-            "<!doctype html><html><head><meta charset=\"utf-8\"><title>Cloud Harness</title></head><body><h1>Cloud Harness</h1>{body}</body></html>"
-        )))
-        .expect("a response")
-}
-
-fn html_escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }

@@ -3,8 +3,10 @@
 //! login codes that turn into a browser session (a cookie and its CSRF token).
 
 pub mod http;
+pub mod pages;
 
 use crate::audit;
+use crate::input::shown;
 use crate::state::{self, Db};
 use cloud_harness_fs::cas::Digest;
 use cloud_harness_fs::{Code, Error, Result};
@@ -35,7 +37,7 @@ impl Role {
             _ => Err(Error::field(
                 Code::InvalidArgument,
                 "role",
-                format!("{:?} is not a role: `client` or `operator`", clip(text)),
+                format!("{:?} is not a role: `client` or `operator`", shown(text)),
             )),
         }
     }
@@ -88,10 +90,6 @@ const TOKEN_PREFIX: &str = "cht_";
 const SESSION_MS: i64 = 12 * 3600 * 1000;
 const LOGIN_CODE_MS: i64 = 24 * 3600 * 1000;
 
-fn clip(text: &str) -> String {
-    text.chars().take(80).collect()
-}
-
 fn hash(secret: &str) -> String {
     Digest::of(secret.as_bytes()).hex()
 }
@@ -110,7 +108,7 @@ pub fn check_name(name: &str) -> Result<()> {
             "name",
             format!(
                 "{:?} is not a token name: 1-64 letters, digits, '.', '_' or '-'",
-                clip(name)
+                shown(name)
             ),
         ))
     }
@@ -191,7 +189,7 @@ pub fn revoke(db: &Db, name: &str, actor: &str) -> Result<TokenInfo> {
             .optional()
             .map_err(state::internal)?
             .ok_or_else(|| {
-                Error::field(Code::NotFound, "name", format!("no active token named {:?}", clip(name)))
+                Error::field(Code::NotFound, "name", format!("no active token named {:?}", shown(name)))
             })?;
         tx.execute("DELETE FROM browser_sessions WHERE token_id = $1", params![info.id])
             .map_err(state::internal)?;
@@ -247,7 +245,7 @@ pub fn login_code(db: &Db, name: &str, actor: &str) -> Result<String> {
                 Error::field(
                     Code::NotFound,
                     "name",
-                    format!("no active token named {:?}", clip(name)),
+                    format!("no active token named {:?}", shown(name)),
                 )
             })?;
         if role != "operator" {

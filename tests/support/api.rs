@@ -123,23 +123,7 @@ impl World {
 
 /// An MCP session of the 2025-11-25 protocol with a bearer token; its id.
 pub fn mcp_session(addr: SocketAddr, token: &str) -> String {
-    let auth = format!("Bearer {token}");
-    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"api-test","version":"1"}}}"#;
-    let answer = raw(addr, init, &[("Authorization", &auth)]);
-    let session = answer
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("mcp-session-id")
-                .then(|| v.trim().to_owned())
-        })
-        .unwrap_or_else(|| panic!("no session: {answer}"));
-    raw(
-        addr,
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-        &[("Mcp-Session-Id", &session), ("Authorization", &auth)],
-    );
-    session
+    super::http::legacy_session_with(addr, &[("Authorization", &format!("Bearer {token}"))])
 }
 
 /// A tool call in `session`; its result (`isError` and `structuredContent`).

@@ -113,8 +113,13 @@ pub fn raw(addr: SocketAddr, body: &str, headers: &[(&str, &str)]) -> String {
 
 /// A session of the 2025-11-25 protocol, initialized; its id.
 pub fn legacy_session(addr: SocketAddr) -> String {
+    legacy_session_with(addr, &[])
+}
+
+/// The same, every request with `headers` (an `Authorization`, say).
+pub fn legacy_session_with(addr: SocketAddr, headers: &[(&str, &str)]) -> String {
     let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
-    let answer = raw(addr, init, &[]);
+    let answer = raw(addr, init, headers);
     let session = answer
         .lines()
         .find_map(|l| {
@@ -123,10 +128,12 @@ pub fn legacy_session(addr: SocketAddr) -> String {
                 .then(|| v.trim().to_owned())
         })
         .unwrap_or_else(|| panic!("no session: {answer}"));
+    let mut with_session = vec![("Mcp-Session-Id", session.as_str())];
+    with_session.extend_from_slice(headers);
     raw(
         addr,
         r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-        &[("Mcp-Session-Id", &session)],
+        &with_session,
     );
     session
 }

@@ -1,0 +1,94 @@
+//! The pages of signing in: `/login?code=…` (a one-time code becomes a browser session),
+//! `/logout`, and `/` (who is signed in, or how to sign in).
+
+use super::http::{cookie, error_response, Auth, COOKIE};
+use super::Identity;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::Response;
+use cloud_harness_fs::{Code, Error};
+use std::sync::Arc;
+
+#[derive(serde::Deserialize)]
+pub struct LoginQuery {
+    code: Option<String>,
+}
+
+/// `GET /login?code=…`: a one-time code becomes a browser session.
+pub async fn login(State(auth): State<Arc<Auth>>, Query(q): Query<LoginQuery>) -> Response {
+    let Some(code) = q.code.filter(|c| c.len() <= 128) else {
+        return error_response(&Error::field(
+            Code::InvalidArgument,
+            "code",
+            "a login link carries `code`",
+        ));
+    };
+    let db = auth.db().clone();
+    let session = match tokio::task::spawn_blocking(move || super::redeem(&db, &code)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return error_response(&e),
+        Err(e) => return error_response(&Error::internal(e.to_string())),
+    };
+    let cookie = format!(
+        "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+        session.secret, session.max_age_secs
+    );
+    Response::builder()
+        .status(StatusCode::SEE_OTHER)
+        .header(header::LOCATION, "/")
+        .header(header::SET_COOKIE, cookie)
+        .body(axum::body::Body::empty())
+        .expect("a response")
+}
+
+/// `POST /logout`: ends the browser session (a write: origin and CSRF checked).
+pub async fn logout(State(auth): State<Arc<Auth>>, headers: HeaderMap) -> Response {
+    if let Some(secret) = cookie(&headers, COOKIE) {
+        let db = auth.db().clone();
+        let _ = tokio::task::spawn_blocking(move || super::logout(&db, &secret)).await;
+    }
+    Response::builder()
+        .status(StatusCode::NO_CONTENT)
+        .header(
+            header::SET_COOKIE,
+            format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
+        )
+        .body(axum::body::Body::empty())
+        .expect("a response")
+}
+
+/// `/login`, `/logout` and `/`: the pages of signing in.
+pub fn router(auth: Arc<Auth>) -> axum::Router {
+    use axum::routing::{get, post};
+    axum::Router::new()
+        .route("/login", get(login))
+        .route("/logout", post(logout))
+        .route("/", get(home))
+        .with_state(auth)
+}
+
+/// `/`: who is signed in, or how to sign in.
+async fn home(identity: Option<axum::Extension<Identity>>) -> Response {
+    let body = match identity {
+        Some(axum::Extension(id)) => format!(
+            "<p>Signed in as <b>{}</b> ({}).</p><p>The API: <a href=\"/api/v1/openapi.json\">/api/v1/openapi.json</a>; MCP: <code>/mcp</code>.</p>",
+            html_escape(&id.name),
+            id.role.as_str()
+        ),
+        None => "<p>Not signed in. Open the login link <code>cloud-harness serve --http</code> printed at its first start, or make one with <code>cloud-harness token login-url</code>.</p>".to_owned(),
+    };
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/html; charset=utf-8")
+        .header("content-security-policy", "default-src 'none'")
+        .body(axum::body::Body::from(format!(
+            "<!doctype html><html><head><meta charset=\"utf-8\"><title>Cloud Harness</title></head><body><h1>Cloud Harness</h1>{body}</body></html>"
+        )))
+        .expect("a response")
+}
+
+fn html_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
