@@ -8,6 +8,7 @@ pub mod auth;
 pub mod builtin;
 pub mod cli;
 pub mod conflicts;
+pub mod dashboard;
 pub mod decisions;
 pub mod engine;
 pub mod executor;

@@ -189,7 +189,8 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
                 library: Default::default(),
             });
             let router = crate::mcp::http::router(service, sessions)
-                .merge(crate::api::router(api))
+                .merge(crate::api::router(api.clone()))
+                .merge(crate::dashboard::router(api))
                 .merge(crate::auth::pages::router(auth.clone()))
                 .layer(axum::middleware::from_fn_with_state(
                     auth,

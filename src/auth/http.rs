@@ -93,7 +93,7 @@ impl Auth {
 /// the audit log; every write `operator`.
 fn required(method: &Method, path: &str) -> Role {
     let reads = matches!(*method, Method::GET | Method::HEAD);
-    let sensitive = ["/api/v1/tokens", "/api/v1/audit"]
+    let sensitive = ["/api/v1/tokens", "/api/v1/audit", "/tokens", "/audit"]
         .iter()
         .any(|p| path == *p || path.starts_with(&format!("{p}/")));
     if path == "/mcp" || path.starts_with("/mcp/") || (reads && !sensitive) {
@@ -103,9 +103,18 @@ fn required(method: &Method, path: &str) -> Role {
     }
 }
 
-/// Paths anyone may ask for: the login page and the sign-in hint.
+/// Paths anyone may ask for: the login page, the sign-in hint and the stylesheet.
 fn open(path: &str) -> bool {
-    matches!(path, "/login" | "/")
+    matches!(path, "/login" | "/") || path.starts_with("/assets/")
+}
+
+/// A page of the dashboard (not the API, MCP or an asset): a browser signed out is sent to
+/// the sign-in hint rather than given JSON.
+fn is_page(path: &str) -> bool {
+    !(path.starts_with("/api/")
+        || path == "/mcp"
+        || path.starts_with("/mcp/")
+        || path.starts_with("/assets/"))
 }
 
 pub fn error_response(e: &Error) -> Response {
@@ -154,6 +163,17 @@ pub async fn guard(State(auth): State<Arc<Auth>>, mut request: Request, next: Ne
     let path = request.uri().path().to_owned();
     let identity = match check(&auth, &request, &path) {
         Ok(identity) => identity,
+        Err(e)
+            if e.code == Code::Unauthenticated
+                && is_page(&path)
+                && request.method() == Method::GET =>
+        {
+            return Response::builder()
+                .status(StatusCode::SEE_OTHER)
+                .header(header::LOCATION, "/")
+                .body(axum::body::Body::empty())
+                .expect("a response");
+        }
         Err(e) => return error_response(&e),
     };
     if let Some(id) = identity {
@@ -252,8 +272,10 @@ fn check(auth: &Auth, request: &Request, path: &str) -> Result<Option<Identity>,
                 "a browser's write must come from this server's own origin",
             ));
         }
+        // The API and MCP take the token as a header; a dashboard form posts it as a field,
+        // which its handler checks.
         let sent = headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok());
-        if sent != Some(csrf.as_str()) {
+        if !is_page(path) && sent != Some(csrf.as_str()) {
             return Err(Error::new(
                 Code::Forbidden,
                 "a browser's write must carry the session's CSRF token (X-CSRF-Token)",

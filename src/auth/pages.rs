@@ -1,8 +1,7 @@
 //! The pages of signing in: `/login?code=…` (a one-time code becomes a browser session),
-//! `/logout`, and `/` (who is signed in, or how to sign in).
+//! and `/logout`.
 
 use super::http::{cookie, error_response, Auth, COOKIE};
-use super::Identity;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
@@ -63,32 +62,5 @@ pub fn router(auth: Arc<Auth>) -> axum::Router {
     axum::Router::new()
         .route("/login", get(login))
         .route("/logout", post(logout))
-        .route("/", get(home))
         .with_state(auth)
-}
-
-/// `/`: who is signed in, or how to sign in.
-async fn home(identity: Option<axum::Extension<Identity>>) -> Response {
-    let body = match identity {
-        Some(axum::Extension(id)) => format!(
-            "<p>Signed in as <b>{}</b> ({}).</p><p>The API: <a href=\"/api/v1/openapi.json\">/api/v1/openapi.json</a>; MCP: <code>/mcp</code>.</p>",
-            html_escape(&id.name),
-            id.role.as_str()
-        ),
-        None => "<p>Not signed in. Open the login link <code>cloud-harness serve --http</code> printed at its first start, or make one with <code>cloud-harness token login-url</code>.</p>".to_owned(),
-    };
-    Response::builder()
-        .header(header::CONTENT_TYPE, "text/html; charset=utf-8")
-        .header("content-security-policy", "default-src 'none'")
-        .body(axum::body::Body::from(format!(
-            "<!doctype html><html><head><meta charset=\"utf-8\"><title>Cloud Harness</title></head><body><h1>Cloud Harness</h1>{body}</body></html>"
-        )))
-        .expect("a response")
-}
-
-fn html_escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }

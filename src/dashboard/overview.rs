@@ -1,0 +1,98 @@
+//! `/`: open workspaces, pending approvals and launch conflicts, recent imports, the store,
+//! how fetches and executors run; or, signed out, how to sign in.
+
+use super::{blocking, layout};
+use crate::api::Api;
+use crate::auth::Identity;
+use axum::extract::State;
+use axum::response::Response;
+use axum::Extension;
+use maud::html;
+use std::sync::Arc;
+
+pub async fn page(State(api): State<Arc<Api>>, who: Option<Extension<Identity>>) -> Response {
+    let Some(Extension(who)) = who else {
+        return layout::respond(
+            axum::http::StatusCode::OK,
+            html! {
+                (maud::DOCTYPE)
+                html lang="en" {
+                    head { meta charset="utf-8"; title { "Sign in · Cloud Harness" } link rel="stylesheet" href="/assets/app.css"; }
+                    body { main {
+                        h1 { "Cloud Harness" }
+                        p { "Not signed in. Open the login link " code { "cloud-harness serve --http" } " printed at its first start, or make one with " code { "cloud-harness token login-url" } "." }
+                    } }
+                }
+            },
+        );
+    };
+    let a = api.clone();
+    let data = blocking(move || {
+        let ws = &a.workspaces;
+        let open: Vec<serde_json::Value> =
+            ws.open_workspaces().iter().map(|w| w.summary()).collect();
+        let pending = crate::decisions::pending(ws.db(), ws.home())?;
+        let conflicts = crate::conflicts::list(ws.db(), false)?;
+        let imports = a.imports.list(5)?;
+        let bundles = crate::provision::index::BundleIndex::open(ws.store())
+            .list()?
+            .len();
+        Ok((
+            open,
+            pending,
+            conflicts,
+            imports,
+            bundles,
+            ws.provisioning(),
+        ))
+    })
+    .await;
+    let (open, pending, conflicts, imports, bundles, provisioning) = match data {
+        Ok(d) => d,
+        Err(e) => return layout::error(&who, &e),
+    };
+    layout::page(
+        "Overview",
+        "/",
+        &who,
+        html! {
+            section.cards aria-label="At a glance" {
+                div.card { div.n { (open.len()) } "open workspaces" }
+                div.card { div.n { (pending.len()) } "runs waiting for approval" }
+                div.card { div.n { (conflicts.len()) } "launch conflicts to settle" }
+                div.card { div.n { (bundles) } "toolkit bundles in the store" }
+            }
+            h2 { "Open workspaces" }
+            @if open.is_empty() {
+                p.empty { "No workspace is open. An agent opens one with the MCP tool workspace_open." }
+            } @else {
+                table { thead { tr { th { "Workspace" } th { "Key" } th { "Skills" } th { "Conflicts" } th { "Executor" } } }
+                    tbody { @for w in &open { tr {
+                        td { code { (w["workspace"].as_str().unwrap_or("")) } }
+                        td { (w["idempotencyKey"].as_str().unwrap_or("")) }
+                        td { (w["skills"]) }
+                        td { (w["conflicts"]) }
+                        td { (w["executor"].as_str().unwrap_or("none")) }
+                    } } }
+                }
+            }
+            h2 { "Recent imports" }
+            @if imports.is_empty() {
+                p.empty { "No import yet." }
+            } @else {
+                table { thead { tr { th { "Job" } th { "Toolkit" } th { "State" } } }
+                    tbody { @for j in &imports { tr {
+                        td { code { (j.id) } }
+                        td { (j.toolkit["instanceId"].as_str().or(j.toolkit["id"].as_str()).unwrap_or("")) }
+                        td { (j.state) @if let Some(p) = &j.phase { " (" (p) ")" } }
+                    } } }
+                }
+            }
+            h2 { "Provisioning" }
+            p { "Fetches run: " strong { (provisioning["mode"].as_str().unwrap_or("")) } }
+            @if let Some(warnings) = provisioning["warnings"].as_array() {
+                @for w in warnings { p.warn role="note" { (w.as_str().unwrap_or("")) } }
+            }
+        },
+    )
+}
