@@ -235,8 +235,20 @@ fn refuse(
 /// Judges a request head (everything up to the blank line).
 pub async fn decide(policy: &EgressPolicy, resolver: &dyn Resolve, head: &str) -> Decision {
     let line = head.lines().next().unwrap_or("");
-    let mut parts = line.split_whitespace();
+    // Exactly `METHOD SP target SP HTTP/1.x`: nothing before the method, one space between.
+    let mut parts = line.splitn(3, ' ');
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let version = parts.next().unwrap_or("");
+    let well_formed = version.starts_with("HTTP/1.") && !version.contains(' ');
+    if method == "CONNECT" && !well_formed {
+        return refuse(
+            target,
+            0,
+            vec![],
+            400,
+            "the request line must be `CONNECT host:port HTTP/1.1`",
+        );
+    }
     if method != "CONNECT" {
         return refuse(
             target,
@@ -381,6 +393,59 @@ mod tests {
             "::ffff:8.8.8.8",
         ] {
             assert_eq!(classify(good.parse().unwrap()), None, "{good} is public");
+        }
+    }
+}
+
+#[cfg(test)]
+mod request_line {
+    use super::*;
+
+    /// Answers every name with a public address: only the request line decides here.
+    struct Public;
+
+    impl Resolve for Public {
+        fn resolve<'a>(
+            &'a self,
+            _host: &'a str,
+            _port: u16,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = std::io::Result<Vec<IpAddr>>> + Send + 'a>,
+        > {
+            Box::pin(std::future::ready(Ok(vec!["140.82.112.3"
+                .parse()
+                .unwrap()])))
+        }
+    }
+
+    fn verdict(head: &str) -> bool {
+        let policy = EgressPolicy::new(
+            super::super::hosts::HostPolicy::new("github.com", "").unwrap(),
+            "",
+            "",
+        )
+        .unwrap();
+        let decided = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(decide(&policy, &Public, head));
+        matches!(decided.verdict, Verdict::Allow(_))
+    }
+
+    /// Found by fuzzing: a request line that does not start with its method was let through.
+    #[test]
+    fn only_a_well_formed_connect_line_is_let_through() {
+        assert!(verdict(
+            "CONNECT github.com:443 HTTP/1.1\r\nHost: github.com:443\r\n\r\n"
+        ));
+        for bad in [
+            " CONNECT github.com:443 HTTP/1.1\r\n\r\n",
+            "CONNECT  github.com:443 HTTP/1.1\r\n\r\n",
+            "CONNECT github.com:443\r\n\r\n",
+            "CONNECT github.com:443 HT\u{498}NECT x\r\n\r\n",
+            "CONNECT github.com:443 HTTP/1.1 extra\r\n\r\n",
+        ] {
+            assert!(!verdict(bad), "{bad:?} was let through");
         }
     }
 }
