@@ -6,7 +6,7 @@ mod support;
 
 use serde_json::json;
 use std::process::Command;
-use support::api::{world_with, World};
+use support::api::{warm_world, World};
 use support::{dir, file};
 
 /// A SKILL.md that tries everything: a script, an image whose error handler runs, a
@@ -22,14 +22,7 @@ fn setup() -> World {
         &dir(vec![("hostile", dir(vec![("SKILL.md", file(HOSTILE))]))]),
     );
     support::warm_toolkit(&store, &src, "hostile-kit");
-    world_with(
-        tmp,
-        &[
-            ("CLOUD_HARNESS_EXECUTOR", "none"),
-            ("CLOUD_HARNESS_CONTAINERS", "off"),
-            ("ALLOWED_GIT_HOSTS", support::WARM_HOST),
-        ],
-    )
+    warm_world(tmp)
 }
 
 fn browser_ready() -> bool {

@@ -6,7 +6,7 @@ mod support;
 
 use serde_json::{json, Value};
 use std::time::Duration;
-use support::api::{mcp_session, tool, world, world_with};
+use support::api::{mcp_session, tool, warm_world, world, world_with};
 use support::{dir, file, skill};
 
 /// Two warm toolkits that both bring `dup` to the owner tier, differently, and one whose
@@ -50,14 +50,7 @@ fn conflicting_store(tmp: &tempfile::TempDir) -> (Value, Value, Value) {
 fn a_launch_conflict_is_recorded_and_settling_it_lets_the_same_request_open_with_the_winner() {
     let tmp = tempfile::tempdir().unwrap();
     let (one, two, _) = conflicting_store(&tmp);
-    let w = world_with(
-        tmp,
-        &[
-            ("CLOUD_HARNESS_EXECUTOR", "none"),
-            ("CLOUD_HARNESS_CONTAINERS", "off"),
-            ("ALLOWED_GIT_HOSTS", support::WARM_HOST),
-        ],
-    );
+    let w = warm_world(tmp);
     let session = mcp_session(w.server.addr, &w.operator);
     let request = json!({"idempotencyKey": "conflict", "toolkits": [one, two]});
     let refused = tool(
@@ -459,14 +452,7 @@ fn a_server_killed_mid_write_leaves_the_database_whole_with_every_acknowledged_d
 fn an_override_for_one_set_applies_to_its_workspaces_only_and_wins_there() {
     let tmp = tempfile::tempdir().unwrap();
     let (one, two, _) = conflicting_store(&tmp);
-    let w = world_with(
-        tmp,
-        &[
-            ("CLOUD_HARNESS_EXECUTOR", "none"),
-            ("CLOUD_HARNESS_CONTAINERS", "off"),
-            ("ALLOWED_GIT_HOSTS", support::WARM_HOST),
-        ],
-    );
+    let w = warm_world(tmp);
     w.op(
         "POST",
         "/api/v1/sets",

@@ -4,7 +4,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::api::{mcp_session, tool, world_with, World};
+use support::api::{mcp_session, tool, warm_world, World};
 use support::{dir, file, skill};
 
 fn setup() -> (World, Value, Value) {
@@ -31,14 +31,7 @@ fn setup() -> (World, Value, Value) {
         ]),
     );
     let b = serde_json::to_value(support::warm_toolkit(&store, &b_src, "kit-b")).unwrap();
-    let w = world_with(
-        tmp,
-        &[
-            ("CLOUD_HARNESS_EXECUTOR", "none"),
-            ("CLOUD_HARNESS_CONTAINERS", "off"),
-            ("ALLOWED_GIT_HOSTS", support::WARM_HOST),
-        ],
-    );
+    let w = warm_world(tmp);
     (w, a, b)
 }
 

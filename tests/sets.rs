@@ -5,7 +5,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::api::{mcp_session, tool, world_with, World};
+use support::api::{mcp_session, tool, warm_world, World};
 use support::{dir, skill};
 
 /// A server whose store holds two warm toolkits, `kit-a` (skill `alpha`) and `kit-b` (skill
@@ -20,14 +20,7 @@ fn setup() -> (World, Value, Value) {
     };
     let a = make("kit-a", "alpha");
     let b = make("kit-b", "beta");
-    let w = world_with(
-        tmp,
-        &[
-            ("CLOUD_HARNESS_EXECUTOR", "none"),
-            ("CLOUD_HARNESS_CONTAINERS", "off"),
-            ("ALLOWED_GIT_HOSTS", support::WARM_HOST),
-        ],
-    );
+    let w = warm_world(tmp);
     (w, a, b)
 }
 

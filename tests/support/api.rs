@@ -39,6 +39,19 @@ pub fn world_with(tmp: tempfile::TempDir, env: &[(&str, &str)]) -> World {
     }
 }
 
+/// A server whose store holds warm toolkits only (no executor, no helper containers, the
+/// warm toolkits' host allowed), its store and home in `tmp`.
+pub fn warm_world(tmp: tempfile::TempDir) -> World {
+    world_with(
+        tmp,
+        &[
+            ("CLOUD_HARNESS_EXECUTOR", "none"),
+            ("CLOUD_HARNESS_CONTAINERS", "off"),
+            ("ALLOWED_GIT_HOSTS", super::WARM_HOST),
+        ],
+    )
+}
+
 pub fn world() -> World {
     world_with(
         tempfile::tempdir().unwrap(),
