@@ -4,16 +4,28 @@
 
 mod support;
 
-use serde_json::json;
+use serde_json::{json, Value};
 use std::process::Command;
-use support::api::{warm_world, World};
-use support::{dir, file};
+use support::api::{conflicting_kits, world_with, World};
+use support::{dir, file, skill, Certs, GitServer, Repo};
 
 /// A SKILL.md that tries everything: a script, an image whose error handler runs, a
 /// `javascript:` link, raw HTML with handlers, an iframe.
 const HOSTILE: &str = "---\nname: hostile\ndescription: Tries to run in the dashboard.\n---\n# Safe heading\n\n<script>window.__pwned = 1</script>\n\n<img src=x onerror=\"window.__pwned = 2\">\n\n[click me](javascript:window.__pwned=3)\n\n<div onclick=\"window.__pwned = 4\">raw html</div>\n\n<iframe src=\"https://example.invalid/\"></iframe>\n";
 
-fn setup() -> World {
+/// What the scenarios work on: a server with bubblewrap executors, a store holding the hostile
+/// skill and the warm toolkits of [`conflicting_kits`], and a local HTTPS git server with
+/// `team/kit.git` at two commits (three skills, then a fourth).
+struct Fixture {
+    w: World,
+    git: GitServer,
+    first: String,
+    second: String,
+    kits: (Value, Value, Value),
+    _certs: Certs,
+}
+
+fn fixture() -> Fixture {
     let tmp = tempfile::tempdir().unwrap();
     let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
     let src = tmp.path().join("src/hostile-kit");
@@ -22,7 +34,52 @@ fn setup() -> World {
         &dir(vec![("hostile", dir(vec![("SKILL.md", file(HOSTILE))]))]),
     );
     support::warm_toolkit(&store, &src, "hostile-kit");
-    warm_world(tmp)
+    let kits = conflicting_kits(&tmp);
+    let certs = Certs::new(&tmp.path().join("certs"));
+    let repos = tmp.path().join("repos");
+    let repo = Repo::create(&repos, "team/kit.git", false);
+    let skills = |extra: bool| {
+        let mut all = vec![
+            ("lint", skill("lint", "Lint the code.")),
+            ("fmt", skill("fmt", "Format the code.")),
+            ("review", skill("review", "Review a change.")),
+        ];
+        if extra {
+            all.push(("triage", skill("triage", "Triage an issue.")));
+        }
+        dir(vec![("skills", dir(all))])
+    };
+    let first = repo.commit(skills(false));
+    let second = repo.commit(skills(true));
+    // Slow enough that an import is still running when its page comes back.
+    let git = GitServer::start_with(&repos, &certs, "127.0.0.1", 0.7);
+    let (ca, hosts) = (
+        certs.ca.display().to_string(),
+        format!("{},{}", git.host(), support::WARM_HOST),
+    );
+    let executor = if support::executor_backend("bwrap") {
+        "bwrap"
+    } else {
+        "none"
+    };
+    let w = world_with(
+        tmp,
+        &[
+            ("CLOUD_HARNESS_EXECUTOR", executor),
+            ("CLOUD_HARNESS_CONTAINERS", "off"),
+            ("ALLOWED_GIT_HOSTS", hosts.as_str()),
+            ("CLOUD_HARNESS_EXTRA_CA", ca.as_str()),
+            ("CLOUD_HARNESS_ALLOW_CIDRS", "127.0.0.0/8"),
+        ],
+    );
+    Fixture {
+        w,
+        git,
+        first,
+        second,
+        kits,
+        _certs: certs,
+    }
 }
 
 fn browser_ready() -> bool {
@@ -30,13 +87,20 @@ fn browser_ready() -> bool {
         .args(["-c", "import playwright.sync_api"])
         .status()
         .is_ok_and(|s| s.success());
-    let ok = python && std::path::Path::new("/usr/bin/chromium").exists();
+    let mcp = Command::new("python3")
+        .args(["-c", "import mcp"])
+        .status()
+        .is_ok_and(|s| s.success());
+    let ok = python
+        && mcp
+        && std::path::Path::new("/usr/bin/chromium").exists()
+        && support::executor_backend("bwrap");
     if !ok {
         assert!(
             std::env::var_os("CI").is_none(),
-            "the browser tests need chromium and playwright (.ci/setup)"
+            "the browser tests need chromium, playwright, the MCP SDK and bubblewrap (.ci/setup)"
         );
-        eprintln!("skipped: chromium or playwright is missing");
+        eprintln!("skipped: chromium, playwright, the MCP SDK or bubblewrap is missing");
     }
     ok
 }
@@ -46,15 +110,28 @@ fn the_dashboard_in_a_real_browser() {
     if !browser_ready() {
         return;
     }
-    let w = setup();
+    let f = fixture();
+    let w = &f.w;
     let base = format!("http://{}", w.server.addr);
     let (code, login) = w.cli(&["token", "login-url", "--url", &base]);
     assert_eq!(code, 0, "{login}");
+    let agent = w.op(
+        "POST",
+        "/api/v1/tokens",
+        Some(json!({"name": "agent", "role": "client"})),
+    );
     let config = json!({
         "url": base,
         "login": login.trim(),
+        "agent": agent["token"],
         "chromium": "/usr/bin/chromium",
         "screenshots": std::env::var("DASHBOARD_SCREENSHOTS").ok(),
+        "kit": f.git.url("team/kit.git"),
+        "first": f.first,
+        "second": f.second,
+        "one": f.kits.0,
+        "two": f.kits.1,
+        "scripted": f.kits.2,
     });
     let path = w.server.tmp.path().join("browser.json");
     std::fs::write(&path, config.to_string()).unwrap();
@@ -76,7 +153,8 @@ fn the_dashboard_in_a_real_browser() {
 
 #[test]
 fn pages_carry_the_csp_and_a_form_without_the_session_token_changes_nothing() {
-    let w = setup();
+    let f = fixture();
+    let w = &f.w;
     let http = reqwest::blocking::Client::builder()
         .no_proxy()
         .redirect(reqwest::redirect::Policy::none())
@@ -101,7 +179,20 @@ fn pages_carry_the_csp_and_a_form_without_the_session_token_changes_nothing() {
         .next()
         .unwrap()
         .to_owned();
-    for path in ["/", "/library", "/tokens", "/audit"] {
+    for path in [
+        "/",
+        "/library",
+        "/imports",
+        "/sets",
+        "/sets/new",
+        "/registry",
+        "/registry/mattpocock/skills",
+        "/conflicts",
+        "/approvals",
+        "/workspaces",
+        "/audit",
+        "/tokens",
+    ] {
         let r = http
             .get(w.url(path))
             .header("Cookie", &cookie)
@@ -113,7 +204,10 @@ fn pages_carry_the_csp_and_a_form_without_the_session_token_changes_nothing() {
             .unwrap()
             .to_owned();
         assert!(
-            csp.contains("default-src 'none'") && !csp.contains("script-src"),
+            csp.contains("default-src 'none'")
+                && csp.contains("script-src 'self'")
+                && csp.contains("frame-ancestors 'none'")
+                && !csp.contains("unsafe"),
             "{path}: {csp}"
         );
         assert!(
@@ -121,9 +215,9 @@ fn pages_carry_the_csp_and_a_form_without_the_session_token_changes_nothing() {
             "{path}"
         );
     }
-    // A form post without the session's CSRF token (or from another origin) makes no token.
-    let post = |origin: &str, body: &str| {
-        http.post(w.url("/tokens"))
+    // A form post without the session's CSRF token (or from another origin) makes nothing.
+    let post_to = |path: &str, origin: &str, body: &str| {
+        http.post(w.url(path))
             .header("Cookie", &cookie)
             .header("Origin", origin)
             .header("Content-Type", "application/x-www-form-urlencoded")
@@ -133,6 +227,7 @@ fn pages_carry_the_csp_and_a_form_without_the_session_token_changes_nothing() {
             .status()
             .as_u16()
     };
+    let post = |origin: &str, body: &str| post_to("/tokens", origin, body);
     assert_eq!(post(&base, "name=forged&role=operator&csrf=wrong"), 403);
     assert_eq!(
         post("http://evil.example", "name=forged&role=operator"),
@@ -140,6 +235,48 @@ fn pages_carry_the_csp_and_a_form_without_the_session_token_changes_nothing() {
     );
     assert!(!w
         .op("GET", "/api/v1/tokens", None)
+        .to_string()
+        .contains("forged"));
+    let member = format!(
+        "m0.toolkit=git&m0.url={}&m0.ref={}",
+        f.git.url("team/kit.git"),
+        f.first
+    );
+    let forged = [
+        ("/sets/new", format!("id=forged&action=save&{member}")),
+        (
+            "/imports",
+            format!("kind=git&url={}", f.git.url("team/kit.git")),
+        ),
+        (
+            "/registry",
+            format!(
+                "id=forged/kit&name=x&url={}&commit={}",
+                f.git.url("team/kit.git"),
+                f.first
+            ),
+        ),
+        (
+            "/approvals",
+            format!("digest={}", "sha256:".to_owned() + &"a".repeat(64)),
+        ),
+    ];
+    for (path, body) in &forged {
+        assert_eq!(
+            post_to(path, &base, &format!("{body}&csrf=wrong")),
+            403,
+            "{path}"
+        );
+        assert_eq!(post_to(path, "http://evil.example", body), 403, "{path}");
+    }
+    assert_eq!(w.op("GET", "/api/v1/sets", None)["sets"], json!([]));
+    assert_eq!(w.op("GET", "/api/v1/imports", None)["imports"], json!([]));
+    assert_eq!(
+        w.op("GET", "/api/v1/approvals", None)["approvals"],
+        json!([])
+    );
+    assert!(!w
+        .op("GET", "/api/v1/registry", None)
         .to_string()
         .contains("forged"));
     // The skill page shows the hostile SKILL.md as inert text.

@@ -6,50 +6,12 @@ mod support;
 
 use serde_json::{json, Value};
 use std::time::Duration;
-use support::api::{mcp_session, tool, warm_world, world, world_with};
-use support::{dir, file, skill};
-
-/// Two warm toolkits that both bring `dup` to the owner tier, differently, and one whose
-/// skill has a script.
-fn conflicting_store(tmp: &tempfile::TempDir) -> (Value, Value, Value) {
-    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
-    let make = |name: &str, body: &str| {
-        let src = tmp.path().join("src").join(name);
-        support::materialize(&src, &dir(vec![("dup", skill("dup", body))]));
-        serde_json::to_value(support::warm_toolkit(&store, &src, name)).unwrap()
-    };
-    let one = make("one", "One's copy.");
-    let two = make("two", "Two's copy.");
-    let src = tmp.path().join("src/scripted");
-    support::materialize(
-        &src,
-        &dir(vec![(
-            "alpha",
-            dir(vec![
-                (
-                    "SKILL.md",
-                    file(
-                        "---\nname: alpha\ndescription: Says hello.\n---\nRun scripts/hello.sh.\n",
-                    ),
-                ),
-                (
-                    "scripts",
-                    dir(vec![(
-                        "hello.sh",
-                        support::Node::Exec(b"#!/bin/sh\necho hello from alpha\n".to_vec()),
-                    )]),
-                ),
-            ]),
-        )]),
-    );
-    let scripted = serde_json::to_value(support::warm_toolkit(&store, &src, "scripted")).unwrap();
-    (one, two, scripted)
-}
+use support::api::{conflicting_kits, mcp_session, tool, warm_world, world, world_with};
 
 #[test]
 fn a_launch_conflict_is_recorded_and_settling_it_lets_the_same_request_open_with_the_winner() {
     let tmp = tempfile::tempdir().unwrap();
-    let (one, two, _) = conflicting_store(&tmp);
+    let (one, two, _) = conflicting_kits(&tmp);
     let w = warm_world(tmp);
     let session = mcp_session(w.server.addr, &w.operator);
     let request = json!({"idempotencyKey": "conflict", "toolkits": [one, two]});
@@ -209,7 +171,7 @@ fn an_approval_through_the_api_lets_a_script_run_and_its_revocation_stops_it() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let (_, _, scripted) = conflicting_store(&tmp);
+    let (_, _, scripted) = conflicting_kits(&tmp);
     let w = world_with(
         tmp,
         &[
@@ -451,7 +413,7 @@ fn a_server_killed_mid_write_leaves_the_database_whole_with_every_acknowledged_d
 #[test]
 fn an_override_for_one_set_applies_to_its_workspaces_only_and_wins_there() {
     let tmp = tempfile::tempdir().unwrap();
-    let (one, two, _) = conflicting_store(&tmp);
+    let (one, two, _) = conflicting_kits(&tmp);
     let w = warm_world(tmp);
     w.op(
         "POST",

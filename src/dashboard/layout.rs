@@ -5,14 +5,21 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use maud::{html, Markup, DOCTYPE};
 
-/// No script at all, styles and forms from this server only, never in a frame.
-pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+/// Scripts, styles and forms from this server only (no inline script, no `eval`), its API the
+/// only thing a script may ask, never in a frame.
+pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
 const NAV: &[(&str, &str)] = &[
     ("/", "Overview"),
     ("/library", "Library"),
-    ("/tokens", "Tokens"),
+    ("/imports", "Imports"),
+    ("/sets", "Sets"),
+    ("/registry", "Registry"),
+    ("/conflicts", "Conflicts"),
+    ("/approvals", "Approvals"),
+    ("/workspaces", "Workspaces"),
     ("/audit", "Audit"),
+    ("/tokens", "Tokens"),
 ];
 
 pub fn page(title: &str, current: &str, who: &Identity, body: Markup) -> Response {
@@ -24,6 +31,7 @@ pub fn page(title: &str, current: &str, who: &Identity, body: Markup) -> Respons
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) " · Cloud Harness" }
                 link rel="stylesheet" href="/assets/app.css";
+                script src="/assets/live.js" defer {}
             }
             body {
                 header {
@@ -83,11 +91,53 @@ pub fn error(who: &Identity, e: &cloud_harness_fs::Error) -> Response {
     r
 }
 
+/// A form's CSRF field: the session's token.
+pub fn csrf(who: &Identity) -> Markup {
+    html! { input type="hidden" name="csrf" value=(who.csrf.as_deref().unwrap_or_default()); }
+}
+
+/// Whether `who` may use the page's forms (the pages show them to operators only).
+pub fn operator(who: &Identity) -> bool {
+    who.role >= crate::auth::Role::Operator
+}
+
+/// An error where a form shows it: the code and what to fix.
+pub fn alert(e: &cloud_harness_fs::Error) -> Markup {
+    html! { p.error role="alert" { strong { (e.code.as_str()) } ": " (e.message) } }
+}
+
+/// The message of `e` when it names `field` (or a field inside it), shown beside that field.
+pub fn field_error(e: Option<&cloud_harness_fs::Error>, field: &str) -> Markup {
+    let at = e.filter(|e| {
+        e.details["field"].as_str().is_some_and(|f| {
+            f == field || f.starts_with(&format!("{field}.")) || f.starts_with(&format!("{field}["))
+        })
+    });
+    html! { @if let Some(e) = at { span.field-error role="alert" { (e.message) } } }
+}
+
+/// A time in ms since the epoch, as people read it (UTC).
+pub fn when(ms: i64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+    httpdate::fmt_http_date(at)
+}
+
 pub async fn stylesheet() -> Response {
-    let mut r = include_str!("app.css").into_response();
+    asset(include_str!("app.css"), "text/css; charset=utf-8")
+}
+
+/// The one script: live progress of import jobs (the pages work without it).
+pub async fn script() -> Response {
+    asset(include_str!("live.js"), "text/javascript; charset=utf-8")
+}
+
+fn asset(text: &'static str, kind: &'static str) -> Response {
+    let mut r = text.into_response();
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, kind.parse().expect("a header"));
     r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        "text/css; charset=utf-8".parse().expect("a header"),
+        "x-content-type-options",
+        "nosniff".parse().expect("a header"),
     );
     r.headers_mut().insert(
         header::CACHE_CONTROL,

@@ -27,6 +27,7 @@ pub use listing::cursor_name;
 mod materialize;
 mod mounts;
 mod open;
+pub mod preview;
 mod read;
 mod record;
 mod request;
@@ -409,6 +410,11 @@ impl Workspace {
             "executor": self.executor.as_ref().map(|e| e.spec.kind),
             "toolkits": self.record.result.get("toolkits").cloned().unwrap_or(Value::Null),
         })
+    }
+
+    /// What `workspace_open` returned for it.
+    pub fn result(&self) -> &Value {
+        &self.record.result
     }
 
     pub fn generation(&self) -> Arc<Generation> {

@@ -1,23 +1,57 @@
 """The dashboard in a real browser (Debian's chromium, driven by Playwright), against a real
 `serve --http` on loopback. Argument: a JSON config with the login link, the server's URL and
 where to put screenshots (or null)."""
+import asyncio
+import concurrent.futures
 import json
 import os
+import re
 import sys
 import urllib.error
 import urllib.request
 
-from playwright.sync_api import sync_playwright
+from mcp import Client
+from playwright.sync_api import expect, sync_playwright
 
 CONFIG = json.load(open(sys.argv[1]))
 BASE = CONFIG["url"]
 SHOTS = CONFIG.get("screenshots")
+KIT, FIRST, SECOND = CONFIG["kit"], CONFIG["first"], CONFIG["second"]
+
+
+def mcp(name, args):
+    """One MCP tool call as an agent platform makes it: the official SDK over Streamable
+    HTTP with the client token (in a thread: Playwright's sync API owns this one's loop)."""
+    async def call():
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client
+        http = create_mcp_http_client(headers={"Authorization": "Bearer " + CONFIG["agent"]})
+        async with Client(streamable_http_client(BASE + "/mcp", http_client=http), read_timeout_seconds=120) as c:
+            r = await c.call_tool(name, args)
+            return r.is_error, r.structured_content
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, call()).result()
+
+
+def mcp_ok(name, args):
+    err, out = mcp(name, args)
+    assert not err, f"{name} {args}: {out}"
+    return out
 
 
 def shot(page, name):
     if SHOTS:
         os.makedirs(SHOTS, exist_ok=True)
         page.screenshot(path=os.path.join(SHOTS, f"{name}.png"), full_page=True)
+
+
+def nav(page, name):
+    page.get_by_role("navigation", name="Main").get_by_role("link", name=name, exact=True).click()
+
+
+def api(path):
+    """An API read with the operator's session, as the page's own script would make it."""
+    return json.loads(PAGE.request.get(BASE + path).text())
 
 
 def refused(token):
@@ -32,66 +66,221 @@ def refused(token):
 with sync_playwright() as p:
     browser = p.chromium.launch(executable_path=CONFIG["chromium"], args=["--no-sandbox"])
     page = browser.new_page(viewport={"width": 1280, "height": 800})
-    # Nothing may be asked of any other address.
-    outside = []
-    page.on("request", lambda r: None if r.url.startswith(BASE) else outside.append(r.url))
+    PAGE = page
+    try:
+        # Nothing may be asked of any other address.
+        outside = []
+        page.on("request", lambda r: None if r.url.startswith(BASE) else outside.append(r.url))
+        # Nor may a page log an error (a CSP violation, a failing script).
+        errors = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
 
-    # The printed login link signs the browser in.
-    page.goto(CONFIG["login"])
-    assert page.url == BASE + "/", page.url
-    assert page.get_by_role("heading", name="Overview").is_visible()
-    shot(page, "overview")
+        # The printed login link signs the browser in.
+        page.goto(CONFIG["login"])
+        assert page.url == BASE + "/", page.url
+        assert page.get_by_role("heading", name="Overview").is_visible()
+        shot(page, "overview")
 
-    # Search the library and open the hostile skill.
-    page.get_by_role("link", name="Library").click()
-    page.get_by_role("searchbox", name="Search").fill("hostile")
-    page.get_by_role("button", name="Search").click()
-    shot(page, "library")
-    response_holder = {}
-    page.on("response", lambda r: response_holder.setdefault(r.url.split("?")[0], r))
-    page.get_by_role("link", name="hostile").click()
-    page.wait_for_load_state()
-    assert page.get_by_role("heading", name="hostile", exact=True).is_visible()
-    csp = response_holder[page.url].headers.get("content-security-policy", "")
-    assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp, csp
-    # Nothing of the SKILL.md's script, handlers or javascript: links survived or ran.
-    assert page.evaluate("window.__pwned === undefined"), page.evaluate("window.__pwned")
-    assert page.locator("main script").count() == 0
-    assert page.locator("[onerror], [onclick]").count() == 0
-    assert page.locator("a[href^='javascript']").count() == 0
-    assert page.locator("main iframe").count() == 0
-    assert "Safe heading" in page.locator(".rendered").inner_text()
-    # Clicking what was a javascript: link runs nothing.
-    page.get_by_text("click me").click()
-    assert page.evaluate("window.__pwned === undefined")
-    shot(page, "skill")
+        # Search the library and open the hostile skill.
+        nav(page, "Library")
+        page.get_by_role("searchbox", name="Search").fill("hostile")
+        page.get_by_role("button", name="Search").click()
+        shot(page, "library")
+        response_holder = {}
+        page.on("response", lambda r: response_holder.setdefault(r.url.split("?")[0], r))
+        page.get_by_role("link", name="hostile").click()
+        page.wait_for_load_state()
+        assert page.get_by_role("heading", name="hostile", exact=True).is_visible()
+        csp = response_holder[page.url].headers.get("content-security-policy", "")
+        assert "default-src 'none'" in csp and "frame-ancestors 'none'" in csp, csp
+        # Nothing of the SKILL.md's script, handlers or javascript: links survived or ran.
+        assert page.evaluate("window.__pwned === undefined"), page.evaluate("window.__pwned")
+        assert page.locator("main script").count() == 0
+        assert page.locator("[onerror], [onclick]").count() == 0
+        assert page.locator("a[href^='javascript']").count() == 0
+        assert page.locator("main iframe").count() == 0
+        assert "Safe heading" in page.locator(".rendered").inner_text()
+        # Clicking what was a javascript: link runs nothing.
+        page.get_by_text("click me").click()
+        assert page.evaluate("window.__pwned === undefined")
+        shot(page, "skill")
 
-    # Make a client token, see its secret once, revoke it: its next call is refused.
-    page.get_by_role("link", name="Tokens").click()
-    page.get_by_label("Name").fill("browser-made")
-    page.get_by_label("Role").select_option("client")
-    page.get_by_role("button", name="Make token").click()
-    secret = page.locator(".secret code").inner_text().strip()
-    assert secret.startswith("cht_"), secret
-    assert not refused(secret)
-    shot(page, "tokens")
-    page.get_by_role("button", name="Revoke browser-made").click()
-    assert page.get_by_role("status").inner_text().startswith("Token browser-made revoked")
-    assert refused(secret)
+        # Import a git toolkit and watch the job finish (live.js follows it, then reloads).
+        nav(page, "Imports")
+        expect(page.get_by_text("No import has ended yet.")).to_be_visible()
+        form = page.get_by_role("region", name="Import a git toolkit")
+        form.get_by_label("Repository URL").fill("https://localhost:1/team/kit.git")
+        form.get_by_role("button", name="Import git toolkit").click()
+        # Refused at the field, with nothing queued.
+        expect(page.locator(".field-error")).to_contain_text("localhost")
+        assert page.locator("tr[data-job]").count() == 0
+        form = page.get_by_role("region", name="Import a git toolkit")
+        form.get_by_label("Repository URL").fill(KIT)
+        form.get_by_label("Commit").fill(FIRST)
+        form.get_by_label("Instance id").fill("kit")
+        form.get_by_role("button", name="Import git toolkit").click()
+        # The job is still running when the page comes back; live.js follows it to its end
+        # (nothing else reloads this page).
+        expect(page.get_by_role("heading", name="Running")).to_be_visible()
+        assert page.locator("tr[data-job][data-live]").count() == 1
+        history = page.get_by_role("table").last
+        expect(history.locator("tr[data-job]").first).to_contain_text("done", timeout=60000)
+        assert page.locator("tr[data-job][data-live]").count() == 0
+        expect(history).to_contain_text("3 skills at " + FIRST[:12])
+        shot(page, "imports")
 
-    # The audit log shows both, filtered by action.
-    page.get_by_role("link", name="Audit").click()
-    page.get_by_label("Action").fill("token.revoke")
-    page.get_by_role("button", name="Filter").click()
-    assert page.locator("tbody tr").count() == 1
-    assert "token:browser-made" in page.locator("tbody").inner_text()
-    shot(page, "audit")
+        # A set with include/exclude, previewed before it is saved.
+        nav(page, "Sets")
+        expect(page.get_by_text("No set yet.")).to_be_visible()
+        page.get_by_role("link", name="New set").click()
+        page.get_by_label("Set id").fill("team")
+        page.get_by_label("Description").fill("The team's review tools")
+        m = page.get_by_role("group", name="Member 1")
+        m.get_by_label("Toolkit").select_option("git")
+        m.get_by_label("Git URL").fill(KIT)
+        m.get_by_label("Commit").fill(FIRST)
+        m.get_by_label("Instance id").fill("kit")
+        m.get_by_label("Include").fill("lint, fmt")
+        m.get_by_label("Exclude").fill("fmt")
+        page.get_by_role("button", name="Preview").click()
+        preview = page.get_by_role("region", name="Preview")
+        expect(preview).to_contain_text("No conflict")
+        drawing = preview.locator("table.tiers")
+        expect(drawing.get_by_role("row", name=re.compile("^lint"))).to_contain_text("serves")
+        for absent in ["fmt", "review"]:
+            assert drawing.get_by_role("rowheader", name=absent, exact=True).count() == 0, absent
+        shot(page, "set-preview")
+        # Nothing is saved by a preview.
+        assert api("/api/v1/sets")["sets"] == []
+        page.get_by_role("button", name="Save").click()
+        expect(page.get_by_role("heading", name="Set team")).to_be_visible()
+        # A second revision takes fmt back; the revisions say what changed.
+        page.get_by_role("group", name="Member 1").get_by_label("Exclude").fill("")
+        page.get_by_role("button", name="Save").click()
+        expect(page.locator("ol.revisions > li")).to_have_count(2)
+        changes = page.locator("table.changes").first
+        expect(changes).to_contain_text('"exclude":["fmt"]')
+        shot(page, "sets")
 
-    # A narrow window still reads.
-    page.set_viewport_size({"width": 420, "height": 800})
-    page.goto(BASE + "/library")
-    assert page.get_by_role("searchbox", name="Search").is_visible()
+        # Open a workspace of the set through MCP; it shows with its tiers.
+        opened = mcp_ok("workspace_open", {"idempotencyKey": "dash-set", "toolkits": [{"kind": "set", "id": "team"}]})
+        ws = opened["workspace"]
+        nav(page, "Workspaces")
+        page.get_by_role("link", name=ws).click()
+        drawing = page.locator("table.tiers")
+        lint = drawing.get_by_role("row", name=re.compile("^lint"))
+        expect(lint.locator("td").nth(1)).to_contain_text("serves")
+        expect(drawing.get_by_role("row", name=re.compile("^fmt"))).to_contain_text("owner:kit")
+        assert drawing.get_by_role("rowheader", name="review", exact=True).count() == 0
+        shot(page, "workspace")
 
-    assert outside == [], outside
+        # A launch conflict through MCP, settled on the Conflicts page: the same request opens.
+        conflict = {"idempotencyKey": "dash-conflict", "toolkits": [CONFIG["one"], CONFIG["two"]]}
+        err, out = mcp("workspace_open", conflict)
+        assert err and out["code"] == "CONFLICT", out
+        nav(page, "Conflicts")
+        section = page.get_by_role("region", name=re.compile("^dup"))
+        expect(section.locator("pre.diff del")).to_contain_text("One's copy.")
+        expect(section.locator("pre.diff ins")).to_contain_text("Two's copy.")
+        assert section.locator("article.candidate").count() == 2
+        shot(page, "conflicts")
+        section.get_by_role("button", name="Choose owner:two").click()
+        expect(page.get_by_text("No launch conflict waits.")).to_be_visible()
+        settled = mcp_ok("workspace_open", conflict)
+        read = mcp_ok("skills_read", {"workspace": settled["workspace"], "skill": "dup"})
+        assert "Two's copy." in json.dumps(read), read
+        # Its drawing marks the override's winner and the copy it set aside.
+        nav(page, "Workspaces")
+        page.get_by_role("link", name=settled["workspace"]).click()
+        dup = page.locator("table.tiers").get_by_role("row", name=re.compile("^dup"))
+        expect(dup.locator("td").nth(1)).to_contain_text("serves (override) owner:two")
+        expect(dup.locator("td").nth(1)).to_contain_text("set aside by override owner:one")
+        shot(page, "workspace-override")
+
+        # A run refused for want of an approval, approved on the page: skills_run passes.
+        scripted = mcp_ok("workspace_open", {"idempotencyKey": "dash-run", "toolkits": [CONFIG["scripted"]]})
+        run = {"workspace": scripted["workspace"], "skill": "alpha", "script": "scripts/hello.sh"}
+        err, out = mcp("skills_run", run)
+        assert err and out["code"] == "FORBIDDEN", out
+        nav(page, "Approvals")
+        expect(page.get_by_label("Script scripts/hello.sh")).to_contain_text("echo hello from alpha")
+        shot(page, "approvals")
+        page.get_by_role("button", name="Approve alpha").click()
+        expect(page.get_by_text("No run waits for an approval.")).to_be_visible()
+        ran = mcp_ok("skills_run", run)
+        assert "hello from alpha" in ran["stdout"], ran
+
+        # The registry: add an entry pinned at the first commit, find the newer head, move the
+        # pin to it and roll it back.
+        nav(page, "Registry")
+        add = page.get_by_role("form", name="Add an entry")
+        add.get_by_label("Id").fill("team/kit")
+        add.get_by_label("Name", exact=True).fill("Team kit")
+        add.get_by_label("Description").fill("The team's own skills")
+        add.get_by_label("Repository URL").fill(KIT)
+        add.get_by_label("Commit to pin").fill(FIRST)
+        add.get_by_role("button", name="Add entry").click()
+        expect(page.get_by_role("heading", name="team/kit")).to_be_visible()
+        page.get_by_role("button", name="Check for updates").click()
+        expect(page.get_by_role("status")).to_contain_text(SECOND)
+        move = page.get_by_role("form", name="Move the pin")
+        move.get_by_label("Commit").fill(SECOND)
+        move.get_by_label("Reason").fill("takes triage")
+        move.get_by_role("button", name="Move pin").click()
+        expect(page.get_by_role("status")).to_contain_text("Pinned at " + SECOND)
+        page.get_by_role("button", name="Roll back to the previous pin").click()
+        expect(page.get_by_role("status")).to_contain_text("Rolled back: pinned at " + FIRST)
+        assert api("/api/v1/registry/team/kit")["entry"]["pin"]["commit"] == FIRST
+        nav(page, "Registry")
+        shot(page, "registry")
+
+        # Make a client token, see its secret once, revoke it: its next call is refused.
+        nav(page, "Tokens")
+        page.get_by_label("Name").fill("browser-made")
+        page.get_by_label("Role").select_option("client")
+        page.get_by_role("button", name="Make token").click()
+        secret = page.locator(".secret code").inner_text().strip()
+        assert secret.startswith("cht_"), secret
+        assert not refused(secret)
+        shot(page, "tokens")
+        page.get_by_role("button", name="Revoke browser-made").click()
+        assert page.get_by_role("status").inner_text().startswith("Token browser-made revoked")
+        assert refused(secret)
+
+        # The audit log shows both, filtered by action.
+        nav(page, "Audit")
+        page.get_by_label("Action").fill("token.revoke")
+        page.get_by_role("button", name="Filter").click()
+        assert page.locator("tbody tr").count() == 1
+        assert "token:browser-made" in page.locator("tbody").inner_text()
+        shot(page, "audit")
+
+        # Close the set's workspace from its page: it is gone for MCP too.
+        nav(page, "Workspaces")
+        shot(page, "workspaces")
+        page.get_by_role("button", name="Close " + ws).click()
+        expect(page.get_by_role("link", name=ws)).to_have_count(0)
+        err, out = mcp("skills_list", {"workspace": ws})
+        assert err and out["code"] == "NOT_FOUND", out
+
+        # The overview, now that there is something to see.
+        nav(page, "Overview")
+        shot(page, "overview")
+
+        # A narrow window still reads.
+        page.set_viewport_size({"width": 420, "height": 800})
+        page.goto(BASE + "/library")
+        assert page.get_by_role("searchbox", name="Search").is_visible()
+
+        assert outside == [], outside
+        # The hostile skill page's blocked image and the refused forms are the only errors.
+        unexpected = [e for e in errors if "Failed to load resource" not in e]
+        assert unexpected == [], unexpected
+    except Exception:
+        # What the page said when the scenario failed.
+        print("failed at", page.url, file=sys.stderr)
+        print(page.locator("main").inner_text(), file=sys.stderr)
+        raise
     browser.close()
 print("dashboard: ok")

@@ -150,3 +150,40 @@ pub fn tool(addr: SocketAddr, token: &str, session: &str, name: &str, args: Valu
     );
     answer_of(&answer)["result"].clone()
 }
+
+/// Two warm toolkits that both bring `dup` to the owner tier, differently, and one whose
+/// skill has a script.
+pub fn conflicting_kits(tmp: &tempfile::TempDir) -> (Value, Value, Value) {
+    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
+    let make = |name: &str, body: &str| {
+        let src = tmp.path().join("src").join(name);
+        super::materialize(&src, &super::dir(vec![("dup", super::skill("dup", body))]));
+        serde_json::to_value(super::warm_toolkit(&store, &src, name)).unwrap()
+    };
+    let one = make("one", "One's copy.");
+    let two = make("two", "Two's copy.");
+    let src = tmp.path().join("src/scripted");
+    super::materialize(
+        &src,
+        &super::dir(vec![(
+            "alpha",
+            super::dir(vec![
+                (
+                    "SKILL.md",
+                    super::file(
+                        "---\nname: alpha\ndescription: Says hello.\n---\nRun scripts/hello.sh.\n",
+                    ),
+                ),
+                (
+                    "scripts",
+                    super::dir(vec![(
+                        "hello.sh",
+                        super::Node::Exec(b"#!/bin/sh\necho hello from alpha\n".to_vec()),
+                    )]),
+                ),
+            ]),
+        )]),
+    );
+    let scripted = serde_json::to_value(super::warm_toolkit(&store, &src, "scripted")).unwrap();
+    (one, two, scripted)
+}
