@@ -31,7 +31,14 @@ fn fixture() -> Fixture {
     let src = tmp.path().join("src/hostile-kit");
     support::materialize(
         &src,
-        &dir(vec![("hostile", dir(vec![("SKILL.md", file(HOSTILE))]))]),
+        &dir(vec![(
+            "hostile",
+            dir(vec![
+                ("SKILL.md", file(HOSTILE)),
+                ("notes.html", file("<script>window.__pwned = 5</script>")),
+                ("logo.bin", support::Node::File(vec![0x89, b'P', 0, 0xff])),
+            ]),
+        )]),
     );
     support::warm_toolkit(&store, &src, "hostile-kit");
     let kits = conflicting_kits(&tmp);
@@ -297,13 +304,43 @@ fn pages_carry_the_csp_and_a_form_without_the_session_token_changes_nothing() {
         .text()
         .unwrap();
     assert!(page.contains("Safe heading"), "{page}");
+    // (The raw SKILL.md is shown too, escaped: its markup is text there.)
     for bad in [
         "<script>window",
-        "onerror=",
-        "javascript:",
-        "onclick=",
+        "<img",
+        " onerror=\"",
+        "href=\"javascript:",
+        " onclick=\"",
         "<iframe",
     ] {
         assert!(!page.contains(bad), "{bad} survived: {page}");
+    }
+    // Its files: text as plain text, binary as a download, both sandboxed; only its own.
+    let get = |path: &str| {
+        http.get(w.url(path))
+            .header("Cookie", &cookie)
+            .send()
+            .unwrap()
+    };
+    let html = get(&format!("{href}/files/notes.html"));
+    assert_eq!(html.status().as_u16(), 200);
+    assert_eq!(
+        html.headers()["content-type"].to_str().unwrap(),
+        "text/plain; charset=utf-8"
+    );
+    assert!(html.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .starts_with("sandbox"));
+    assert_eq!(html.text().unwrap(), "<script>window.__pwned = 5</script>");
+    let bin = get(&format!("{href}/files/logo.bin"));
+    assert_eq!(
+        bin.headers()["content-disposition"].to_str().unwrap(),
+        "attachment; filename=\"logo.bin\""
+    );
+    assert_eq!(bin.bytes().unwrap().as_ref(), &[0x89, b'P', 0, 0xff]);
+    for missing in ["files/../SKILL.md", "files/%2e%2e/x", "files/nope"] {
+        let r = get(&format!("{href}/{missing}"));
+        assert_eq!(r.status().as_u16(), 404, "{missing}");
     }
 }

@@ -13,6 +13,7 @@ mod markdown;
 mod overview;
 mod registry;
 mod sets;
+mod skill;
 mod tiers;
 mod tokens;
 mod workspaces;
@@ -30,7 +31,8 @@ pub fn router(api: Arc<Api>) -> Router {
     Router::new()
         .route("/", get(overview::page))
         .route("/library", get(library::list))
-        .route("/skills/{digest}", get(library::skill))
+        .route("/skills/{digest}", get(skill::page))
+        .route("/skills/{digest}/files/{*path}", get(skill::file))
         .route("/imports", get(imports::page).post(imports::submit))
         .route("/imports/{id}/cancel", post(imports::cancel))
         .route("/sets", get(sets::list))

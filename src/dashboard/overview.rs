@@ -42,12 +42,13 @@ pub async fn page(State(api): State<Arc<Api>>, who: Option<Extension<Identity>>)
             pending,
             conflicts,
             imports,
-            bundles,
+            (bundles, bytes_under(ws.store().root())),
             ws.provisioning(),
         ))
     })
     .await;
-    let (open, pending, conflicts, imports, bundles, provisioning) = match data {
+    let executor = api.workspaces.executor_kind();
+    let (open, pending, conflicts, imports, (bundles, bytes), provisioning) = match data {
         Ok(d) => d,
         Err(e) => return layout::error(&who, &e),
     };
@@ -57,10 +58,10 @@ pub async fn page(State(api): State<Arc<Api>>, who: Option<Extension<Identity>>)
         &who,
         html! {
             section.cards aria-label="At a glance" {
-                div.card { div.n { (open.len()) } "open workspaces" }
-                div.card { div.n { (pending.len()) } "runs waiting for approval" }
-                div.card { div.n { (conflicts.len()) } "launch conflicts to settle" }
-                div.card { div.n { (bundles) } "toolkit bundles in the store" }
+                a.card href="/workspaces" { div.n { (open.len()) } "open workspaces" }
+                a.card href="/approvals" { div.n { (pending.len()) } "runs waiting for approval" }
+                a.card href="/conflicts" { div.n { (conflicts.len()) } "launch conflicts to settle" }
+                a.card href="/library" { div.n { (bundles) } "toolkit bundles in the store, " (mib(bytes)) }
             }
             h2 { "Open workspaces" }
             @if open.is_empty() {
@@ -68,7 +69,7 @@ pub async fn page(State(api): State<Arc<Api>>, who: Option<Extension<Identity>>)
             } @else {
                 table { thead { tr { th { "Workspace" } th { "Key" } th { "Skills" } th { "Conflicts" } th { "Executor" } } }
                     tbody { @for w in &open { tr {
-                        td { code { (w["workspace"].as_str().unwrap_or("")) } }
+                        td { a href={ "/workspaces/" (w["workspace"].as_str().unwrap_or("")) } { code { (w["workspace"].as_str().unwrap_or("")) } } }
                         td { (w["idempotencyKey"].as_str().unwrap_or("")) }
                         td { (w["skills"]) }
                         td { (w["conflicts"]) }
@@ -88,11 +89,40 @@ pub async fn page(State(api): State<Arc<Api>>, who: Option<Extension<Identity>>)
                     } } }
                 }
             }
-            h2 { "Provisioning" }
-            p { "Fetches run: " strong { (provisioning["mode"].as_str().unwrap_or("")) } }
+            h2 { "Provisioning and executors" }
+            p { "Fetches run: " strong { (provisioning["mode"].as_str().unwrap_or("")) }
+                @if provisioning["mode"] == "container" { " (a helper container per fetch, on an internal network behind the egress proxy)" }
+                @else { " (in this process, through the egress proxy)" } }
+            p { "Skill scripts run in: " strong { @match executor {
+                Some(k) => { (serde_json::to_value(k).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()) " executors" }
+                None => { "nowhere: no executor is configured, so skills_run refuses" }
+            } } }
             @if let Some(warnings) = provisioning["warnings"].as_array() {
                 @for w in warnings { p.warn role="note" { (w.as_str().unwrap_or("")) } }
             }
         },
     )
+}
+
+/// The bytes of the files under `dir` (the store's objects and index).
+fn bytes_under(dir: &std::path::Path) -> u64 {
+    let mut total = 0;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            match e.metadata() {
+                Ok(m) if m.is_dir() => pending.push(e.path()),
+                Ok(m) => total += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
 }

@@ -283,6 +283,11 @@ impl Workspaces {
         });
     }
 
+    /// The kind of executor new workspaces get (none: scripts cannot run).
+    pub fn executor_kind(&self) -> Option<Kind> {
+        self.executor_kind
+    }
+
     /// Where fetches run: the mode, the engine and its warnings (asking the engine once).
     pub fn provisioning(&self) -> Value {
         self.provisioner.provisioning()

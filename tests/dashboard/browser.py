@@ -101,8 +101,12 @@ with sync_playwright() as p:
         assert page.locator("a[href^='javascript']").count() == 0
         assert page.locator("main iframe").count() == 0
         assert "Safe heading" in page.locator(".rendered").inner_text()
+        # Text files show on the page, escaped; a binary one is offered for download.
+        page.get_by_text("notes.html").click()
+        expect(page.get_by_label("File notes.html")).to_have_text("<script>window.__pwned = 5</script>")
+        expect(page.get_by_role("link", name="download")).to_have_attribute("href", re.compile("/files/logo.bin$"))
         # Clicking what was a javascript: link runs nothing.
-        page.get_by_text("click me").click()
+        page.locator(".rendered").get_by_text("click me").click()
         assert page.evaluate("window.__pwned === undefined")
         shot(page, "skill")
 
@@ -190,6 +194,14 @@ with sync_playwright() as p:
         settled = mcp_ok("workspace_open", conflict)
         read = mcp_ok("skills_read", {"workspace": settled["workspace"], "skill": "dup"})
         assert "Two's copy." in json.dumps(read), read
+        # The losing copy's page names the other copy and the workspace that serves it.
+        nav(page, "Library")
+        page.get_by_role("searchbox", name="Search").fill("one")
+        page.get_by_role("button", name="Search").click()
+        page.get_by_role("link", name="dup").click()
+        row = page.get_by_role("row", name=re.compile(settled["workspace"]))
+        expect(row).to_contain_text("owner:two")
+        expect(row).to_contain_text("shadowed")
         # Its drawing marks the override's winner and the copy it set aside.
         nav(page, "Workspaces")
         page.get_by_role("link", name=settled["workspace"]).click()

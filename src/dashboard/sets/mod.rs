@@ -2,168 +2,27 @@
 //! registry entry or a git URL and commit, with include/exclude and scope), a preview of what
 //! the set would serve before it is saved, and its revisions with what changed in each.
 
-use super::{blocking, check_csrf, layout, patterns, tiers};
+mod form;
+mod revisions;
+
+use super::{blocking, check_csrf, layout, tiers};
 use crate::api::Api;
 use crate::auth::Identity;
 use crate::sets::{self, Revision};
-use crate::toolkit::{Scope, ToolkitSpec};
+use crate::toolkit::Scope;
 use crate::workspace::preview::Preview;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
 use cloud_harness_fs::{Code, Error};
+use form::{Row, SetForm};
 use maud::{html, Markup};
-use serde_json::{json, Value};
+use revisions::{history, revision_item};
 use std::sync::Arc;
 
 /// Blank member rows under the filled ones (a form without script cannot add rows).
 const BLANK_ROWS: usize = 2;
-
-/// One member row of the form.
-#[derive(Default, Clone)]
-struct Row {
-    /// A registry entry id, `git`, or empty (the row is unused).
-    toolkit: String,
-    url: String,
-    git_ref: String,
-    instance_id: String,
-    include: String,
-    exclude: String,
-    scope: String,
-}
-
-impl Row {
-    fn of(spec: &ToolkitSpec) -> Row {
-        let scope = |s: Option<Scope>| match s {
-            Some(Scope::Workspace) => "workspace".to_owned(),
-            _ => "owner".to_owned(),
-        };
-        match spec {
-            ToolkitSpec::Preset(p) => Row {
-                toolkit: p.id.clone(),
-                git_ref: p.version.clone().unwrap_or_default(),
-                scope: scope(p.scope),
-                ..Row::default()
-            },
-            ToolkitSpec::Git(g) => Row {
-                toolkit: "git".into(),
-                url: g.url.clone(),
-                git_ref: g.git_ref.clone().unwrap_or_default(),
-                instance_id: g.instance_id.clone(),
-                include: g
-                    .skills
-                    .as_ref()
-                    .map(|s| s.include.join(", "))
-                    .unwrap_or_default(),
-                exclude: g
-                    .skills
-                    .as_ref()
-                    .map(|s| s.exclude.join(", "))
-                    .unwrap_or_default(),
-                scope: scope(g.scope),
-            },
-            ToolkitSpec::Set(_) => Row::default(),
-        }
-    }
-
-    /// The member the API would be sent; `i` names the row in errors.
-    fn member(&self, i: usize) -> Result<Value, Error> {
-        let mut v = if self.toolkit == "git" {
-            let instance = match self.instance_id.trim() {
-                "" => super::instance_from_url(&self.url),
-                given => given.to_owned(),
-            };
-            let mut v = json!({ "kind": "git", "url": self.url.trim(), "instanceId": instance });
-            if !self.git_ref.trim().is_empty() {
-                v["ref"] = json!(self.git_ref.trim());
-            }
-            let (include, exclude) = (patterns(&self.include), patterns(&self.exclude));
-            if !include.is_empty() || !exclude.is_empty() {
-                v["skills"] = json!({ "include": include, "exclude": exclude });
-            }
-            v
-        } else {
-            if !(self.include.trim().is_empty() && self.exclude.trim().is_empty()) {
-                return Err(Error::field(
-                    Code::InvalidArgument,
-                    &format!("members[{i}].skills"),
-                    "a registry entry is taken whole: to pick its skills, add it as a git toolkit (its URL and commit) with include/exclude",
-                ));
-            }
-            let mut v = json!({ "kind": "preset", "id": self.toolkit });
-            if !self.git_ref.trim().is_empty() {
-                v["version"] = json!(self.git_ref.trim());
-            }
-            v
-        };
-        if self.scope == "workspace" {
-            v["scope"] = json!("workspace");
-        }
-        Ok(v)
-    }
-}
-
-/// The form as sent: the set's fields and its rows, in order, the unused ones dropped.
-#[derive(Default)]
-struct SetForm {
-    id: String,
-    description: String,
-    revision: Option<i64>,
-    preview: bool,
-    csrf: String,
-    rows: Vec<Row>,
-}
-
-impl SetForm {
-    fn parse(fields: Vec<(String, String)>) -> SetForm {
-        let mut f = SetForm::default();
-        let mut rows: std::collections::BTreeMap<usize, Row> = Default::default();
-        for (k, v) in fields {
-            match k.as_str() {
-                "id" => f.id = v.trim().to_owned(),
-                "description" => f.description = v,
-                "revision" => f.revision = v.parse().ok(),
-                "action" => f.preview = v == "preview",
-                "csrf" => f.csrf = v,
-                _ => {
-                    let Some((i, field)) = k
-                        .strip_prefix('m')
-                        .and_then(|k| k.split_once('.'))
-                        .and_then(|(i, f)| Some((i.parse::<usize>().ok()?, f)))
-                    else {
-                        continue;
-                    };
-                    let row = rows.entry(i).or_default();
-                    let slot = match field {
-                        "toolkit" => &mut row.toolkit,
-                        "url" => &mut row.url,
-                        "ref" => &mut row.git_ref,
-                        "instanceId" => &mut row.instance_id,
-                        "include" => &mut row.include,
-                        "exclude" => &mut row.exclude,
-                        "scope" => &mut row.scope,
-                        _ => continue,
-                    };
-                    *slot = v;
-                }
-            }
-        }
-        f.rows = rows
-            .into_values()
-            .filter(|r| !r.toolkit.is_empty())
-            .collect();
-        f
-    }
-
-    fn members(&self) -> Result<Vec<Value>, Error> {
-        self.rows
-            .iter()
-            .enumerate()
-            .map(|(i, r)| r.member(i))
-            .collect()
-    }
-}
 
 pub async fn list(State(api): State<Arc<Api>>, Extension(who): Extension<Identity>) -> Response {
     let db = api.workspaces.db().clone();
@@ -465,75 +324,6 @@ fn preview_section(p: &Preview) -> Markup {
                 }
             }
             (tiers::drawing(&p.index, "What the set would serve"))
-        }
-    }
-}
-
-/// Each revision with the members that differ from the one before (before and after).
-type Changes = Vec<(String, Option<String>, Option<String>)>;
-
-fn history(db: &crate::state::Db, id: &str) -> cloud_harness_fs::Result<Vec<(Revision, Changes)>> {
-    let n = sets::get(db, id, None)?.revision;
-    let mut all = Vec::new();
-    let mut before: Option<Revision> = None;
-    for r in 1..=n {
-        let now = sets::get(db, id, Some(r))?;
-        let key = |m: &ToolkitSpec| Row::of(m).instance_id_or_entry();
-        let shown = |m: &ToolkitSpec| serde_json::to_string(m).unwrap_or_default();
-        let mut changes: Changes = Vec::new();
-        if let Some(b) = &before {
-            if b.description != now.description {
-                changes.push((
-                    "description".into(),
-                    Some(b.description.clone()),
-                    Some(now.description.clone()),
-                ));
-            }
-            for m in &now.members {
-                match b.members.iter().find(|o| key(o) == key(m)) {
-                    None => changes.push((key(m), None, Some(shown(m)))),
-                    Some(o) if o != m => changes.push((key(m), Some(shown(o)), Some(shown(m)))),
-                    Some(_) => {}
-                }
-            }
-            for o in &b.members {
-                if !now.members.iter().any(|m| key(m) == key(o)) {
-                    changes.push((key(o), Some(shown(o)), None));
-                }
-            }
-        }
-        before = Some(now.clone());
-        all.push((now, changes));
-    }
-    all.reverse();
-    Ok(all)
-}
-
-impl Row {
-    fn instance_id_or_entry(&self) -> String {
-        if self.toolkit == "git" {
-            self.instance_id.clone()
-        } else {
-            self.toolkit.clone()
-        }
-    }
-}
-
-fn revision_item(id: &str, r: &Revision, changes: &Changes) -> Markup {
-    html! {
-        p {
-            a href={ "/sets/" (id) "?revision=" (r.revision) } { "Revision " (r.revision) }
-            " by " (r.actor) ", " (layout::when(r.created_at))
-            @if r.revision == 1 { " — made with " (r.members.len()) " member(s)" }
-        }
-        @if !changes.is_empty() {
-            table.changes { thead { tr { th { "Changed" } th { "Before" } th { "After" } } }
-                tbody { @for (what, b, a) in changes { tr {
-                    td { (what) }
-                    td.removed { @if let Some(b) = b { code { (b) } } @else { em { "(not there)" } } }
-                    td.added { @if let Some(a) = a { code { (a) } } @else { em { "(removed)" } } }
-                } } }
-            }
         }
     }
 }
