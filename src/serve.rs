@@ -97,7 +97,7 @@ fn first_start(db: &crate::state::Db, bound: SocketAddr) -> Result<()> {
     let token = crate::auth::create(db, NAME, crate::auth::Role::Operator, "system:first-start")?;
     let code = crate::auth::login_code(db, NAME, "system:first-start")?;
     eprintln!(
-        "cloud-harness: first start: made the operator token {NAME:?} (shown only now; `cloud-harness token …` manages tokens):\n    {}\ncloud-harness: MCP clients send it as `Authorization: Bearer <token>`; sign in from a browser (once, within a day) at:\n    http://{bound}/login?code={code}",
+        "cloud-harness: first start: made the operator token {NAME:?} (shown only now; `cloud-harness token …` manages tokens):\n    {}\ncloud-harness: MCP clients send it as `Authorization: Bearer <token>`; open the dashboard in a browser with this one-time link (valid for a day):\n    http://{bound}/login?code={code}",
         token.token
     );
     Ok(())

@@ -42,7 +42,7 @@ pub async fn page(State(api): State<Arc<Api>>, who: Option<Extension<Identity>>)
             pending,
             conflicts,
             imports,
-            (bundles, bytes_under(ws.store().root())),
+            (bundles, store_bytes(ws.store().root())),
             ws.provisioning(),
         ))
     })
@@ -103,6 +103,24 @@ pub async fn page(State(api): State<Arc<Api>>, who: Option<Extension<Identity>>)
         },
     )
 }
+
+/// The store's size, walked at most every [`SIZE_TTL`] (a walk of a large store takes tens
+/// of milliseconds; the figure is a gauge, not an account).
+fn store_bytes(root: &std::path::Path) -> u64 {
+    static KEPT: std::sync::Mutex<Option<(std::path::PathBuf, std::time::Instant, u64)>> =
+        std::sync::Mutex::new(None);
+    let mut kept = KEPT.lock().expect("size lock");
+    match &*kept {
+        Some((r, at, n)) if r == root && at.elapsed() < SIZE_TTL => *n,
+        _ => {
+            let n = bytes_under(root);
+            *kept = Some((root.to_path_buf(), std::time::Instant::now(), n));
+            n
+        }
+    }
+}
+
+const SIZE_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The bytes of the files under `dir` (the store's objects and index).
 fn bytes_under(dir: &std::path::Path) -> u64 {

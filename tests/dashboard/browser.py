@@ -164,7 +164,7 @@ with sync_playwright() as p:
         page.get_by_role("button", name="Save").click()
         expect(page.locator("ol.revisions > li")).to_have_count(2)
         changes = page.locator("table.changes").first
-        expect(changes).to_contain_text('"exclude":["fmt"]')
+        expect(changes.get_by_role("row", name=re.compile("kit skills.exclude"))).to_contain_text('["fmt"]')
         shot(page, "sets")
 
         # Open a workspace of the set through MCP; it shows with its tiers.

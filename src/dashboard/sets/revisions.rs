@@ -5,8 +5,11 @@ use super::layout;
 use crate::sets::{self, Revision};
 use crate::toolkit::ToolkitSpec;
 use maud::{html, Markup};
+use serde_json::Value;
+use std::collections::BTreeMap;
 
-/// Each revision with the members that differ from the one before (before and after).
+/// What a revision changed: the description, a member added or removed (its whole
+/// definition), or one field of a member (`kit skills.exclude`), each before and after.
 pub type Changes = Vec<(String, Option<String>, Option<String>)>;
 
 pub fn history(
@@ -32,7 +35,11 @@ pub fn history(
             for m in &now.members {
                 match b.members.iter().find(|o| key(o) == key(m)) {
                     None => changes.push((key(m), None, Some(shown(m)))),
-                    Some(o) if o != m => changes.push((key(m), Some(shown(o)), Some(shown(m)))),
+                    Some(o) if o != m => {
+                        for (field, was, is) in fields_changed(o, m) {
+                            changes.push((format!("{} {field}", key(m)), was, is));
+                        }
+                    }
                     Some(_) => {}
                 }
             }
@@ -47,6 +54,46 @@ pub fn history(
     }
     all.reverse();
     Ok(all)
+}
+
+/// A member's fields as `path = value` (nested objects flattened: `skills.include`).
+fn fields(m: &ToolkitSpec) -> BTreeMap<String, String> {
+    fn walk(prefix: &str, v: &Value, out: &mut BTreeMap<String, String>) {
+        match v {
+            Value::Object(o) => {
+                for (k, v) in o {
+                    let path = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&path, v, out);
+                }
+            }
+            other => {
+                out.insert(prefix.to_owned(), other.to_string());
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk("", &serde_json::to_value(m).unwrap_or_default(), &mut out);
+    out
+}
+
+/// The fields that differ between two versions of a member: each with its value before and
+/// after (`None`: not set).
+fn fields_changed(
+    was: &ToolkitSpec,
+    is: &ToolkitSpec,
+) -> Vec<(String, Option<String>, Option<String>)> {
+    let (a, b) = (fields(was), fields(is));
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| (k.clone(), a.get(k).cloned(), b.get(k).cloned()))
+        .collect()
 }
 
 pub fn revision_item(id: &str, r: &Revision, changes: &Changes) -> Markup {
