@@ -286,6 +286,37 @@ fn pages_carry_the_csp_and_a_form_without_the_session_token_changes_nothing() {
         .op("GET", "/api/v1/registry", None)
         .to_string()
         .contains("forged"));
+    // A client token reads the pages without their forms, and cannot post one.
+    let viewer = w.op(
+        "POST",
+        "/api/v1/tokens",
+        Some(json!({"name": "viewer", "role": "client"})),
+    )["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for path in [
+        "/imports",
+        "/sets/new",
+        "/registry",
+        "/approvals",
+        "/workspaces",
+    ] {
+        let r = http.get(w.url(path)).bearer_auth(&viewer).send().unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{path}");
+        let body = r.text().unwrap();
+        assert!(!body.contains("<form"), "{path} shows a form to a client");
+    }
+    let r = http
+        .post(w.url("/sets/new"))
+        .bearer_auth(&viewer)
+        .header("Origin", &base)
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .body(format!("id=by-client&action=save&{member}"))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    assert_eq!(w.op("GET", "/api/v1/sets", None)["sets"], json!([]));
     // The skill page shows the hostile SKILL.md as inert text.
     let lib = http
         .get(w.url("/library?q=hostile"))
@@ -343,4 +374,29 @@ fn pages_carry_the_csp_and_a_form_without_the_session_token_changes_nothing() {
         let r = get(&format!("{href}/{missing}"));
         assert_eq!(r.status().as_u16(), 404, "{missing}");
     }
+    // A genuine form with a bad member is refused at the member's row, and saves nothing.
+    let new = get("/sets/new").text().unwrap();
+    let needle = "name=\"csrf\" value=\"";
+    let at = new.find(needle).unwrap() + needle.len();
+    let csrf = &new[at..at + new[at..].find('"').unwrap()];
+    let r = http
+        .post(w.url("/sets/new"))
+        .header("Cookie", &cookie)
+        .header("Origin", &base)
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .body(format!(
+            "csrf={csrf}&id=bad&action=save&m0.toolkit=git&m0.url={}",
+            f.git.url("team/kit.git")
+        ))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let body = r.text().unwrap();
+    assert!(
+        body.matches("class=\"field-error\" role=\"alert\">members[0].ref: a git member is pinned to an exact commit")
+            .count()
+            == 1,
+        "{body}"
+    );
+    assert_eq!(w.op("GET", "/api/v1/sets", None)["sets"], json!([]));
 }

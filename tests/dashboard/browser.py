@@ -284,6 +284,19 @@ with sync_playwright() as p:
         page.set_viewport_size({"width": 420, "height": 800})
         page.goto(BASE + "/library")
         assert page.get_by_role("searchbox", name="Search").is_visible()
+        # By keyboard alone: the search box, typed into, Enter.
+        page.get_by_role("searchbox", name="Search").focus()
+        page.keyboard.type("lint")
+        page.keyboard.press("Enter")
+        expect(page.get_by_role("link", name="lint", exact=True).first).to_be_visible()
+        assert "q=lint" in page.url, page.url
+        # No page is wider than the window (wide tables scroll inside themselves).
+        for path in ["/", "/library", "/imports", "/sets/team", "/registry", "/conflicts",
+                     "/approvals", "/workspaces", "/workspaces/" + settled["workspace"], "/audit", "/tokens"]:
+            page.goto(BASE + path)
+            width = page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 420, f"{path} is {width} px wide"
+        shot(page, "narrow-workspace")
 
         assert outside == [], outside
         # The hostile skill page's blocked image and the refused forms are the only errors.

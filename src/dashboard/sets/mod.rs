@@ -243,7 +243,7 @@ async fn render(
                     (layout::field_error(e, "description"))
                     fieldset {
                         legend { "Members" }
-                        (layout::field_error(e, "members"))
+                        @if let Some(e) = e.filter(|e| e.details["field"] == "members") { span.field-error role="alert" { (e.message) } }
                         @for i in 0..rows {
                             @let row = form.rows.get(i).cloned().unwrap_or_default();
                             (member_row(i, &row, &entries, e))
