@@ -230,91 +230,83 @@ async fn render_entry(api: &Arc<Api>, who: &Identity, id: &str, notice: Markup) 
     )
 }
 
-fn outcome(r: cloud_harness_fs::Result<Markup>) -> Markup {
-    match r {
-        Ok(m) => m,
-        Err(e) => layout::alert(&e),
+/// An action on the entry `owner/name`: the form's CSRF token checked, `work` run with the
+/// server's workspaces, the acting operator and the entry id, the entry's page shown again with
+/// what came of it (`said`) or the error.
+async fn act<T: Send + 'static>(
+    api: Arc<Api>,
+    who: Identity,
+    (owner, name): (String, String),
+    csrf: &str,
+    work: impl FnOnce(&crate::workspace::Workspaces, &str, &str) -> cloud_harness_fs::Result<T>
+        + Send
+        + 'static,
+    said: impl FnOnce(T) -> Markup,
+) -> Response {
+    if let Err(e) = check_csrf(&who, csrf) {
+        return layout::error(&who, &e);
     }
+    let (ws, actor, id) = (
+        api.workspaces.clone(),
+        who.actor(),
+        format!("{owner}/{name}"),
+    );
+    let asked = id.clone();
+    let done = blocking(move || work(&ws, &asked, &actor)).await;
+    let notice = match done {
+        Ok(v) => said(v),
+        Err(e) => layout::alert(&e),
+    };
+    render_entry(&api, &who, &id, notice).await
 }
 
 pub async fn check(
     State(api): State<Arc<Api>>,
     Extension(who): Extension<Identity>,
-    Path((owner, name)): Path<(String, String)>,
+    Path(entry): Path<(String, String)>,
     Form(form): Form<Csrf>,
 ) -> Response {
-    if let Err(e) = check_csrf(&who, &form.csrf) {
-        return layout::error(&who, &e);
-    }
-    let (ws, actor, id) = (
-        api.workspaces.clone(),
-        who.actor(),
-        format!("{owner}/{name}"),
-    );
-    let asked = id.clone();
-    let report =
-        blocking(move || registry::check_updates(ws.db(), ws.provisioner(), &asked, &actor)).await;
-    let notice = outcome(report.map(|r| {
+    let work = |ws: &crate::workspace::Workspaces, id: &str, actor: &str| {
+        registry::check_updates(ws.db(), ws.provisioner(), id, actor)
+    };
+    act(api, who, entry, &form.csrf, work, |r| {
         let head = r["head"].as_str().unwrap_or_default().to_owned();
         html! { p role="status" {
             @if r["upToDate"] == true { "Up to date: the pin is the default branch head, " code { (short(&head)) } "." }
             @else { "The default branch head is " code { (head) } "; move the pin to it below to take it." }
         } }
-    }));
-    render_entry(&api, &who, &id, notice).await
+    })
+    .await
 }
 
 pub async fn pin(
     State(api): State<Arc<Api>>,
     Extension(who): Extension<Identity>,
-    Path((owner, name)): Path<(String, String)>,
+    Path(entry): Path<(String, String)>,
     Form(form): Form<PinForm>,
 ) -> Response {
-    if let Err(e) = check_csrf(&who, &form.csrf) {
-        return layout::error(&who, &e);
-    }
-    let (ws, actor, id) = (
-        api.workspaces.clone(),
-        who.actor(),
-        format!("{owner}/{name}"),
-    );
-    let asked = id.clone();
-    let moved = blocking(move || {
-        let reason = (!form.reason.trim().is_empty()).then(|| form.reason.trim().to_owned());
-        registry::pin(
-            ws.db(),
-            ws.provisioner(),
-            &asked,
-            form.commit.trim(),
-            reason.as_deref(),
-            &actor,
-        )
+    let (commit, reason) = (form.commit.trim().to_owned(), form.reason.trim().to_owned());
+    let work = move |ws: &crate::workspace::Workspaces, id: &str, actor: &str| {
+        let reason = (!reason.is_empty()).then_some(reason.as_str());
+        registry::pin(ws.db(), ws.provisioner(), id, &commit, reason, actor)
+    };
+    act(api, who, entry, &form.csrf, work, |p| {
+        html! { p role="status" { "Pinned at " code { (p.commit) } "." } }
     })
-    .await;
-    let notice =
-        outcome(moved.map(|p| html! { p role="status" { "Pinned at " code { (p.commit) } "." } }));
-    render_entry(&api, &who, &id, notice).await
+    .await
 }
 
 pub async fn rollback(
     State(api): State<Arc<Api>>,
     Extension(who): Extension<Identity>,
-    Path((owner, name)): Path<(String, String)>,
+    Path(entry): Path<(String, String)>,
     Form(form): Form<Csrf>,
 ) -> Response {
-    if let Err(e) = check_csrf(&who, &form.csrf) {
-        return layout::error(&who, &e);
-    }
-    let (ws, actor, id) = (
-        api.workspaces.clone(),
-        who.actor(),
-        format!("{owner}/{name}"),
-    );
-    let asked = id.clone();
-    let moved =
-        blocking(move || registry::rollback(ws.db(), ws.provisioner(), &asked, &actor)).await;
-    let notice = outcome(moved.map(
-        |p| html! { p role="status" { "Rolled back: pinned at " code { (p.commit) } " again." } },
-    ));
-    render_entry(&api, &who, &id, notice).await
+    let work = |ws: &crate::workspace::Workspaces, id: &str, actor: &str| {
+        registry::rollback(ws.db(), ws.provisioner(), id, actor)
+    };
+    act(api, who, entry, &form.csrf, work, |p| {
+        html! { p role="status" { "Rolled back: pinned at " code { (p.commit) } " again." } }
+    })
+    .await
 }

@@ -277,16 +277,7 @@ impl Workspaces {
         {
             materialize::hand_over(repo, self.executors.uid, self.executors.gid)?;
         }
-        let owner_bundles: Vec<OwnerBundle> = acquired
-            .iter()
-            .filter(|(t, _)| t.scope == Scope::Owner)
-            .map(|(t, a)| OwnerBundle {
-                instance_id: t.instance_id.clone(),
-                bundle: a.record.bundle,
-                url: a.record.key.url.clone(),
-                commit: a.record.key.commit.clone(),
-            })
-            .collect();
+        let owner_bundles = owner_bundles(&acquired);
         let session_start: Vec<SessionStart> = acquired
             .iter()
             .filter_map(|(t, a)| {
@@ -529,4 +520,18 @@ impl Workspaces {
             "warnings": warnings,
         })
     }
+}
+
+/// The owner-scope toolkits of an open, as the bundles its owner tier serves.
+pub(super) fn owner_bundles(acquired: &[(toolkit::Toolkit, Acquired)]) -> Vec<OwnerBundle> {
+    acquired
+        .iter()
+        .filter(|(t, _)| t.scope == Scope::Owner)
+        .map(|(t, a)| OwnerBundle {
+            instance_id: t.instance_id.clone(),
+            bundle: a.record.bundle,
+            url: a.record.key.url.clone(),
+            commit: a.record.key.commit.clone(),
+        })
+        .collect()
 }

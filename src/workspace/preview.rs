@@ -3,7 +3,7 @@
 //! builds it, its resolution returned. Nothing is mounted and nothing stays but the bundles.
 
 use super::{materialize, Workspaces, WORKSPACE_SKILLS};
-use crate::stack::{OwnerBundle, TierInputs};
+use crate::stack::TierInputs;
 use crate::toolkit::{self, Scope, ToolkitSpec};
 use cloud_harness_fs::discovery::SkillCache;
 use cloud_harness_fs::resolver::Index;
@@ -58,16 +58,7 @@ impl Workspaces {
         let ws_dir = scratch.path().join(WORKSPACE_SKILLS);
         let inputs = TierInputs {
             builtin: true,
-            owner_bundles: acquired
-                .iter()
-                .filter(|(t, _)| t.scope == Scope::Owner)
-                .map(|(t, a)| OwnerBundle {
-                    instance_id: t.instance_id.clone(),
-                    bundle: a.record.bundle,
-                    url: a.record.key.url.clone(),
-                    commit: a.record.key.commit.clone(),
-                })
-                .collect(),
+            owner_bundles: super::open::owner_bundles(&acquired),
             workspace_dirs: if ws_dir.is_dir() {
                 vec![ws_dir]
             } else {
