@@ -1,4 +1,24 @@
-// The built-in tier is embedded from presets/; rebuild when it changes.
+// The built-in tier is embedded from presets/; rebuild when it changes. The commit the binary
+// is built from goes into `--version` (`unknown` outside a git checkout).
 fn main() {
     println!("cargo:rerun-if-changed=presets");
+    // (A path that does not exist would rerun this on every build.)
+    for git in [".git/HEAD", ".git/refs/heads"] {
+        if std::path::Path::new(git).exists() {
+            println!("cargo:rerun-if-changed={git}");
+        }
+    }
+    println!("cargo:rerun-if-env-changed=CLOUD_HARNESS_COMMIT");
+    let commit = std::env::var("CLOUD_HARNESS_COMMIT").ok().or_else(|| {
+        let out = std::process::Command::new("git")
+            .args(["rev-parse", "--short=12", "HEAD"])
+            .output()
+            .ok()?;
+        let text = String::from_utf8(out.stdout).ok()?;
+        (out.status.success() && !text.trim().is_empty()).then(|| text.trim().to_owned())
+    });
+    println!(
+        "cargo:rustc-env=CLOUD_HARNESS_COMMIT={}",
+        commit.unwrap_or_else(|| "unknown".into())
+    );
 }

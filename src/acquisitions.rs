@@ -54,6 +54,17 @@ pub fn record(
     via: &str,
     subject: Option<&str>,
 ) {
+    let took = std::time::Duration::from_millis(millis);
+    match outcome {
+        Ok(a) => {
+            crate::metrics::acquisition(a.mode, "ok", took, a.bytes);
+            tracing::info!(toolkit = %toolkit.instance_id, mode = a.mode, millis, bytes = a.bytes, via, "acquired");
+        }
+        Err(e) => {
+            crate::metrics::acquisition("failed", e.code.as_str(), took, 0);
+            tracing::info!(toolkit = %toolkit.instance_id, code = e.code.as_str(), millis, via, "acquisition failed");
+        }
+    }
     let (commit, bundle, mode, bytes, skills, code, message) = match outcome {
         Ok(a) => (
             Some(a.record.key.commit.clone()),

@@ -58,7 +58,11 @@ impl Limits {
 
 const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
 
-/// Serves `router` on `listener` until `stop`; then lets open requests finish.
+/// How long requests in flight may take to finish once the server is asked to stop.
+pub const DRAIN: Duration = Duration::from_secs(10);
+
+/// Serves `router` on `listener` until `stop`; then lets open requests finish, for at most
+/// [`DRAIN`] (a slow script run is then cut short by the shutdown that follows).
 pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: CancellationToken) {
     let open = Arc::new(Semaphore::new(limits.max_connections));
     let tasks = tokio_util::task::TaskTracker::new();
@@ -115,5 +119,10 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, stop: 
         });
     }
     tasks.close();
-    tasks.wait().await;
+    if tokio::time::timeout(DRAIN, tasks.wait()).await.is_err() {
+        tracing::warn!(
+            seconds = DRAIN.as_secs(),
+            "requests still in flight after the drain; stopping them"
+        );
+    }
 }

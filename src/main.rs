@@ -9,17 +9,31 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
+    // The configuration file becomes the variables everything reads, before any is read.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Err(err) = cloud_harness::config::init(&args) {
+        eprintln!("error: {err}");
+        return ExitCode::from(2);
+    }
+    let cli = Cli::parse_from(args);
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        // A client's bad request is its business: the SDK's per-request error lines
+        // stay out of an operator's log unless asked for.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rmcp::service=error"));
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                // A client's bad request is its business: the SDK's per-request error lines
-                // stay out of an operator's log unless asked for.
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rmcp::service=error")),
-        )
-        .init();
-    match cli::run(Cli::parse()) {
+        .with_env_filter(filter);
+    match cli.log_format {
+        cli::LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        // One JSON object a line, with the fields of the spans it happened in (the request id
+        // of an MCP call among them).
+        cli::LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
+    }
+    match cli::run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(err) => {
             eprintln!("error: {err}");

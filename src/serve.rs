@@ -82,8 +82,12 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
         std::thread::spawn(move || workspaces.provisioning());
     }
     let result = runtime.block_on(serve(workspaces.clone(), args));
-    // Unmount before exiting; the records stay, so the next start restores the workspaces.
+    // Unmount before exiting (runs are killed first); the records stay, so the next start
+    // restores the workspaces.
     workspaces.shutdown();
+    // Work still on the blocking pool (an acquisition waiting on a slow server) is not waited
+    // for: what it would publish is published whole or not at all.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     result.map(|()| 0)
 }
 
@@ -192,6 +196,7 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
                 .merge(crate::api::router(api.clone()))
                 .merge(crate::dashboard::router(api))
                 .merge(crate::auth::pages::router(auth.clone()))
+                .merge(crate::health::router(workspaces.clone()))
                 .layer(axum::middleware::from_fn_with_state(
                     auth,
                     crate::auth::http::guard,

@@ -296,9 +296,14 @@ impl Walk<'_> {
                 .expect("skill cache lock")
                 .get(&digest)
                 .cloned();
+            let stats = &crate::stats::STATS;
             match cached {
-                Some(p) => p,
+                Some(p) => {
+                    crate::stats::Stats::add(&stats.skill_cache_hits, 1);
+                    p
+                }
                 None => {
+                    crate::stats::Stats::add(&stats.skill_cache_misses, 1);
                     let p = read_skill(self.store, folder_name.as_deref(), &digest);
                     self.cache
                         .parsed

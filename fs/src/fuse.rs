@@ -10,6 +10,7 @@
 //! it opened while the kernel still caches listings.
 
 use crate::namespace::{Attr, FileKind, Invalidation, Namespace, XATTR_PREFIX};
+use crate::stats::{Op, Stats, STATS};
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, MountOption, Notifier, OpenFlags, ReplyAttr, ReplyData,
@@ -99,21 +100,28 @@ impl Filesystem for SkillsFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        STATS.count(Op::Lookup);
         let Some(name) = name.to_str() else {
+            Stats::add(&STATS.negative_lookups, 1);
             return reply.entry(&TTL, &self.negative(), Generation(0));
         };
         match self.ns.lookup(parent.0, name) {
             Ok(Some(a)) => reply.entry(&TTL, &self.attr(a), Generation(0)),
-            Ok(None) => reply.entry(&TTL, &self.negative(), Generation(0)),
+            Ok(None) => {
+                Stats::add(&STATS.negative_lookups, 1);
+                reply.entry(&TTL, &self.negative(), Generation(0))
+            }
             Err(e) => reply.error(errno(e)),
         }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        STATS.count(Op::Forget);
         self.ns.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        STATS.count(Op::Getattr);
         match self.ns.getattr(ino.0) {
             Ok(a) => reply.attr(&TTL, &self.attr(a)),
             Err(e) => reply.error(errno(e)),
@@ -121,6 +129,7 @@ impl Filesystem for SkillsFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        STATS.count(Op::Readlink);
         match self.ns.readlink(ino.0) {
             Ok(target) => reply.data(&target),
             Err(e) => reply.error(errno(e)),
@@ -144,13 +153,18 @@ impl Filesystem for SkillsFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        STATS.count(Op::Read);
         match self.ns.read(ino.0, offset, size) {
-            Ok(data) => reply.data(&data),
+            Ok(data) => {
+                Stats::add(&STATS.read_bytes, data.len() as u64);
+                reply.data(&data)
+            }
             Err(e) => reply.error(errno(e)),
         }
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        STATS.count(Op::Opendir);
         match self.ns.opendir(ino.0) {
             Ok(fh) => reply.opened(
                 FileHandle(fh),
@@ -168,6 +182,7 @@ impl Filesystem for SkillsFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        STATS.count(Op::Readdir);
         let listing = match self.ns.listing(fh.0) {
             Ok(l) => l,
             Err(e) => return reply.error(errno(e)),
@@ -200,6 +215,7 @@ impl Filesystem for SkillsFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        STATS.count(Op::Readdirplus);
         let listing = match self.ns.listing(fh.0) {
             Ok(l) => l,
             Err(e) => return reply.error(errno(e)),

@@ -15,3 +15,4 @@ pub mod relpath;
 pub mod resolver;
 pub mod skill;
 pub mod stack;
+pub mod stats;

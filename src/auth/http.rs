@@ -93,9 +93,15 @@ impl Auth {
 /// the audit log; every write `operator`.
 fn required(method: &Method, path: &str) -> Role {
     let reads = matches!(*method, Method::GET | Method::HEAD);
-    let sensitive = ["/api/v1/tokens", "/api/v1/audit", "/tokens", "/audit"]
-        .iter()
-        .any(|p| path == *p || path.starts_with(&format!("{p}/")));
+    let sensitive = [
+        "/api/v1/tokens",
+        "/api/v1/audit",
+        "/tokens",
+        "/audit",
+        "/metrics",
+    ]
+    .iter()
+    .any(|p| path == *p || path.starts_with(&format!("{p}/")));
     if path == "/mcp" || path.starts_with("/mcp/") || (reads && !sensitive) {
         Role::Client
     } else {
@@ -103,15 +109,16 @@ fn required(method: &Method, path: &str) -> Role {
     }
 }
 
-/// Paths anyone may ask for: the login page, the sign-in hint and the stylesheet.
+/// Paths anyone may ask for: the login page, the sign-in hint, the assets and the probes.
 fn open(path: &str) -> bool {
-    matches!(path, "/login" | "/") || path.starts_with("/assets/")
+    matches!(path, "/login" | "/" | "/healthz" | "/readyz") || path.starts_with("/assets/")
 }
 
 /// A page of the dashboard (not the API, MCP or an asset): a browser signed out is sent to
 /// the sign-in hint rather than given JSON.
 fn is_page(path: &str) -> bool {
     !(path.starts_with("/api/")
+        || matches!(path, "/metrics" | "/healthz" | "/readyz")
         || path == "/mcp"
         || path.starts_with("/mcp/")
         || path.starts_with("/assets/"))

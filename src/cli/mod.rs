@@ -23,13 +23,20 @@ use std::path::PathBuf;
 #[derive(Debug, Parser)]
 #[command(
     name = "cloud-harness",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("CLOUD_HARNESS_COMMIT"), ")"),
     about = "Agent skill toolkits, installed and served"
 )]
 pub struct Cli {
     /// The content-addressed store.
     #[arg(long, global = true, env = "TOOLKIT_CACHE_ROOT", value_name = "DIR")]
     pub store: Option<PathBuf>,
+    /// The configuration file (else CLOUD_HARNESS_CONFIG, else /etc/cloud-harness/config.toml
+    /// when it exists); the environment beats it.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// How log lines on stderr are written.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -100,6 +107,10 @@ pub enum Command {
         #[command(flatten)]
         args: control::AuditArgs,
     },
+    /// The configuration file: `config check` validates one and prints every setting's value
+    /// and where it came from.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// The acquisition history (workspace_open's and import jobs'), newest first.
     Acquisitions {
         #[command(flatten)]
@@ -107,6 +118,19 @@ pub enum Command {
         #[arg(long, default_value_t = 50)]
         limit: usize,
     },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Check FILE (else --config, CLOUD_HARNESS_CONFIG or the default path) and print the
+    /// effective configuration.
+    Check { file: Option<PathBuf> },
 }
 
 /// The inputs of a tier stack, shared by every command that resolves one.
@@ -159,6 +183,10 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Audit { home, args } => return control::audit(&home, args),
         Command::Set { home, command } => return sets::run(&home, command),
         Command::Acquisitions { home, limit } => return control::acquisitions(&home, limit),
+        Command::Config(ConfigCommand::Check { file }) => {
+            print!("{}", crate::config::check(file.or(cli.config))?);
+            return Ok(0);
+        }
         other => other,
     };
     let store = Store::open(cli.store.clone().unwrap_or_else(Store::default_root))?;
@@ -178,7 +206,8 @@ pub fn run(cli: Cli) -> Result<u8> {
         | Command::Override { .. }
         | Command::Audit { .. }
         | Command::Set { .. }
-        | Command::Acquisitions { .. } => unreachable!("handled above"),
+        | Command::Acquisitions { .. }
+        | Command::Config(_) => unreachable!("handled above"),
     }
 }
 

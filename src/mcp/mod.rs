@@ -288,7 +288,17 @@ impl ServerHandler for HarnessServer {
                 None,
             ));
         }
-        let result = match self.dispatch(request, context).await {
+        let (tool, started) = (request.name.clone(), std::time::Instant::now());
+        // One id per call, on every line logged while it is served (acquisitions, fetches,
+        // executors): `--log-format json` shows it as `span.request_id`.
+        let span = tracing::info_span!("mcp_call", request_id = %crate::state::new_id("req"), tool = %tool);
+        let done =
+            tracing::Instrument::instrument(self.dispatch(request, context), span.clone()).await;
+        let code = done.as_ref().map_or_else(|e| e.code.as_str(), |_| "OK");
+        let took = started.elapsed();
+        crate::metrics::call(&tool, code, took);
+        span.in_scope(|| tracing::info!(code, millis = took.as_millis() as u64, "tool call"));
+        let result = match done {
             Ok(value) => success(value),
             Err(error) => failure(error),
         };

@@ -17,6 +17,10 @@ const DIAL_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn log(d: &Decision) {
     let addrs: Vec<String> = d.addresses.iter().map(ToString::to_string).collect();
+    crate::metrics::egress(match d.verdict {
+        Verdict::Allow(_) => "allow",
+        Verdict::Refuse(..) => "refuse",
+    });
     match &d.verdict {
         Verdict::Allow(to) => {
             tracing::info!(target: "egress", host = %d.host, port = d.port, addresses = ?addrs, verdict = "allow", reason = %format!("dialling {to}"))

@@ -368,8 +368,11 @@ impl Workspaces {
             .drain()
             .map(|(_, w)| w)
             .collect();
-        for ws in all {
+        for ws in &all {
             ws.runs.cancel();
+        }
+        for ws in all {
+            ws.wait_for_runs(Duration::from_secs(5));
             if let Err(e) = ws.release() {
                 tracing::error!(workspace = %ws.id, error = %e, "unmount failed");
             }
@@ -415,6 +418,40 @@ impl Workspace {
             "executor": self.executor.as_ref().map(|e| e.spec.kind),
             "toolkits": self.record.result.get("toolkits").cloned().unwrap_or(Value::Null),
         })
+    }
+
+    /// Whether its mounts answer: each skills mount is a mount point whose listing and a
+    /// SKILL.md in it can be read (a workspace served without mounts has none to check).
+    /// Blocking: a hung file system blocks it, so callers bound it.
+    pub fn check_mounts(&self) -> std::result::Result<(), String> {
+        if self.mounts.lock().expect("mount lock").is_empty() {
+            return Ok(());
+        }
+        for name in [mounts::SKILLS, mounts::OWNER_SKILLS] {
+            let dir = self.places.mounts.join(name);
+            if !mounts::is_mount_point(&dir) {
+                return Err(format!("{} is not mounted", dir.display()));
+            }
+            let entries = fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            for entry in entries {
+                let skill_md = entry
+                    .map_err(|e| format!("{}: {e}", dir.display()))?
+                    .path()
+                    .join("SKILL.md");
+                match fs::read(&skill_md) {
+                    Ok(_) => break,
+                    // Not a skill folder (the resolution file, a folder without one).
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::NotFound
+                            || e.raw_os_error() == Some(nix::libc::ENOTDIR) =>
+                    {
+                        continue
+                    }
+                    Err(e) => return Err(format!("{}: {e}", skill_md.display())),
+                }
+            }
+        }
+        Ok(())
     }
 
     /// What `workspace_open` returned for it.

@@ -64,7 +64,9 @@ impl Workspaces {
             let env = self.provisioner.egress.with_hosts(hosts).proxy_env();
             Ok(executor::docker::EgressProxy { image, env })
         };
-        Executor::create(&self.executors, kind, places, id, egress_proxy).map(Some)
+        let made = Executor::create(&self.executors, kind, places, id, egress_proxy)?;
+        crate::metrics::executor_started(kind.as_str());
+        Ok(Some(made))
     }
 
     /// `workspace_open`, by the process itself.

@@ -44,12 +44,14 @@ pub struct RunRequest {
     pub timeout: Duration,
 }
 
-/// Workspace work (file system, engine calls) off the async threads; a task that fails to
-/// finish is an internal error.
+/// Workspace work (file system, engine calls) off the async threads, in the caller's span (an
+/// MCP call's request id stays on what it logs); a task that fails to finish is an internal
+/// error.
 pub async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    tokio::task::spawn_blocking(work)
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || span.in_scope(work))
         .await
         .unwrap_or_else(|e| Err(Error::internal(format!("the task failed: {e}"))))
 }
@@ -98,6 +100,29 @@ impl Workspace {
     /// Runs a script of a served, approved skill in the executor.
     /// `actor` is who asked (the audit log names them when the run is refused).
     pub async fn run(
+        self: Arc<Self>,
+        home: &Path,
+        actor: &str,
+        request: RunRequest,
+        cancel: CancellationToken,
+        progress: impl Fn(Duration, u64),
+    ) -> Result<serde_json::Value> {
+        let kind = self.executor.as_ref().map(|e| e.spec.kind.as_str());
+        let ran = self
+            .clone()
+            .run_script(home, actor, request, cancel, progress)
+            .await;
+        if let Some(kind) = kind {
+            let result = match &ran {
+                Ok(_) => "ok",
+                Err(e) => e.code.as_str(),
+            };
+            crate::metrics::run(kind, result);
+        }
+        ran
+    }
+
+    async fn run_script(
         self: Arc<Self>,
         home: &Path,
         actor: &str,

@@ -18,7 +18,11 @@ pub struct World {
 }
 
 pub fn world_with(tmp: tempfile::TempDir, env: &[(&str, &str)]) -> World {
-    let server = server_in(tmp, &[], env);
+    world_of(server_in(tmp, &[], env))
+}
+
+/// A world of a server already started (that checks tokens).
+pub fn world_of(server: Server) -> World {
     let deadline = Instant::now() + Duration::from_secs(10);
     let operator = loop {
         let log = server.log.lock().unwrap().clone();

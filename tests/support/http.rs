@@ -29,8 +29,15 @@ pub fn server(env: &[(&str, &str)]) -> Server {
 
 /// A server with these arguments, its store and home in `tmp` (`store`, `home`).
 pub fn server_in(tmp: tempfile::TempDir, args: &[&str], env: &[(&str, &str)]) -> Server {
+    let mut all = vec!["--no-mount"];
+    all.extend_from_slice(args);
+    server_mounting(tmp, &all, env)
+}
+
+/// [`server_in`] whose workspaces are mounted (unless `args` say `--no-mount`).
+pub fn server_mounting(tmp: tempfile::TempDir, args: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
-        .args(["serve", "--http", "127.0.0.1:0", "--no-mount"])
+        .args(["serve", "--http", "127.0.0.1:0"])
         .args(args)
         .env("TOOLKIT_CACHE_ROOT", tmp.path().join("store"))
         .env("CLOUD_HARNESS_HOME", tmp.path().join("home"))

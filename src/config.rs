@@ -1,0 +1,529 @@
+//! The configuration file: every setting the README lists as an environment variable has a
+//! key in a TOML file (`--config FILE`, `CLOUD_HARNESS_CONFIG`, else
+//! `/etc/cloud-harness/config.toml` when it exists). The environment beats the file, the file
+//! beats the default. A file's values are checked here — an unknown key or a value of the
+//! wrong kind is an error naming the key and its line — and then handed to the code as the
+//! environment variables it reads, before anything else runs.
+
+use cloud_harness_fs::{Code, Error, Result};
+use serde_json::json;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+/// Where a file is looked for when none is named.
+pub const DEFAULT_PATH: &str = "/etc/cloud-harness/config.toml";
+
+/// What a setting's value is.
+#[derive(Debug, Clone, Copy)]
+pub enum Kind {
+    Text,
+    Path,
+    /// A whole number (a count, bytes or seconds).
+    Number,
+    /// Strings, written as an array (the variable joins them with commas).
+    List,
+    /// One of these words.
+    Choice(&'static [&'static str]),
+}
+
+#[derive(Debug)]
+pub struct Setting {
+    /// The key in the file, dotted by table: `http.max_connections`.
+    pub key: &'static str,
+    pub env: &'static str,
+    pub kind: Kind,
+    /// The default, as people read it.
+    pub default: &'static str,
+}
+
+const fn s(key: &'static str, env: &'static str, kind: Kind, default: &'static str) -> Setting {
+    Setting {
+        key,
+        env,
+        kind,
+        default,
+    }
+}
+
+/// Every setting, in the order `config check` prints them.
+pub const SETTINGS: &[Setting] = &[
+    s(
+        "home",
+        "CLOUD_HARNESS_HOME",
+        Kind::Path,
+        "$XDG_DATA_HOME/cloud-harness, else ~/.local/share/cloud-harness",
+    ),
+    s(
+        "store",
+        "TOOLKIT_CACHE_ROOT",
+        Kind::Path,
+        "$XDG_CACHE_HOME/cloud-harness/store, else ~/.cache/cloud-harness/store",
+    ),
+    s(
+        "log.filter",
+        "RUST_LOG",
+        Kind::Text,
+        "warn,rmcp::service=error",
+    ),
+    s(
+        "git.allowed_hosts",
+        "ALLOWED_GIT_HOSTS",
+        Kind::List,
+        "github.com",
+    ),
+    s(
+        "git.url_rewrite",
+        "CLOUD_HARNESS_URL_REWRITE",
+        Kind::List,
+        "none",
+    ),
+    s("git.extra_ca", "CLOUD_HARNESS_EXTRA_CA", Kind::Path, "none"),
+    s(
+        "git.head_ttl",
+        "CLOUD_HARNESS_HEAD_TTL",
+        Kind::Number,
+        "600",
+    ),
+    s(
+        "egress.proxy",
+        "HTTPS_PROXY",
+        Kind::Text,
+        "the built-in egress proxy on loopback",
+    ),
+    s(
+        "egress.allow_cidrs",
+        "CLOUD_HARNESS_ALLOW_CIDRS",
+        Kind::List,
+        "none",
+    ),
+    s(
+        "egress.resolve",
+        "CLOUD_HARNESS_RESOLVE",
+        Kind::List,
+        "none",
+    ),
+    s(
+        "fetch.containers",
+        "CLOUD_HARNESS_CONTAINERS",
+        Kind::Choice(&["auto", "off"]),
+        "auto: helper containers when an engine answers",
+    ),
+    s(
+        "fetch.max_files",
+        "CLOUD_HARNESS_MAX_FILES",
+        Kind::Number,
+        "20000",
+    ),
+    s(
+        "fetch.max_bytes",
+        "CLOUD_HARNESS_MAX_BYTES",
+        Kind::Number,
+        "268435456",
+    ),
+    s(
+        "fetch.max_file_bytes",
+        "CLOUD_HARNESS_MAX_FILE_BYTES",
+        Kind::Number,
+        "33554432",
+    ),
+    s(
+        "fetch.max_depth",
+        "CLOUD_HARNESS_MAX_DEPTH",
+        Kind::Number,
+        "32",
+    ),
+    s(
+        "fetch.timeout",
+        "CLOUD_HARNESS_FETCH_TIMEOUT",
+        Kind::Number,
+        "120",
+    ),
+    s(
+        "project.max_bytes",
+        "CLOUD_HARNESS_PROJECT_MAX_BYTES",
+        Kind::Number,
+        "2147483648",
+    ),
+    s(
+        "project.max_files",
+        "CLOUD_HARNESS_PROJECT_MAX_FILES",
+        Kind::Number,
+        "200000",
+    ),
+    s(
+        "executor.kind",
+        "CLOUD_HARNESS_EXECUTOR",
+        Kind::Choice(&["auto", "docker", "bwrap", "host", "none"]),
+        "auto: docker, else bwrap, else none",
+    ),
+    s(
+        "executor.image",
+        "CLOUD_HARNESS_EXECUTOR_IMAGE",
+        Kind::Text,
+        "the harness's own image",
+    ),
+    s(
+        "executor.network",
+        "CLOUD_HARNESS_EXECUTOR_NETWORK",
+        Kind::Choice(&["none", "egress"]),
+        "none",
+    ),
+    s(
+        "executor.allowed_hosts",
+        "CLOUD_HARNESS_EXECUTOR_ALLOWED_HOSTS",
+        Kind::List,
+        "none",
+    ),
+    s(
+        "executor.uid",
+        "CLOUD_HARNESS_EXECUTOR_UID",
+        Kind::Number,
+        "10001",
+    ),
+    s(
+        "http.header_timeout",
+        "CLOUD_HARNESS_HTTP_HEADER_TIMEOUT",
+        Kind::Number,
+        "10",
+    ),
+    s(
+        "http.max_connections",
+        "CLOUD_HARNESS_HTTP_MAX_CONNECTIONS",
+        Kind::Number,
+        "1024",
+    ),
+    s(
+        "http.max_sessions",
+        "CLOUD_HARNESS_HTTP_MAX_SESSIONS",
+        Kind::Number,
+        "1000",
+    ),
+    s(
+        "http.max_sessions_per_client",
+        "CLOUD_HARNESS_HTTP_MAX_SESSIONS_PER_CLIENT",
+        Kind::Number,
+        "100",
+    ),
+    s(
+        "http.session_idle",
+        "CLOUD_HARNESS_HTTP_SESSION_IDLE",
+        Kind::Number,
+        "60",
+    ),
+];
+
+/// Where a setting's value came from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Origin {
+    Environment,
+    /// The file and the line of the key.
+    File(PathBuf, usize),
+    Default,
+}
+
+/// One setting as it takes effect.
+#[derive(Debug)]
+pub struct Effective {
+    pub setting: &'static Setting,
+    /// `None`: the default.
+    pub value: Option<String>,
+    pub origin: Origin,
+}
+
+/// A file's values, checked, as the variables they stand for.
+#[derive(Debug, Default)]
+pub struct Config {
+    pub path: Option<PathBuf>,
+    /// (setting, value as its variable takes it, line).
+    values: Vec<(&'static Setting, String, usize)>,
+}
+
+/// The file `args` name with `--config FILE` (or `--config=FILE`), if any: read before the
+/// command line is parsed, since the file feeds the variables its parsing reads.
+pub fn path_in_args(args: &[OsString]) -> Option<PathBuf> {
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let a = a.to_str()?;
+        if a == "--" {
+            return None;
+        }
+        if a == "--config" {
+            return it.next().map(PathBuf::from);
+        }
+        if let Some(p) = a.strip_prefix("--config=") {
+            return Some(PathBuf::from(p));
+        }
+    }
+    None
+}
+
+/// The file to read: the one named, else `CLOUD_HARNESS_CONFIG`, else the default path when
+/// it exists (a named file that is missing is an error; a missing default is no file).
+pub fn which(named: Option<PathBuf>) -> Option<PathBuf> {
+    named
+        .or_else(|| {
+            std::env::var_os("CLOUD_HARNESS_CONFIG")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
+        .or_else(|| Some(PathBuf::from(DEFAULT_PATH)).filter(|p| p.exists()))
+}
+
+fn setting(key: &str) -> Option<&'static Setting> {
+    SETTINGS.iter().find(|s| s.key == key)
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())]
+        .bytes()
+        .filter(|b| *b == b'\n')
+        .count()
+        + 1
+}
+
+fn bad(path: &Path, line: usize, key: &str, message: String) -> Error {
+    Error::new(
+        Code::InvalidArgument,
+        format!("{}:{line}: {message}", path.display()),
+    )
+    .with_details(json!({ "field": key, "file": path.display().to_string(), "line": line }))
+}
+
+impl Config {
+    /// Reads and checks the file at `path`.
+    pub fn read(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::new(
+                Code::InvalidArgument,
+                format!("cannot read the configuration file {}: {e}", path.display()),
+            )
+        })?;
+        Config::parse(path, &text)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Config> {
+        use toml::de::{DeTable, DeValue};
+        let doc = DeTable::parse(text).map_err(|e| {
+            let line = e.span().map(|s| line_of(text, s.start)).unwrap_or(1);
+            Error::new(
+                Code::InvalidArgument,
+                format!("{}:{line}: not TOML: {}", path.display(), e.message()),
+            )
+            .with_details(json!({ "file": path.display().to_string(), "line": line }))
+        })?;
+        let mut config = Config {
+            path: Some(path.to_owned()),
+            values: Vec::new(),
+        };
+        let mut pending = vec![(String::new(), doc.get_ref())];
+        while let Some((prefix, table)) = pending.pop() {
+            for (k, v) in table.iter() {
+                let key = if prefix.is_empty() {
+                    k.get_ref().to_string()
+                } else {
+                    format!("{prefix}.{}", k.get_ref())
+                };
+                let line = line_of(text, k.span().start);
+                let value = v.get_ref();
+                if let DeValue::Table(inner) = value {
+                    if SETTINGS
+                        .iter()
+                        .any(|s| s.key.starts_with(&format!("{key}.")))
+                    {
+                        pending.push((key, inner));
+                        continue;
+                    }
+                }
+                let Some(s) = setting(&key) else {
+                    return Err(bad(
+                        path,
+                        line,
+                        &key,
+                        format!("unknown key `{key}` (the keys are {})", keys()),
+                    ));
+                };
+                let as_env = value_of(s, value)
+                    .map_err(|m| bad(path, line, &key, format!("`{key}` {m}")))?;
+                config.values.push((s, as_env, line));
+            }
+        }
+        config.values.sort_by_key(|(_, _, line)| *line);
+        Ok(config)
+    }
+
+    /// Hands the file's values to the code as the variables it reads, where the environment
+    /// does not set them already. Called first thing in `main`, while no other thread runs.
+    pub fn apply(&self) {
+        for (s, v, _) in &self.values {
+            // An empty variable counts as unset, as everywhere else.
+            if std::env::var_os(s.env).is_none_or(|v| v.is_empty()) {
+                std::env::set_var(s.env, v);
+            }
+        }
+    }
+
+    /// Every setting, with the value that takes effect and where it came from. `env` is the
+    /// environment as it was before [`Config::apply`]; its values are checked too.
+    pub fn effective(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Effective>> {
+        SETTINGS
+            .iter()
+            .map(|s| {
+                if let Some(v) = env(s.env) {
+                    check_env(s, &v)?;
+                    return Ok(Effective {
+                        setting: s,
+                        value: Some(v),
+                        origin: Origin::Environment,
+                    });
+                }
+                match self.values.iter().find(|(f, _, _)| std::ptr::eq(*f, s)) {
+                    Some((_, v, line)) => Ok(Effective {
+                        setting: s,
+                        value: Some(v.clone()),
+                        origin: Origin::File(self.path.clone().unwrap_or_default(), *line),
+                    }),
+                    None => Ok(Effective {
+                        setting: s,
+                        value: None,
+                        origin: Origin::Default,
+                    }),
+                }
+            })
+            .collect()
+    }
+}
+
+fn keys() -> String {
+    SETTINGS
+        .iter()
+        .map(|s| s.key)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A file's value as the variable takes it, or what is wrong with it.
+fn value_of(s: &Setting, v: &toml::de::DeValue) -> std::result::Result<String, String> {
+    use toml::de::DeValue;
+    match (s.kind, v) {
+        (Kind::Text | Kind::Path, DeValue::String(t)) => Ok(t.to_string()),
+        (Kind::Number, DeValue::Integer(i)) if i.radix() == 10 => i
+            .as_str()
+            .replace('_', "")
+            .parse::<u64>()
+            .map(|n| n.to_string())
+            .map_err(|_| format!("must be a whole number, not {}", i.as_str())),
+        (Kind::List, DeValue::Array(items)) => items
+            .iter()
+            .map(|i| match i.get_ref() {
+                DeValue::String(t) if !t.contains(',') => Ok(t.to_string()),
+                _ => Err("must be an array of strings without commas".to_owned()),
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map(|all| all.join(",")),
+        (Kind::Choice(words), DeValue::String(t)) if words.contains(&t.as_ref()) => {
+            Ok(t.to_string())
+        }
+        (Kind::Choice(words), _) => Err(format!("must be one of {}", words.join(", "))),
+        (Kind::Text | Kind::Path, _) => Err("must be a string".to_owned()),
+        (Kind::Number, _) => Err("must be a whole number".to_owned()),
+        (Kind::List, _) => Err("must be an array of strings".to_owned()),
+    }
+}
+
+/// A value the environment gives, checked as the file's would be.
+fn check_env(s: &Setting, v: &str) -> Result<()> {
+    let ok = match s.kind {
+        Kind::Number => v.parse::<u64>().is_ok(),
+        Kind::Choice(words) => words.contains(&v),
+        Kind::Text | Kind::Path | Kind::List => true,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::field(
+            Code::InvalidArgument,
+            s.key,
+            format!(
+                "the environment's {}={v:?} is not {}",
+                s.env,
+                describe(s.kind)
+            ),
+        ))
+    }
+}
+
+fn describe(kind: Kind) -> String {
+    match kind {
+        Kind::Number => "a whole number".into(),
+        Kind::Choice(words) => format!("one of {}", words.join(", ")),
+        _ => "valid".into(),
+    }
+}
+
+/// The settings' variables as the environment gave them, before a file was applied.
+static BEFORE: std::sync::OnceLock<Vec<(&'static str, String)>> = std::sync::OnceLock::new();
+
+/// First thing in `main`: the file `args` name (or the default one) read, checked and applied.
+/// `config …` commands read their file themselves, so a bad file can be checked.
+pub fn init(args: &[OsString]) -> Result<()> {
+    let before = SETTINGS
+        .iter()
+        .filter_map(|s| Some((s.env, std::env::var(s.env).ok().filter(|v| !v.is_empty())?)))
+        .collect();
+    let _ = BEFORE.set(before);
+    let command = args
+        .iter()
+        .skip(1)
+        .filter_map(|a| a.to_str())
+        .find(|a| !a.starts_with('-'));
+    if command == Some("config") {
+        return Ok(());
+    }
+    if let Some(path) = which(path_in_args(args)) {
+        Config::read(&path)?.apply();
+    }
+    Ok(())
+}
+
+fn before(name: &str) -> Option<String> {
+    match BEFORE.get() {
+        Some(all) => all.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone()),
+        None => std::env::var(name).ok(),
+    }
+}
+
+/// `cloud-harness config check`: the file checked, every setting printed with its value and
+/// where it came from.
+pub fn check(named: Option<PathBuf>) -> Result<String> {
+    let env_before: &dyn Fn(&str) -> Option<String> = &before;
+    let config = match which(named) {
+        Some(p) => Config::read(&p)?,
+        None => Config::default(),
+    };
+    let mut out = match &config.path {
+        Some(p) => format!("# {}: valid\n", p.display()),
+        None => format!("# no configuration file ({DEFAULT_PATH} does not exist): defaults and the environment\n"),
+    };
+    for e in config.effective(env_before)? {
+        let from = match &e.origin {
+            Origin::Environment => format!("environment {}", e.setting.env),
+            Origin::File(p, line) => format!("{}:{line}", p.display()),
+            Origin::Default => "default".to_owned(),
+        };
+        let shown = match &e.value {
+            Some(v) if e.setting.env == "HTTPS_PROXY" => redact(v),
+            Some(v) => v.clone(),
+            None => format!("({})", e.setting.default),
+        };
+        out.push_str(&format!("{:<30} = {shown}  # {from}\n", e.setting.key));
+    }
+    Ok(out)
+}
+
+/// A proxy URL's password stays out of what is printed.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}***{}", &url[..s + 3], &url[at..]),
+        _ => url.to_owned(),
+    }
+}

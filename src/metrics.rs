@@ -1,0 +1,230 @@
+//! The server's metrics, in the Prometheus text format at `/metrics` (operators only):
+//! acquisitions by mode and result with their durations, warm starts, bytes fetched, egress
+//! decisions by verdict, MCP tool calls by tool and code with their latency, executors made
+//! and scripts run, and — read when scraped — open workspaces and the file system's requests
+//! and skill-cache hits. One registry per process: the work that moves a series records it
+//! where it happens.
+
+use cloud_harness_fs::stats::{Op, STATS};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+type Labels = Vec<(&'static str, String)>;
+type Timings = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// Seconds from 1 ms to about 33 s.
+fn seconds() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+struct Metrics {
+    registry: Mutex<Registry>,
+    acquisitions: Family<Labels, Counter>,
+    acquisition_seconds: Timings,
+    warm_starts: Counter,
+    fetched_bytes: Counter,
+    egress: Family<Labels, Counter>,
+    calls: Family<Labels, Counter>,
+    call_seconds: Timings,
+    executors: Family<Labels, Counter>,
+    runs: Family<Labels, Counter>,
+}
+
+/// What is read when scraped rather than counted as it happens.
+#[derive(Debug)]
+struct Scraped;
+
+/// Open workspaces, as the server last set them.
+static OPEN_WORKSPACES: AtomicI64 = AtomicI64::new(0);
+
+impl Collector for Scraped {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let open = ConstGauge::new(OPEN_WORKSPACES.load(Ordering::Relaxed));
+        open.encode(encoder.encode_descriptor(
+            "cloud_harness_open_workspaces",
+            "Workspaces open now",
+            None,
+            open.metric_type(),
+        )?)?;
+        let ops = ConstCounter::new(0u64);
+        let mut family = encoder.encode_descriptor(
+            "cloud_harness_fuse_operations",
+            "Requests the kernel made of the skills mounts, by operation",
+            None,
+            ops.metric_type(),
+        )?;
+        for op in Op::ALL {
+            let labels: Labels = vec![("op", op.as_str().to_owned())];
+            ConstCounter::new(STATS.ops(op)).encode(family.encode_family(&labels)?)?;
+        }
+        let counters = [
+            ("cloud_harness_fuse_negative_lookups", "Lookups of names the mounts do not have (cached by the kernel as negative entries)", &STATS.negative_lookups),
+            ("cloud_harness_fuse_read_bytes", "Bytes the mounts served to reads", &STATS.read_bytes),
+            ("cloud_harness_skill_cache_hits", "Skill folders whose parse came from the skill cache", &STATS.skill_cache_hits),
+            ("cloud_harness_skill_cache_misses", "Skill folders parsed from the store", &STATS.skill_cache_misses),
+        ];
+        for (name, help, value) in counters {
+            let c = ConstCounter::new(value.load(Ordering::Relaxed));
+            c.encode(encoder.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
+        Ok(())
+    }
+}
+
+fn metrics() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(|| {
+        let mut registry = Registry::default();
+        let m = Metrics {
+            registry: Mutex::new(Registry::default()),
+            acquisitions: Family::default(),
+            acquisition_seconds: Timings::new_with_constructor(seconds),
+            warm_starts: Counter::default(),
+            fetched_bytes: Counter::default(),
+            egress: Family::default(),
+            calls: Family::default(),
+            call_seconds: Timings::new_with_constructor(seconds),
+            executors: Family::default(),
+            runs: Family::default(),
+        };
+        registry.register(
+            "cloud_harness_acquisitions",
+            "Toolkit acquisitions, by mode (warm, in-process, container) and result (ok or an error code)",
+            m.acquisitions.clone(),
+        );
+        registry.register(
+            "cloud_harness_acquisition_seconds",
+            "How long acquisitions took, by mode",
+            m.acquisition_seconds.clone(),
+        );
+        registry.register(
+            "cloud_harness_warm_starts",
+            "Acquisitions served from the store without the network",
+            m.warm_starts.clone(),
+        );
+        registry.register(
+            "cloud_harness_fetched_bytes",
+            "Bytes fetched from git servers",
+            m.fetched_bytes.clone(),
+        );
+        registry.register(
+            "cloud_harness_egress_decisions",
+            "The built-in egress proxy's decisions, by verdict",
+            m.egress.clone(),
+        );
+        registry.register(
+            "cloud_harness_mcp_calls",
+            "MCP tool calls, by tool and code (OK or the error's code)",
+            m.calls.clone(),
+        );
+        registry.register(
+            "cloud_harness_mcp_call_seconds",
+            "How long MCP tool calls took, by tool",
+            m.call_seconds.clone(),
+        );
+        registry.register(
+            "cloud_harness_executors_started",
+            "Executors made for workspaces, by kind",
+            m.executors.clone(),
+        );
+        registry.register(
+            "cloud_harness_runs",
+            "skills_run calls that reached an executor, by kind and result (ok, or an error code)",
+            m.runs.clone(),
+        );
+        registry.register_collector(Box::new(Scraped));
+        *m.registry.lock().expect("metrics lock") = registry;
+        m
+    })
+}
+
+/// An acquisition ended: `mode` is how it ran (`warm` when the store had it).
+pub fn acquisition(mode: &str, result: &str, took: Duration, bytes: u64) {
+    let m = metrics();
+    let mode = mode.to_owned();
+    m.acquisitions
+        .get_or_create(&vec![("mode", mode.clone()), ("result", result.to_owned())])
+        .inc();
+    m.acquisition_seconds
+        .get_or_create(&vec![("mode", mode.clone())])
+        .observe(took.as_secs_f64());
+    if mode == "warm" {
+        m.warm_starts.inc();
+    }
+    m.fetched_bytes.inc_by(bytes);
+}
+
+/// The egress proxy decided: `allow` or `refuse`.
+pub fn egress(verdict: &'static str) {
+    metrics()
+        .egress
+        .get_or_create(&vec![("verdict", verdict.to_owned())])
+        .inc();
+}
+
+/// An MCP tool call ended with `code` (`OK` or the error's).
+pub fn call(tool: &str, code: &str, took: Duration) {
+    let m = metrics();
+    m.calls
+        .get_or_create(&vec![("tool", tool.to_owned()), ("code", code.to_owned())])
+        .inc();
+    m.call_seconds
+        .get_or_create(&vec![("tool", tool.to_owned())])
+        .observe(took.as_secs_f64());
+}
+
+pub fn executor_started(kind: &str) {
+    metrics()
+        .executors
+        .get_or_create(&vec![("kind", kind.to_owned())])
+        .inc();
+}
+
+pub fn run(kind: &str, result: &str) {
+    metrics()
+        .runs
+        .get_or_create(&vec![
+            ("kind", kind.to_owned()),
+            ("result", result.to_owned()),
+        ])
+        .inc();
+}
+
+pub fn set_open_workspaces(n: usize) {
+    OPEN_WORKSPACES.store(n as i64, Ordering::Relaxed);
+}
+
+/// Every series, in the text format.
+pub fn text() -> String {
+    let m = metrics();
+    let mut out = String::new();
+    let registry = m.registry.lock().expect("metrics lock");
+    prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String");
+    out
+}
+
+/// `GET /metrics`: every series, the open workspaces counted now.
+pub async fn endpoint(
+    axum::extract::State(workspaces): axum::extract::State<
+        std::sync::Arc<crate::workspace::Workspaces>,
+    >,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    set_open_workspaces(workspaces.open_workspaces().len());
+    let mut r = text().into_response();
+    r.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+            .parse()
+            .expect("a header"),
+    );
+    r
+}
