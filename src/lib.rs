@@ -24,6 +24,7 @@ pub mod listener;
 pub mod mcp;
 pub mod metrics;
 pub mod mount;
+pub mod notify;
 pub mod operator;
 pub mod presets;
 pub mod provision;

@@ -212,6 +212,14 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
             if mode == crate::auth::http::Mode::Tokens {
                 first_start(&db, bound)?;
             }
+            crate::notify::notify("READY=1");
+            {
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    stop.cancelled().await;
+                    crate::notify::notify("STOPPING=1");
+                });
+            }
             crate::listener::serve(listener, router, limits, stop).await;
             Ok(())
         }
