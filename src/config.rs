@@ -471,11 +471,17 @@ pub fn init(args: &[OsString]) -> Result<()> {
         .filter_map(|s| Some((s.env, std::env::var(s.env).ok().filter(|v| !v.is_empty())?)))
         .collect();
     let _ = BEFORE.set(before);
-    let command = args
-        .iter()
-        .skip(1)
-        .filter_map(|a| a.to_str())
-        .find(|a| !a.starts_with('-'));
+    // The first word that is neither an option nor the value of one that takes a value.
+    let mut words = args.iter().skip(1).filter_map(|a| a.to_str());
+    let mut command = None;
+    while let Some(w) = words.next() {
+        if matches!(w, "--config" | "--store" | "--log-format") {
+            words.next();
+        } else if !w.starts_with('-') {
+            command = Some(w);
+            break;
+        }
+    }
     if command == Some("config") {
         return Ok(());
     }

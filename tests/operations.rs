@@ -84,6 +84,9 @@ fn the_config_file_is_checked_by_key_and_line_and_the_environment_beats_it() {
         std::fs::write(&file, text).unwrap();
         let (code, out) = run(&["config", "check", path], &[]);
         assert_eq!(code, 1, "{text}: {out}");
+        // Named with --config, it is what `config check` reports on.
+        let (again, said) = run(&["--config", path, "config", "check"], &[]);
+        assert_eq!((again, &said), (1, &out), "{text}");
         assert!(out.contains(&format!("{path}:{line}: ")), "{text}: {out}");
         assert!(out.contains(&format!("`{key}`")), "{text}: {out}");
         assert!(
@@ -166,6 +169,17 @@ fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
+/// A one-skill toolkit, warm in `tmp`'s store; its spec.
+fn warm_kit(tmp: &tempfile::TempDir) -> Value {
+    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
+    let src = tmp.path().join("src/kit");
+    support::materialize(
+        &src,
+        &support::dir(vec![("lint", support::skill("lint", "Lint it."))]),
+    );
+    serde_json::to_value(support::warm_toolkit(&store, &src, "kit")).unwrap()
+}
+
 fn metrics(w: &World) -> String {
     let r = w
         .http
@@ -180,13 +194,7 @@ fn metrics(w: &World) -> String {
 #[test]
 fn metrics_move_with_the_work() {
     let tmp = tempfile::tempdir().unwrap();
-    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
-    let src = tmp.path().join("src/kit");
-    support::materialize(
-        &src,
-        &support::dir(vec![("lint", support::skill("lint", "Lint it."))]),
-    );
-    let warm = serde_json::to_value(support::warm_toolkit(&store, &src, "kit")).unwrap();
+    let warm = warm_kit(&tmp);
     let hosts = format!("{},localhost:1", support::WARM_HOST);
     let w = world_of(server_in(
         tmp,
@@ -317,13 +325,7 @@ fn readyz_turns_not_ready_when_a_workspace_mount_is_gone() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
-    let src = tmp.path().join("src/kit");
-    support::materialize(
-        &src,
-        &support::dir(vec![("lint", support::skill("lint", "Lint it."))]),
-    );
-    let warm = serde_json::to_value(support::warm_toolkit(&store, &src, "kit")).unwrap();
+    let warm = warm_kit(&tmp);
     let w = world_of(server_mounting(
         tmp,
         &[],
@@ -384,11 +386,7 @@ fn readyz_turns_not_ready_when_a_workspace_mount_is_gone() {
 
 #[test]
 fn sigterm_during_a_slow_run_and_a_slow_acquisition_exits_0_in_bounded_time_leaving_no_mount() {
-    if !mounting_available() || !support::executor_backend("bwrap") {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "needs root, /dev/fuse and bubblewrap"
-        );
+    if !support::executors::available(cloud_harness::executor::Kind::Bwrap) {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
