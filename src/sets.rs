@@ -302,8 +302,8 @@ fn member_key(spec: &ToolkitSpec) -> String {
     }
 }
 
-/// Every revision, newest first, each with what changed from the one before.
-pub fn revisions(db: &Db, id: &str) -> Result<Vec<Value>> {
+/// Every revision of the set `id`, oldest first; NOT_FOUND for a set that does not exist.
+pub fn every_revision(db: &Db, id: &str) -> Result<Vec<Revision>> {
     check_id(id)?;
     let all: Vec<Revision> = db.with(|c| {
         c.prepare_cached(
@@ -315,6 +315,12 @@ pub fn revisions(db: &Db, id: &str) -> Result<Vec<Value>> {
     if all.is_empty() {
         return Err(Error::field(Code::NotFound, "id", format!("no set {id:?}")));
     }
+    Ok(all)
+}
+
+/// Every revision, newest first, each with what changed from the one before.
+pub fn revisions(db: &Db, id: &str) -> Result<Vec<Value>> {
+    let all = every_revision(db, id)?;
     let mut out = Vec::new();
     let mut before: BTreeMap<String, &ToolkitSpec> = BTreeMap::new();
     let mut description: Option<&str> = None;

@@ -98,6 +98,11 @@ fn the_config_file_is_checked_by_key_and_line_and_the_environment_beats_it() {
         assert_eq!(code, 2, "{text}: {out}");
         assert!(out.contains(&format!("{path}:{line}: ")), "{text}: {out}");
     }
+    // A file that is not TOML is refused with its line.
+    std::fs::write(&file, "home = \"/x\"\n[git\n").unwrap();
+    let (code, out) = run(&["config", "check", path], &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains(&format!("{path}:2: not TOML")), "{out}");
     // A bad value from the environment is named too.
     std::fs::write(&file, "").unwrap();
     let (code, out) = run(
@@ -426,6 +431,18 @@ fn sigterm_during_a_slow_run_and_a_slow_acquisition_exits_0_in_bounded_time_leav
         certs.ca.display().to_string(),
         format!("{},{}", git.host(), support::WARM_HOST),
     );
+    // The service manager's socket, as systemd gives a Type=notify unit.
+    let notify_path = tmp.path().join("notify.sock");
+    let manager = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+    manager
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let notify_socket = notify_path.to_str().unwrap().to_owned();
+    let said = move || {
+        let mut buf = [0u8; 64];
+        let n = manager.recv(&mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
     let mut w = world_of(server_mounting(
         tmp,
         &[],
@@ -435,8 +452,10 @@ fn sigterm_during_a_slow_run_and_a_slow_acquisition_exits_0_in_bounded_time_leav
             ("ALLOWED_GIT_HOSTS", hosts.as_str()),
             ("CLOUD_HARNESS_EXTRA_CA", ca.as_str()),
             ("CLOUD_HARNESS_ALLOW_CIDRS", "127.0.0.0/8"),
+            ("NOTIFY_SOCKET", notify_socket.as_str()),
         ],
     ));
+    assert_eq!(said(), "READY=1");
     let (addr, token) = (w.server.addr, w.operator.clone());
     let session = mcp_session(addr, &token);
     let opened = tool(
@@ -503,6 +522,7 @@ fn sigterm_during_a_slow_run_and_a_slow_acquisition_exits_0_in_bounded_time_leav
     };
     let took = asked.elapsed();
     assert!(status.success(), "serve exited with {status}");
+    assert_eq!(said(), "STOPPING=1");
     // The drain (10 s) and the cleanup after it.
     assert!(took < Duration::from_secs(20), "took {took:?}");
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();

@@ -98,7 +98,7 @@ async fn render(api: &Arc<Api>, who: &Identity, notice: Markup) -> Response {
                 table { thead { tr { th { "Skill" } th { "Digest" } th { "By" } th { "Reason" } th {} } }
                     tbody { @for d in &approvals { @if let What::Approval { digest, skill } = &d.what { tr {
                         td { (skill.as_deref().unwrap_or("")) }
-                        td { a href={ "/skills/" (digest) } { code { (super::imports::short(&digest.hex())) } } }
+                        td { a href={ "/skills/" (digest) } { code { (super::layout::short(&digest.hex())) } } }
                         td { (d.actor) ", " (layout::when(d.created_at)) }
                         td { (d.reason.as_deref().unwrap_or("")) }
                         td { @if d.managed { em { "managed (operator.json)" } } @else if layout::operator(who) {

@@ -14,7 +14,7 @@ use serde_json::Value;
 use similar::{ChangeTag, TextDiff};
 use std::sync::Arc;
 
-use super::imports::short;
+use super::layout::short;
 
 #[derive(serde::Deserialize)]
 pub struct Settle {

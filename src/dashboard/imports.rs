@@ -2,6 +2,7 @@
 //! errors shown at the field), the running jobs with live progress (`live.js`), and the
 //! history with each job's result or error.
 
+use super::layout::short;
 use super::{blocking, check_csrf, layout, patterns};
 
 use crate::api::Api;
@@ -259,9 +260,4 @@ pub fn toolkit_name(t: &Value) -> String {
         (_, _, Some(u)) => u.to_owned(),
         _ => t.to_string(),
     }
-}
-
-/// A commit as people read it: its first 12 digits.
-pub fn short(commit: &str) -> &str {
-    commit.get(..12).unwrap_or(commit)
 }

@@ -116,6 +116,11 @@ pub fn field_error(e: Option<&cloud_harness_fs::Error>, field: &str) -> Markup {
     html! { @if let Some(e) = at { span.field-error role="alert" { (e.message) } } }
 }
 
+/// A commit or digest as people read it: its first 12 digits.
+pub fn short(commit: &str) -> &str {
+    commit.get(..12).unwrap_or(commit)
+}
+
 /// A time in ms since the epoch, as people read it (UTC).
 pub fn when(ms: i64) -> String {
     let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);

@@ -15,7 +15,7 @@ use cloud_harness_fs::{Code, Error};
 use maud::{html, Markup};
 use std::sync::Arc;
 
-use super::imports::short;
+use super::layout::short;
 
 #[derive(serde::Deserialize, Default, Clone)]
 #[serde(rename_all = "camelCase")]

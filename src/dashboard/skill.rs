@@ -76,30 +76,27 @@ pub async fn page(
         let digest = Digest::parse(&digest)
             .map_err(|_| Error::field(Code::InvalidArgument, "digest", "not a skill digest"))?;
         let ws = &a.workspaces;
-        let all: Vec<Skill> = a
-            .library
-            .all(ws.store())?
-            .iter()
-            .flat_map(|b| b.iter().cloned().collect::<Vec<_>>())
-            .collect();
-        let copies: Vec<Skill> = all.iter().filter(|s| s.digest == digest).cloned().collect();
+        let bundles = a.library.all(ws.store())?;
+        let skills = || bundles.iter().flat_map(|b| b.iter());
+        let copies: Vec<Skill> = skills().filter(|s| s.digest == digest).cloned().collect();
         let first = copies
             .first()
             .cloned()
             .ok_or_else(|| Error::not_found(format!("no skill {digest} in the library")))?;
-        let others: Vec<Skill> = all
-            .into_iter()
+        let others: Vec<Skill> = skills()
             .filter(|s| s.name == first.name && s.digest != digest)
+            .cloned()
             .collect();
         let files = files(ws.store(), &digest)?;
-        let skill_md = files
-            .iter()
-            .find(|f| f.path == "SKILL.md")
-            .and_then(|f| Digest::parse(&f.digest).ok())
-            .map(|d| ws.store().blob_up_to(&d, 1 << 20))
-            .transpose()?
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_default();
+        // Read once: `files` holds it already unless it is large or not UTF-8.
+        let skill_md = match files.iter().find(|f| f.path == "SKILL.md") {
+            Some(File { text: Some(t), .. }) => t.clone(),
+            Some(f) => match Digest::parse(&f.digest) {
+                Ok(d) => String::from_utf8_lossy(&ws.store().blob_up_to(&d, 1 << 20)?).into_owned(),
+                Err(_) => String::new(),
+            },
+            None => String::new(),
+        };
         let registry = crate::registry::load(ws.db())?;
         let sets = crate::sets::list(ws.db())?;
         let used = crate::library::used_by(ws, &registry, &sets, &copies);
@@ -161,7 +158,7 @@ pub async fn page(
                         }
                     }
                     td { (f.size) }
-                    td { code { (super::imports::short(f.digest.trim_start_matches("sha256:"))) } }
+                    td { code { (super::layout::short(f.digest.trim_start_matches("sha256:"))) } }
                 } } }
             }
             h2 { "Provenance and use" }
@@ -183,8 +180,8 @@ pub async fn page(
                 table { thead { tr { th { "Toolkit" } th { "Commit" } th { "Copy" } } }
                     tbody { @for o in &others { tr {
                         td { (o.toolkit) " (" (o.tier) ")" }
-                        td { code { (o.commit.as_deref().map(super::imports::short).unwrap_or("")) } }
-                        td { a href={ "/skills/" (o.digest) } { code { (super::imports::short(&o.digest.hex())) } } }
+                        td { code { (o.commit.as_deref().map(super::layout::short).unwrap_or("")) } }
+                        td { a href={ "/skills/" (o.digest) } { code { (super::layout::short(&o.digest.hex())) } } }
                     } } }
                 }
             }
@@ -194,7 +191,7 @@ pub async fn page(
                     tbody { @for w in &winners { tr {
                         td { a href={ "/workspaces/" (w.workspace) } { code { (w.workspace) } } }
                         td { @match &w.served {
-                            Some((d, source)) => { (source) " " a href={ "/skills/" (d) } { code { (super::imports::short(&d.hex())) } } }
+                            Some((d, source)) => { (source) " " a href={ "/skills/" (d) } { code { (super::layout::short(&d.hex())) } } }
                             None => { span.error { "a conflict, unsettled" } }
                         } }
                         td { @match &w.served {

@@ -11,7 +11,7 @@ use maud::{html, Markup};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-use super::imports::short;
+use super::layout::short;
 
 #[derive(serde::Deserialize)]
 pub struct Csrf {

@@ -310,7 +310,7 @@ fn preview_section(p: &Preview) -> Markup {
                 tbody { @for t in &p.toolkits { tr {
                     td { (t.instance_id) br; small { (t.url) } }
                     td { (if t.scope == Scope::Workspace { "workspace" } else { "owner" }) }
-                    td { code { (super::imports::short(&t.commit)) } }
+                    td { code { (layout::short(&t.commit)) } }
                     td { (t.skills) }
                     td { (if t.warm { "the store (warm)" } else { "fetched now" }) }
                 } } }

@@ -16,11 +16,9 @@ pub fn history(
     db: &crate::state::Db,
     id: &str,
 ) -> cloud_harness_fs::Result<Vec<(Revision, Changes)>> {
-    let n = sets::get(db, id, None)?.revision;
     let mut all = Vec::new();
     let mut before: Option<Revision> = None;
-    for r in 1..=n {
-        let now = sets::get(db, id, Some(r))?;
+    for now in sets::every_revision(db, id)? {
         let key = |m: &ToolkitSpec| Row::of(m).instance_id_or_entry();
         let shown = |m: &ToolkitSpec| serde_json::to_string(m).unwrap_or_default();
         let mut changes: Changes = Vec::new();
