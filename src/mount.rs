@@ -40,8 +40,8 @@ pub fn run(store: &Store, args: &MountArgs) -> Result<u8> {
         .map_err(|e| Error::internal(format!("blocking signals: {e}")))?;
 
     let cache = Arc::new(SkillCache::default());
-    let spec = args.tiers.stack(store, &cache)?;
-    let generation = spec.generation(store, &cache)?;
+    let watch = LiveTiers::watch(args.tiers.stack(store, &cache)?);
+    let generation = watch.spec().generation(store, &cache)?;
     let digest = generation.digest();
     let view = args.only.map_or(View::Merged, View::Tier);
     let ns = Arc::new(Namespace::new(store.clone(), view, Arc::new(generation)));
@@ -55,7 +55,7 @@ pub fn run(store: &Store, args: &MountArgs) -> Result<u8> {
         .map_err(|e| Error::internal(format!("mounting at {}: {e}", args.mountpoint.display())))?;
     let notifier = mounted.notifier.clone();
     let apply = Box::new(move |items: &[_]| fuse::invalidate(&notifier, items));
-    let _live = LiveTiers::start(spec, store.clone(), cache, vec![(ns, apply)]);
+    let _live = watch.start(store.clone(), cache, vec![(ns, apply)]);
     let mountpoint = args.mountpoint.clone();
     std::thread::Builder::new()
         .name("signals".into())

@@ -29,20 +29,62 @@ pub struct LiveTiers {
     thread: Option<JoinHandle<()>>,
 }
 
+/// The folders of a stack, watched from before its first generation is built: a change made
+/// while it is built, or before [`Watch::start`], is queued and makes the next generation.
+pub struct Watch {
+    spec: StackSpec,
+    tx: Sender<Msg>,
+    rx: Receiver<Msg>,
+    watched: Vec<(PathBuf, bool)>,
+    watcher: Option<notify::RecommendedWatcher>,
+}
+
 impl LiveTiers {
-    /// Watches the folders of `spec`; each new generation is made current in every target,
-    /// whose callback then receives the invalidations.
-    pub fn start(
-        spec: StackSpec,
-        store: Store,
-        cache: Arc<SkillCache>,
-        targets: Vec<Target>,
-    ) -> LiveTiers {
+    /// Starts watching the folders of `spec`; build the first generation after this.
+    pub fn watch(spec: StackSpec) -> Watch {
         let (tx, rx) = channel();
+        let watched = existing(&spec);
+        let watcher = arm(&watched, &tx);
+        Watch {
+            spec,
+            tx,
+            rx,
+            watched,
+            watcher,
+        }
+    }
+}
+
+impl Watch {
+    /// The stack being watched.
+    pub fn spec(&self) -> &StackSpec {
+        &self.spec
+    }
+
+    /// Each new generation is made current in every target, whose callback then receives
+    /// the invalidations.
+    pub fn start(self, store: Store, cache: Arc<SkillCache>, targets: Vec<Target>) -> LiveTiers {
+        let Watch {
+            spec,
+            tx,
+            rx,
+            watched,
+            watcher,
+        } = self;
         let watcher_tx = tx.clone();
         let thread = std::thread::Builder::new()
             .name("live-tiers".into())
-            .spawn(move || run(spec, store, cache, targets, rx, watcher_tx))
+            .spawn(move || {
+                run(
+                    spec,
+                    store,
+                    cache,
+                    targets,
+                    rx,
+                    watcher_tx,
+                    (watched, watcher),
+                )
+            })
             .expect("spawn the live-tier thread");
         LiveTiers {
             tx,
@@ -100,9 +142,9 @@ fn run(
     targets: Vec<Target>,
     rx: Receiver<Msg>,
     tx: Sender<Msg>,
+    armed: (Vec<(PathBuf, bool)>, Option<notify::RecommendedWatcher>),
 ) {
-    let mut watched = existing(&spec);
-    let mut _watcher = arm(&watched, &tx);
+    let (mut watched, mut _watcher) = armed;
     loop {
         match rx.recv() {
             Ok(Msg::Changed) => {}

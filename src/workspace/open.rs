@@ -374,9 +374,11 @@ impl Workspaces {
     ) -> Result<Workspace> {
         let places = Places::of(dir);
         let cache = SkillCache::default();
-        let spec = Workspaces::stack_inputs(&record, &places.repo, overrides)
-            .stack(self.store(), &cache)?;
-        let generation = Arc::new(spec.generation(self.store(), &cache)?);
+        let watch = LiveTiers::watch(
+            Workspaces::stack_inputs(&record, &places.repo, overrides)
+                .stack(self.store(), &cache)?,
+        );
+        let generation = Arc::new(watch.spec().generation(self.store(), &cache)?);
         if reject_conflicts {
             if let Some(err) = generation.index.conflict_error() {
                 return Err(err);
@@ -436,7 +438,7 @@ impl Workspaces {
                 }),
             ));
         }
-        let live = LiveTiers::start(spec, store.clone(), Arc::new(cache), targets);
+        let live = watch.start(store.clone(), Arc::new(cache), targets);
         Ok(Workspace {
             id: record.id.clone(),
             dir: dir.to_path_buf(),
