@@ -16,7 +16,7 @@ pub mod stdio;
 mod tools;
 
 use crate::session_start;
-use crate::workspace::{blocking, RunRequest, Workspaces};
+use crate::workspace::{blocking, ListPage, RunRequest, Workspaces};
 use call::Call;
 use cloud_harness_fs::Error;
 use rmcp::model::{
@@ -57,8 +57,20 @@ fn no_cursor(request: Option<PaginatedRequestParams>) -> Result<(), McpError> {
     }
 }
 
-fn success(value: Value) -> CallToolResult {
-    let text = serde_json::to_string(&value).unwrap_or_default();
+/// A tool's answer: a value, or a listing page whose JSON text is already written.
+enum Answer {
+    Value(Value),
+    Page(Arc<ListPage>),
+}
+
+fn success(answer: Answer) -> CallToolResult {
+    let (value, text) = match answer {
+        Answer::Value(value) => {
+            let text = serde_json::to_string(&value).unwrap_or_default();
+            (value, text)
+        }
+        Answer::Page(page) => (page.value.clone(), page.json.clone()),
+    };
     let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
     result.structured_content = Some(value);
     result
@@ -145,7 +157,7 @@ impl HarnessServer {
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
-    ) -> Result<Value, Error> {
+    ) -> Result<Answer, Error> {
         let ws = self.workspaces.clone();
         let call = call::decode(&request.name, request.arguments)?;
         match &call {
@@ -174,9 +186,11 @@ impl HarnessServer {
                 if let Some(id) = opened["workspace"].as_str() {
                     self.bind(id, &context);
                 }
-                Ok(opened)
+                Ok(Answer::Value(opened))
             }
-            Call::Close { workspace } => blocking(move || ws.close(&workspace)).await,
+            Call::Close { workspace } => blocking(move || ws.close(&workspace))
+                .await
+                .map(Answer::Value),
             Call::List {
                 workspace,
                 tier,
@@ -188,7 +202,8 @@ impl HarnessServer {
                 // queued behind the blocking pool's threads, which would take the CPU from
                 // the threads serving every connection.
                 let ws = ws.get(&workspace)?;
-                Ok(ws.list_page(tier, include_shadowed, after.as_deref(), limit))
+                let page = ws.shared_page(tier, include_shadowed, after.as_deref(), limit);
+                Ok(Answer::Page(page))
             }
             Call::Read {
                 workspace,
@@ -196,14 +211,16 @@ impl HarnessServer {
                 path,
                 offset,
                 length,
-            } => {
-                blocking(move || {
-                    let page = ws.get(&workspace)?.read(&skill, &path, offset, length)?;
-                    Ok(serde_json::to_value(page).expect("pages serialize"))
-                })
+            } => blocking(move || {
+                let page = ws.get(&workspace)?.read(&skill, &path, offset, length)?;
+                Ok(serde_json::to_value(page).expect("pages serialize"))
+            })
+            .await
+            .map(Answer::Value),
+            Call::Run { workspace, request } => self
+                .run(&workspace, request, context)
                 .await
-            }
-            Call::Run { workspace, request } => self.run(&workspace, request, context).await,
+                .map(Answer::Value),
         }
     }
 

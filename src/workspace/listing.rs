@@ -71,20 +71,28 @@ struct PageKey {
     limit: usize,
 }
 
+/// A built page of `skills_list`: its value, and that value as JSON text, written once (an MCP
+/// answer carries both: as structured content, and as the text block for clients without
+/// structured output).
+pub struct ListPage {
+    pub value: Value,
+    pub json: String,
+}
+
 /// The pages built last. A generation never changes, so a page built from one stays true for
 /// it; agents list the same pages over and over, and building one is most of a call's cost.
 #[derive(Default)]
-pub(super) struct Pages(Mutex<VecDeque<(PageKey, Arc<Value>)>>);
+pub(super) struct Pages(Mutex<VecDeque<(PageKey, Arc<ListPage>)>>);
 
 impl Pages {
     const KEPT: usize = 16;
 
-    fn get(&self, key: &PageKey) -> Option<Arc<Value>> {
+    fn get(&self, key: &PageKey) -> Option<Arc<ListPage>> {
         let pages = self.0.lock().expect("page cache lock");
         pages.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
     }
 
-    fn put(&self, key: PageKey, page: Arc<Value>) {
+    fn put(&self, key: PageKey, page: Arc<ListPage>) {
         let mut pages = self.0.lock().expect("page cache lock");
         if pages.len() == Self::KEPT {
             pages.pop_front();
@@ -175,6 +183,19 @@ impl Workspace {
         after: Option<&str>,
         limit: usize,
     ) -> Value {
+        self.shared_page(tier, include_shadowed, after, limit)
+            .value
+            .clone()
+    }
+
+    /// [`Workspace::list_page`] as the page cache keeps it, value and JSON text, shared.
+    pub fn shared_page(
+        &self,
+        tier: Option<Tier>,
+        include_shadowed: bool,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Arc<ListPage> {
         let g = self.generation();
         let key = PageKey {
             generation: g.digest(),
@@ -185,10 +206,12 @@ impl Workspace {
             limit,
         };
         if let Some(page) = self.pages.get(&key) {
-            return (*page).clone();
+            return page;
         }
-        let page = self.build_page(&g, &key);
-        self.pages.put(key, Arc::new(page.clone()));
+        let value = self.build_page(&g, &key);
+        let json = serde_json::to_string(&value).expect("listings serialize");
+        let page = Arc::new(ListPage { value, json });
+        self.pages.put(key, page.clone());
         page
     }
 

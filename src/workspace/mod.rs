@@ -23,7 +23,7 @@ mod catalog;
 mod keys;
 mod listing;
 pub use catalog::SkillFile;
-pub use listing::cursor_name;
+pub use listing::{cursor_name, ListPage};
 mod materialize;
 mod mounts;
 mod open;
