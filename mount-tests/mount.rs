@@ -9,6 +9,7 @@ use cloud_harness::fs::generation::{Generation, View};
 use cloud_harness::fs::namespace::{RESOLUTION_FILE, TIERS_DIR, XATTR_PREFIX};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};
@@ -101,8 +102,8 @@ impl Daemon {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// SIGTERM, and the daemon must unmount and exit 0.
-    fn stop(mut self) {
+    /// SIGTERM, and the daemon must unmount and exit 0; returns what it logged.
+    fn stop(mut self) -> String {
         let mut child = self.child.take().unwrap();
         let status =
             terminate(&mut child, Duration::from_secs(10)).expect("daemon ignored SIGTERM");
@@ -112,6 +113,7 @@ impl Daemon {
             self.log_text()
         );
         assert!(!is_mounted(&self.mountpoint), "still mounted after SIGTERM");
+        self.log_text()
     }
 }
 
@@ -725,6 +727,53 @@ fn a_live_tier_change_becomes_visible() {
         mnt.join("late/SKILL.md").exists()
     });
     daemon.stop();
+}
+
+/// The kernel's requests of each kind the daemon served, from its last log line.
+fn requests(log: &str) -> HashMap<String, u64> {
+    let line = log
+        .lines()
+        .rfind(|l| l.contains("unmounted"))
+        .unwrap_or_else(|| panic!("no request counts in the log: {log}"));
+    let counts = line.split("requests=").nth(1).expect("requests field");
+    counts
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.trim_matches('"').parse().unwrap_or(0)))
+        .collect()
+}
+
+#[test]
+fn a_warm_walk_asks_the_daemon_nothing() {
+    if !fuse_available() {
+        return;
+    }
+    let f = Fixture::new();
+    // The same tree walked once, then four times, by two daemons: the three later walks
+    // must add no request at all (directories open without a message, listings and entries
+    // come from the kernel's caches).
+    let mut counts = Vec::new();
+    let mut trees = Vec::new();
+    for walks in [1, 4] {
+        let (mnt, daemon) = f.mount();
+        for _ in 0..walks {
+            trees.push(walk(&mnt));
+        }
+        counts.push(requests(&daemon.stop()));
+    }
+    assert!(trees.windows(2).all(|w| w[0] == w[1]), "walks differ");
+    assert!(trees[0].len() > 20, "a real tree: {:?}", trees[0]);
+    let get = |c: &HashMap<String, u64>, k: &str| c.get(k).copied().unwrap_or(0);
+    let (once, four) = (&counts[0], &counts[1]);
+    // One OPENDIR at most: the first, answered ENOSYS, after which the kernel stops asking.
+    assert!(get(four, "opendir") <= 1, "opendir requests: {four:?}");
+    for op in ["readdir", "readdirplus", "lookup", "getattr", "readlink"] {
+        assert!(
+            get(four, op) <= get(once, op) + 1,
+            "warm walks asked for {op}: one walk {once:?}, four walks {four:?}"
+        );
+    }
+    assert!(get(once, "readdir") + get(once, "readdirplus") > 0);
 }
 
 #[test]

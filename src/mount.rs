@@ -9,6 +9,7 @@ use cloud_harness_fs::generation::View;
 use cloud_harness_fs::live::LiveTiers;
 use cloud_harness_fs::namespace::Namespace;
 use cloud_harness_fs::resolver::Tier;
+use cloud_harness_fs::stats::{Op, STATS};
 use cloud_harness_fs::{Error, Result};
 use nix::sys::signal::{SigSet, Signal};
 use std::path::PathBuf;
@@ -75,5 +76,11 @@ pub fn run(store: &Store, args: &MountArgs) -> Result<u8> {
     mounted
         .run()
         .map_err(|e| Error::internal(format!("serving {}: {e}", args.mountpoint.display())))?;
+    // What the kernel asked for, in all: how well its caches served the mount's readers.
+    let requests: Vec<String> = Op::ALL
+        .iter()
+        .map(|op| format!("{}={}", op.as_str(), STATS.ops(*op)))
+        .collect();
+    tracing::info!(requests = %requests.join(" "), "unmounted");
     Ok(0)
 }

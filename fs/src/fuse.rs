@@ -5,9 +5,10 @@
 //! entry and attribute TTLs with explicit invalidation on a generation change; negative
 //! entries (inode 0) cached as long; readdirplus; parallel directory operations; several
 //! worker threads with their own device fd; zero-message open for files (the kernel then keeps
-//! their pages, safe because a file inode's content never changes); and real opendir handles
-//! with `FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR`, so a reader keeps the listing of the generation
-//! it opened while the kernel still caches listings.
+//! their pages, safe because a file inode's content never changes) and for directories (the
+//! kernel then caches listings, `FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR`, and a warm walk sends
+//! nothing); readdir offsets name their listing, so a reader keeps the listing of the
+//! generation it started (`namespace::listing`).
 
 use crate::namespace::{Attr, FileKind, Invalidation, Namespace, XATTR_PREFIX};
 use crate::stats::{Op, Stats, STATS};
@@ -32,6 +33,8 @@ fn errno(e: nix::errno::Errno) -> Errno {
 
 pub struct SkillsFs {
     ns: Arc<Namespace>,
+    /// The kernel opens directories without asking (`FUSE_NO_OPENDIR_SUPPORT`).
+    no_opendir: bool,
     uid: u32,
     gid: u32,
     time: SystemTime,
@@ -41,6 +44,7 @@ impl SkillsFs {
     pub fn new(ns: Arc<Namespace>) -> SkillsFs {
         SkillsFs {
             ns,
+            no_opendir: false,
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
             time: SystemTime::now(),
@@ -88,13 +92,17 @@ fn kind_of(a: &Attr) -> FileType {
 
 impl Filesystem for SkillsFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Readdirplus on every page, not only the first (`FUSE_READDIRPLUS_AUTO`): walkers
+        // and searchers stat or open what they list, and an entry that came with its
+        // attributes needs no lookup of its own.
         let wanted = InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_CACHE_SYMLINKS
-            | InitFlags::FUSE_NO_OPEN_SUPPORT;
+            | InitFlags::FUSE_NO_OPEN_SUPPORT
+            | InitFlags::FUSE_NO_OPENDIR_SUPPORT;
         let supported = config.capabilities() & wanted;
         let _ = config.add_capabilities(supported);
+        self.no_opendir = supported.contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
         let _ = config.set_max_readahead(1 << 20);
         Ok(())
     }
@@ -163,41 +171,45 @@ impl Filesystem for SkillsFs {
         }
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    /// Zero-message opendir: after this ENOSYS the kernel opens directories without asking
+    /// (and never sends releasedir), caching their listings. A kernel without that feature
+    /// gets a handle that means nothing: listings go by offset, not by handle.
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         STATS.count(Op::Opendir);
-        match self.ns.opendir(ino.0) {
-            Ok(fh) => reply.opened(
-                FileHandle(fh),
-                FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR,
-            ),
-            Err(e) => reply.error(errno(e)),
+        if self.no_opendir {
+            return reply.error(Errno::ENOSYS);
         }
+        reply.opened(
+            FileHandle(0),
+            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR,
+        )
     }
 
     fn readdir(
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
         STATS.count(Op::Readdir);
-        let listing = match self.ns.listing(fh.0) {
+        let (listing, start) = match self.ns.listing_at(ino.0, offset) {
             Ok(l) => l,
             Err(e) => return reply.error(errno(e)),
         };
         // Positions: 0 is ".", 1 is "..", then the children; an entry's offset is the
-        // position of the next one.
+        // cookie of the position of the next one.
         let total = listing.children.len() as u64 + 2;
-        for pos in offset..total {
+        for pos in start..total {
+            let next = listing.cookie(pos + 1);
             let full = match pos {
-                0 => reply.add(ino, 1, FileType::Directory, "."),
+                0 => reply.add(ino, next, FileType::Directory, "."),
                 // The kernel answers ".." itself; the number here is not used.
-                1 => reply.add(ino, 2, FileType::Directory, ".."),
+                1 => reply.add(ino, next, FileType::Directory, ".."),
                 _ => {
                     let c = &listing.children[(pos - 2) as usize];
-                    reply.add(INodeNo(c.attr.ino), pos + 1, kind_of(&c.attr), &c.name)
+                    reply.add(INodeNo(c.attr.ino), next, kind_of(&c.attr), &c.name)
                 }
             };
             if full {
@@ -211,17 +223,18 @@ impl Filesystem for SkillsFs {
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
         STATS.count(Op::Readdirplus);
-        let listing = match self.ns.listing(fh.0) {
+        let (listing, start) = match self.ns.listing_at(ino.0, offset) {
             Ok(l) => l,
             Err(e) => return reply.error(errno(e)),
         };
         let total = listing.children.len() as u64 + 2;
-        for pos in offset..total {
+        for pos in start..total {
+            let next = listing.cookie(pos + 1);
             let full = match pos {
                 0 | 1 => {
                     // The kernel links neither "." nor ".."; any directory's attributes do.
@@ -231,13 +244,13 @@ impl Filesystem for SkillsFs {
                         .map(|a| self.attr(a))
                         .unwrap_or_else(|_| self.negative());
                     let name = if pos == 0 { "." } else { ".." };
-                    reply.add(attr.ino, pos + 1, name, &TTL, &attr, Generation(0))
+                    reply.add(attr.ino, next, name, &TTL, &attr, Generation(0))
                 }
                 _ => {
                     let c = &listing.children[(pos - 2) as usize];
                     // Every entry the kernel receives is a lookup reference.
                     let attr = self.attr(self.ns.remember(c));
-                    let full = reply.add(attr.ino, pos + 1, &c.name, &TTL, &attr, Generation(0));
+                    let full = reply.add(attr.ino, next, &c.name, &TTL, &attr, Generation(0));
                     if full {
                         self.ns.forget(attr.ino.0, 1);
                     }
@@ -255,11 +268,10 @@ impl Filesystem for SkillsFs {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.ns.releasedir(fh.0);
         reply.ok();
     }
 

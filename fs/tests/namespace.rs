@@ -72,16 +72,9 @@ fn path(ns: &Namespace, parts: &[&str]) -> u64 {
 }
 
 fn names(ns: &Namespace, dir: u64) -> Vec<String> {
-    let fh = ns.opendir(dir).unwrap();
-    let out = ns
-        .listing(fh)
-        .unwrap()
-        .children
-        .iter()
-        .map(|c| c.name.clone())
-        .collect();
-    ns.releasedir(fh);
-    out
+    let (listing, start) = ns.listing_at(dir, 0).unwrap();
+    assert_eq!(start, 0);
+    listing.children.iter().map(|c| c.name.clone()).collect()
 }
 
 #[test]
@@ -255,4 +248,53 @@ fn a_path_read_follows_links_inside_the_mount_and_remembers_nothing() {
         before,
         "reads without the kernel hold no nodes"
     );
+}
+
+#[test]
+fn a_readdir_offset_goes_on_in_its_own_listing_and_a_lost_one_is_estale() {
+    let s = setup();
+    let ns = Namespace::new(s.store.clone(), View::Merged, s.generation());
+    let (first, _) = ns.listing_at(ROOT_INO, 0).unwrap();
+    let names_of = |l: &cloud_harness_fs::namespace::Listing| -> Vec<String> {
+        l.children.iter().map(|c| c.name.clone()).collect()
+    };
+    let before = names_of(&first);
+    assert!(before.contains(&"lint".to_owned()));
+    // A reader has read ".", ".." and one entry; the root changes under it.
+    let offset = first.cookie(3);
+    skill(&s.ws, "zeta", "new");
+    ns.set_generation(s.generation());
+    let (now, start) = ns.listing_at(ROOT_INO, 0).unwrap();
+    assert_eq!(start, 0);
+    assert!(names_of(&now).contains(&"zeta".to_owned()));
+    let (kept, start) = ns.listing_at(ROOT_INO, offset).unwrap();
+    assert_eq!(start, 3, "the position is the cookie's");
+    assert_eq!(
+        names_of(&kept),
+        before,
+        "the reader keeps the listing it started"
+    );
+    assert_ne!(
+        kept.cookie(3),
+        now.cookie(3),
+        "two listings never share an offset"
+    );
+
+    // With the old listing pushed out of the namespace's memory, the reader is told its
+    // listing is gone; a folder that did not change goes on from its current listing.
+    let tdd = path(&ns, &["tdd"]);
+    let (unchanged, _) = ns.listing_at(tdd, 0).unwrap();
+    let unchanged_offset = unchanged.cookie(2);
+    for i in 0..100 {
+        skill(&s.ws, &format!("filler-{i}"), "x");
+        let g = s.generation();
+        ns.set_generation(g);
+        ns.listing_at(ROOT_INO, 0).unwrap();
+    }
+    assert_eq!(ns.listing_at(ROOT_INO, offset).unwrap_err(), Errno::ESTALE);
+    let (again, start) = ns.listing_at(tdd, unchanged_offset).unwrap();
+    assert_eq!((names_of(&again), start), (names_of(&unchanged), 2));
+    // A file is not a directory.
+    let file = path(&ns, &["tdd", "SKILL.md"]);
+    assert_eq!(ns.listing_at(file, 0).unwrap_err(), Errno::ENOTDIR);
 }

@@ -107,6 +107,9 @@ fn write_folder(dir: &Path, skills: &[(usize, SkillSpec)]) {
     }
 }
 
+/// A listing as readers see it: names and inode numbers.
+type Names = Vec<(String, u64)>;
+
 /// What the kernel holds.
 #[derive(Default)]
 struct Kernel {
@@ -116,12 +119,17 @@ struct Kernel {
     refs: HashMap<u64, u64>,
     /// Cached listings (the mount opens directories with `FOPEN_CACHE_DIR`).
     listings: HashMap<u64, Vec<(String, u64)>>,
-    /// Open directory handles with the listing they showed when opened.
-    handles: Vec<(u64, Vec<(String, u64)>)>,
+    /// Readers inside a listing: the directory, the offset they go on at, and the listing
+    /// they started.
+    handles: Vec<(u64, u64, Names)>,
+    /// References the kernel cannot drop yet: an open directory keeps its inode, so its
+    /// forget waits until the reader closes it.
+    deferred: HashMap<u64, u64>,
 }
 
-fn listing_of(ns: &Namespace, fh: u64) -> Vec<(String, u64, Attr)> {
-    let listing = ns.listing(fh).unwrap();
+/// The listing a reader of `dir` gets at `offset`.
+fn listing_of(ns: &Namespace, dir: u64, offset: u64) -> Vec<(String, u64, Attr)> {
+    let (listing, _) = ns.listing_at(dir, offset).unwrap();
     listing
         .children
         .iter()
@@ -161,10 +169,8 @@ impl Kernel {
         if self.listings.contains_key(&dir) && !plus {
             return;
         }
-        let fh = ns.opendir(dir).unwrap();
-        let children = listing_of(ns, fh);
-        let listing = ns.listing(fh).unwrap();
-        ns.releasedir(fh);
+        let children = listing_of(ns, dir, 0);
+        let (listing, _) = ns.listing_at(dir, 0).unwrap();
         if plus {
             // Every entry counts as a lookup, cached or not (as the kernel counts it).
             for child in &listing.children {
@@ -181,13 +187,15 @@ impl Kernel {
         self.listings.entry(dir).or_insert(names);
     }
 
+    /// A reader that has read "." and "..", and goes on later.
     fn open(&mut self, ns: &Namespace, dir: u64) {
-        let fh = ns.opendir(dir).unwrap();
-        let names = listing_of(ns, fh)
-            .into_iter()
-            .map(|(n, ino, _)| (n, ino))
+        let (listing, _) = ns.listing_at(dir, 0).unwrap();
+        let names = listing
+            .children
+            .iter()
+            .map(|c| (c.name.clone(), c.attr.ino))
             .collect();
-        self.handles.push((fh, names));
+        self.handles.push((dir, listing.cookie(2), names));
     }
 
     /// Drops the entry `key` and, as the kernel's dentry cache does, everything under it; the
@@ -207,7 +215,11 @@ impl Kernel {
         }
         self.listings.remove(&attr.ino);
         if let Some(n) = self.refs.remove(&attr.ino) {
-            ns.forget(attr.ino, n);
+            if self.handles.iter().any(|(dir, _, _)| *dir == attr.ino) {
+                *self.deferred.entry(attr.ino).or_default() += n;
+            } else {
+                ns.forget(attr.ino, n);
+            }
         }
     }
 
@@ -267,17 +279,15 @@ impl Kernel {
                 }
             }
             if let Some(cached) = self.listings.get(&dir) {
-                let fh = ns.opendir(dir).unwrap();
-                let fresh: Vec<(String, u64)> = listing_of(ns, fh)
+                let fresh: Vec<(String, u64)> = listing_of(ns, dir, 0)
                     .into_iter()
                     .map(|(n, ino, _)| (n, ino))
                     .collect();
-                ns.releasedir(fh);
                 prop_assert_eq!(&fresh, cached, "stale listing of {}", dir);
             }
         }
-        for (fh, names) in &self.handles {
-            let now: Vec<(String, u64)> = listing_of(ns, *fh)
+        for (dir, offset, names) in &self.handles {
+            let now: Vec<(String, u64)> = listing_of(ns, *dir, *offset)
                 .into_iter()
                 .map(|(n, ino, _)| (n, ino))
                 .collect();
@@ -358,8 +368,9 @@ proptest! {
         }
         kernel.check(&ns)?;
         // With every entry evicted, the namespace holds nothing the kernel does not.
-        for (fh, _) in std::mem::take(&mut kernel.handles) {
-            ns.releasedir(fh);
+        kernel.handles.clear();
+        for (ino, n) in std::mem::take(&mut kernel.deferred) {
+            ns.forget(ino, n);
         }
         while !kernel.entries.is_empty() {
             kernel.evict(&ns, 0);

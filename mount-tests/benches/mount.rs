@@ -1,8 +1,9 @@
 //! The skills mount against a tmpfs copy of the same merged tree and against Debian's mergerfs
-//! over the same tier folders, in one run, warm and cold.
+//! over the same tier folders, in one run: warm, first (right after mounting: a new daemon
+//! and a new mergerfs, the disk cache warm) and cold (the kernel's caches dropped).
 //!
 //! `cargo bench --bench mount` (root, /dev/fuse, fuse3 and mergerfs; `.ci/setup` installs them).
-//! BENCH_RUNS sets the runs per figure (default 9 warm, 5 cold); figures are medians.
+//! BENCH_RUNS sets the runs per figure (default 9 warm, 5 first and cold); figures are medians.
 
 use cloud_harness::cli::TierArgs;
 use cloud_harness::fs::cas::{materialize, Store};
@@ -19,6 +20,9 @@ const SKILLS: usize = 2000; // x 5 files = the 10,000-file tree
 const BIG_DIR: usize = 10_000;
 const BIG_FILE: usize = 64 << 20;
 const MISSING: usize = 10_000;
+/// Missing folders looked into (`missing-N/SKILL.md`), each this many times.
+const MISSING_DIRS: usize = 1_000;
+const MISSING_REPEATS: usize = 10;
 
 struct Rng(u64);
 impl Rng {
@@ -130,6 +134,7 @@ struct Workload {
     files: Vec<PathBuf>,
     small: Vec<PathBuf>,
     missing: Vec<PathBuf>,
+    missing_dirs: Vec<PathBuf>,
     big_dir: PathBuf,
     big_file: PathBuf,
 }
@@ -153,10 +158,14 @@ fn workload() -> Workload {
     let missing = (0..MISSING)
         .map(|i| PathBuf::from(format!("skill-{:04}/missing-{i}.md", i % SKILLS)))
         .collect();
+    let missing_dirs = (0..MISSING_DIRS)
+        .map(|i| PathBuf::from(format!("missing-{i}/SKILL.md")))
+        .collect();
     Workload {
         files,
         small,
         missing,
+        missing_dirs,
         big_dir: PathBuf::from("big-dir/entries"),
         big_file: PathBuf::from("big-file/assets/model.bin"),
     }
@@ -198,6 +207,48 @@ fn missing(root: &Path, w: &Workload) -> Duration {
     let t = Instant::now();
     for f in &w.missing {
         assert!(fs::symlink_metadata(root.join(f)).is_err());
+    }
+    t.elapsed()
+}
+
+/// `find`'s work: open every folder, read its entries, lstat each one; the mount's own
+/// entries at the root (`.tiers/`, `.resolution.json`) are left out, so every contender walks
+/// the same tree.
+fn walk(root: &Path, _: &Workload) -> Duration {
+    fn go(dir: &Path, top: bool, n: &mut usize) {
+        for e in fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            if top && e.file_name().as_encoded_bytes().starts_with(b".") {
+                continue;
+            }
+            let path = e.path();
+            let meta = fs::symlink_metadata(&path).unwrap();
+            *n += 1;
+            if meta.is_dir() {
+                go(&path, false, n);
+            }
+        }
+    }
+    let mut n = 0;
+    let t = Instant::now();
+    go(root, true, &mut n);
+    let took = t.elapsed();
+    assert_eq!(n, WALKED, "{} walked {n} entries", root.display());
+    took
+}
+
+/// Entries under the root, as [`walk`] counts them: per skill of 5 files its folder, 3
+/// subfolders and 5 files; the big folder's skill (SKILL.md, `entries/` and its files), the
+/// big file's (SKILL.md, `assets/`, the file); the workspace's own skills (folder, SKILL.md,
+/// `references/`, notes).
+const WALKED: usize = SKILLS * 9 + (1 + 2 + BIG_DIR) + (1 + 3) + 200 * 4;
+
+fn missing_dirs(root: &Path, w: &Workload) -> Duration {
+    let t = Instant::now();
+    for _ in 0..MISSING_REPEATS {
+        for f in &w.missing_dirs {
+            assert!(fs::symlink_metadata(root.join(f)).is_err());
+        }
     }
     t.elapsed()
 }
@@ -262,47 +313,43 @@ fn main() {
     }
 
     let ours = work.path().join("mnt-cloud-harness");
-    fs::create_dir(&ours).unwrap();
-    let mut daemon: Child = Command::new(BIN)
-        .arg("mount")
-        .arg(&ours)
-        .args(["--no-builtin", "--owner"])
-        .arg(&owner)
-        .arg("--workspace")
-        .arg(&ws)
-        .env("TOOLKIT_CACHE_ROOT", &store_dir)
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_mounted(&ours);
-
     let mfs = work.path().join("mnt-mergerfs");
+    fs::create_dir(&ours).unwrap();
     fs::create_dir(&mfs).unwrap();
-    let mergerfs = Command::new("mergerfs")
-        .arg("-o")
-        .arg("ro,cache.files=full,cache.attr=86400,cache.entry=86400,cache.negative_entry=86400,cache.readdir=true,category.search=ff,fsname=mergerfs-bench")
-        .arg(format!("{}:{}", owner.display(), ws.display()))
-        .arg(&mfs)
-        .status();
-    let have_mergerfs = mergerfs.is_ok_and(|s| s.success());
-    if have_mergerfs {
-        wait_mounted(&mfs);
-    } else {
+    let mut mounts = Mounts {
+        ours: ours.clone(),
+        mergerfs: mfs.clone(),
+        owner,
+        workspace: ws,
+        store: store_dir,
+        daemon: None,
+        have_mergerfs: false,
+    };
+    mounts.mount();
+    if !mounts.have_mergerfs {
         eprintln!("mergerfs is not installed: its column stays empty");
     }
 
     // Setup wrote a few hundred MiB: let writeback finish before anything is timed.
     nix::unistd::sync();
     let w = workload();
-    let metrics: [Metric; 5] = [
+    let metrics: [Metric; 7] = [
+        (
+            "walk of the merged view (`find`: every folder read, every entry lstat)",
+            walk,
+        ),
         ("stat of every file, 10,000-file tree", stat_all),
         ("4 KiB open+read+close x2,000", small_reads),
         ("`ls -l` of a 10,000-entry folder", ls_l),
         ("lookups of 10,000 missing names", missing),
+        (
+            "missing folder then file (`missing-N/SKILL.md`), 1,000 x10",
+            missing_dirs,
+        ),
         ("64 MiB sequential read", big_read),
     ];
     let mut contenders: Vec<(&str, &Path)> = vec![("tmpfs", &tmpfs), ("cloud-harness", &ours)];
-    if have_mergerfs {
+    if mounts.have_mergerfs {
         contenders.push(("mergerfs", &mfs));
     }
 
@@ -311,19 +358,27 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|");
     for (name, f) in metrics {
-        for cold in [false, true] {
+        for state in [State::Warm, State::First, State::Cold] {
             // Runs alternate between the contenders, so drift on a shared machine hits all.
             let mut times: Vec<Vec<Duration>> = vec![Vec::new(); contenders.len()];
-            if !cold {
+            if state == State::Warm {
                 for (_, root) in &contenders {
                     f(root, &w); // warm-up
                 }
             }
-            for _ in 0..(if cold { cold_runs } else { runs }) {
+            let n = if state == State::Warm {
+                runs
+            } else {
+                cold_runs
+            };
+            for _ in 0..n {
+                match state {
+                    State::Warm => {}
+                    // tmpfs has nothing to mount: its first access is its warm one.
+                    State::First => mounts.remount(),
+                    State::Cold => drop_caches(),
+                }
                 for (i, (_, root)) in contenders.iter().enumerate() {
-                    if cold {
-                        drop_caches();
-                    }
                     times[i].push(f(root, &w));
                 }
             }
@@ -331,6 +386,8 @@ fn main() {
             let show = |d: Duration| {
                 if name.starts_with("64 MiB") {
                     format!("{:.0} MiB/s", 64.0 / d.as_secs_f64())
+                } else if name.starts_with("walk") {
+                    format!("{:.2} µs/entry", d.as_secs_f64() * 1e6 / WALKED as f64)
                 } else {
                     format!("{:.1} ms", d.as_secs_f64() * 1e3)
                 }
@@ -342,7 +399,7 @@ fn main() {
             };
             println!(
                 "| {name} | {} | {} | {} | {} | {m} | {mr} |",
-                if cold { "cold" } else { "warm" },
+                state.as_str(),
                 show(cells[0]),
                 show(cells[1]),
                 ratio(cells[1]),
@@ -350,12 +407,86 @@ fn main() {
         }
     }
     println!("(ratios are time ratios: for the 64 MiB read, below 1.25x means at least 0.8x the throughput)");
+    mounts.unmount();
+}
 
-    let _ = Command::new("fusermount3").arg("-u").arg(&mfs).status();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(daemon.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    daemon.wait().unwrap();
+#[derive(Clone, Copy, PartialEq)]
+enum State {
+    Warm,
+    First,
+    Cold,
+}
+
+impl State {
+    fn as_str(self) -> &'static str {
+        match self {
+            State::Warm => "warm",
+            State::First => "first",
+            State::Cold => "cold",
+        }
+    }
+}
+
+/// The two FUSE contenders, mounted again for each "first" run.
+struct Mounts {
+    ours: PathBuf,
+    mergerfs: PathBuf,
+    owner: PathBuf,
+    workspace: PathBuf,
+    store: PathBuf,
+    daemon: Option<Child>,
+    have_mergerfs: bool,
+}
+
+impl Mounts {
+    fn mount(&mut self) {
+        let daemon = Command::new(BIN)
+            .arg("mount")
+            .arg(&self.ours)
+            .args(["--no-builtin", "--owner"])
+            .arg(&self.owner)
+            .arg("--workspace")
+            .arg(&self.workspace)
+            .env("TOOLKIT_CACHE_ROOT", &self.store)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.daemon = Some(daemon);
+        wait_mounted(&self.ours);
+        let mergerfs = Command::new("mergerfs")
+            .arg("-o")
+            .arg("ro,cache.files=full,cache.attr=86400,cache.entry=86400,cache.negative_entry=86400,cache.readdir=true,category.search=ff,fsname=mergerfs-bench")
+            .arg(format!("{}:{}", self.owner.display(), self.workspace.display()))
+            .arg(&self.mergerfs)
+            .status();
+        self.have_mergerfs = mergerfs.is_ok_and(|s| s.success());
+        if self.have_mergerfs {
+            wait_mounted(&self.mergerfs);
+        }
+    }
+
+    fn unmount(&mut self) {
+        if self.have_mergerfs {
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&self.mergerfs)
+                .status();
+        }
+        if let Some(mut daemon) = self.daemon.take() {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(daemon.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            )
+            .unwrap();
+            daemon.wait().unwrap();
+        }
+        while is_mounted(&self.ours) || (self.have_mergerfs && is_mounted(&self.mergerfs)) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn remount(&mut self) {
+        self.unmount();
+        self.mount();
+    }
 }

@@ -15,11 +15,14 @@
 //! skill), so it is stable across generations; a file's number also covers its content digest,
 //! so a file whose content changes gets a new inode and the kernel's cached pages of the old
 //! one are never served for the new content. Nodes live while the kernel holds a lookup
-//! reference (dropped on forget), so memory follows the kernel's own cache. Directory handles
-//! keep the listing of the generation they were opened in.
+//! reference (dropped on forget), so memory follows the kernel's own cache. Directories open
+//! without a handle; `listing` says how a reader still keeps the listing it started.
 
+mod listing;
 mod read;
 mod swap;
+
+pub use listing::Listing;
 
 use crate::cas::{Digest, Kind, Store, Tree};
 use crate::generation::{Generation, View, ViewMap};
@@ -121,12 +124,6 @@ pub struct Child {
     data: Option<Arc<[u8]>>,
 }
 
-/// A directory's listing as of the generation it was opened in.
-#[derive(Debug)]
-pub struct Listing {
-    pub children: Vec<Child>,
-}
-
 /// A kernel cache entry to drop after a generation change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Invalidation {
@@ -144,8 +141,8 @@ pub struct Namespace {
     trees: Mutex<LruCache<Digest, Arc<Tree>>>,
     verified: Mutex<LruCache<Digest, ()>>,
     open_blobs: Mutex<LruCache<Digest, Arc<File>>>,
-    handles: Mutex<HashMap<u64, Arc<Listing>>>,
-    next_handle: AtomicU64,
+    /// Listings by directory and tag (see `listing`).
+    listings: Mutex<LruCache<(u64, u32), Arc<Listing>>>,
 }
 
 fn perm_of(kind: Kind) -> u16 {
@@ -195,8 +192,7 @@ impl Namespace {
             trees: Mutex::new(LruCache::new(cap(TREE_CACHE))),
             verified: Mutex::new(LruCache::new(cap(VERIFIED_CACHE))),
             open_blobs: Mutex::new(LruCache::new(cap(OPEN_BLOBS))),
-            handles: Mutex::new(HashMap::new()),
-            next_handle: AtomicU64::new(1),
+            listings: Mutex::new(LruCache::new(cap(listing::LISTINGS))),
         }
     }
 
@@ -475,33 +471,5 @@ impl Namespace {
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         Ok(self.node(ino)?.attr)
-    }
-
-    /// Opens a directory: its listing of this generation, kept under the returned handle.
-    pub fn opendir(&self, ino: u64) -> Result<u64> {
-        let dir = self.node(ino)?;
-        if !dir.ident.is_dir() {
-            return Err(Errno::ENOTDIR);
-        }
-        let children = self.children(&self.generation(), &dir.ident)?;
-        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        self.handles
-            .lock()
-            .expect("handle lock")
-            .insert(fh, Arc::new(Listing { children }));
-        Ok(fh)
-    }
-
-    pub fn listing(&self, fh: u64) -> Result<Arc<Listing>> {
-        self.handles
-            .lock()
-            .expect("handle lock")
-            .get(&fh)
-            .cloned()
-            .ok_or(Errno::EBADF)
-    }
-
-    pub fn releasedir(&self, fh: u64) {
-        self.handles.lock().expect("handle lock").remove(&fh);
     }
 }
