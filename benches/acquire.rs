@@ -1,6 +1,8 @@
 //! Cold acquisition of a 50-skill toolkit against `git clone --depth 1` of the same repository
-//! from the same local HTTPS server, in-process and in a helper container, and the warm start,
-//! in one run (medians).
+//! from the same local HTTPS server, in-process and in a helper container, and the warm start;
+//! and a cold `workspace_open` of two toolkits (14 and 41 skills, the sizes of the two
+//! presets) in each mode against `git clone --depth 1` of both, one after the other; in one
+//! run, interleaved (medians).
 //!
 //! `cargo bench --bench acquire` (needs python3, git and openssl, as the tests do; the
 //! container row needs a Docker engine).
@@ -8,8 +10,10 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use cloud_harness::executor::{Kind, Settings};
 use cloud_harness::provision::sandbox::Sandbox;
 use cloud_harness::toolkit::{GitSpec, ToolkitSpec};
+use cloud_harness::workspace::{OpenRequest, Workspaces};
 use cloud_harness_fs::cas::Store;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -50,34 +54,48 @@ fn main() {
             })
             .collect()
     };
-    let skills: Vec<(Vec<u8>, Node)> = (0..50)
-        .map(|i| {
-            let name = format!("skill-{i:02}");
-            let md = format!("---\nname: {name}\ndescription: Skill number {i}.\n---\n# {name}\n");
-            let node = Node::Dir(vec![
-                (b"SKILL.md".to_vec(), Node::File(md.into_bytes())),
-                (
-                    b"references".to_vec(),
-                    Node::Dir(vec![
-                        (b"guide.md".to_vec(), Node::File(bytes(6000))),
-                        (b"api.md".to_vec(), Node::File(bytes(3000))),
-                    ]),
-                ),
-                (
-                    b"scripts".to_vec(),
-                    Node::Dir(vec![(b"run.sh".to_vec(), Node::Exec(bytes(800)))]),
-                ),
-                (
-                    b"assets".to_vec(),
-                    Node::Dir(vec![(b"template.txt".to_vec(), Node::File(bytes(4000)))]),
-                ),
-            ]);
-            (name.into_bytes(), node)
+    let mut skills_of = |prefix: &str, n: usize| -> Vec<(Vec<u8>, Node)> {
+        (0..n)
+            .map(|i| {
+                let name = format!("{prefix}skill-{i:02}");
+                let md =
+                    format!("---\nname: {name}\ndescription: Skill number {i}.\n---\n# {name}\n");
+                let node = Node::Dir(vec![
+                    (b"SKILL.md".to_vec(), Node::File(md.into_bytes())),
+                    (
+                        b"references".to_vec(),
+                        Node::Dir(vec![
+                            (b"guide.md".to_vec(), Node::File(bytes(6000))),
+                            (b"api.md".to_vec(), Node::File(bytes(3000))),
+                        ]),
+                    ),
+                    (
+                        b"scripts".to_vec(),
+                        Node::Dir(vec![(b"run.sh".to_vec(), Node::Exec(bytes(800)))]),
+                    ),
+                    (
+                        b"assets".to_vec(),
+                        Node::Dir(vec![(b"template.txt".to_vec(), Node::File(bytes(4000)))]),
+                    ),
+                ]);
+                (name.into_bytes(), node)
+            })
+            .collect()
+    };
+    let repo = Repo::create(&repos, "toolkit.git", false);
+    let commit = repo.commit(dir(vec![("skills", Node::Dir(skills_of("", 50)))]));
+    let url = server.url("toolkit.git");
+    // The pair a workspace opens: (url, commit) of 14 and 41 skills.
+    let pair: Vec<(String, String)> = [("small", 14), ("large", 41)]
+        .iter()
+        .map(|(name, n)| {
+            let repo_name = format!("{name}.git");
+            let r = Repo::create(&repos, &repo_name, false);
+            let skills = skills_of(&format!("{name}-"), *n);
+            let c = r.commit(dir(vec![("skills", Node::Dir(skills))]));
+            (server.url(&repo_name), c)
         })
         .collect();
-    let repo = Repo::create(&repos, "toolkit.git", false);
-    let commit = repo.commit(dir(vec![("skills", Node::Dir(skills))]));
-    let url = server.url("toolkit.git");
 
     let provisioner = |store: Store, sandbox: Option<Sandbox>| {
         server
@@ -111,8 +129,52 @@ fn main() {
         p.acquire(&toolkit).unwrap();
     }
 
+    let git_spec = |url: &str, commit: &str, id: &str| {
+        ToolkitSpec::Git(GitSpec {
+            instance_id: id.into(),
+            url: url.into(),
+            git_ref: Some(commit.into()),
+            scope: None,
+            subdirectory: None,
+            layout: None,
+            skills: None,
+        })
+    };
+    // A cold open of both toolkits into a new store and home; returns its time.
+    let open_both = |run: usize, sandbox: Option<Sandbox>, mode: &str| -> Duration {
+        let root = tmp.path().join(format!("open-{mode}-{run}"));
+        let p = provisioner(Store::open(root.join("store")).unwrap(), sandbox);
+        let workspaces = Workspaces::with_executors(
+            root.join("home"),
+            p,
+            false,
+            Settings::with_kind(Kind::Host),
+        )
+        .unwrap();
+        let request = OpenRequest {
+            repository_url: None,
+            idempotency_key: "bench".into(),
+            toolkits: vec![
+                git_spec(&pair[0].0, &pair[0].1, "small"),
+                git_spec(&pair[1].0, &pair[1].1, "large"),
+            ],
+            allow_toolkit_workspace_changes: false,
+        };
+        let t = Instant::now();
+        let opened = workspaces.open(request).unwrap();
+        let took = t.elapsed();
+        let toolkits = opened["toolkits"].as_array().unwrap();
+        assert_eq!(toolkits.len(), 2, "{opened}");
+        assert!(
+            toolkits.iter().all(|t| t["mode"] == mode),
+            "{mode}: {opened}"
+        );
+        took
+    };
+
     let (mut ours, mut clone, mut warm, mut contained) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut open_ours, mut open_contained, mut clone_both) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..RUNS {
         let store = Store::open(tmp.path().join(format!("store{run}"))).unwrap();
         let p = provisioner(store, None);
@@ -152,6 +214,28 @@ fn main() {
             .unwrap();
         clone.push(t.elapsed());
         assert!(status.success());
+
+        open_ours.push(open_both(run, None, "in-process"));
+        if let Some(s) = &sandbox {
+            open_contained.push(open_both(run, Some(s.clone()), "container"));
+        }
+        let t = Instant::now();
+        for (i, (url, _)) in pair.iter().enumerate() {
+            let status = Command::new("git")
+                .arg("-c")
+                .arg(format!(
+                    "http.curloptResolve=localhost:{}:{address}",
+                    server.port
+                ))
+                .args(["clone", "-q", "--depth", "1", url])
+                .arg(tmp.path().join(format!("clone-both{run}-{i}")))
+                .env("GIT_SSL_CAINFO", &certs.ca)
+                .stderr(Stdio::null())
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
+        clone_both.push(t.elapsed());
     }
     let (ours, clone, warm) = (median(ours), median(clone), median(warm));
     let contained = (!contained.is_empty()).then(|| median(contained));
@@ -179,4 +263,28 @@ fn main() {
         "| warm start (index hit, all objects checked present) | {:.2} ms | goal < 20 ms |",
         warm.as_secs_f64() * 1e3
     );
+
+    let (open_ours, clone_both) = (median(open_ours), median(clone_both));
+    println!();
+    println!("a cold workspace_open of two toolkits (14 + 41 skills), median of {RUNS} runs");
+    println!("| what | median | ratio |");
+    println!("|---|---|---|");
+    println!(
+        "| `git clone --depth 1` of both, one after the other (baseline) | {:.0} ms | 1.00x |",
+        clone_both.as_secs_f64() * 1e3
+    );
+    println!(
+        "| in-process | {:.0} ms | {:.2}x |",
+        open_ours.as_secs_f64() * 1e3,
+        open_ours.as_secs_f64() / clone_both.as_secs_f64()
+    );
+    if !open_contained.is_empty() {
+        let c = median(open_contained);
+        println!(
+            "| in helper containers | {:.0} ms | {:.2}x (vs in-process: {:.2}x, goal at most 1.5x) |",
+            c.as_secs_f64() * 1e3,
+            c.as_secs_f64() / clone_both.as_secs_f64(),
+            c.as_secs_f64() / open_ours.as_secs_f64()
+        );
+    }
 }

@@ -19,6 +19,7 @@
 //! <home>/workspaces/<id>/etc/                the executor's passwd, group, hosts
 //! ```
 
+mod acquire;
 mod catalog;
 mod keys;
 mod listing;

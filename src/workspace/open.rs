@@ -226,44 +226,11 @@ impl Workspaces {
         }
 
         let mut acquired: Vec<(toolkit::Toolkit, Acquired)> = Vec::new();
-        let head_ttl = crate::heads::ttl()?;
         // When each default-head toolkit's head was found (ms).
         let mut resolved_at: Vec<Option<i64>> = Vec::new();
-        for t in toolkits {
-            let started = Instant::now();
-            let head = match t.revision {
-                Revision::DefaultHead => Some(crate::heads::fresh(&self.db, &t.url, head_ttl)?),
-                _ => None,
-            };
-            let fetch = match &head {
-                Some(Some((commit, _))) => toolkit::Toolkit {
-                    revision: Revision::Commit(commit.clone()),
-                    ..t.clone()
-                },
-                _ => t.clone(),
-            };
-            let a = self.provisioner.acquire(&fetch);
-            let millis = started.elapsed().as_millis() as u64;
-            crate::acquisitions::record(
-                &self.db,
-                t,
-                &a,
-                millis,
-                actor,
-                "workspace_open",
-                Some(&id),
-            );
-            let a = a?;
-            resolved_at.push(match head {
-                Some(Some((_, at))) => Some(at),
-                Some(None) => Some(crate::heads::remember(
-                    &self.db,
-                    &t.url,
-                    &a.record.key.commit,
-                )?),
-                None => None,
-            });
-            acquired.push((t.clone(), a));
+        for (t, a) in toolkits.iter().zip(self.acquire_all(toolkits, actor, &id)?) {
+            resolved_at.push(a.resolved_at);
+            acquired.push((t.clone(), a.acquired));
         }
         // The overrides for the sets the toolkits came from, and the global ones.
         let sets: Vec<String> = origins
