@@ -759,6 +759,11 @@ fn a_warm_walk_asks_the_daemon_nothing() {
         for _ in 0..walks {
             trees.push(walk(&mnt));
         }
+        // What Python's `open` asks of every file: not a terminal, answered (and counted).
+        use std::io::IsTerminal;
+        let file = fs::File::open(mnt.join("tdd/SKILL.md")).unwrap();
+        assert!(!file.is_terminal());
+        drop(file);
         counts.push(requests(&daemon.stop()));
     }
     assert!(trees.windows(2).all(|w| w[0] == w[1]), "walks differ");
@@ -774,6 +779,7 @@ fn a_warm_walk_asks_the_daemon_nothing() {
         );
     }
     assert!(get(once, "readdir") + get(once, "readdirplus") > 0);
+    assert_eq!(get(four, "ioctl"), 1, "{four:?}");
 }
 
 #[test]

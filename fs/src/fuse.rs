@@ -14,9 +14,9 @@ use crate::namespace::{Attr, FileKind, Invalidation, Namespace, XATTR_PREFIX};
 use crate::stats::{Op, Stats, STATS};
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, KernelConfig, LockOwner, MountOption, Notifier, OpenFlags, ReplyAttr, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr,
-    Request, Session, SessionACL,
+    InitFlags, IoctlFlags, KernelConfig, LockOwner, MountOption, Notifier, OpenFlags, ReplyAttr,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen,
+    ReplyStatfs, ReplyXattr, Request, Session, SessionACL,
 };
 use std::ffi::OsStr;
 use std::io;
@@ -273,6 +273,23 @@ impl Filesystem for SkillsFs {
         reply: ReplyEmpty,
     ) {
         reply.ok();
+    }
+
+    /// No file here is a device: "not a terminal" for every request (the kernel sends each
+    /// ioctl, Python's `isatty` on every `open` among them, and does not remember the answer).
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        STATS.count(Op::Ioctl);
+        reply.error(Errno::ENOTTY);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -15,10 +15,13 @@ pub enum Op {
     Readdir,
     Readdirplus,
     Forget,
+    /// Asked of every open by some programs (Python's `open` asks whether a file is a
+    /// terminal); FUSE sends each one to the daemon, so each costs a round trip.
+    Ioctl,
 }
 
 impl Op {
-    pub const ALL: [Op; 8] = [
+    pub const ALL: [Op; 9] = [
         Op::Lookup,
         Op::Getattr,
         Op::Readlink,
@@ -27,6 +30,7 @@ impl Op {
         Op::Readdir,
         Op::Readdirplus,
         Op::Forget,
+        Op::Ioctl,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -39,12 +43,13 @@ impl Op {
             Op::Readdir => "readdir",
             Op::Readdirplus => "readdirplus",
             Op::Forget => "forget",
+            Op::Ioctl => "ioctl",
         }
     }
 }
 
 pub struct Stats {
-    ops: [AtomicU64; 8],
+    ops: [AtomicU64; 9],
     /// Lookups answered "no such name" (cached by the kernel as negative entries).
     pub negative_lookups: AtomicU64,
     pub read_bytes: AtomicU64,
@@ -53,7 +58,7 @@ pub struct Stats {
 }
 
 pub static STATS: Stats = Stats {
-    ops: [const { AtomicU64::new(0) }; 8],
+    ops: [const { AtomicU64::new(0) }; 9],
     negative_lookups: AtomicU64::new(0),
     read_bytes: AtomicU64::new(0),
     skill_cache_hits: AtomicU64::new(0),
