@@ -31,6 +31,40 @@ fn sandbox() -> Option<Sandbox> {
     found
 }
 
+/// Helper containers, running or not.
+fn helpers() -> String {
+    let ps = Command::new("docker")
+        .args(["ps", "-aq", "--filter", "name=cloud-harness-fetch-"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&ps.stdout).trim().to_owned()
+}
+
+/// The names of the warm provisioning network and proxy of this test (one of each).
+fn warm_pair() -> (String, String) {
+    let ps = Command::new("docker")
+        .args(["ps", "-a", "--format", "{{.Names}}", "--filter", LABEL])
+        .output()
+        .unwrap();
+    let nets = Command::new("docker")
+        .args(["network", "ls", "--format", "{{.Name}}", "--filter", LABEL])
+        .output()
+        .unwrap();
+    let (ps, nets) = (
+        String::from_utf8_lossy(&ps.stdout).trim().to_owned(),
+        String::from_utf8_lossy(&nets.stdout).trim().to_owned(),
+    );
+    assert!(
+        ps.starts_with("cloud-harness-proxy-") && !ps.contains('\n'),
+        "one warm proxy: {ps:?}"
+    );
+    assert!(
+        nets.starts_with("cloud-harness-prov-") && !nets.contains('\n'),
+        "one warm network: {nets:?}"
+    );
+    (nets, ps)
+}
+
 fn leftovers() -> (String, String) {
     let ps = Command::new("docker")
         .args(["ps", "-aq", "--filter", LABEL])
@@ -83,11 +117,15 @@ fn world(slow: f64) -> World {
 
 impl World {
     fn provisioner(&self, sandbox: Sandbox, limits: Limits) -> Provisioner {
+        self.provisioner_on(self.store.clone(), sandbox, limits)
+    }
+
+    fn provisioner_on(&self, store: Store, sandbox: Sandbox, limits: Limits) -> Provisioner {
         // The proxy may reach exactly the test server: its name pinned to the bridge address,
         // and only that address opened.
         let mut p = self.server.provisioner(
             &self.certs,
-            self.store.clone(),
+            store,
             "",
             &format!("{}/32", self.bridge),
             &format!("localhost={}", self.bridge),
@@ -126,20 +164,76 @@ impl World {
 fn a_toolkit_is_fetched_through_a_helper_container_and_the_proxy() {
     let Some(sandbox) = sandbox() else { return };
     let w = world(0.0);
-    let p = w.provisioner(sandbox, Limits::default());
+    let p = w.provisioner(sandbox.clone(), Limits::default());
     let t = w.spec().resolve(p.hosts()).unwrap();
     let a = p.acquire(&t).unwrap();
     assert_eq!(a.mode, "container");
     assert_eq!(a.record.skills, 2);
     assert_eq!(a.record.key.commit, w.commit);
     assert!(w.server.requests() > 0);
+    assert_eq!(helpers(), "", "a helper was left behind");
+    let pair = warm_pair();
+    // Warm afterwards, without any container.
+    assert!(p.acquire(&t).unwrap().warm);
+
+    // A second cold fetch (another store) uses the same network and proxy, with a helper of
+    // its own; with the proxy gone, the next one makes a new pair and succeeds.
+    let other = |name: &str| {
+        let store = Store::open(w._tmp.path().join(name)).unwrap();
+        w.provisioner_on(store, sandbox.clone(), Limits::default())
+    };
+    let a = other("store2").acquire(&t).unwrap();
+    assert!(!a.warm && a.mode == "container");
+    assert_eq!(warm_pair(), pair, "the warm pair was not reused");
+    assert!(Command::new("docker")
+        .args(["rm", "-f", &pair.1])
+        .status()
+        .unwrap()
+        .success());
+    let a = other("store3").acquire(&t).unwrap();
+    assert!(!a.warm && a.mode == "container");
+    let again = warm_pair();
+    assert_ne!(again.1, pair.1, "a dead proxy was used");
+    assert_eq!(helpers(), "");
+
+    // The pair goes with the last handle to it.
+    drop((p, sandbox));
     assert_eq!(
         leftovers(),
         (String::new(), String::new()),
         "containers or networks were left behind"
     );
-    // Warm afterwards, without any container.
-    assert!(p.acquire(&t).unwrap().warm);
+}
+
+#[test]
+fn a_pair_left_by_a_dead_process_is_removed_by_the_next() {
+    let Some(first) = sandbox() else { return };
+    drop(first);
+    // What a killed harness leaves: a network owned by a process of this boot and pid
+    // namespace that no longer exists.
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let ns = std::fs::read_link("/proc/self/ns/pid").unwrap();
+    let owner = format!("{}/{}/{}", boot.trim(), ns.display(), i32::MAX);
+    let name = format!("cloud-harness-prov-test{}", std::process::id());
+    let made = Command::new("docker")
+        .args(["network", "create", "--internal", "--label"])
+        .arg("io.cloud-harness.provisioning=1")
+        .arg("--label")
+        .arg(format!("io.cloud-harness.provisioning.owner={owner}"))
+        .arg(&name)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let _next = sandbox().unwrap();
+    let left = Command::new("docker")
+        .args(["network", "ls", "-q", "--filter", &format!("name={name}")])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&left.stdout).trim(),
+        "",
+        "the orphan is still there"
+    );
 }
 
 #[test]
@@ -187,6 +281,8 @@ fn a_helper_cannot_reach_anything_but_the_proxy() {
         "{err}"
     );
     assert_eq!(w.server.requests(), before, "nothing reached the server");
+    assert_eq!(helpers(), "");
+    drop((p, sandbox));
     assert_eq!(leftovers(), (String::new(), String::new()));
 }
 
@@ -223,7 +319,8 @@ fn a_helper_killed_mid_fetch_publishes_nothing_and_leaves_nothing() {
     );
     assert_eq!(err.code, Code::Upstream, "{err}");
     assert_eq!(w.objects(), before, "a killed fetch published objects");
-    assert_eq!(leftovers(), (String::new(), String::new()));
+    assert_eq!(helpers(), "");
+    drop(p);
 
     // And a fetch that outlives its time limit is stopped and cleaned up the same way.
     let limits = Limits {
@@ -239,6 +336,8 @@ fn a_helper_killed_mid_fetch_publishes_nothing_and_leaves_nothing() {
         "the helper had not started fetching"
     );
     assert_eq!(w.objects(), before);
+    assert_eq!(helpers(), "");
+    drop(p);
     assert_eq!(leftovers(), (String::new(), String::new()));
 }
 
@@ -276,4 +375,51 @@ fn toolkit_add_reports_the_container_mode() {
     assert_eq!(added["mode"], "container");
     assert_eq!(added["skills"], 2);
     assert_eq!(leftovers(), (String::new(), String::new()));
+}
+
+#[test]
+fn a_server_removes_its_warm_pair_when_it_stops() {
+    let Some(_) = sandbox() else { return };
+    let w = world(0.0);
+    let ca = w.certs.ca.display().to_string();
+    let (cidrs, resolve) = (
+        format!("{}/32", w.bridge),
+        format!("localhost={}", w.bridge),
+    );
+    let host = w.server.host();
+    let mut server = support::http::server(&[
+        ("ALLOWED_GIT_HOSTS", host.as_str()),
+        ("CLOUD_HARNESS_EXTRA_CA", ca.as_str()),
+        ("CLOUD_HARNESS_ALLOW_CIDRS", cidrs.as_str()),
+        ("CLOUD_HARNESS_RESOLVE", resolve.as_str()),
+    ]);
+    let session = support::http::legacy_session(server.addr);
+    let call = serde_json::json!({
+        "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": { "name": "workspace_open", "arguments": {
+            "idempotencyKey": "warm",
+            "toolkits": [{ "kind": "git", "instanceId": "team",
+                "url": w.server.url("team/skills.git"), "ref": w.commit }],
+        }},
+    });
+    let answer = support::http::answer_of(&support::http::raw(
+        server.addr,
+        &call.to_string(),
+        &[("Mcp-Session-Id", session.as_str())],
+    ));
+    let result = &answer["result"]["structuredContent"];
+    assert_eq!(result["toolkits"][0]["mode"], "container", "{answer}");
+    warm_pair();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(server.child.wait().unwrap().success());
+    assert_eq!(
+        leftovers(),
+        (String::new(), String::new()),
+        "the server left its provisioning network or proxy: {}",
+        server.log.lock().unwrap()
+    );
 }

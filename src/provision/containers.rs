@@ -130,10 +130,26 @@ async fn wait_listening(docker: &Docker, proxy: &str) -> Result<()> {
     ))
 }
 
-/// The reason of the proxy container's last refusal, from its log.
-pub(crate) async fn proxy_refusal(docker: &Docker, proxy: &str) -> Option<String> {
-    let text = logs_text(docker, proxy).await;
-    let line = text.lines().rev().find(|l| l.contains("refuse"))?;
+/// The reason of the proxy container's last refusal of `host` since `since` (Unix seconds),
+/// from its log: the proxy may serve other fetches too, whose refusals are not this one's.
+pub(crate) async fn proxy_refusal(
+    docker: &Docker,
+    proxy: &str,
+    since: i64,
+    host: &str,
+) -> Option<String> {
+    let options = bollard::query_parameters::LogsOptions {
+        stdout: true,
+        stderr: true,
+        since: i32::try_from(since).unwrap_or(0),
+        ..Default::default()
+    };
+    let text = logs_with(docker, proxy, options).await;
+    let wanted = format!("host={host} ");
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.contains("refuse") && l.contains(&wanted))?;
     Some(
         line.split("reason=")
             .nth(1)
@@ -150,6 +166,14 @@ async fn logs_text(docker: &Docker, container: &str) -> String {
         stderr: true,
         ..Default::default()
     };
+    logs_with(docker, container, options).await
+}
+
+async fn logs_with(
+    docker: &Docker,
+    container: &str,
+    options: bollard::query_parameters::LogsOptions,
+) -> String {
     let mut logs = docker.logs(container, Some(options));
     let mut text = String::new();
     while let Some(Ok(chunk)) = logs.next().await {

@@ -14,6 +14,7 @@ pub mod pack;
 pub mod proxy;
 pub mod sandbox;
 pub mod staging;
+mod warm;
 
 use crate::toolkit::{Revision, Toolkit};
 use cloud_harness_fs::cas::Store;
@@ -139,6 +140,13 @@ impl Provisioner {
     }
 
     /// The helper-container engine, if there is one.
+    /// Removes what fetches keep warm (the provisioning network and proxy), if any was made.
+    pub fn release(&self) {
+        if let Some(Some(sandbox)) = self.sandbox.get() {
+            sandbox.release();
+        }
+    }
+
     pub fn sandbox(&self) -> Option<&sandbox::Sandbox> {
         self.sandbox
             .get_or_init(|| {

@@ -1,5 +1,6 @@
 //! Helper containers: each fetch runs in a container of its own, on an internal Docker network
-//! whose only other member is the egress proxy (`provisioning-proxy:3128`).
+//! whose only other member is the egress proxy (`provisioning-proxy:3128`); the network and
+//! the proxy are kept warm between fetches (`warm`), the helper is made for each fetch.
 //!
 //! The helper image is built here, without any registry: a root file system holding the
 //! `cloud-harness` binary, the shared libraries it needs and the CA bundle, imported into the
@@ -7,21 +8,20 @@
 //! a tmpfs work folder, memory, pid and time limits, and no DNS of its own (the proxy's name is
 //! in its hosts file). It hands back git objects only — a pack on its standard output — which
 //! the host indexes itself (object ids recomputed from the bytes) before staging: a tree the
-//! container wrote is never trusted. The networks and containers of a fetch are removed on
-//! success, failure and timeout.
+//! container wrote is never trusted. A fetch's helper is removed on success, failure and
+//! timeout.
 
 use crate::engine::{self, block_on, connect, docker_error, ensure_image, RootFs};
-use crate::provision::containers::{
-    hardened, isolated_network_options, proxy_refusal, start, start_proxy, PROXY_PORT,
-};
+use crate::provision::containers::{hardened, proxy_refusal, start, PROXY_PORT};
 use crate::provision::egress::EgressPolicy;
 use crate::provision::fetch::{Fetched, Transport};
 pub use crate::provision::pack::{index_pack, index_pack_from, PACK_MAGIC};
 use crate::provision::staging::Limits;
+use crate::provision::warm::{self, Pair, Warm};
 use crate::toolkit::Revision;
-use bollard::models::{ContainerCreateBody, NetworkCreateRequest};
+use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{
-    AttachContainerOptions, CreateContainerOptions, RemoveContainerOptions, WaitContainerOptions,
+    AttachContainerOptions, CreateContainerOptions, WaitContainerOptions,
 };
 use bollard::Docker;
 use cloud_harness_fs::cas::Digest;
@@ -29,10 +29,8 @@ use cloud_harness_fs::{Code, Error, Result};
 use futures_util::StreamExt;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
-
-const LABEL: &str = "io.cloud-harness.provisioning";
 
 /// Docker engine releases before these forward DNS queries from internal networks
 /// (CVE-2024-29018).
@@ -62,6 +60,8 @@ pub struct Sandbox {
     /// The `cloud-harness` binary the helper image holds.
     helper_binary: PathBuf,
     image: OnceLock<String>,
+    /// The provisioning network and proxy, shared by every clone of this sandbox.
+    warm: Arc<Warm>,
     pub engine_version: String,
     pub warnings: Vec<String>,
 }
@@ -81,9 +81,13 @@ impl Sandbox {
             tracing::warn!("{w}");
             warnings.push(w);
         }
+        if let Err(e) = warm::sweep_orphans() {
+            tracing::warn!(error = %e, "cannot look for provisioning networks that dead processes left");
+        }
         Some(Sandbox {
             helper_binary,
             image: OnceLock::new(),
+            warm: Arc::default(),
             engine_version: version,
             warnings,
         })
@@ -121,6 +125,11 @@ impl Sandbox {
             });
         let _ = std::fs::remove_file(&pack);
         fetched
+    }
+
+    /// Removes the warm provisioning network and proxy now (see `warm`).
+    pub fn release(&self) {
+        self.warm.release();
     }
 
     /// The helper image's name, `cloud-harness-helper:<digest of the binary>`; the binary
@@ -167,6 +176,7 @@ impl Sandbox {
     ) -> Result<()> {
         let run = Run {
             helper_binary: self.helper_binary.clone(),
+            warm: self.warm.clone(),
             image: self.image_name()?,
             url: url.to_owned(),
             revision: revision.clone(),
@@ -183,6 +193,7 @@ impl Sandbox {
 
 struct Run {
     helper_binary: PathBuf,
+    warm: Arc<Warm>,
     image: String,
     url: String,
     revision: Revision,
@@ -242,18 +253,20 @@ impl Run {
         let docker = connect().await?;
         ensure_image(&docker, &self.image, || rootfs(&self.helper_binary)).await?;
         let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
-        let names = Names {
-            network: format!("cloud-harness-prov-{id}"),
-            proxy: format!("cloud-harness-proxy-{id}"),
-            helper: format!("cloud-harness-fetch-{id}"),
-        };
+        let helper = format!("cloud-harness-fetch-{id}");
         let outcome = tokio::time::timeout(
             self.deadline.saturating_duration_since(Instant::now()),
-            self.inside(&docker, &names),
+            async {
+                let pair = self
+                    .warm
+                    .take(&docker, &self.image, self.egress.proxy_env())
+                    .await?;
+                self.inside(&docker, &pair, &helper).await
+            },
         )
         .await;
-        // Whatever happened: no container and no network is left behind.
-        names.remove(&docker).await;
+        // Whatever happened: the helper is not left behind.
+        warm::remove_container(&docker, &helper).await;
         match outcome {
             Ok(result) => result,
             Err(_) => Err(Error::new(
@@ -266,34 +279,10 @@ impl Run {
         }
     }
 
-    async fn inside(&self, docker: &Docker, names: &Names) -> Result<()> {
-        let mut labels = HashMap::new();
-        labels.insert(LABEL.to_owned(), "1".to_owned());
-        docker
-            .create_network(NetworkCreateRequest {
-                name: names.network.clone(),
-                driver: Some("bridge".into()),
-                internal: Some(true),
-                options: Some(isolated_network_options()),
-                labels: Some(labels.clone()),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| docker_error("creating the internal network", e))?;
-
-        // The proxy: the only member of the internal network that can reach out.
-        let proxy_env = self.egress.proxy_env();
-        let proxy_ip = start_proxy(
-            docker,
-            &self.image,
-            &names.proxy,
-            &names.network,
-            "provisioning-proxy",
-            proxy_env,
-            labels.clone(),
-        )
-        .await?;
-
+    async fn inside(&self, docker: &Docker, pair: &Pair, helper: &str) -> Result<()> {
+        let started = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
         // The helper: the internal network alone, no DNS of its own.
         let mut env = vec![
             format!("HTTPS_PROXY=http://provisioning-proxy:{PROXY_PORT}"),
@@ -308,8 +297,8 @@ impl Run {
         }
         env.extend(self.env_overrides.iter().cloned());
         let revision = self.revision.to_arg();
-        let mut host = hardened(&names.network, 512 << 20);
-        host.extra_hosts = Some(vec![format!("provisioning-proxy:{proxy_ip}")]);
+        let mut host = hardened(&pair.network, 512 << 20);
+        host.extra_hosts = Some(vec![format!("provisioning-proxy:{}", pair.proxy_ip)]);
         host.dns = Some(vec!["127.0.0.1".into()]);
         let mut tmpfs = HashMap::new();
         tmpfs.insert(
@@ -323,7 +312,7 @@ impl Run {
         docker
             .create_container(
                 Some(CreateContainerOptions {
-                    name: Some(names.helper.clone()),
+                    name: Some(helper.to_owned()),
                     ..Default::default()
                 }),
                 ContainerCreateBody {
@@ -339,7 +328,7 @@ impl Run {
                     env: Some(env),
                     user: Some("65534:65534".into()),
                     working_dir: Some("/work".into()),
-                    labels: Some(labels),
+                    labels: Some(warm::labels(false)),
                     attach_stdout: Some(true),
                     attach_stderr: Some(true),
                     host_config: Some(host),
@@ -350,7 +339,7 @@ impl Run {
             .map_err(|e| docker_error("creating the helper container", e))?;
         let attached = docker
             .attach_container(
-                &names.helper,
+                helper,
                 Some(AttachContainerOptions {
                     stream: true,
                     stdout: true,
@@ -361,7 +350,7 @@ impl Run {
             )
             .await
             .map_err(|e| docker_error("attaching to the helper", e))?;
-        start(docker, &names.helper, "starting the helper").await?;
+        start(docker, helper, "starting the helper").await?;
         let cap = self.limits.max_bytes.saturating_mul(2);
         // A runtime of its own on a thread of its own (see `block_on`): plain writes are fine.
         let mut stdout = std::io::BufWriter::new(
@@ -393,7 +382,7 @@ impl Run {
                 Err(e) => return Err(docker_error("reading the helper's output", e)),
             }
         }
-        let mut wait = docker.wait_container(&names.helper, None::<WaitContainerOptions>);
+        let mut wait = docker.wait_container(helper, None::<WaitContainerOptions>);
         let code = match wait.next().await {
             Some(Ok(r)) => r.status_code,
             Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => code,
@@ -414,8 +403,13 @@ impl Run {
                 .and_then(|rest| rest.split_once(':'))
                 .and_then(|(name, _)| Code::parse(name))
                 .unwrap_or(Code::Upstream);
-            // The proxy says why it refused, if it did.
-            if let Some(refusal) = proxy_refusal(docker, &names.proxy).await {
+            // The proxy says why it refused this fetch's host, if it did meanwhile.
+            let host = url::Url::parse(&self.url)
+                .ok()
+                .and_then(|u| u.host_str().map(str::to_owned))
+                .unwrap_or_default();
+            let refusal = proxy_refusal(docker, &pair.proxy, started, &host).await;
+            if let Some(refusal) = refusal {
                 return Err(Error::new(
                     Code::Forbidden,
                     format!("the egress proxy refused: {refusal}"),
@@ -433,33 +427,6 @@ impl Run {
         use std::io::Write;
         stdout.flush().map_err(|e| Error::io(&self.out, e))?;
         Ok(())
-    }
-}
-
-struct Names {
-    network: String,
-    proxy: String,
-    helper: String,
-}
-
-impl Names {
-    async fn remove(&self, docker: &Docker) {
-        for c in [&self.helper, &self.proxy] {
-            let _ = docker
-                .remove_container(
-                    c,
-                    Some(RemoveContainerOptions {
-                        force: true,
-                        ..Default::default()
-                    }),
-                )
-                .await;
-        }
-        if let Err(e) = docker.remove_network(&self.network).await {
-            if !e.to_string().contains("No such network") && !e.to_string().contains("not found") {
-                tracing::warn!(network = %self.network, error = %e, "removing the network failed");
-            }
-        }
     }
 }
 

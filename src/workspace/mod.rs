@@ -378,6 +378,7 @@ impl Workspaces {
                 tracing::error!(workspace = %ws.id, error = %e, "unmount failed");
             }
         }
+        self.provisioner.release();
     }
 }
 

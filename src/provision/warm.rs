@@ -1,0 +1,282 @@
+//! The provisioning network and its egress proxy, kept warm: made on a process's first fetch
+//! in a helper container (one pair per egress policy), checked before every later fetch, and
+//! shared by them, so a fetch pays for its own fresh, hardened helper and nothing else. The
+//! pair is removed when the last handle to it goes (the process's end); one left by a process
+//! that died is removed by the next process to look, on the same machine.
+//!
+//! What sharing changes: helpers of concurrent fetches of one process sit on the same internal
+//! network. Each can reach the proxy, as before, and the other helpers, which listen on
+//! nothing and run with every capability dropped; nothing else is reachable.
+
+use crate::engine::{block_on, connect, docker_error};
+use crate::provision::containers::{isolated_network_options, start_proxy};
+use bollard::models::NetworkCreateRequest;
+use bollard::query_parameters::{
+    InspectContainerOptions, InspectNetworkOptions, ListContainersOptions, ListNetworksOptions,
+    RemoveContainerOptions,
+};
+use bollard::Docker;
+use cloud_harness_fs::Result;
+use std::collections::HashMap;
+
+/// Marks every container and network of provisioning.
+pub(crate) const LABEL: &str = "io.cloud-harness.provisioning";
+/// On a warm pair: the process that owns it, `<boot id>/<pid namespace>/<pid>`.
+const OWNER: &str = "io.cloud-harness.provisioning.owner";
+
+/// A warm network and the proxy on it.
+#[derive(Clone, Debug)]
+pub(crate) struct Pair {
+    pub network: String,
+    pub proxy: String,
+    pub proxy_ip: String,
+}
+
+/// The pairs of this process, by egress policy (the proxy's environment).
+#[derive(Default)]
+pub(crate) struct Warm {
+    pairs: tokio::sync::Mutex<HashMap<Vec<String>, Pair>>,
+}
+
+/// Labels of provisioning objects; `owned` adds this process as the owner.
+pub(crate) fn labels(owned: bool) -> HashMap<String, String> {
+    let mut labels = HashMap::from([(LABEL.to_owned(), "1".to_owned())]);
+    if owned {
+        labels.insert(OWNER.to_owned(), owner_of(std::process::id()));
+    }
+    labels
+}
+
+fn boot_and_namespace() -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let ns = std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    format!("{}/{ns}", boot.trim())
+}
+
+fn owner_of(pid: u32) -> String {
+    format!("{}/{pid}", boot_and_namespace())
+}
+
+/// Whether a pair owned by `owner` belongs to no living process: one from an earlier boot, or
+/// from a process of this boot and pid namespace that is gone. Owners in other namespaces
+/// are left alone (their processes cannot be seen from here).
+fn orphaned(owner: &str) -> bool {
+    let here = boot_and_namespace();
+    let Some((place, pid)) = owner.rsplit_once('/') else {
+        return false;
+    };
+    let boot = here.split('/').next().unwrap_or_default();
+    if !place.starts_with(boot) {
+        return true;
+    }
+    if place != here {
+        return false;
+    }
+    let Ok(pid) = pid.parse::<i32>() else {
+        return false;
+    };
+    matches!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+        Err(nix::errno::Errno::ESRCH)
+    )
+}
+
+impl Warm {
+    /// The pair for `policy`, made now if there is none or the one there no longer answers.
+    pub(crate) async fn take(
+        &self,
+        docker: &Docker,
+        image: &str,
+        policy: Vec<String>,
+    ) -> Result<Pair> {
+        let mut pairs = self.pairs.lock().await;
+        if let Some(pair) = pairs.get(&policy) {
+            if healthy(docker, pair).await {
+                return Ok(pair.clone());
+            }
+            tracing::warn!(proxy = %pair.proxy, "the warm egress proxy stopped answering; making a new one");
+            remove(docker, pair).await;
+            pairs.remove(&policy);
+        }
+        let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+        let pair = Pair {
+            network: format!("cloud-harness-prov-{id}"),
+            proxy: format!("cloud-harness-proxy-{id}"),
+            proxy_ip: String::new(),
+        };
+        let made = make(docker, image, &pair, policy.clone()).await;
+        match made {
+            Ok(ip) => {
+                let pair = Pair {
+                    proxy_ip: ip,
+                    ..pair
+                };
+                pairs.insert(policy, pair.clone());
+                Ok(pair)
+            }
+            Err(e) => {
+                remove(docker, &pair).await;
+                Err(e)
+            }
+        }
+    }
+}
+
+async fn make(docker: &Docker, image: &str, pair: &Pair, env: Vec<String>) -> Result<String> {
+    docker
+        .create_network(NetworkCreateRequest {
+            name: pair.network.clone(),
+            driver: Some("bridge".into()),
+            internal: Some(true),
+            options: Some(isolated_network_options()),
+            labels: Some(labels(true)),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| docker_error("creating the internal network", e))?;
+    // The proxy: the only member of the internal network that can reach out.
+    start_proxy(
+        docker,
+        image,
+        &pair.proxy,
+        &pair.network,
+        "provisioning-proxy",
+        env,
+        labels(true),
+    )
+    .await
+}
+
+/// The proxy runs and the network is there.
+async fn healthy(docker: &Docker, pair: &Pair) -> bool {
+    let running = docker
+        .inspect_container(&pair.proxy, None::<InspectContainerOptions>)
+        .await
+        .ok()
+        .and_then(|c| c.state.and_then(|s| s.running))
+        .unwrap_or(false);
+    running
+        && docker
+            .inspect_network(&pair.network, None::<InspectNetworkOptions>)
+            .await
+            .is_ok()
+}
+
+async fn remove(docker: &Docker, pair: &Pair) {
+    remove_container(docker, &pair.proxy).await;
+    if let Err(e) = docker.remove_network(&pair.network).await {
+        if !e.to_string().contains("No such network") && !e.to_string().contains("not found") {
+            tracing::warn!(network = %pair.network, error = %e, "removing the network failed");
+        }
+    }
+}
+
+pub(crate) async fn remove_container(docker: &Docker, name: &str) {
+    let _ = docker
+        .remove_container(
+            name,
+            Some(RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await;
+}
+
+impl Warm {
+    /// Removes the pairs now (a server's shutdown: fetches still running then may hold
+    /// handles for a while). A later fetch makes a new pair.
+    pub(crate) fn release(&self) {
+        if let Ok(mut pairs) = self.pairs.try_lock() {
+            remove_all(std::mem::take(&mut *pairs).into_values().collect());
+        }
+    }
+}
+
+impl Drop for Warm {
+    fn drop(&mut self) {
+        remove_all(std::mem::take(self.pairs.get_mut()).into_values().collect());
+    }
+}
+
+fn remove_all(pairs: Vec<Pair>) {
+    if pairs.is_empty() {
+        return;
+    }
+    let removed = block_on(async move {
+        let docker = connect().await?;
+        for pair in &pairs {
+            remove(&docker, pair).await;
+        }
+        Ok(())
+    });
+    if let Err(e) = removed {
+        tracing::warn!(error = %e, "cannot remove the warm provisioning network and proxy");
+    }
+}
+
+/// Removes the warm pairs (and any helper) that processes which died left behind.
+pub(crate) fn sweep_orphans() -> Result<()> {
+    block_on(async {
+        let docker = connect().await?;
+        let filters = HashMap::from([("label".to_owned(), vec![OWNER.to_owned()])]);
+        let owner = |labels: Option<&HashMap<String, String>>| {
+            labels
+                .and_then(|l| l.get(OWNER))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let containers = docker
+            .list_containers(Some(ListContainersOptions {
+                all: true,
+                filters: Some(filters.clone()),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| docker_error("listing containers", e))?;
+        for c in containers {
+            if orphaned(&owner(c.labels.as_ref())) {
+                if let Some(id) = c.id {
+                    remove_container(&docker, &id).await;
+                }
+            }
+        }
+        let networks = docker
+            .list_networks(Some(ListNetworksOptions {
+                filters: Some(filters),
+            }))
+            .await
+            .map_err(|e| docker_error("listing networks", e))?;
+        for n in networks {
+            if orphaned(&owner(n.labels.as_ref())) {
+                if let Some(name) = n.name {
+                    let _ = docker.remove_network(&name).await;
+                }
+            }
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{orphaned, owner_of};
+
+    #[test]
+    fn owners_that_are_gone_are_orphans_and_the_living_and_the_unknown_are_not() {
+        assert!(!orphaned(&owner_of(std::process::id())), "this process");
+        // No process has this number (above the kernel's pid_max).
+        assert!(orphaned(&owner_of(i32::MAX as u32)));
+        assert!(orphaned("an-earlier-boot/pid:[4026531836]/1"));
+        let here = owner_of(1);
+        let (place, _) = here.rsplit_once('/').unwrap();
+        let (boot, _) = place.split_once('/').unwrap();
+        assert!(
+            !orphaned(&format!("{boot}/pid:[1]/12345")),
+            "another namespace"
+        );
+        assert!(!orphaned("no owner at all"));
+    }
+}
