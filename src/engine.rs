@@ -27,6 +27,19 @@ pub fn block_on<T: Send + 'static>(
     .unwrap_or_else(|_| Err(Error::internal("the docker thread panicked")))
 }
 
+/// Removes a container, killing whatever runs in it; one that is gone already is fine.
+pub async fn remove_container(docker: &Docker, name: &str) {
+    let _ = docker
+        .remove_container(
+            name,
+            Some(bollard::query_parameters::RemoveContainerOptions {
+                force: true,
+                ..Default::default()
+            }),
+        )
+        .await;
+}
+
 pub async fn connect() -> Result<Docker> {
     let docker = Docker::connect_with_local_defaults().map_err(|e| docker_error("connect", e))?;
     docker

@@ -10,7 +10,7 @@
 use super::process::{kill_group, Exit, Process, Stream};
 use super::userland::{self, Entry};
 use super::{Network, Places, Settings, Spec, ROOT, WORKSPACE};
-use crate::engine::{connect, docker_error, ensure_image, RootFs};
+use crate::engine::{connect, docker_error, ensure_image, remove_container, RootFs};
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::{ContainerCreateBody, HostConfig, NetworkCreateRequest};
 use bollard::query_parameters::{CreateContainerOptions, RemoveContainerOptions};
@@ -87,18 +87,6 @@ fn rootfs(uid: u32, gid: u32) -> Result<Vec<u8>> {
 
 fn container_name(workspace: &str) -> String {
     format!("cloud-harness-exec-{workspace}")
-}
-
-async fn remove_container(docker: &Docker, name: &str) {
-    let _ = docker
-        .remove_container(
-            name,
-            Some(RemoveContainerOptions {
-                force: true,
-                ..Default::default()
-            }),
-        )
-        .await;
 }
 
 /// Creates and starts the container of a new workspace. Nothing is left behind on failure.

@@ -11,7 +11,9 @@
 //! container wrote is never trusted. A fetch's helper is removed on success, failure and
 //! timeout.
 
-use crate::engine::{self, block_on, connect, docker_error, ensure_image, RootFs};
+use crate::engine::{
+    self, block_on, connect, docker_error, ensure_image, remove_container, RootFs,
+};
 use crate::provision::containers::{hardened, proxy_refusal, start, PROXY_PORT};
 use crate::provision::egress::EgressPolicy;
 use crate::provision::fetch::{Fetched, Transport};
@@ -266,7 +268,7 @@ impl Run {
         )
         .await;
         // Whatever happened: the helper is not left behind.
-        warm::remove_container(&docker, &helper).await;
+        remove_container(&docker, &helper).await;
         match outcome {
             Ok(result) => result,
             Err(_) => Err(Error::new(

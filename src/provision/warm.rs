@@ -8,12 +8,11 @@
 //! network. Each can reach the proxy, as before, and the other helpers, which listen on
 //! nothing and run with every capability dropped; nothing else is reachable.
 
-use crate::engine::{block_on, connect, docker_error};
+use crate::engine::{block_on, connect, docker_error, remove_container};
 use crate::provision::containers::{isolated_network_options, start_proxy};
 use bollard::models::NetworkCreateRequest;
 use bollard::query_parameters::{
     InspectContainerOptions, InspectNetworkOptions, ListContainersOptions, ListNetworksOptions,
-    RemoveContainerOptions,
 };
 use bollard::Docker;
 use cloud_harness_fs::Result;
@@ -106,8 +105,10 @@ impl Warm {
             proxy: format!("cloud-harness-proxy-{id}"),
             proxy_ip: String::new(),
         };
-        let made = make(docker, image, &pair, policy.clone()).await;
-        match made {
+        // Known before it is made: a fetch cancelled meanwhile (its time is up) leaves a
+        // half-made pair that the next take, a release or the end of the process removes.
+        pairs.insert(policy.clone(), pair.clone());
+        match make(docker, image, &pair, policy.clone()).await {
             Ok(ip) => {
                 let pair = Pair {
                     proxy_ip: ip,
@@ -118,6 +119,7 @@ impl Warm {
             }
             Err(e) => {
                 remove(docker, &pair).await;
+                pairs.remove(&policy);
                 Err(e)
             }
         }
@@ -149,8 +151,11 @@ async fn make(docker: &Docker, image: &str, pair: &Pair, env: Vec<String>) -> Re
     .await
 }
 
-/// The proxy runs and the network is there.
+/// The pair was made whole, the proxy runs and the network is there.
 async fn healthy(docker: &Docker, pair: &Pair) -> bool {
+    if pair.proxy_ip.is_empty() {
+        return false;
+    }
     let running = docker
         .inspect_container(&pair.proxy, None::<InspectContainerOptions>)
         .await
@@ -171,18 +176,6 @@ async fn remove(docker: &Docker, pair: &Pair) {
             tracing::warn!(network = %pair.network, error = %e, "removing the network failed");
         }
     }
-}
-
-pub(crate) async fn remove_container(docker: &Docker, name: &str) {
-    let _ = docker
-        .remove_container(
-            name,
-            Some(RemoveContainerOptions {
-                force: true,
-                ..Default::default()
-            }),
-        )
-        .await;
 }
 
 impl Warm {
