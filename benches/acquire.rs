@@ -172,6 +172,22 @@ fn main() {
         took
     };
 
+    // The baseline: `git clone --depth 1` from the same server at the address the fetches use.
+    let git_clone = |url: &str, dest: &std::path::Path| {
+        let status = Command::new("git")
+            .arg("-c")
+            .arg(format!(
+                "http.curloptResolve=localhost:{}:{address}",
+                server.port
+            ))
+            .args(["clone", "-q", "--depth", "1", url])
+            .arg(dest)
+            .env("GIT_SSL_CAINFO", &certs.ca)
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
     let (mut ours, mut clone, mut warm, mut contained) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut open_ours, mut open_contained, mut clone_both) = (Vec::new(), Vec::new(), Vec::new());
@@ -197,23 +213,9 @@ fn main() {
             assert!(a.mode == "container" && a.record.skills == 50);
         }
 
-        let dest = tmp.path().join(format!("clone{run}"));
         let t = Instant::now();
-        let status = Command::new("git")
-            // The same server at the same address the fetches use.
-            .arg("-c")
-            .arg(format!(
-                "http.curloptResolve=localhost:{}:{address}",
-                server.port
-            ))
-            .args(["clone", "-q", "--depth", "1", &url])
-            .arg(&dest)
-            .env("GIT_SSL_CAINFO", &certs.ca)
-            .stderr(Stdio::null())
-            .status()
-            .unwrap();
+        git_clone(&url, &tmp.path().join(format!("clone{run}")));
         clone.push(t.elapsed());
-        assert!(status.success());
 
         open_ours.push(open_both(run, None, "in-process"));
         if let Some(s) = &sandbox {
@@ -221,19 +223,7 @@ fn main() {
         }
         let t = Instant::now();
         for (i, (url, _)) in pair.iter().enumerate() {
-            let status = Command::new("git")
-                .arg("-c")
-                .arg(format!(
-                    "http.curloptResolve=localhost:{}:{address}",
-                    server.port
-                ))
-                .args(["clone", "-q", "--depth", "1", url])
-                .arg(tmp.path().join(format!("clone-both{run}-{i}")))
-                .env("GIT_SSL_CAINFO", &certs.ca)
-                .stderr(Stdio::null())
-                .status()
-                .unwrap();
-            assert!(status.success());
+            git_clone(url, &tmp.path().join(format!("clone-both{run}-{i}")));
         }
         clone_both.push(t.elapsed());
     }

@@ -40,6 +40,44 @@ pub async fn remove_container(docker: &Docker, name: &str) {
         .await;
 }
 
+/// Labels of a container or network, as the engine lists them.
+pub type Labels = std::collections::HashMap<String, String>;
+
+/// Removes every container, then every network, carrying the label filter `label`
+/// (`key` or `key=value`) whose labels `pick` accepts.
+pub async fn remove_labelled(
+    docker: &Docker,
+    label: &str,
+    pick: impl Fn(Option<&Labels>) -> bool,
+) -> Result<()> {
+    let filters = std::collections::HashMap::from([("label".to_owned(), vec![label.to_owned()])]);
+    let containers = docker
+        .list_containers(Some(bollard::query_parameters::ListContainersOptions {
+            all: true,
+            filters: Some(filters.clone()),
+            ..Default::default()
+        }))
+        .await
+        .map_err(|e| docker_error("listing containers", e))?;
+    for c in containers.into_iter().filter(|c| pick(c.labels.as_ref())) {
+        if let Some(id) = c.id {
+            remove_container(docker, &id).await;
+        }
+    }
+    let networks = docker
+        .list_networks(Some(bollard::query_parameters::ListNetworksOptions {
+            filters: Some(filters),
+        }))
+        .await
+        .map_err(|e| docker_error("listing networks", e))?;
+    for n in networks.into_iter().filter(|n| pick(n.labels.as_ref())) {
+        if let Some(name) = n.name {
+            let _ = docker.remove_network(&name).await;
+        }
+    }
+    Ok(())
+}
+
 pub async fn connect() -> Result<Docker> {
     let docker = Docker::connect_with_local_defaults().map_err(|e| docker_error("connect", e))?;
     docker

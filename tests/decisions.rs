@@ -13,28 +13,16 @@ fn a_launch_conflict_is_recorded_and_settling_it_lets_the_same_request_open_with
     let tmp = tempfile::tempdir().unwrap();
     let (one, two, _) = conflicting_kits(&tmp);
     let w = warm_world(tmp);
-    let session = mcp_session(w.server.addr, &w.operator);
+    let session = w.session();
     let request = json!({"idempotencyKey": "conflict", "toolkits": [one, two]});
-    let refused = tool(
-        w.server.addr,
-        &w.operator,
-        &session,
-        "workspace_open",
-        request.clone(),
-    );
+    let refused = w.tool(&session, "workspace_open", request.clone());
     assert_eq!(refused["isError"], true, "{refused}");
     assert_eq!(
         refused["structuredContent"]["code"], "CONFLICT",
         "{refused}"
     );
     // Asked again, the same conflict counts on its record.
-    tool(
-        w.server.addr,
-        &w.operator,
-        &session,
-        "workspace_open",
-        request.clone(),
-    );
+    w.tool(&session, "workspace_open", request.clone());
     let recorded = w.op("GET", "/api/v1/conflicts", None);
     let conflicts = recorded["conflicts"].as_array().unwrap();
     assert_eq!(conflicts.len(), 1, "{recorded}");
@@ -104,21 +92,13 @@ fn a_launch_conflict_is_recorded_and_settling_it_lets_the_same_request_open_with
         Some(&json!({"source": "owner:one"}).to_string()),
     );
     assert_eq!((status, v["code"].as_str()), (409, Some("CONFLICT")), "{v}");
-    let opened = tool(
-        w.server.addr,
-        &w.operator,
-        &session,
-        "workspace_open",
-        request,
-    );
+    let opened = w.tool(&session, "workspace_open", request);
     assert_eq!(opened["isError"], false, "{opened}");
     let ws = opened["structuredContent"]["workspace"]
         .as_str()
         .unwrap()
         .to_owned();
-    let read = tool(
-        w.server.addr,
-        &w.operator,
+    let read = w.tool(
         &session,
         "skills_read",
         json!({"workspace": ws, "skill": "dup"}),
@@ -420,11 +400,9 @@ fn an_override_for_one_set_applies_to_its_workspaces_only_and_wins_there() {
         "/api/v1/sets",
         Some(json!({"id": "team", "members": [one, two]})),
     );
-    let session = mcp_session(w.server.addr, &w.operator);
+    let session = w.session();
     let open = |key: &str, toolkits: Value| {
-        tool(
-            w.server.addr,
-            &w.operator,
+        w.tool(
             &session,
             "workspace_open",
             json!({"idempotencyKey": key, "toolkits": toolkits}),
@@ -452,9 +430,7 @@ fn an_override_for_one_set_applies_to_its_workspaces_only_and_wins_there() {
             .as_str()
             .unwrap_or_else(|| panic!("{r}"))
             .to_owned();
-        let page = tool(
-            w.server.addr,
-            &w.operator,
+        let page = w.tool(
             &session,
             "skills_read",
             json!({"workspace": ws, "skill": "dup"}),

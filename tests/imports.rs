@@ -146,10 +146,8 @@ fn an_import_runs_to_done_and_one_that_fails_keeps_its_error() {
     );
 
     // The history has both, newest first, and an open's acquisition too.
-    let session = mcp_session(w.server.addr, &w.operator);
-    let opened = tool(
-        w.server.addr,
-        &w.operator,
+    let session = w.session();
+    let opened = w.tool(
         &session,
         "workspace_open",
         json!({"idempotencyKey": "k", "toolkits": [spec(&f, &f.kit)]}),
@@ -242,12 +240,10 @@ fn a_default_head_is_resolved_once_and_reused_for_the_time_allowed() {
 fn default_head_reuse(ttl: &str) {
     let f = fixture_with(0.0, &[("CLOUD_HARNESS_HEAD_TTL", ttl)]);
     let w = &f.w;
-    let session = mcp_session(w.server.addr, &w.operator);
+    let session = w.session();
     let unpinned = json!({"kind": "git", "instanceId": "kit", "url": f.git.url("team/kit.git")});
     let open = |key: &str| {
-        let r = tool(
-            w.server.addr,
-            &w.operator,
+        let r = w.tool(
             &session,
             "workspace_open",
             json!({"idempotencyKey": key, "toolkits": [unpinned]}),

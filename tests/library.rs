@@ -4,7 +4,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::api::{mcp_session, tool, warm_world, World};
+use support::api::{warm_world, World};
 use support::{dir, file, skill};
 
 fn setup() -> (World, Value, Value) {
@@ -100,10 +100,8 @@ fn the_library_finds_every_skill_and_says_where_each_is_used() {
         "/api/v1/sets",
         Some(json!({"id": "reviewers", "members": [a]})),
     );
-    let session = mcp_session(w.server.addr, &w.operator);
-    let opened = tool(
-        w.server.addr,
-        &w.operator,
+    let session = w.session();
+    let opened = w.tool(
         &session,
         "workspace_open",
         json!({"idempotencyKey": "k", "toolkits": [{"kind": "set", "id": "reviewers"}]}),

@@ -17,14 +17,7 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
         .envs(env.iter().copied())
         .output()
         .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    support::code_and_output(out)
 }
 
 /// The line of `config check`'s output for `key`.
@@ -220,8 +213,8 @@ fn metrics_move_with_the_work() {
     );
     assert_eq!(value(&before, "cloud_harness_open_workspaces", &[]), 0.0);
 
-    let session = mcp_session(w.server.addr, &w.operator);
-    let call = |name: &str, args: Value| tool(w.server.addr, &w.operator, &session, name, args);
+    let session = w.session();
+    let call = |name: &str, args: Value| w.tool(&session, name, args);
     let opened = call(
         "workspace_open",
         json!({"idempotencyKey": "m", "toolkits": [warm]}),
@@ -348,10 +341,8 @@ fn readyz_turns_not_ready_when_a_workspace_mount_is_gone() {
     assert_eq!(probe("/healthz").0, 200);
     let (status, body) = probe("/readyz");
     assert_eq!(status, 200, "{body}");
-    let session = mcp_session(w.server.addr, &w.operator);
-    let opened = tool(
-        w.server.addr,
-        &w.operator,
+    let session = w.session();
+    let opened = w.tool(
         &session,
         "workspace_open",
         json!({"idempotencyKey": "ready", "toolkits": [warm]}),

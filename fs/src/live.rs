@@ -64,27 +64,10 @@ impl Watch {
     /// Each new generation is made current in every target, whose callback then receives
     /// the invalidations.
     pub fn start(self, store: Store, cache: Arc<SkillCache>, targets: Vec<Target>) -> LiveTiers {
-        let Watch {
-            spec,
-            tx,
-            rx,
-            watched,
-            watcher,
-        } = self;
-        let watcher_tx = tx.clone();
+        let tx = self.tx.clone();
         let thread = std::thread::Builder::new()
             .name("live-tiers".into())
-            .spawn(move || {
-                run(
-                    spec,
-                    store,
-                    cache,
-                    targets,
-                    rx,
-                    watcher_tx,
-                    (watched, watcher),
-                )
-            })
+            .spawn(move || run(self, store, cache, targets))
             .expect("spawn the live-tier thread");
         LiveTiers {
             tx,
@@ -135,16 +118,14 @@ fn existing(spec: &StackSpec) -> Vec<(PathBuf, bool)> {
         .collect()
 }
 
-fn run(
-    spec: StackSpec,
-    store: Store,
-    cache: Arc<SkillCache>,
-    targets: Vec<Target>,
-    rx: Receiver<Msg>,
-    tx: Sender<Msg>,
-    armed: (Vec<(PathBuf, bool)>, Option<notify::RecommendedWatcher>),
-) {
-    let (mut watched, mut _watcher) = armed;
+fn run(watch: Watch, store: Store, cache: Arc<SkillCache>, targets: Vec<Target>) {
+    let Watch {
+        spec,
+        tx,
+        rx,
+        mut watched,
+        watcher: mut _watcher,
+    } = watch;
     loop {
         match rx.recv() {
             Ok(Msg::Changed) => {}

@@ -258,33 +258,7 @@ pub fn remove_by_dir(dir: &std::path::Path) -> Result<()> {
     let label = format!("{DIR_LABEL}={}", dir.display());
     crate::engine::block_on(async move {
         let docker = connect().await?;
-        let mut filters = HashMap::new();
-        filters.insert("label".to_owned(), vec![label]);
-        let containers = docker
-            .list_containers(Some(bollard::query_parameters::ListContainersOptions {
-                all: true,
-                filters: Some(filters.clone()),
-                ..Default::default()
-            }))
-            .await
-            .map_err(|e| docker_error("listing containers", e))?;
-        for c in containers {
-            if let Some(id) = c.id {
-                remove_container(&docker, &id).await;
-            }
-        }
-        let networks = docker
-            .list_networks(Some(bollard::query_parameters::ListNetworksOptions {
-                filters: Some(filters),
-            }))
-            .await
-            .map_err(|e| docker_error("listing networks", e))?;
-        for n in networks {
-            if let Some(name) = n.name {
-                let _ = docker.remove_network(&name).await;
-            }
-        }
-        Ok(())
+        crate::engine::remove_labelled(&docker, &label, |_| true).await
     })
 }
 

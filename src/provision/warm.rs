@@ -8,12 +8,10 @@
 //! network. Each can reach the proxy, as before, and the other helpers, which listen on
 //! nothing and run with every capability dropped; nothing else is reachable.
 
-use crate::engine::{block_on, connect, docker_error, remove_container};
+use crate::engine::{block_on, connect, docker_error, remove_container, remove_labelled};
 use crate::provision::containers::{isolated_network_options, start_proxy};
 use bollard::models::NetworkCreateRequest;
-use bollard::query_parameters::{
-    InspectContainerOptions, InspectNetworkOptions, ListContainersOptions, ListNetworksOptions,
-};
+use bollard::query_parameters::{InspectContainerOptions, InspectNetworkOptions};
 use bollard::Docker;
 use cloud_harness_fs::Result;
 use std::collections::HashMap;
@@ -214,42 +212,10 @@ fn remove_all(pairs: Vec<Pair>) {
 pub(crate) fn sweep_orphans() -> Result<()> {
     block_on(async {
         let docker = connect().await?;
-        let filters = HashMap::from([("label".to_owned(), vec![OWNER.to_owned()])]);
-        let owner = |labels: Option<&HashMap<String, String>>| {
-            labels
-                .and_then(|l| l.get(OWNER))
-                .cloned()
-                .unwrap_or_default()
-        };
-        let containers = docker
-            .list_containers(Some(ListContainersOptions {
-                all: true,
-                filters: Some(filters.clone()),
-                ..Default::default()
-            }))
-            .await
-            .map_err(|e| docker_error("listing containers", e))?;
-        for c in containers {
-            if orphaned(&owner(c.labels.as_ref())) {
-                if let Some(id) = c.id {
-                    remove_container(&docker, &id).await;
-                }
-            }
-        }
-        let networks = docker
-            .list_networks(Some(ListNetworksOptions {
-                filters: Some(filters),
-            }))
-            .await
-            .map_err(|e| docker_error("listing networks", e))?;
-        for n in networks {
-            if orphaned(&owner(n.labels.as_ref())) {
-                if let Some(name) = n.name {
-                    let _ = docker.remove_network(&name).await;
-                }
-            }
-        }
-        Ok(())
+        remove_labelled(&docker, OWNER, |labels| {
+            orphaned(labels.and_then(|l| l.get(OWNER)).map_or("", String::as_str))
+        })
+        .await
     })
 }
 

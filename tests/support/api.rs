@@ -64,6 +64,16 @@ pub fn world() -> World {
 }
 
 impl World {
+    /// An MCP session of the operator's.
+    pub fn session(&self) -> String {
+        mcp_session(self.server.addr, &self.operator)
+    }
+
+    /// A tool call in `session`, as the operator.
+    pub fn tool(&self, session: &str, name: &str, args: Value) -> Value {
+        tool(self.server.addr, &self.operator, session, name, args)
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.server.addr)
     }
@@ -117,14 +127,7 @@ impl World {
             .env("TOOLKIT_CACHE_ROOT", self.server.tmp.path().join("store"))
             .output()
             .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        )
+        super::code_and_output(out)
     }
 
     pub fn audit_actions(&self) -> Vec<String> {

@@ -494,3 +494,15 @@ pub fn skill_digest(result: &serde_json::Value, name: &str) -> serde_json::Value
         .unwrap_or_else(|| panic!("no skill {name} in {result}"))["digest"]
         .clone()
 }
+
+/// A finished command's exit code and its output (stdout, then stderr).
+pub fn code_and_output(out: std::process::Output) -> (i32, String) {
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
