@@ -36,6 +36,7 @@ struct Metrics {
     call_seconds: Timings,
     executors: Family<Labels, Counter>,
     runs: Family<Labels, Counter>,
+    remote: Family<Labels, Counter>,
 }
 
 /// What is read when scraped rather than counted as it happens.
@@ -94,6 +95,7 @@ fn metrics() -> &'static Metrics {
             call_seconds: Timings::new_with_constructor(seconds),
             executors: Family::default(),
             runs: Family::default(),
+            remote: Family::default(),
         };
         registry.register(
             "cloud_harness_acquisitions",
@@ -140,10 +142,23 @@ fn metrics() -> &'static Metrics {
             "skills_run calls that reached an executor, by kind and result (ok, or an error code)",
             m.runs.clone(),
         );
+        registry.register(
+            "cloud_harness_store_of_record",
+            "What the store of record on object storage did, by event (hit, miss, unreachable, refused: a bad object, published, publish_failed)",
+            m.remote.clone(),
+        );
         registry.register_collector(Box::new(Scraped));
         *m.registry.lock().expect("metrics lock") = registry;
         m
     })
+}
+
+/// The store of record did `event` (see its help text).
+pub fn remote(event: &'static str) {
+    metrics()
+        .remote
+        .get_or_create(&vec![("event", event.to_owned())])
+        .inc();
 }
 
 /// An acquisition ended: `mode` is how it ran (`warm` when the store had it).

@@ -81,6 +81,13 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
         let workspaces = workspaces.clone();
         std::thread::spawn(move || workspaces.provisioning());
     }
+    if let Some(remote) = workspaces.provisioner().remote() {
+        tracing::info!(
+            store = remote.url(),
+            "bundles are shared through the store of record"
+        );
+        retry_publications(workspaces.clone());
+    }
     let result = runtime.block_on(serve(workspaces.clone(), args));
     // Unmount before exiting (runs are killed first); the records stay, so the next start
     // restores the workspaces.
@@ -89,6 +96,26 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     // for: what it would publish is published whole or not at all.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     result.map(|()| 0)
+}
+
+/// Publications to the store of record that an outage or a killed process cut short, tried
+/// again in the background for as long as the server runs.
+fn retry_publications(workspaces: Arc<Workspaces>) {
+    let retry = move || loop {
+        match workspaces.provisioner().publish_pending() {
+            Ok(pass) if pass.failed > 0 => tracing::warn!(
+                published = pass.published,
+                failed = pass.failed,
+                "publications to the store of record are still failing; retrying"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e.message, "cannot read the publication queue"),
+        }
+        std::thread::sleep(crate::provision::publication::RETRY_EVERY);
+    };
+    let _ = std::thread::Builder::new()
+        .name("publication".into())
+        .spawn(retry);
 }
 
 /// On the first start (no token was ever made) an operator token, shown once, and a one-time

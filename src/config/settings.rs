@@ -47,6 +47,15 @@ pub const SETTINGS: &[Setting] = &[
         Kind::Path,
         "$XDG_CACHE_HOME/cloud-harness/store, else ~/.cache/cloud-harness/store",
     ),
+    s("store.remote", "TOOLKIT_STORE_URL", Kind::Text, "none"),
+    s("store.endpoint", "AWS_ENDPOINT_URL", Kind::Text, "AWS S3"),
+    s("store.region", "AWS_REGION", Kind::Text, "us-east-1"),
+    s(
+        "store.allow_http",
+        "AWS_ALLOW_HTTP",
+        Kind::Choice(&["true", "false"]),
+        "false",
+    ),
     s(
         "log.filter",
         "RUST_LOG",

@@ -12,6 +12,8 @@ pub mod normalize;
 pub mod observe;
 pub mod pack;
 pub mod proxy;
+pub mod publication;
+pub mod remote;
 pub mod sandbox;
 pub mod staging;
 mod warm;
@@ -106,6 +108,8 @@ pub struct Provisioner {
     embedded: std::sync::Mutex<Option<proxy::EmbeddedProxy>>,
     /// One acquisition per repository and revision at a time.
     acquiring: crate::keyed_lock::KeyedLock,
+    /// The fleet's store of record, when `TOOLKIT_STORE_URL` names one.
+    remote: Option<remote::RemoteStore>,
 }
 
 impl Provisioner {
@@ -125,7 +129,18 @@ impl Provisioner {
             sandbox: OnceLock::from(None),
             embedded: std::sync::Mutex::new(None),
             acquiring: Default::default(),
+            remote: None,
         }
+    }
+
+    /// Bundles are looked for in, and published to, this store of record from now on.
+    pub fn with_remote(mut self, remote: Option<remote::RemoteStore>) -> Provisioner {
+        self.remote = remote;
+        self
+    }
+
+    pub fn remote(&self) -> Option<&remote::RemoteStore> {
+        self.remote.as_ref()
     }
 
     /// Fetches run in helper containers of this engine from now on.
@@ -171,6 +186,7 @@ impl Provisioner {
         );
         provisioner.sandbox = OnceLock::new();
         provisioner.project_limits = fetch::CloneLimits::from_env()?;
+        provisioner.remote = remote::RemoteStore::from_env()?;
         Ok(provisioner)
     }
 
@@ -263,7 +279,7 @@ impl Provisioner {
         let started = Instant::now();
         let index = self.index();
         let bytes = std::cell::Cell::new(0u64);
-        let done = |mut record: BundleRecord, warm: bool| Acquired {
+        let done = |mut record: BundleRecord, warm: bool, mode: &'static str| Acquired {
             record: {
                 // The same bundle may have been acquired under another name before.
                 record.instance_id = toolkit.instance_id.clone();
@@ -271,7 +287,7 @@ impl Provisioner {
                 record
             },
             warm,
-            mode: if warm { "warm" } else { self.mode() },
+            mode,
             millis: started.elapsed().as_millis() as u64,
             bytes: bytes.get(),
         };
@@ -283,14 +299,29 @@ impl Provisioner {
         };
         let known = match &toolkit.revision {
             Revision::Commit(c) => Some(c.clone()),
-            Revision::Tag(t) => index.tag(&toolkit.url, t),
+            Revision::Tag(t) => index
+                .tag(&toolkit.url, t)
+                .or_else(|| self.remote_tag(toolkit, t)),
             Revision::DefaultHead => None,
         };
+        // Set when the store of record had this bundle but it could not be used: reported if
+        // git cannot stand in for it.
+        let mut remote_failure = None;
         if let Some(commit) = &known {
-            if let Some(record) = index.get(&BundleKey::new(toolkit, commit)) {
+            let key = BundleKey::new(toolkit, commit);
+            if let Some(record) = index.get(&key) {
                 if index.complete(&record) {
-                    return Ok(done(record, true));
+                    self.complete_publication(&record);
+                    return Ok(done(record, true, "warm"));
                 }
+            }
+            match self.start_from_remote(&index, &key) {
+                Ok(Some((record, moved))) => {
+                    bytes.set(moved.bytes);
+                    return Ok(done(record, true, "remote"));
+                }
+                Ok(None) => {}
+                Err(e) => remote_failure = Some(e),
             }
         }
 
@@ -299,12 +330,51 @@ impl Provisioner {
             return Err(cancelled());
         }
         observer.set_phase("fetching");
+        let fetched =
+            self.fetch_and_record(toolkit, &known, &fetched_url, observer, started, &bytes);
+        match (fetched, remote_failure) {
+            (Ok((record, warm_after_fetch)), _) => Ok(done(
+                record,
+                false,
+                if warm_after_fetch {
+                    "warm"
+                } else {
+                    self.mode()
+                },
+            )),
+            (Err(e), Some(mut remote)) => {
+                remote.details["git"] = e.message.into();
+                Err(remote)
+            }
+            (Err(e), None) => Err(e),
+        }
+    }
+
+    /// Fetches the toolkit from git, stages and normalizes it, records it and publishes it.
+    /// True when another acquisition recorded the same bundle meanwhile.
+    fn fetch_and_record(
+        &self,
+        toolkit: &Toolkit,
+        known: &Option<String>,
+        fetched_url: &str,
+        observer: &observe::Observer,
+        started: Instant,
+        bytes: &std::cell::Cell<u64>,
+    ) -> Result<(BundleRecord, bool)> {
+        let index = self.index();
+        let cancelled = || {
+            Error::new(
+                Code::Cancelled,
+                format!("acquiring {} was cancelled", toolkit.url),
+            )
+        };
+        let fetched_url = fetched_url.to_owned();
         let deadline = started + Duration::from_secs(self.limits.max_seconds);
         let scratch = tempfile::Builder::new()
             .prefix("fetch-")
             .tempdir_in(self.store.tmp_dir())
             .map_err(|e| Error::io(&self.store.tmp_dir(), e))?;
-        let revision = match &known {
+        let revision = match known {
             Some(c) => Revision::Commit(c.clone()),
             None => toolkit.revision.clone(),
         };
@@ -341,10 +411,15 @@ impl Provisioner {
         let commit = fetched.commit.to_string();
         if let Revision::Tag(t) = &toolkit.revision {
             index.set_tag(&toolkit.url, t, &commit)?;
+            if let Some(remote) = &self.remote {
+                if let Err(e) = remote.put_tag(&toolkit.url, t, &commit) {
+                    tracing::warn!(url = %toolkit.url, tag = %t, error = %e.message, "the tag was not recorded in the store of record");
+                }
+            }
         }
         let key = BundleKey::new(toolkit, &commit);
         if let Some(record) = index.get(&key).filter(|r| index.complete(r)) {
-            return Ok(done(record, false));
+            return Ok((record, true));
         }
 
         observer.set_phase("staging");
@@ -384,7 +459,7 @@ impl Provisioner {
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
         };
-        index.put(&record)?;
-        Ok(done(record, false))
+        self.record_and_publish(&index, &record)?;
+        Ok((record, false))
     }
 }

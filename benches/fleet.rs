@@ -1,0 +1,157 @@
+//! A second runner's start through the store of record: a 50-skill toolkit (250 files)
+//! published by one runner to a real S3-compatible server on loopback (`s3s-fs`), then
+//! acquired by a runner with an empty local store, against a local warm start and a cold git
+//! acquisition from the same machine's HTTPS git server; and the publication itself. In one
+//! run, interleaved (medians).
+//!
+//! `cargo bench --bench fleet` (needs s3s-fs, as `.ci/setup` installs it, and python3, git and
+//! openssl, as the tests do).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use cloud_harness::provision::{Acquired, Provisioner};
+use cloud_harness::toolkit::{GitSpec, ToolkitSpec};
+use cloud_harness_fs::cas::Store;
+use std::time::{Duration, Instant};
+use support::s3::S3Server;
+use support::{Node, Repo};
+
+const RUNS: usize = 7;
+
+fn median(mut xs: Vec<Duration>) -> Duration {
+    xs.sort();
+    xs[xs.len() / 2]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+}
+
+/// 50 skills of 5 files each (SKILL.md, two references, a script, an asset), distinct bytes.
+fn toolkit() -> Node {
+    let mut seed = 0x9e37_79b9_u64;
+    let mut bytes = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                b'a' + (seed % 26) as u8
+            })
+            .collect()
+    };
+    let skill = |i: usize, bytes: &mut dyn FnMut(usize) -> Vec<u8>| {
+        let name = format!("skill-{i:02}");
+        let md = format!("---\nname: {name}\ndescription: Skill number {i}.\n---\n# {name}\n");
+        let node = Node::Dir(vec![
+            (b"SKILL.md".to_vec(), Node::File(md.into_bytes())),
+            (
+                b"references".to_vec(),
+                Node::Dir(vec![
+                    (b"guide.md".to_vec(), Node::File(bytes(6000))),
+                    (b"api.md".to_vec(), Node::File(bytes(3000))),
+                ]),
+            ),
+            (
+                b"scripts".to_vec(),
+                Node::Dir(vec![(b"run.sh".to_vec(), Node::Exec(bytes(800)))]),
+            ),
+            (
+                b"assets".to_vec(),
+                Node::Dir(vec![(b"template.txt".to_vec(), Node::File(bytes(4000)))]),
+            ),
+        ]);
+        (name.into_bytes(), node)
+    };
+    let skills = (0..50).map(|i| skill(i, &mut bytes)).collect();
+    Node::Dir(vec![(b"skills".to_vec(), Node::Dir(skills))])
+}
+
+fn main() {
+    if !support::s3::available() {
+        eprintln!("skipped: s3s-fs is not installed (cargo install --locked s3s-fs --version 0.14.1 --features binary)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let repos = tmp.path().join("repos");
+    std::fs::create_dir_all(&repos).unwrap();
+    let certs = support::Certs::new(&tmp.path().join("certs"));
+    let server = support::GitServer::start(&repos, &certs);
+    let s3 = S3Server::start(&tmp.path().join("s3"));
+    let commit = Repo::create(&repos, "team/fifty.git", false).commit(toolkit());
+    let spec = ToolkitSpec::Git(GitSpec {
+        instance_id: "fifty".into(),
+        url: server.url("team/fifty.git"),
+        git_ref: Some(commit),
+        scope: None,
+        subdirectory: None,
+        layout: None,
+        skills: None,
+    });
+    let mut fresh = 0;
+    let mut runner = |prefix: Option<&str>| -> Provisioner {
+        fresh += 1;
+        let store = Store::open(tmp.path().join(format!("store-{fresh}"))).unwrap();
+        let p = server.provisioner(&certs, store, "", "127.0.0.0/8", "");
+        p.with_remote(prefix.map(|prefix| s3.remote(prefix)))
+    };
+    let acquire = |p: &Provisioner| -> (Acquired, Duration) {
+        let toolkit = spec.resolve(p.hosts()).unwrap();
+        let started = Instant::now();
+        let a = p.acquire(&toolkit).unwrap();
+        (a, started.elapsed())
+    };
+
+    let (mut cold, mut publish, mut remote, mut local) = (vec![], vec![], vec![], vec![]);
+    let mut objects = 0;
+    for run in 0..RUNS {
+        // A cold acquisition from git, no store of record.
+        let a = runner(None);
+        let (got, took) = acquire(&a);
+        assert_eq!(got.mode, "in-process");
+        cold.push(took);
+        // Its publication to a prefix of its own, so every run publishes everything.
+        let prefix = format!("run-{run}");
+        let started = Instant::now();
+        let moved = s3.remote(&prefix).publish(&a.store, &got.record).unwrap();
+        publish.push(started.elapsed());
+        objects = moved.objects;
+        // A second runner, its local store empty: from object storage.
+        let b = runner(Some(&prefix));
+        let (got_b, took) = acquire(&b);
+        assert_eq!(
+            (got_b.mode, got_b.record.bundle),
+            ("remote", got.record.bundle)
+        );
+        remote.push(took);
+        // And again on that runner: a local warm start.
+        let (again, took) = acquire(&b);
+        assert_eq!(again.mode, "warm");
+        local.push(took);
+    }
+    let (cold, publish, remote, local) =
+        (median(cold), median(publish), median(remote), median(local));
+    println!("a 50-skill toolkit (250 files, {objects} objects) through a store of record on loopback s3s-fs, median of {RUNS} runs");
+    println!("| what | median | ratio |");
+    println!("|---|---|---|");
+    println!(
+        "| warm start on a second runner, from object storage | {} | 1.00x |",
+        ms(remote)
+    );
+    println!(
+        "| local warm start (the same runner, again) | {} | {:.2}x |",
+        ms(local),
+        local.as_secs_f64() / remote.as_secs_f64()
+    );
+    println!(
+        "| cold acquisition from git (in-process) | {} | {:.2}x |",
+        ms(cold),
+        cold.as_secs_f64() / remote.as_secs_f64()
+    );
+    println!(
+        "| publication of the toolkit to object storage | {} | {:.2}x |",
+        ms(publish),
+        publish.as_secs_f64() / remote.as_secs_f64()
+    );
+}

@@ -1,0 +1,330 @@
+//! The store of record on object storage (`TOOLKIT_STORE_URL=s3://bucket/prefix`): every
+//! runner of a fleet publishes what it acquires there, and a runner that misses a bundle in its
+//! own store finds it there before it asks a git server. The local store stays the cache.
+//!
+//! ```text
+//! <prefix>/objects/blob/ab/cdef…     blobs, named by their SHA-256, as in the local store
+//! <prefix>/objects/tree/ab/cdef…     canonical trees
+//! <prefix>/index/bundles/<key>.json  bundle-index records, written after all they name
+//! <prefix>/index/tags/<id>.json      tags resolved to commits
+//! ```
+//!
+//! Objects are immutable and named by digest, so every put is create-only (`If-None-Match: *`)
+//! and "already there" is success, the retry of one's own first attempt included. Publication
+//! goes leaves first — blobs, trees from the deepest up, the manifest — and the index record
+//! last, so a record found names only objects that are there. A download checks every
+//! object's bytes against its name before anything enters the local store, and enters the
+//! whole bundle in one batch or nothing.
+
+mod start;
+mod transfer;
+
+use super::index::{BundleKey, BundleRecord};
+use cloud_harness_fs::cas::{Digest, ObjectKind};
+use cloud_harness_fs::{Code, Error, Result};
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::path::Path as ObjectPath;
+use object_store::{
+    BackoffConfig, ClientConfigKey, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+    RetryConfig,
+};
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// Requests under way at once for one bundle: enough to hide a round trip of latency
+/// without flooding a small server.
+const AT_ONCE: usize = 64;
+
+/// The settings this module reads.
+pub const URL_VAR: &str = "TOOLKIT_STORE_URL";
+
+#[derive(Clone)]
+pub struct RemoteStore {
+    objects: Arc<dyn ObjectStore>,
+    prefix: String,
+    url: String,
+}
+
+impl std::fmt::Debug for RemoteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteStore")
+            .field("url", &self.url)
+            .finish()
+    }
+}
+
+/// What a download or a publication moved.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Moved {
+    /// Objects sent or received.
+    pub objects: usize,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Objects already on the other side.
+    pub present: usize,
+}
+
+/// One runtime for every request to object storage, whatever thread asks (acquisitions run on
+/// blocking threads of the server's runtime, or on the CLI's main thread).
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("object-store")
+            .enable_all()
+            .build()
+            .expect("a runtime for object storage")
+    })
+}
+
+/// Runs `future` on the object-storage runtime and waits for it.
+fn wait<T: Send + 'static>(future: impl Future<Output = T> + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    runtime().spawn(async move {
+        let _ = tx.send(future.await);
+    });
+    rx.recv().expect("the object-storage runtime answers")
+}
+
+fn unreachable(url: &str, e: object_store::Error) -> Error {
+    Error::new(Code::Upstream, format!("object storage {url} failed: {e}"))
+        .with_details(serde_json::json!({ "store": url, "retryable": true }))
+}
+
+impl RemoteStore {
+    /// The store of record `TOOLKIT_STORE_URL` names, if any, with the usual AWS settings
+    /// (`AWS_ENDPOINT_URL`, `AWS_REGION`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
+    /// `AWS_ALLOW_HTTP` for a server on loopback) from the environment.
+    pub fn from_env() -> Result<Option<RemoteStore>> {
+        match std::env::var(URL_VAR) {
+            Ok(url) if !url.is_empty() => {
+                // Every `AWS_*` variable object storage knows, as `AmazonS3Builder::from_env`
+                // reads them, over this module's defaults.
+                let mut builder = defaults();
+                for (key, value) in std::env::vars() {
+                    if let Some(key) = key
+                        .strip_prefix("AWS_")
+                        .and_then(|_| key.to_ascii_lowercase().parse().ok())
+                    {
+                        builder = builder.with_config(key, value);
+                    }
+                }
+                RemoteStore::build(&url, builder).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The store of record at `url` with these settings, named as their `AWS_*` variables
+    /// are (`("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")`), and nothing from the
+    /// environment.
+    pub fn open(url: &str, settings: &[(&str, &str)]) -> Result<RemoteStore> {
+        let mut builder = defaults();
+        for (key, value) in settings {
+            let key = key
+                .to_ascii_lowercase()
+                .parse()
+                .map_err(|_| Error::invalid(format!("{key} is not a setting of object storage")))?;
+            builder = builder.with_config(key, *value);
+        }
+        RemoteStore::build(url, builder)
+    }
+
+    fn build(url: &str, builder: AmazonS3Builder) -> Result<RemoteStore> {
+        let bad = |why: &str| {
+            Error::invalid(format!("{URL_VAR}={url}: {why}"))
+                .with_details(serde_json::json!({ "setting": URL_VAR }))
+        };
+        let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
+        if parsed.scheme() != "s3" {
+            return Err(bad("only s3://bucket/prefix is supported"));
+        }
+        let bucket = parsed
+            .host_str()
+            .filter(|b| !b.is_empty())
+            .ok_or_else(|| bad("no bucket"))?;
+        let prefix = parsed.path().trim_matches('/').to_owned();
+        // As typed: the URL parser would quietly resolve `a/../b` to `b`.
+        if url.split('/').skip(3).any(|p| p == "." || p == "..") {
+            return Err(bad("the prefix may not hold . or .."));
+        }
+        // Throttling and 5xx answers are retried with backoff, but briefly: an open waiting
+        // on an outage of object storage falls back to git or to the local store instead.
+        let retry = RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(50),
+                max_backoff: Duration::from_secs(2),
+                base: 2.0,
+            },
+            max_retries: 4,
+            retry_timeout: Duration::from_secs(10),
+        };
+        let objects = builder
+            .with_bucket_name(bucket)
+            .with_retry(retry)
+            .build()
+            .map_err(|e| bad(&e.to_string()))?;
+        Ok(RemoteStore {
+            objects: Arc::new(objects),
+            prefix,
+            url: url.to_owned(),
+        })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn path(&self, rest: &str) -> ObjectPath {
+        if self.prefix.is_empty() {
+            ObjectPath::from(rest)
+        } else {
+            ObjectPath::from(format!("{}/{rest}", self.prefix))
+        }
+    }
+
+    fn object_path(&self, kind: ObjectKind, digest: &Digest) -> ObjectPath {
+        let hex = digest.hex();
+        self.path(&format!(
+            "objects/{}/{}/{}",
+            kind.dir_name(),
+            &hex[..2],
+            &hex[2..]
+        ))
+    }
+
+    fn record_path(&self, key: &BundleKey) -> ObjectPath {
+        self.path(&format!("index/bundles/{}.json", key.id()))
+    }
+
+    fn tag_path(&self, url: &str, tag: &str) -> ObjectPath {
+        let id = Digest::of(format!("{url}\0{tag}").as_bytes()).hex();
+        self.path(&format!("index/tags/{id}.json"))
+    }
+
+    /// The bytes at `path`, or None when there is nothing there.
+    fn get(&self, path: ObjectPath) -> Result<Option<Vec<u8>>> {
+        let objects = self.objects.clone();
+        let url = self.url.clone();
+        wait(async move { get(&objects, &path).await.map_err(|e| unreachable(&url, e)) })
+    }
+
+    /// The record of `key` in the store of record, if one was published.
+    pub fn record(&self, key: &BundleKey) -> Result<Option<BundleRecord>> {
+        let Some(bytes) = self.get(self.record_path(key))? else {
+            return Ok(None);
+        };
+        let record: BundleRecord = serde_json::from_slice(&bytes).map_err(|e| {
+            Error::new(
+                Code::Upstream,
+                format!(
+                    "object storage holds an unreadable record for {}: {e}",
+                    key.url
+                ),
+            )
+        })?;
+        // A record is found by a digest of its key; one naming another key is not this one.
+        Ok((record.key == *key).then_some(record))
+    }
+
+    /// The commit a tag was resolved to by any runner, if one was published.
+    pub fn tag(&self, url: &str, tag: &str) -> Result<Option<String>> {
+        let Some(bytes) = self.get(self.tag_path(url, tag))? else {
+            return Ok(None);
+        };
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+        Ok((v["url"] == url && v["tag"] == tag)
+            .then(|| v["commit"].as_str().map(str::to_owned))
+            .flatten())
+    }
+
+    /// Records a resolved tag (create-only: the first runner's resolution stands).
+    pub fn put_tag(&self, url: &str, tag: &str, commit: &str) -> Result<()> {
+        let json = serde_json::json!({ "url": url, "tag": tag, "commit": commit });
+        let path = self.tag_path(url, tag);
+        let objects = self.objects.clone();
+        let remote = self.url.clone();
+        wait(async move {
+            put_new(&objects, &path, json.to_string().into_bytes())
+                .await
+                .map_err(|e| unreachable(&remote, e))
+        })
+        .map(|_| ())
+    }
+}
+
+/// Timeouts short enough that an outage is noticed quickly; settings given override them.
+fn defaults() -> AmazonS3Builder {
+    AmazonS3Builder::new()
+        .with_config(
+            AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
+            "2s",
+        )
+        .with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), "60s")
+}
+
+async fn get(
+    objects: &Arc<dyn ObjectStore>,
+    path: &ObjectPath,
+) -> object_store::Result<Option<Vec<u8>>> {
+    match objects.get(path).await {
+        Ok(result) => Ok(Some(result.bytes().await?.to_vec())),
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A create-only put: true when this call created the object, false when it was there.
+async fn put_new(
+    objects: &Arc<dyn ObjectStore>,
+    path: &ObjectPath,
+    bytes: Vec<u8>,
+) -> object_store::Result<bool> {
+    let options = PutOptions {
+        mode: PutMode::Create,
+        ..PutOptions::default()
+    };
+    match objects
+        .put_opts(path, PutPayload::from(bytes), options)
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+        // Some servers answer a failed `If-None-Match: *` as a failed precondition.
+        Err(object_store::Error::Precondition { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(url: &str) -> String {
+        RemoteStore::open(url, &[]).unwrap_err().message
+    }
+
+    #[test]
+    fn only_an_s3_url_with_a_bucket_and_a_plain_prefix_is_taken() {
+        assert!(refusal("https://bucket/prefix").contains("only s3://bucket/prefix"));
+        assert!(refusal("s3:///prefix").contains("no bucket"));
+        assert!(refusal("s3://bucket/a/../b").contains(". or .."));
+        assert!(refusal("not a url").contains(URL_VAR));
+        let store =
+            RemoteStore::open("s3://bucket/team/skills/", &[("AWS_REGION", "eu-west-1")]).unwrap();
+        let digest = Digest::of(b"x");
+        let hex = digest.hex();
+        assert_eq!(
+            store.object_path(ObjectKind::Blob, &digest).as_ref(),
+            format!("team/skills/objects/blob/{}/{}", &hex[..2], &hex[2..])
+        );
+    }
+
+    #[test]
+    fn an_unknown_setting_is_named() {
+        let e = RemoteStore::open("s3://bucket", &[("AWS_NO_SUCH_THING", "1")]).unwrap_err();
+        assert!(e.message.contains("AWS_NO_SUCH_THING"), "{}", e.message);
+    }
+}

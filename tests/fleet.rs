@@ -1,0 +1,354 @@
+//! Two runners, one store of record: each runner has its own local store, and both share one
+//! bucket of a real S3-compatible server on loopback (`s3s-fs`). What one runner acquired from
+//! git, the other opens without git; a bad object in the bucket is refused; an outage of
+//! object storage or a runner killed mid-publication loses nothing and never leaves a record
+//! naming a missing object.
+
+mod support;
+
+use cloud_harness::provision::index::BundleRecord;
+use cloud_harness::provision::{Acquired, Provisioner};
+use cloud_harness_fs::cas::{materialize, Digest, Kind, Store, Tree};
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::acquisition::{git, world, World};
+use support::s3::S3Server;
+use support::{file, Node, Repo};
+
+const PREFIX: &str = "fleet";
+
+/// A toolkit of `skills` skills, each with `files` reference files besides its SKILL.md.
+fn toolkit(skills: usize, files: usize, salt: &str) -> Node {
+    let folder = |i: usize| {
+        let name = format!("skill-{i:03}");
+        let mut entries = vec![(
+            b"SKILL.md".to_vec(),
+            file(&format!(
+                "---\nname: {name}\ndescription: skill {i} {salt}\n---\nbody\n"
+            )),
+        )];
+        for f in 0..files {
+            entries.push((
+                format!("ref-{f}.md").into_bytes(),
+                file(&format!("{salt} {i} {f}\n")),
+            ));
+        }
+        (name.into_bytes(), Node::Dir(entries))
+    };
+    Node::Dir(vec![(
+        b"skills".to_vec(),
+        Node::Dir((0..skills).map(folder).collect()),
+    )])
+}
+
+struct Fleet {
+    w: World,
+    s3: S3Server,
+}
+
+fn fleet() -> Option<Fleet> {
+    if !support::s3::available() {
+        eprintln!("skipped: s3s-fs is not installed");
+        return None;
+    }
+    let w = world();
+    let s3 = S3Server::start(&w.tmp.path().join("s3"));
+    Some(Fleet { w, s3 })
+}
+
+impl Fleet {
+    /// A runner: its own local store under `name`, the shared bucket.
+    fn runner(&self, name: &str) -> Provisioner {
+        let store = Store::open(self.w.tmp.path().join(name)).unwrap();
+        self.w
+            .server
+            .provisioner(&self.w.certs, store, "", "127.0.0.0/8", "")
+            .with_remote(Some(self.s3.remote(PREFIX)))
+    }
+
+    fn repo(&self, name: &str, root: Node) -> (String, String) {
+        let repo = Repo::create(&self.w.repos, name, false);
+        let commit = repo.commit(root);
+        (self.w.server.url(name), commit)
+    }
+
+    /// The records in the bucket.
+    fn records(&self) -> Vec<BundleRecord> {
+        self.s3
+            .keys(&format!("{PREFIX}/index/bundles"))
+            .iter()
+            .map(|k| serde_json::from_slice(&fs::read(self.s3.file(k)).unwrap()).unwrap())
+            .collect()
+    }
+
+    /// Objects a record names that the bucket lacks.
+    fn missing_from_bucket(&self, record: &BundleRecord) -> Vec<String> {
+        let object = |kind: &str, d: &Digest| {
+            let hex = d.hex();
+            self.s3.file(&format!(
+                "{PREFIX}/objects/{kind}/{}/{}",
+                &hex[..2],
+                &hex[2..]
+            ))
+        };
+        let mut missing = Vec::new();
+        if !object("blob", &record.manifest).exists() {
+            missing.push(format!("blob {}", record.manifest));
+        }
+        let mut trees = vec![record.bundle];
+        while let Some(t) = trees.pop() {
+            let Ok(bytes) = fs::read(object("tree", &t)) else {
+                missing.push(format!("tree {t}"));
+                continue;
+            };
+            for e in Tree::decode(&bytes).unwrap().entries() {
+                match e.kind {
+                    Kind::Tree => trees.push(e.digest),
+                    _ if !object("blob", &e.digest).exists() => {
+                        missing.push(format!("blob {}", e.digest))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        missing
+    }
+}
+
+fn acquire(p: &Provisioner, url: &str, commit: &str) -> cloud_harness_fs::Result<Acquired> {
+    let spec = cloud_harness::toolkit::ToolkitSpec::Git(git(url.into(), "team", Some(commit)));
+    p.acquire(&spec.resolve(p.hosts())?)
+}
+
+/// Every file of a materialized bundle with its bytes.
+fn contents(store: &Store, bundle: &Digest, at: &Path) -> Vec<(String, Vec<u8>)> {
+    materialize(store, bundle, at).unwrap();
+    let mut out = Vec::new();
+    let mut dirs = vec![at.to_owned()];
+    while let Some(d) = dirs.pop() {
+        for e in fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                let rel = p.strip_prefix(at).unwrap().display().to_string();
+                out.push((rel, fs::read(&p).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn object_files(store: &Store) -> usize {
+    let mut n = 0;
+    for kind in ["blob", "tree"] {
+        for shard in fs::read_dir(store.root().join("objects").join(kind))
+            .unwrap()
+            .flatten()
+        {
+            n += fs::read_dir(shard.path()).unwrap().count();
+        }
+    }
+    n
+}
+
+#[test]
+fn a_second_runner_opens_what_the_first_acquired_without_git() {
+    let Some(mut f) = fleet() else { return };
+    let (url, commit) = f.repo("team/skills.git", toolkit(12, 3, "shared"));
+    let a = f.runner("store-a");
+    let got_a = acquire(&a, &url, &commit).unwrap();
+    assert_eq!((got_a.warm, got_a.mode), (false, "in-process"));
+    let records = f.records();
+    assert_eq!(records.len(), 1, "one record published");
+    assert_eq!(records[0].bundle, got_a.record.bundle);
+    assert!(f.missing_from_bucket(&records[0]).is_empty());
+
+    let requests = f.w.server.requests();
+    f.w.server.stop();
+    let b = f.runner("store-b");
+    let got_b = acquire(&b, &url, &commit).unwrap();
+    assert_eq!((got_b.warm, got_b.mode), (true, "remote"));
+    assert!(got_b.bytes > 0, "the bundle's objects were downloaded");
+    assert_eq!(got_b.record.bundle, got_a.record.bundle);
+    assert_eq!(got_b.record.skills, 12);
+    assert_eq!(f.w.server.requests(), requests, "no git connection at all");
+    let report = b.store.verify().unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!(
+        contents(
+            &b.store,
+            &got_b.record.bundle,
+            &f.w.tmp.path().join("out-b")
+        ),
+        contents(
+            &a.store,
+            &got_a.record.bundle,
+            &f.w.tmp.path().join("out-a")
+        ),
+    );
+    // Now it is B's own: a local warm start, object storage not asked.
+    f.s3.stop();
+    let again = acquire(&b, &url, &commit).unwrap();
+    assert_eq!((again.warm, again.mode), (true, "warm"));
+}
+
+#[test]
+fn a_corrupted_object_in_the_bucket_is_refused_and_named() {
+    let Some(mut f) = fleet() else { return };
+    let (url, commit) = f.repo("team/skills.git", toolkit(4, 2, "corrupt"));
+    acquire(&f.runner("store-a"), &url, &commit).unwrap();
+    let blob =
+        f.s3.keys(&format!("{PREFIX}/objects/blob"))
+            .into_iter()
+            .next()
+            .unwrap();
+    fs::write(f.s3.file(&blob), b"not what the name says\n").unwrap();
+    let hex: String = blob
+        .rsplit('/')
+        .take(2)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let good = |f: &Fleet| Digest::of(&fs::read(f.s3.file(&blob)).unwrap()).hex() == hex;
+
+    // With git there, a runner falls back to it; its create-only puts cannot overwrite the
+    // bad object, but once an operator deletes it, the next publication restores it.
+    let c = acquire(&f.runner("store-c"), &url, &commit).unwrap();
+    assert_eq!(c.mode, "in-process");
+    assert!(!good(&f));
+    fs::remove_file(f.s3.file(&blob)).unwrap();
+    let d = acquire(&f.runner("store-d"), &url, &commit).unwrap();
+    assert_eq!(d.mode, "in-process");
+    assert!(good(&f), "publication put the object back");
+    fs::write(f.s3.file(&blob), b"tampered with again\n").unwrap();
+
+    // Without git, the refusal is the answer.
+    f.w.server.stop();
+    let b = f.runner("store-b");
+    let err = acquire(&b, &url, &commit).unwrap_err();
+    assert!(err.message.contains(&hex), "{}", err.message);
+    assert!(err.message.contains("refused"), "{}", err.message);
+    assert_eq!(
+        err.details["object"],
+        format!("sha256:{hex}"),
+        "{}",
+        err.details
+    );
+    assert!(
+        err.details["git"].is_string(),
+        "git was tried: {}",
+        err.details
+    );
+    // Nothing of the bundle entered B's store, the good objects included, and no record.
+    assert_eq!(object_files(&b.store), 0);
+    assert!(b.index().list().unwrap().is_empty());
+    assert!(b.store.verify().unwrap().problems.is_empty());
+}
+
+#[test]
+fn an_outage_of_object_storage_loses_nothing() {
+    let Some(mut f) = fleet() else { return };
+    let (url, first) = f.repo("team/one.git", toolkit(3, 1, "one"));
+    let a = f.runner("store-a");
+    let b = f.runner("store-b");
+    acquire(&a, &url, &first).unwrap();
+    assert_eq!(acquire(&b, &url, &first).unwrap().mode, "remote");
+
+    f.s3.stop();
+    // B's local warm start needs nothing but its own store.
+    assert_eq!(acquire(&b, &url, &first).unwrap().mode, "warm");
+    // A new acquisition on A succeeds from git, its publication queued.
+    let (url2, second) = f.repo("team/two.git", toolkit(3, 1, "two"));
+    let got = acquire(&a, &url2, &second).unwrap();
+    assert_eq!(got.mode, "in-process");
+    let pass = a.publish_pending().unwrap();
+    assert_eq!((pass.published, pass.failed), (0, 1));
+
+    f.s3.resume();
+    assert_eq!(f.records().len(), 1, "the second is not published yet");
+    let pass = a.publish_pending().unwrap();
+    assert_eq!((pass.published, pass.failed), (1, 0));
+    assert_eq!(
+        a.publish_pending().unwrap().published,
+        0,
+        "the queue is empty"
+    );
+    f.w.server.stop();
+    let c = f.runner("store-c");
+    let got_c = acquire(&c, &url2, &second).unwrap();
+    assert_eq!(
+        (got_c.mode, got_c.record.bundle),
+        ("remote", got.record.bundle)
+    );
+}
+
+#[test]
+fn a_runner_killed_mid_publication_leaves_no_record_naming_a_missing_object() {
+    let Some(mut f) = fleet() else { return };
+    // Enough objects that publication takes a while to kill it in.
+    let (url, commit) = f.repo("team/big.git", toolkit(60, 30, "big"));
+    let store = f.w.tmp.path().join("store-a");
+    let cli = || {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_cloud-harness"));
+        cmd.args(["toolkit", "add", "--url", &url, "--ref", &commit])
+            .args(["--instance-id", "team", "--json"])
+            .env("TOOLKIT_CACHE_ROOT", &store)
+            .env("CLOUD_HARNESS_HOME", f.w.tmp.path().join("home-a"))
+            .env("ALLOWED_GIT_HOSTS", f.w.server.host())
+            .env("CLOUD_HARNESS_EXTRA_CA", &f.w.certs.ca)
+            .env("CLOUD_HARNESS_ALLOW_CIDRS", "127.0.0.0/8")
+            .env("CLOUD_HARNESS_CONTAINERS", "off")
+            .env("TOOLKIT_STORE_URL", f.s3.url(PREFIX))
+            .env_remove("HTTPS_PROXY")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in f.s3.settings() {
+            cmd.env(k, v);
+        }
+        cmd
+    };
+    let mut child = cli().spawn().unwrap();
+    // Killed as soon as the first object reaches the bucket.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while f.s3.keys(&format!("{PREFIX}/objects")).is_empty() {
+        assert!(Instant::now() < deadline, "publication never began");
+        if child.try_wait().unwrap().is_some() {
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "the runner ended first: {} {}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let sent = f.s3.keys(&format!("{PREFIX}/objects")).len();
+    assert!(
+        f.records().is_empty(),
+        "killed after {sent} objects, before the record"
+    );
+
+    // The next acquisition on the runner is a local warm start, and completes publication.
+    let out = cli().output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(again["mode"], "warm");
+    let records = f.records();
+    assert_eq!(records.len(), 1);
+    assert!(f.missing_from_bucket(&records[0]).is_empty());
+
+    f.w.server.stop();
+    let b = f.runner("store-b");
+    assert_eq!(acquire(&b, &url, &commit).unwrap().record.skills, 60);
+}
