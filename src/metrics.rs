@@ -37,6 +37,7 @@ struct Metrics {
     executors: Family<Labels, Counter>,
     runs: Family<Labels, Counter>,
     remote: Family<Labels, Counter>,
+    remote_bytes: Counter,
 }
 
 /// What is read when scraped rather than counted as it happens.
@@ -96,6 +97,7 @@ fn metrics() -> &'static Metrics {
             executors: Family::default(),
             runs: Family::default(),
             remote: Family::default(),
+            remote_bytes: Counter::default(),
         };
         registry.register(
             "cloud_harness_acquisitions",
@@ -147,6 +149,11 @@ fn metrics() -> &'static Metrics {
             "What the store of record on object storage did, by event (hit, miss, unreachable, refused: a bad object, published, publish_failed)",
             m.remote.clone(),
         );
+        registry.register(
+            "cloud_harness_store_of_record_bytes",
+            "Bytes brought into the local store from the store of record",
+            m.remote_bytes.clone(),
+        );
         registry.register_collector(Box::new(Scraped));
         *m.registry.lock().expect("metrics lock") = registry;
         m
@@ -171,10 +178,18 @@ pub fn acquisition(mode: &str, result: &str, took: Duration, bytes: u64) {
     m.acquisition_seconds
         .get_or_create(&vec![("mode", mode.clone())])
         .observe(took.as_secs_f64());
-    if mode == "warm" {
-        m.warm_starts.inc();
+    match mode.as_str() {
+        "warm" => {
+            m.warm_starts.inc();
+        }
+        // Bytes from object storage are not bytes from git servers.
+        "remote" => {
+            m.remote_bytes.inc_by(bytes);
+        }
+        _ => {
+            m.fetched_bytes.inc_by(bytes);
+        }
     }
-    m.fetched_bytes.inc_by(bytes);
 }
 
 /// The egress proxy decided: `allow` or `refuse`.

@@ -12,6 +12,7 @@ use rmcp::ServiceExt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Args)]
@@ -88,6 +89,9 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
         );
         retry_publications(workspaces.clone());
     }
+    if let Some(max) = crate::provision::cache::max_bytes_from_env()? {
+        keep_within(store.clone(), max);
+    }
     let result = runtime.block_on(serve(workspaces.clone(), args));
     // Unmount before exiting (runs are killed first); the records stay, so the next start
     // restores the workspaces.
@@ -116,6 +120,28 @@ fn retry_publications(workspaces: Arc<Workspaces>) {
     let _ = std::thread::Builder::new()
         .name("publication".into())
         .spawn(retry);
+}
+
+/// Keeps the local store within `TOOLKIT_CACHE_MAX_BYTES`, checked every ten minutes.
+fn keep_within(store: Store, max: u64) {
+    let trim = move || loop {
+        match crate::provision::cache::collect(&store, Duration::from_secs(3600), Some(max)) {
+            Ok(t) if t.bytes_after > max => tracing::warn!(
+                bytes = t.bytes_after,
+                max,
+                "the store is above TOOLKIT_CACHE_MAX_BYTES, and everything left is in use or used within the hour"
+            ),
+            Ok(t) if !t.forgotten.is_empty() => tracing::info!(
+                forgotten = ?t.forgotten,
+                bytes = t.bytes_after,
+                "forgot the least recently used bundles to stay within TOOLKIT_CACHE_MAX_BYTES"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e.message, "collecting the store failed"),
+        }
+        std::thread::sleep(Duration::from_secs(600));
+    };
+    let _ = std::thread::Builder::new().name("cache".into()).spawn(trim);
 }
 
 /// On the first start (no token was ever made) an operator token, shown once, and a one-time

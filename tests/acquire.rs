@@ -512,3 +512,84 @@ fn concurrent_cold_acquisitions_of_one_toolkit_fetch_once() {
     ids.dedup();
     assert_eq!(ids.len(), 8, "each acquisition keeps its own instance id");
 }
+
+#[test]
+fn a_store_above_its_cache_size_forgets_the_least_recently_used_bundle_it_may() {
+    let w = world();
+    // Three toolkits of the same size: each skill holds 64 KiB of its own bytes.
+    let kit = |name: &str| {
+        let body = format!("{name} ").repeat(64 << 10 >> 3);
+        let repo = Repo::create(&w.repos, &format!("team/{name}.git"), false);
+        let commit = repo.commit(dir(vec![("skills", dir(vec![(name, skill(name, &body))]))]));
+        (w.server.url(&format!("team/{name}.git")), commit)
+    };
+    let kits = [kit("oldest"), kit("middle"), kit("newest")];
+    let acquired: Vec<Acquired> = kits
+        .iter()
+        .map(|(url, commit)| {
+            w.acquire(ToolkitSpec::Git(git(url.clone(), "t", Some(commit))))
+                .unwrap()
+        })
+        .collect();
+    // Used three, two and one hours ago; the oldest is what an open workspace serves.
+    let index = w.provisioner("").index();
+    for (i, a) in acquired.iter().enumerate() {
+        let when =
+            std::time::SystemTime::now() - std::time::Duration::from_secs(3600 * (3 - i as u64));
+        let path = w
+            .store
+            .root()
+            .join(format!("index/bundles/{}.json", a.record.key.id()));
+        fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(when)
+            .unwrap();
+    }
+    w.store
+        .set_root("workspaces/ws_test/0", &acquired[0].record.bundle)
+        .unwrap();
+    let total = cloud_harness::provision::cache::object_bytes(&w.store).unwrap();
+
+    // Room for two of the three.
+    let max = total * 3 / 4;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
+        .args(["cas", "gc", "--grace", "0"])
+        .env("TOOLKIT_CACHE_ROOT", w.store.root())
+        .env("TOOLKIT_CACHE_MAX_BYTES", max.to_string())
+        .output()
+        .unwrap();
+    let (code, text) = support::code_and_output(out);
+    assert_eq!(code, 0, "{text}");
+    let forgot: Vec<&str> = text.lines().filter(|l| l.starts_with("forgot ")).collect();
+    assert_eq!(
+        forgot,
+        vec![format!(
+            "forgot {}@{} (least recently used)",
+            kits[1].0, kits[1].1
+        )],
+        "{text}"
+    );
+    assert!(cloud_harness::provision::cache::object_bytes(&w.store).unwrap() <= max);
+    let has = |a: &Acquired| index.get(&a.record.key).is_some_and(|r| index.complete(&r));
+    assert!(
+        has(&acquired[0]),
+        "served by a workspace: kept although oldest"
+    );
+    assert!(!has(&acquired[1]));
+    assert!(has(&acquired[2]));
+    assert!(w.store.verify().unwrap().problems.is_empty());
+    // Asked for again, the forgotten one comes back.
+    let again = w
+        .acquire(ToolkitSpec::Git(git(
+            kits[1].0.clone(),
+            "t",
+            Some(&kits[1].1),
+        )))
+        .unwrap();
+    assert_eq!(
+        (again.warm, again.record.bundle),
+        (false, acquired[1].record.bundle)
+    );
+}

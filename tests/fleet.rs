@@ -352,3 +352,89 @@ fn a_runner_killed_mid_publication_leaves_no_record_naming_a_missing_object() {
     let b = f.runner("store-b");
     assert_eq!(acquire(&b, &url, &commit).unwrap().record.skills, 60);
 }
+
+/// `cloud-harness cas gc --remote` against the test bucket.
+fn remote_gc(f: &Fleet) -> (i32, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_cloud-harness"));
+    cmd.args(["cas", "gc", "--remote", "--grace", "3600"])
+        .env("TOOLKIT_CACHE_ROOT", f.w.tmp.path().join("store-gc"))
+        .env("TOOLKIT_STORE_URL", f.s3.url(PREFIX));
+    for (k, v) in f.s3.settings() {
+        cmd.env(k, v);
+    }
+    support::code_and_output(cmd.output().unwrap())
+}
+
+/// A blob no record names, put straight into the bucket, `age` old.
+fn orphan(f: &Fleet, text: &str, age: Duration) -> std::path::PathBuf {
+    let hex = Digest::of(text.as_bytes()).hex();
+    let path = f.s3.file(&format!(
+        "{PREFIX}/objects/blob/{}/{}",
+        &hex[..2],
+        &hex[2..]
+    ));
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(&path, text).unwrap();
+    let when = std::time::SystemTime::now() - age;
+    fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+    path
+}
+
+#[test]
+fn fleet_gc_keeps_what_records_reach_and_removes_old_orphans() {
+    let Some(mut f) = fleet() else { return };
+    let (url, commit) = f.repo("team/skills.git", toolkit(5, 2, "gc"));
+    acquire(&f.runner("store-a"), &url, &commit).unwrap();
+    let published = f.s3.keys(&format!("{PREFIX}/objects")).len();
+    let old = orphan(
+        &f,
+        "left by a killed publication\n",
+        Duration::from_secs(7200),
+    );
+    let young = orphan(
+        &f,
+        "uploaded for a record not yet written\n",
+        Duration::ZERO,
+    );
+
+    // Another collector's lease, still running: this one stands back.
+    let lease = f.s3.file(&format!("{PREFIX}/gc/lease"));
+    fs::create_dir_all(lease.parent().unwrap()).unwrap();
+    let until = |ms: i64| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        format!(r#"{{"holder":"runner-7/42","expiresAtMs":{}}}"#, now + ms)
+    };
+    fs::write(&lease, until(600_000)).unwrap();
+    let (code, out) = remote_gc(&f);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        out.contains("CONFLICT") && out.contains("runner-7/42"),
+        "{out}"
+    );
+    assert!(old.exists());
+
+    // Its lease ran out: taken over, and given back at the end.
+    fs::write(&lease, until(-1_000)).unwrap();
+    let (code, out) = remote_gc(&f);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(&format!(
+            "1 records; kept {published} objects, 1 younger than the grace period; removed 1 objects"
+        )),
+        "{out}"
+    );
+    assert!(!old.exists() && young.exists());
+    assert!(!lease.exists(), "the lease was given back");
+    assert!(f.missing_from_bucket(&f.records()[0]).is_empty());
+    f.w.server.stop();
+    let b = f.runner("store-b");
+    assert_eq!(acquire(&b, &url, &commit).unwrap().mode, "remote");
+}

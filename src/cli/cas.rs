@@ -1,5 +1,7 @@
 //! `cloud-harness cas …`
 
+use crate::provision::cache;
+use crate::provision::remote::RemoteStore;
 use clap::Subcommand;
 use cloud_harness_fs::cas::{self, Digest, Limits, Store};
 use cloud_harness_fs::{Error, Result};
@@ -27,6 +29,10 @@ pub enum CasCommand {
         /// Seconds an unreferenced object is kept after it was written or last reused.
         #[arg(long, default_value_t = 3600, value_name = "SECONDS")]
         grace: u64,
+        /// Collect the fleet's store of record (`TOOLKIT_STORE_URL`) instead of the local
+        /// store: one collector at a time, roots are the bundle-index records.
+        #[arg(long)]
+        remote: bool,
     },
 }
 
@@ -70,11 +76,43 @@ pub fn run(store: &Store, cmd: CasCommand) -> Result<u8> {
             }
             Ok(if report.problems.is_empty() { 0 } else { 1 })
         }
-        CasCommand::Gc { grace } => {
-            let report = store.gc(Duration::from_secs(grace))?;
+        CasCommand::Gc {
+            grace,
+            remote: true,
+        } => {
+            let remote = RemoteStore::from_env()?.ok_or_else(|| {
+                Error::invalid(
+                    "--remote collects the store of record, and TOOLKIT_STORE_URL names none",
+                )
+            })?;
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            let host = host.trim();
+            let holder = format!("{host}/{}", std::process::id());
+            let report = remote.gc(Duration::from_secs(grace), &holder)?;
             println!(
-                "kept {} objects, removed {} objects ({} bytes) and {} temp files",
-                report.kept, report.removed, report.removed_bytes, report.removed_temp
+                "{}: {} records; kept {} objects, {} younger than the grace period; removed {} objects ({} bytes)",
+                remote.url(),
+                report.records,
+                report.kept,
+                report.young,
+                report.removed,
+                report.removed_bytes
+            );
+            Ok(0)
+        }
+        CasCommand::Gc { grace, .. } => {
+            let max = cache::max_bytes_from_env()?;
+            let trim = cache::collect(store, Duration::from_secs(grace), max)?;
+            for bundle in &trim.forgotten {
+                println!("forgot {bundle} (least recently used)");
+            }
+            println!(
+                "removed {} objects ({} bytes) and {} temp files; the store's objects now take {} bytes{}",
+                trim.removed,
+                trim.removed_bytes,
+                trim.removed_temp,
+                trim.bytes_after,
+                max.map(|m| format!(" (at most {m})")).unwrap_or_default()
             );
             Ok(0)
         }

@@ -47,6 +47,12 @@ pub const SETTINGS: &[Setting] = &[
         Kind::Path,
         "$XDG_CACHE_HOME/cloud-harness/store, else ~/.cache/cloud-harness/store",
     ),
+    s(
+        "store.max_bytes",
+        "TOOLKIT_CACHE_MAX_BYTES",
+        Kind::Number,
+        "none",
+    ),
     s("store.remote", "TOOLKIT_STORE_URL", Kind::Text, "none"),
     s("store.endpoint", "AWS_ENDPOINT_URL", Kind::Text, "AWS S3"),
     s("store.region", "AWS_REGION", Kind::Text, "us-east-1"),

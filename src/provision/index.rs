@@ -87,7 +87,7 @@ impl BundleIndex {
     }
 
     pub fn get(&self, key: &BundleKey) -> Option<BundleRecord> {
-        let bytes = fs::read(self.bundles.join(format!("{}.json", key.id()))).ok()?;
+        let bytes = fs::read(self.record_path(key)).ok()?;
         serde_json::from_slice::<BundleRecord>(&bytes)
             .ok()
             .filter(|r| r.key == *key)
@@ -102,6 +102,39 @@ impl BundleIndex {
             .set_root(&format!("manifests/{id}"), &record.manifest)?;
         let json = serde_json::to_vec_pretty(record).map_err(|e| Error::internal(e.to_string()))?;
         write_atomic(&self.bundles.join(format!("{id}.json")), &json)
+    }
+
+    fn record_path(&self, key: &BundleKey) -> PathBuf {
+        self.bundles.join(format!("{}.json", key.id()))
+    }
+
+    /// Notes that the bundle of `key` was just used (its record's mtime), for the cache's
+    /// least-recently-used order.
+    pub fn touch(&self, key: &BundleKey) {
+        if let Ok(file) = fs::File::open(self.record_path(key)) {
+            let _ = file.set_modified(std::time::SystemTime::now());
+        }
+    }
+
+    /// When the bundle of `key` was last used (recorded or started warm).
+    pub fn last_used(&self, key: &BundleKey) -> Option<std::time::SystemTime> {
+        fs::metadata(self.record_path(key))
+            .and_then(|m| m.modified())
+            .ok()
+    }
+
+    /// Forgets a bundle: its record and its roots (its objects go at the next collection
+    /// unless something else roots them).
+    pub fn remove(&self, key: &BundleKey) -> Result<()> {
+        // The record first: a bundle found is then always rooted.
+        match fs::remove_file(self.record_path(key)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&self.record_path(key), e)),
+        }
+        let id = key.id();
+        self.store.remove_root(&format!("bundles/{id}"))?;
+        self.store.remove_root(&format!("manifests/{id}"))
     }
 
     /// Every recorded bundle, newest first.

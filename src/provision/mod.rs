@@ -3,6 +3,7 @@
 //! commit is fetched (in-process, through the egress settings), staged under containment
 //! checks, normalized into a bundle and recorded.
 
+pub mod cache;
 pub mod containers;
 pub mod egress;
 pub mod fetch;
@@ -311,6 +312,7 @@ impl Provisioner {
             let key = BundleKey::new(toolkit, commit);
             if let Some(record) = index.get(&key) {
                 if index.complete(&record) {
+                    index.touch(&key);
                     self.complete_publication(&record);
                     return Ok(done(record, true, "warm"));
                 }

@@ -16,8 +16,11 @@
 //! object's bytes against its name before anything enters the local store, and enters the
 //! whole bundle in one batch or nothing.
 
+mod gc;
 mod start;
 mod transfer;
+
+pub use gc::FleetGcReport;
 
 use super::index::{BundleKey, BundleRecord};
 use cloud_harness_fs::cas::{Digest, ObjectKind};
