@@ -438,3 +438,43 @@ fn fleet_gc_keeps_what_records_reach_and_removes_old_orphans() {
     let b = f.runner("store-b");
     assert_eq!(acquire(&b, &url, &commit).unwrap().mode, "remote");
 }
+
+#[test]
+fn workspace_open_on_a_second_server_comes_from_the_store_of_record() {
+    let Some(mut f) = fleet() else { return };
+    let (url, commit) = f.repo("team/skills.git", toolkit(6, 1, "served"));
+    acquire(&f.runner("store-a"), &url, &commit).unwrap();
+    let host = f.w.server.host();
+    f.w.server.stop();
+
+    // Runner B: `serve --http` with its own store and home, the same bucket.
+    let settings = f.s3.settings();
+    let store_url = f.s3.url(PREFIX);
+    let ca = f.w.certs.ca.display().to_string();
+    let mut env: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    env.extend([
+        ("TOOLKIT_STORE_URL", store_url.as_str()),
+        ("ALLOWED_GIT_HOSTS", host.as_str()),
+        ("CLOUD_HARNESS_EXTRA_CA", ca.as_str()),
+        ("CLOUD_HARNESS_CONTAINERS", "off"),
+    ]);
+    let server = support::http::server_in(tempfile::tempdir().unwrap(), &["--auth", "none"], &env);
+    let session = support::http::legacy_session(server.addr);
+    let call = serde_json::json!({
+        "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": { "name": "workspace_open", "arguments": {
+            "idempotencyKey": "fleet",
+            "toolkits": [{ "kind": "git", "instanceId": "team", "url": url, "ref": commit }],
+        }},
+    });
+    let answer = support::http::answer_of(&support::http::raw(
+        server.addr,
+        &call.to_string(),
+        &[("Mcp-Session-Id", session.as_str())],
+    ));
+    let result = &answer["result"]["structuredContent"];
+    assert_eq!(result["toolkits"][0]["mode"], "remote", "{answer}");
+    assert_eq!(result["toolkits"][0]["warm"], true, "{answer}");
+    let skills = result["skills"].as_array().map_or(0, Vec::len);
+    assert!(skills >= 6, "{answer}");
+}
