@@ -44,44 +44,7 @@ fn main() {
 
     // 50 skills of 5 files each (SKILL.md, two references, a script, an asset).
     let mut seed = 0x2545_f491_u64;
-    let mut bytes = |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                b'a' + (seed % 26) as u8
-            })
-            .collect()
-    };
-    let mut skills_of = |prefix: &str, n: usize| -> Vec<(Vec<u8>, Node)> {
-        (0..n)
-            .map(|i| {
-                let name = format!("{prefix}skill-{i:02}");
-                let md =
-                    format!("---\nname: {name}\ndescription: Skill number {i}.\n---\n# {name}\n");
-                let node = Node::Dir(vec![
-                    (b"SKILL.md".to_vec(), Node::File(md.into_bytes())),
-                    (
-                        b"references".to_vec(),
-                        Node::Dir(vec![
-                            (b"guide.md".to_vec(), Node::File(bytes(6000))),
-                            (b"api.md".to_vec(), Node::File(bytes(3000))),
-                        ]),
-                    ),
-                    (
-                        b"scripts".to_vec(),
-                        Node::Dir(vec![(b"run.sh".to_vec(), Node::Exec(bytes(800)))]),
-                    ),
-                    (
-                        b"assets".to_vec(),
-                        Node::Dir(vec![(b"template.txt".to_vec(), Node::File(bytes(4000)))]),
-                    ),
-                ]);
-                (name.into_bytes(), node)
-            })
-            .collect()
-    };
+    let mut skills_of = |prefix: &str, n: usize| support::generated_skills(prefix, n, &mut seed);
     let repo = Repo::create(&repos, "toolkit.git", false);
     let commit = repo.commit(dir(vec![("skills", Node::Dir(skills_of("", 50)))]));
     let url = server.url("toolkit.git");

@@ -30,41 +30,7 @@ fn ms(d: Duration) -> String {
 
 /// 50 skills of 5 files each (SKILL.md, two references, a script, an asset), distinct bytes.
 fn toolkit() -> Node {
-    let mut seed = 0x9e37_79b9_u64;
-    let mut bytes = |n: usize| -> Vec<u8> {
-        (0..n)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                b'a' + (seed % 26) as u8
-            })
-            .collect()
-    };
-    let skill = |i: usize, bytes: &mut dyn FnMut(usize) -> Vec<u8>| {
-        let name = format!("skill-{i:02}");
-        let md = format!("---\nname: {name}\ndescription: Skill number {i}.\n---\n# {name}\n");
-        let node = Node::Dir(vec![
-            (b"SKILL.md".to_vec(), Node::File(md.into_bytes())),
-            (
-                b"references".to_vec(),
-                Node::Dir(vec![
-                    (b"guide.md".to_vec(), Node::File(bytes(6000))),
-                    (b"api.md".to_vec(), Node::File(bytes(3000))),
-                ]),
-            ),
-            (
-                b"scripts".to_vec(),
-                Node::Dir(vec![(b"run.sh".to_vec(), Node::Exec(bytes(800)))]),
-            ),
-            (
-                b"assets".to_vec(),
-                Node::Dir(vec![(b"template.txt".to_vec(), Node::File(bytes(4000)))]),
-            ),
-        ]);
-        (name.into_bytes(), node)
-    };
-    let skills = (0..50).map(|i| skill(i, &mut bytes)).collect();
+    let skills = support::generated_skills("", 50, &mut 0x9e37_79b9_u64);
     Node::Dir(vec![(b"skills".to_vec(), Node::Dir(skills))])
 }
 

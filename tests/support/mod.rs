@@ -507,3 +507,44 @@ pub fn code_and_output(out: std::process::Output) -> (i32, String) {
         ),
     )
 }
+
+/// `n` generated skill folders named `<prefix>skill-NN`, 5 files each (SKILL.md, two
+/// references, a script, an asset; 14 KB of pseudo-random letters), for the benchmarks.
+/// `seed` carries on between calls, so every call's bytes are new.
+pub fn generated_skills(prefix: &str, n: usize, seed: &mut u64) -> Vec<(Vec<u8>, Node)> {
+    let mut bytes = |len: usize| -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                *seed ^= *seed << 13;
+                *seed ^= *seed >> 7;
+                *seed ^= *seed << 17;
+                b'a' + (*seed % 26) as u8
+            })
+            .collect()
+    };
+    (0..n)
+        .map(|i| {
+            let name = format!("{prefix}skill-{i:02}");
+            let md = format!("---\nname: {name}\ndescription: Skill number {i}.\n---\n# {name}\n");
+            let node = Node::Dir(vec![
+                (b"SKILL.md".to_vec(), Node::File(md.into_bytes())),
+                (
+                    b"references".to_vec(),
+                    Node::Dir(vec![
+                        (b"guide.md".to_vec(), Node::File(bytes(6000))),
+                        (b"api.md".to_vec(), Node::File(bytes(3000))),
+                    ]),
+                ),
+                (
+                    b"scripts".to_vec(),
+                    Node::Dir(vec![(b"run.sh".to_vec(), Node::Exec(bytes(800)))]),
+                ),
+                (
+                    b"assets".to_vec(),
+                    Node::Dir(vec![(b"template.txt".to_vec(), Node::File(bytes(4000)))]),
+                ),
+            ]);
+            (name.into_bytes(), node)
+        })
+        .collect()
+}

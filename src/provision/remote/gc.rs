@@ -132,16 +132,20 @@ impl RemoteStore {
         wait(async move { remote.collect_async(grace_ms, deadline_ms).await })
     }
 
+    /// Every object under `<prefix>/<under>`.
+    async fn list(&self, under: &str) -> Result<Vec<object_store::ObjectMeta>> {
+        self.objects
+            .list(Some(&self.path(under)))
+            .try_collect()
+            .await
+            .map_err(|e| unreachable(&self.url, e))
+    }
+
     async fn collect_async(&self, grace_ms: i64, deadline_ms: i64) -> Result<FleetGcReport> {
         let fail = |e| unreachable(&self.url, e);
         let mut report = FleetGcReport::default();
         // Mark: every record's manifest and everything below its bundle.
-        let records: Vec<_> = self
-            .objects
-            .list(Some(&self.path("index/bundles")))
-            .try_collect()
-            .await
-            .map_err(fail)?;
+        let records = self.list("index/bundles").await?;
         let mut marked: HashSet<(bool, Digest)> = HashSet::new();
         let mut trees = Vec::new();
         for meta in &records {
@@ -166,12 +170,7 @@ impl RemoteStore {
         self.mark_trees(trees, &mut marked).await?;
 
         // Sweep: what no record reaches and the grace period no longer covers.
-        let objects: Vec<_> = self
-            .objects
-            .list(Some(&self.path("objects")))
-            .try_collect()
-            .await
-            .map_err(fail)?;
+        let objects = self.list("objects").await?;
         let now = now_ms();
         for meta in objects {
             let Some(name) = self.object_name(&meta.location) else {
