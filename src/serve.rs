@@ -126,7 +126,7 @@ fn retry_publications(workspaces: Arc<Workspaces>) {
 fn keep_within(store: Store, max: u64) {
     let trim = move || loop {
         match crate::provision::cache::collect(&store, Duration::from_secs(3600), Some(max)) {
-            Ok(t) if t.bytes_after > max => tracing::warn!(
+            Ok(t) if t.bytes_after > Some(max) => tracing::warn!(
                 bytes = t.bytes_after,
                 max,
                 "the store is above TOOLKIT_CACHE_MAX_BYTES, and everything left is in use or used within the hour"

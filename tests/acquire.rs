@@ -550,7 +550,7 @@ fn a_store_above_its_cache_size_forgets_the_least_recently_used_bundle_it_may() 
     w.store
         .set_root("workspaces/ws_test/0", &acquired[0].record.bundle)
         .unwrap();
-    let total = cloud_harness::provision::cache::object_bytes(&w.store).unwrap();
+    let total = w.store.object_bytes().unwrap();
 
     // Room for two of the three.
     let max = total * 3 / 4;
@@ -571,7 +571,7 @@ fn a_store_above_its_cache_size_forgets_the_least_recently_used_bundle_it_may() 
         )],
         "{text}"
     );
-    assert!(cloud_harness::provision::cache::object_bytes(&w.store).unwrap() <= max);
+    assert!(w.store.object_bytes().unwrap() <= max);
     let has = |a: &Acquired| index.get(&a.record.key).is_some_and(|r| index.complete(&r));
     assert!(
         has(&acquired[0]),

@@ -478,3 +478,37 @@ fn workspace_open_on_a_second_server_comes_from_the_store_of_record() {
     let skills = result["skills"].as_array().map_or(0, Vec::len);
     assert!(skills >= 6, "{answer}");
 }
+
+#[test]
+fn a_tag_one_runner_resolved_starts_from_the_bucket_on_another() {
+    let Some(mut f) = fleet() else { return };
+    let repo = Repo::create(&f.w.repos, "obra/superpowers.git", false);
+    let commit = repo.commit(toolkit(3, 1, "tagged"));
+    repo.tag("v1.0", &commit);
+    // The preset names github.com; the runners' mirror rule sends it to the local server.
+    let rewrite = format!("https://github.com/={}", f.w.server.url(""));
+    let runner = |name: &str| {
+        let store = Store::open(f.w.tmp.path().join(name)).unwrap();
+        f.w.server
+            .provisioner(&f.w.certs, store, &rewrite, "127.0.0.0/8", "")
+            .with_remote(Some(f.s3.remote(PREFIX)))
+    };
+    let spec = cloud_harness::toolkit::ToolkitSpec::Preset(cloud_harness::toolkit::PresetSpec {
+        id: "obra/superpowers".into(),
+        scope: None,
+        version: Some("v1.0".into()),
+    });
+    let (a, b) = (runner("store-a"), runner("store-b"));
+    let got_a = a.acquire(&spec.resolve(a.hosts()).unwrap()).unwrap();
+    assert_eq!(
+        (got_a.mode, got_a.record.key.commit.as_str()),
+        ("in-process", commit.as_str())
+    );
+    f.w.server.stop();
+    // B knows neither the tag nor the bundle: both come from the bucket, no git asked.
+    let got_b = b.acquire(&spec.resolve(b.hosts()).unwrap()).unwrap();
+    assert_eq!(
+        (got_b.mode, got_b.record.bundle),
+        ("remote", got_a.record.bundle)
+    );
+}

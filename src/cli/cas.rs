@@ -106,13 +106,15 @@ pub fn run(store: &Store, cmd: CasCommand) -> Result<u8> {
             for bundle in &trim.forgotten {
                 println!("forgot {bundle} (least recently used)");
             }
+            let size = match (trim.bytes_after, max) {
+                (Some(after), Some(max)) => {
+                    format!("; the store's objects now take {after} bytes (at most {max})")
+                }
+                _ => String::new(),
+            };
             println!(
-                "removed {} objects ({} bytes) and {} temp files; the store's objects now take {} bytes{}",
-                trim.removed,
-                trim.removed_bytes,
-                trim.removed_temp,
-                trim.bytes_after,
-                max.map(|m| format!(" (at most {m})")).unwrap_or_default()
+                "removed {} objects ({} bytes) and {} temp files{size}",
+                trim.removed, trim.removed_bytes, trim.removed_temp,
             );
             Ok(0)
         }

@@ -9,10 +9,9 @@
 use super::index::BundleIndex;
 use super::staging::env_number;
 use cloud_harness_fs::cas::{GcReport, Store};
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_fs::Result;
 use serde::Serialize;
 use std::collections::HashSet;
-use std::fs;
 use std::time::{Duration, SystemTime};
 
 pub const MAX_BYTES_VAR: &str = "TOOLKIT_CACHE_MAX_BYTES";
@@ -28,28 +27,14 @@ pub fn max_bytes_from_env() -> Result<Option<u64>> {
 #[derive(Debug, Default, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Trim {
-    pub bytes_before: u64,
-    pub bytes_after: u64,
+    /// The objects' bytes before and after, measured only with a bound to keep.
+    pub bytes_before: Option<u64>,
+    pub bytes_after: Option<u64>,
     /// `url@commit` of every bundle forgotten, least recently used first.
     pub forgotten: Vec<String>,
     pub removed: u64,
     pub removed_bytes: u64,
     pub removed_temp: u64,
-}
-
-/// The bytes of every object in the store.
-pub fn object_bytes(store: &Store) -> Result<u64> {
-    let mut total = 0;
-    for kind in ["blob", "tree"] {
-        let top = store.root().join("objects").join(kind);
-        let shards = fs::read_dir(&top).map_err(|e| Error::io(&top, e))?;
-        for shard in shards.flatten() {
-            for object in fs::read_dir(shard.path()).into_iter().flatten().flatten() {
-                total += object.metadata().map_or(0, |m| m.len());
-            }
-        }
-    }
-    Ok(total)
 }
 
 /// Collects the store (objects no root reaches, older than `grace`), then, while it is
@@ -60,44 +45,47 @@ pub fn collect(store: &Store, grace: Duration, max_bytes: Option<u64>) -> Result
         trim.removed += r.removed;
         trim.removed_bytes += r.removed_bytes;
         trim.removed_temp += r.removed_temp;
+        r.removed_bytes
     };
-    let first = store.gc(grace)?;
-    trim.bytes_before = object_bytes(store)? + first.removed_bytes;
-    add(&mut trim, first);
-    let mut size = object_bytes(store)?;
-    if let Some(max) = max_bytes {
-        let index = BundleIndex::open(store);
-        // Digests other roots hold: workspaces (what mounts serve) and operators' own.
-        let served: HashSet<_> = store
-            .roots()?
-            .into_iter()
-            .filter(|(name, _)| !name.starts_with("bundles/") && !name.starts_with("manifests/"))
-            .map(|(_, digest)| digest)
-            .collect();
-        let recent = SystemTime::now() - grace;
-        let mut candidates: Vec<_> = index
-            .list()?
-            .into_iter()
-            .filter(|r| !served.contains(&r.bundle))
-            .filter_map(|r| {
-                let used = index.last_used(&r.key)?;
-                (used < recent).then_some((used, r))
-            })
-            .collect();
-        candidates.sort_by_key(|(used, _)| *used);
-        for (_, record) in candidates {
-            if size <= max {
-                break;
-            }
-            index.remove(&record.key)?;
-            trim.forgotten
-                .push(format!("{}@{}", record.key.url, record.key.commit));
-            // The forgotten bundle's objects are old (written or reused before `recent`)
-            // unless another bundle shares them, which then keeps them.
-            add(&mut trim, store.gc(grace)?);
-            size = object_bytes(store)?;
+    // Without a bound, a collection is all there is: no walk to size the store.
+    let Some(max) = max_bytes else {
+        add(&mut trim, store.gc(grace)?);
+        return Ok(trim);
+    };
+    // Sized once; each collection's report says what it freed.
+    let mut size = store.object_bytes()?;
+    trim.bytes_before = Some(size);
+    size = size.saturating_sub(add(&mut trim, store.gc(grace)?));
+    let index = BundleIndex::open(store);
+    // Digests other roots hold: workspaces (what mounts serve) and operators' own.
+    let served: HashSet<_> = store
+        .roots()?
+        .into_iter()
+        .filter(|(name, _)| !name.starts_with("bundles/") && !name.starts_with("manifests/"))
+        .map(|(_, digest)| digest)
+        .collect();
+    let recent = SystemTime::now() - grace;
+    let mut candidates: Vec<_> = index
+        .list()?
+        .into_iter()
+        .filter(|r| !served.contains(&r.bundle))
+        .filter_map(|r| {
+            let used = index.last_used(&r.key)?;
+            (used < recent).then_some((used, r))
+        })
+        .collect();
+    candidates.sort_by_key(|(used, _)| *used);
+    for (_, record) in candidates {
+        if size <= max {
+            break;
         }
+        index.remove(&record.key)?;
+        trim.forgotten
+            .push(format!("{}@{}", record.key.url, record.key.commit));
+        // The forgotten bundle's objects are old (written or reused before `recent`)
+        // unless another bundle shares them, which then keeps them.
+        size = size.saturating_sub(add(&mut trim, store.gc(grace)?));
     }
-    trim.bytes_after = size;
+    trim.bytes_after = Some(size);
     Ok(trim)
 }

@@ -76,6 +76,24 @@ pub fn describe(revision: &Revision) -> String {
     }
 }
 
+/// The name of a tag's record: a digest of the repository and the tag.
+pub fn tag_id(url: &str, tag: &str) -> String {
+    Digest::of(format!("{url}\0{tag}").as_bytes()).hex()
+}
+
+/// A tag's record: the commit it was resolved to.
+pub fn tag_record(url: &str, tag: &str, commit: &str) -> Vec<u8> {
+    serde_json::json!({ "url": url, "tag": tag, "commit": commit })
+        .to_string()
+        .into_bytes()
+}
+
+/// The commit of a tag's record, if the record is of that repository and tag.
+pub fn commit_of_tag(record: &[u8], url: &str, tag: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(record).ok()?;
+    (v["url"] == url && v["tag"] == tag).then(|| v["commit"].as_str().map(str::to_owned))?
+}
+
 impl BundleIndex {
     pub fn open(store: &Store) -> BundleIndex {
         let base = store.root().join("index");
@@ -169,19 +187,15 @@ impl BundleIndex {
     }
 
     fn tag_path(&self, url: &str, tag: &str) -> PathBuf {
-        let id = Digest::of(format!("{url}\0{tag}").as_bytes()).hex();
-        self.tags.join(format!("{id}.json"))
+        self.tags.join(format!("{}.json", tag_id(url, tag)))
     }
 
     pub fn tag(&self, url: &str, tag: &str) -> Option<String> {
-        let bytes = fs::read(self.tag_path(url, tag)).ok()?;
-        let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-        (v["url"] == url && v["tag"] == tag).then(|| v["commit"].as_str().map(str::to_owned))?
+        commit_of_tag(&fs::read(self.tag_path(url, tag)).ok()?, url, tag)
     }
 
     pub fn set_tag(&self, url: &str, tag: &str, commit: &str) -> Result<()> {
-        let json = serde_json::json!({ "url": url, "tag": tag, "commit": commit });
-        write_atomic(&self.tag_path(url, tag), json.to_string().as_bytes())
+        write_atomic(&self.tag_path(url, tag), &tag_record(url, tag, commit))
     }
 
     /// Whether the bundle, its manifest and every object below them are in the store.

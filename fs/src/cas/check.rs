@@ -61,6 +61,17 @@ fn hash_file(path: &Path) -> std::io::Result<(Digest, u64)> {
 }
 
 impl Store {
+    /// The bytes every object of the store takes (its files' lengths).
+    pub fn object_bytes(&self) -> Result<u64> {
+        let mut total = 0;
+        for kind in [ObjectKind::Blob, ObjectKind::Tree] {
+            for (path, _) in object_files(self, kind)? {
+                total += fs::symlink_metadata(&path).map_or(0, |m| m.len());
+            }
+        }
+        Ok(total)
+    }
+
     /// Re-hashes every object, parses every tree, and checks that every object a tree or a
     /// root names is present with the size the tree records.
     pub fn verify(&self) -> Result<VerifyReport> {

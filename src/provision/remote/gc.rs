@@ -10,6 +10,7 @@
 
 use super::{get, put_new, unreachable, wait, RemoteStore, AT_ONCE};
 use crate::provision::index::BundleRecord;
+use crate::state::now_ms;
 use cloud_harness_fs::cas::{Digest, Kind, Tree};
 use cloud_harness_fs::{Code, Error, Result};
 use futures_util::stream::FuturesUnordered;
@@ -45,10 +46,6 @@ struct LeaseBody {
 
 struct Lease {
     expires_at_ms: i64,
-}
-
-fn now_ms() -> i64 {
-    crate::state::now_ms()
 }
 
 impl RemoteStore {

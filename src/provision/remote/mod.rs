@@ -22,7 +22,7 @@ mod transfer;
 
 pub use gc::FleetGcReport;
 
-use super::index::{BundleKey, BundleRecord};
+use super::index::{self, BundleKey, BundleRecord};
 use cloud_harness_fs::cas::{Digest, ObjectKind};
 use cloud_harness_fs::{Code, Error, Result};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
@@ -203,8 +203,7 @@ impl RemoteStore {
     }
 
     fn tag_path(&self, url: &str, tag: &str) -> ObjectPath {
-        let id = Digest::of(format!("{url}\0{tag}").as_bytes()).hex();
-        self.path(&format!("index/tags/{id}.json"))
+        self.path(&format!("index/tags/{}.json", index::tag_id(url, tag)))
     }
 
     /// The bytes at `path`, or None when there is nothing there.
@@ -234,23 +233,19 @@ impl RemoteStore {
 
     /// The commit a tag was resolved to by any runner, if one was published.
     pub fn tag(&self, url: &str, tag: &str) -> Result<Option<String>> {
-        let Some(bytes) = self.get(self.tag_path(url, tag))? else {
-            return Ok(None);
-        };
-        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
-        Ok((v["url"] == url && v["tag"] == tag)
-            .then(|| v["commit"].as_str().map(str::to_owned))
-            .flatten())
+        Ok(self
+            .get(self.tag_path(url, tag))?
+            .and_then(|bytes| index::commit_of_tag(&bytes, url, tag)))
     }
 
     /// Records a resolved tag (create-only: the first runner's resolution stands).
     pub fn put_tag(&self, url: &str, tag: &str, commit: &str) -> Result<()> {
-        let json = serde_json::json!({ "url": url, "tag": tag, "commit": commit });
+        let json = index::tag_record(url, tag, commit);
         let path = self.tag_path(url, tag);
         let objects = self.objects.clone();
         let remote = self.url.clone();
         wait(async move {
-            put_new(&objects, &path, json.to_string().into_bytes())
+            put_new(&objects, &path, json)
                 .await
                 .map_err(|e| unreachable(&remote, e))
         })
