@@ -2,10 +2,11 @@
 //! published by one runner to a real S3-compatible server on loopback (`s3s-fs`), then
 //! acquired by a runner with an empty local store, against a local warm start and a cold git
 //! acquisition from the same machine's HTTPS git server; and the publication itself. In one
-//! run, interleaved (medians).
+//! run, interleaved (medians). Then `workspace_open` of that toolkit, warm, with the control
+//! plane on PostgreSQL (loopback) against SQLite, interleaved.
 //!
 //! `cargo bench --bench fleet` (needs s3s-fs, as `.ci/setup` installs it, and python3, git and
-//! openssl, as the tests do).
+//! openssl, as the tests do; the last part PostgreSQL as `.ci/setup` starts it).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -119,5 +120,75 @@ fn main() {
         "| publication of the toolkit to object storage | {} | {:.2}x |",
         ms(publish),
         publish.as_secs_f64() / remote.as_secs_f64()
+    );
+    control_plane(&tmp, &server, &certs, &spec);
+}
+
+/// `workspace_open` (and close) of the toolkit, warm in the local store, on a control plane
+/// in SQLite and one in PostgreSQL, interleaved.
+fn control_plane(
+    tmp: &tempfile::TempDir,
+    server: &support::GitServer,
+    certs: &support::Certs,
+    spec: &ToolkitSpec,
+) {
+    if !support::postgres::available() {
+        return;
+    }
+    use cloud_harness::workspace::{OpenRequest, Workspaces};
+    let database = support::postgres::Database::new();
+    let store = Store::open(tmp.path().join("store-open")).unwrap();
+    let workspaces = |engine: &str| {
+        let p = server.provisioner(certs, store.clone(), "", "127.0.0.0/8", "");
+        // Db::open reads the variable; set for the PostgreSQL one only, before any thread
+        // of this process could read the environment.
+        if engine == "postgres" {
+            std::env::set_var("CLOUD_HARNESS_DATABASE_URL", database.url());
+        }
+        let ws = Workspaces::with_executors(
+            tmp.path().join(format!("home-{engine}")),
+            p,
+            false,
+            cloud_harness::executor::Settings::with_kind(cloud_harness::executor::Kind::Host),
+        )
+        .unwrap();
+        std::env::remove_var("CLOUD_HARNESS_DATABASE_URL");
+        assert_eq!(ws.db().engine(), engine);
+        ws
+    };
+    let engines = [
+        ("sqlite", workspaces("sqlite")),
+        ("postgres", workspaces("postgres")),
+    ];
+    let rounds = 15;
+    let mut took: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    for r in 0..=rounds {
+        for (i, (engine, ws)) in engines.iter().enumerate() {
+            let started = Instant::now();
+            let opened = ws
+                .open(OpenRequest {
+                    repository_url: None,
+                    idempotency_key: format!("{engine}-{r}"),
+                    toolkits: vec![spec.clone()],
+                    allow_toolkit_workspace_changes: false,
+                })
+                .unwrap();
+            let open = started.elapsed();
+            ws.close(opened["workspace"].as_str().unwrap()).unwrap();
+            // The first round warms the store (the first open acquires from git) and caches.
+            if r > 0 {
+                took[i].push(open);
+            }
+        }
+    }
+    let [sqlite, postgres] = took.map(median);
+    println!("workspace_open of the toolkit, warm ({rounds} rounds, interleaved, medians; no mount, host executor):");
+    println!("| control plane | median | ratio |");
+    println!("|---|---|---|");
+    println!("| SQLite (embedded) | {} | 1.00x |", ms(sqlite));
+    println!(
+        "| PostgreSQL 15 on loopback | {} | {:.2}x |",
+        ms(postgres),
+        postgres.as_secs_f64() / sqlite.as_secs_f64()
     );
 }

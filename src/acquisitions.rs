@@ -2,11 +2,11 @@
 //! — with the toolkit, URL, commit, mode, duration, bytes fetched, skill count and result (or
 //! the error and its code).
 
+use crate::params;
 use crate::provision::Acquired;
 use crate::state::{self, Db};
 use crate::toolkit::Toolkit;
 use cloud_harness_fs::Result;
-use rusqlite::params;
 use serde::Serialize;
 
 #[derive(Debug, Clone, Serialize)]
@@ -125,7 +125,7 @@ pub fn list(db: &Db, before: Option<i64>, limit: usize) -> Result<(Vec<Acquisiti
         c.prepare_cached(
             "SELECT seq, at, toolkit, preset, url, requested, commit_id, bundle, mode, millis, bytes, skills,
                     result, error_code, error_message, actor, via, subject
-             FROM acquisitions WHERE ($1 IS NULL OR seq < $1) ORDER BY seq DESC LIMIT $2",
+             FROM acquisitions WHERE (CAST($1 AS BIGINT) IS NULL OR seq < $1) ORDER BY seq DESC LIMIT $2",
         )?
         .query_map(params![before, (limit + 1) as i64], |r| {
             Ok(Acquisition {
@@ -149,7 +149,7 @@ pub fn list(db: &Db, before: Option<i64>, limit: usize) -> Result<(Vec<Acquisiti
                 subject: r.get(17)?,
             })
         })?
-        .collect::<rusqlite::Result<Vec<_>>>()
+        .collect::<state::DbResult<Vec<_>>>()
     })?;
     let more = all.len() > limit;
     all.truncate(limit);

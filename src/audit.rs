@@ -2,9 +2,9 @@
 //! updates and deletes of it), each with its actor, time and subject; also written as a
 //! structured log line (target `audit`).
 
+use crate::params;
 use crate::state::{self, Db};
 use cloud_harness_fs::Result;
-use rusqlite::params;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -23,7 +23,7 @@ pub struct Entry {
 /// Appends an entry within the transaction `tx` that makes the change it describes, so the
 /// change and its entry are stored together or not at all.
 pub fn record(
-    tx: &rusqlite::Connection,
+    tx: &state::Conn,
     actor: &str,
     action: &str,
     subject: &str,
@@ -62,8 +62,10 @@ pub fn list(
     let mut entries = db.with(|c| {
         let mut q = c.prepare_cached(
             "SELECT seq, at, actor, action, subject, details FROM audit
-             WHERE ($1 IS NULL OR actor = $1) AND ($2 IS NULL OR action = $2)
-               AND ($3 IS NULL OR subject = $3) AND ($4 IS NULL OR seq < $4)
+             WHERE (CAST($1 AS TEXT) IS NULL OR actor = $1)
+               AND (CAST($2 AS TEXT) IS NULL OR action = $2)
+               AND (CAST($3 AS TEXT) IS NULL OR subject = $3)
+               AND (CAST($4 AS BIGINT) IS NULL OR seq < $4)
              ORDER BY seq DESC LIMIT $5",
         )?;
         let rows = q.query_map(
@@ -86,7 +88,7 @@ pub fn list(
                 })
             },
         )?;
-        rows.collect::<rusqlite::Result<Vec<Entry>>>()
+        rows.collect::<state::DbResult<Vec<Entry>>>()
     })?;
     let more = entries.len() > limit;
     entries.truncate(limit);

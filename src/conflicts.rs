@@ -6,10 +6,11 @@
 
 use crate::audit;
 use crate::decisions;
+use crate::params;
+use crate::state::Optional;
 use crate::state::{self, Db};
 use cloud_harness_fs::cas::{Digest, Kind, Store};
 use cloud_harness_fs::{Code, Error, Result};
-use rusqlite::{params, OptionalExtension};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::path::Path;
@@ -117,7 +118,7 @@ pub fn record(
     Ok(ids)
 }
 
-fn row(r: &rusqlite::Row) -> rusqlite::Result<LaunchConflict> {
+fn row(r: &state::Row) -> state::DbResult<LaunchConflict> {
     let candidates: String = r.get("candidates")?;
     let request: String = r.get("request")?;
     Ok(LaunchConflict {

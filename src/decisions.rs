@@ -7,11 +7,12 @@
 use crate::audit;
 use crate::input::{check_text, shown};
 use crate::operator::Operator;
+use crate::params;
+use crate::state::Optional;
 use crate::state::{self, Db};
 use cloud_harness_fs::cas::Digest;
 use cloud_harness_fs::resolver::Override;
 use cloud_harness_fs::{Code, Error, Result};
-use rusqlite::{params, OptionalExtension};
 use serde::Serialize;
 use serde_json::json;
 use std::path::Path;
@@ -125,20 +126,20 @@ pub fn in_force(db: &Db, home: &Path) -> Result<InForce> {
             .prepare_cached(
                 "SELECT skill, source, set_id FROM overrides WHERE revoked_at IS NULL ORDER BY skill",
             )?
-            .query_map([], |r| {
+            .query_map(params![], |r| {
                 Ok((
                     Override {
                         skill: r.get(0)?,
                         source: r.get(1)?,
                     },
-                    r.get::<_, Option<String>>(2)?,
+                    r.get::<Option<String>>(2)?,
                 ))
             })?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
+            .collect::<state::DbResult<Vec<_>>>()?;
         let a = c
             .prepare_cached("SELECT digest FROM approvals WHERE revoked_at IS NULL")?
-            .query_map([], |r| r.get::<_, String>(0))?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
+            .query_map(params![], |r| r.get::<String>(0))?
+            .collect::<state::DbResult<Vec<_>>>()?;
         Ok((o, a))
     })?;
     overrides.extend(db_overrides);
@@ -183,7 +184,7 @@ fn managed(home: &Path) -> Result<Vec<Decision>> {
     Ok(all)
 }
 
-fn decision_row(r: &rusqlite::Row, what: What) -> rusqlite::Result<Decision> {
+fn decision_row(r: &state::Row, what: What) -> state::DbResult<Decision> {
     Ok(Decision {
         id: r.get("id")?,
         actor: r.get("actor")?,
@@ -249,7 +250,7 @@ pub fn set_override_with(
     home: &Path,
     new: &NewOverride,
     actor: &str,
-    also: impl FnOnce(&rusqlite::Transaction, &str) -> Result<()>,
+    also: impl FnOnce(&state::Conn, &str) -> Result<()>,
 ) -> Result<Decision> {
     let NewOverride {
         skill,
@@ -461,7 +462,7 @@ pub fn pending(db: &Db, home: &Path) -> Result<Vec<Pending>> {
         c.prepare_cached(
             "SELECT digest, skill, script, workspace, first_at, last_at, refusals FROM run_requests ORDER BY last_at DESC",
         )?
-        .query_map([], |r| {
+        .query_map(params![], |r| {
             Ok(Pending {
                 digest: r.get(0)?,
                 skill: r.get(1)?,
@@ -472,7 +473,7 @@ pub fn pending(db: &Db, home: &Path) -> Result<Vec<Pending>> {
                 refusals: r.get(6)?,
             })
         })?
-        .collect::<rusqlite::Result<Vec<_>>>()
+        .collect::<state::DbResult<Vec<_>>>()
     })?;
     Ok(all
         .into_iter()

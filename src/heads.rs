@@ -3,9 +3,10 @@
 //! 600), so a burst of opens — a fleet of agent sessions starting on one task — fetches once
 //! and the rest start warm, while a push still shows within ten minutes. 0 asks every time.
 
+use crate::params;
+use crate::state::Optional;
 use crate::state::{self, Db};
 use cloud_harness_fs::Result;
-use rusqlite::{params, OptionalExtension};
 use std::time::Duration;
 
 pub const DEFAULT_TTL_SECS: u64 = 600;

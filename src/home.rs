@@ -25,6 +25,41 @@ pub fn default_home() -> PathBuf {
         .join("cloud-harness")
 }
 
+/// The name this runner goes by in a database that several share (`CLOUD_HARNESS_RUNNER`,
+/// else made once from the host's name and a random suffix and kept in `<home>/runner-id`):
+/// its workspaces and import jobs are marked with it, so a runner starting up tidies only
+/// what is its own.
+pub fn runner_name(home: &Path) -> Result<String> {
+    if let Ok(name) = std::env::var("CLOUD_HARNESS_RUNNER") {
+        if !name.is_empty() {
+            return Ok(name);
+        }
+    }
+    let path = home.join("runner-id");
+    match fs::read_to_string(&path) {
+        Ok(name) if !name.trim().is_empty() => return Ok(name.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(&path, e)),
+    }
+    let host: String = fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '.')
+        .take(63)
+        .collect();
+    let host = if host.is_empty() {
+        "runner".to_owned()
+    } else {
+        host
+    };
+    let name = crate::state::new_id(&host);
+    fs::create_dir_all(home).map_err(|e| Error::io(home, e))?;
+    write_atomic(&path, format!("{name}\n").as_bytes())?;
+    Ok(name)
+}
+
 /// Writes `bytes` to `path` atomically: temp file, fsync, rename, fsync the folder.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().expect("state files have a folder");

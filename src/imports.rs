@@ -3,12 +3,13 @@
 //! cancel. Two run at a time; jobs are rows of the state database, so a queued job outlives a
 //! restart (a running one is marked failed by it).
 
+use crate::params;
 use crate::provision::observe::Observer;
+use crate::state::Optional;
 use crate::state::{self, Db};
 use crate::toolkit::{self, ToolkitSpec};
 use crate::workspace::Workspaces;
 use cloud_harness_fs::{Code, Error, Result};
-use rusqlite::{params, OptionalExtension};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -61,8 +62,14 @@ impl Imports {
     pub fn start(workspaces: Arc<Workspaces>) -> Result<Arc<Imports>> {
         workspaces.db().write(|tx| {
             tx.execute(
-                "UPDATE imports SET state = 'failed', finished_at = $1, error = $2 WHERE state = 'running'",
-                params![state::now_ms(), json!({"code": "INTERNAL", "message": "the server stopped during this import"}).to_string()],
+                "UPDATE imports SET state = 'failed', finished_at = $1, error = $2
+                 WHERE state = 'running' AND (runner = $3 OR runner = '')",
+                params![
+                    state::now_ms(),
+                    json!({"code": "INTERNAL", "message": "the server stopped during this import"})
+                        .to_string(),
+                    workspaces.db().runner()
+                ],
             )
             .map_err(state::internal)?;
             Ok(())
@@ -133,10 +140,10 @@ impl Imports {
         db_of(self).write(|tx| {
             let row: Option<(String, String)> = tx
                 .query_row(
-                    "UPDATE imports SET state = 'running', started_at = $1
+                    "UPDATE imports SET state = 'running', started_at = $1, runner = $2
                      WHERE id = (SELECT id FROM imports WHERE state = 'queued' ORDER BY created_at, id LIMIT 1)
                      RETURNING id, spec",
-                    params![state::now_ms()],
+                    params![state::now_ms(), db_of(self).runner()],
                     |r| Ok((r.get(0)?, r.get(1)?)),
                 )
                 .optional()
@@ -211,7 +218,7 @@ impl Imports {
         self.running.lock().expect("running lock").remove(id);
     }
 
-    fn row(r: &rusqlite::Row) -> rusqlite::Result<Job> {
+    fn row(r: &state::Row) -> state::DbResult<Job> {
         let parse = |s: Option<String>| s.and_then(|s| serde_json::from_str(&s).ok());
         let spec: String = r.get("spec")?;
         Ok(Job {
@@ -262,7 +269,7 @@ impl Imports {
         let jobs = db_of(self).with(|c| {
             c.prepare_cached("SELECT * FROM imports ORDER BY created_at DESC, id DESC LIMIT $1")?
                 .query_map(params![limit as i64], Imports::row)?
-                .collect::<rusqlite::Result<Vec<_>>>()
+                .collect::<state::DbResult<Vec<_>>>()
         })?;
         Ok(jobs.into_iter().map(|j| self.live(j)).collect())
     }

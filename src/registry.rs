@@ -5,13 +5,14 @@
 
 use crate::audit;
 use crate::input::{check_text, shown};
+use crate::params;
 use crate::presets::{self, Preset};
 use crate::provision::Provisioner;
+use crate::state::Optional;
 use crate::state::{self, Db};
 use crate::toolkit::{self, PresetSpec, Scope, ToolkitSpec};
 use cloud_harness_fs::discovery::Layout;
 use cloud_harness_fs::{Code, Error, Result};
-use rusqlite::{params, OptionalExtension};
 use serde::Serialize;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -79,7 +80,7 @@ impl Registry {
     }
 }
 
-fn pin_row(r: &rusqlite::Row) -> rusqlite::Result<Pin> {
+fn pin_row(r: &state::Row) -> state::DbResult<Pin> {
     Ok(Pin {
         id: r.get("id")?,
         commit: r.get("commit_id")?,
@@ -140,10 +141,10 @@ pub fn load(db: &Db) -> Result<Registry> {
              FROM registry_entries e LEFT JOIN pins p ON p.entry_id = e.id AND p.superseded_at IS NULL
              ORDER BY e.id",
         )?
-        .query_map([], |r| {
+        .query_map(params![], |r| {
             let layout: String = r.get("layout")?;
             let scope: String = r.get("default_scope")?;
-            let pin = match r.get::<_, Option<String>>("pin_id")? {
+            let pin = match r.get::<Option<String>>("pin_id")? {
                 Some(id) => Some(Pin {
                     id,
                     commit: r.get("commit_id")?,
@@ -170,7 +171,7 @@ pub fn load(db: &Db) -> Result<Registry> {
                 pin,
             })
         })?
-        .collect::<rusqlite::Result<Vec<Entry>>>()
+        .collect::<state::DbResult<Vec<Entry>>>()
     })?;
     let mut registry = Registry::shipped().clone();
     for e in entries {

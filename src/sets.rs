@@ -5,12 +5,13 @@
 //! each other unknowingly.
 
 use crate::audit;
+use crate::params;
 use crate::provision::hosts::HostPolicy;
 use crate::registry::Registry;
+use crate::state::Optional;
 use crate::state::{self, Db};
 use crate::toolkit::{self, ToolkitSpec};
 use cloud_harness_fs::{Code, Error, Result};
-use rusqlite::{params, OptionalExtension};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -119,7 +120,7 @@ fn check_description(d: &str) -> Result<()> {
     Ok(())
 }
 
-fn row(r: &rusqlite::Row) -> rusqlite::Result<Revision> {
+fn row(r: &state::Row) -> state::DbResult<Revision> {
     let members: String = r.get("members")?;
     Ok(Revision {
         id: r.get("set_id")?,
@@ -165,7 +166,7 @@ pub fn create(
 }
 
 fn insert(
-    tx: &rusqlite::Transaction,
+    tx: &state::Conn,
     id: &str,
     revision: i64,
     description: &str,
@@ -266,7 +267,7 @@ pub fn get(db: &Db, id: &str, revision: Option<i64>) -> Result<Revision> {
     db.with(|c| {
         c.prepare_cached(
             "SELECT set_id, revision, description, members, actor, created_at FROM set_revisions
-             WHERE set_id = $1 AND ($2 IS NULL OR revision = $2) ORDER BY revision DESC LIMIT 1",
+             WHERE set_id = $1 AND (CAST($2 AS BIGINT) IS NULL OR revision = $2) ORDER BY revision DESC LIMIT 1",
         )?
         .query_row(params![id, revision], row)
         .optional()
@@ -288,7 +289,7 @@ pub fn list(db: &Db) -> Result<Vec<Revision>> {
             "SELECT r.set_id, r.revision, r.description, r.members, r.actor, r.created_at FROM set_revisions r
              WHERE r.revision = (SELECT MAX(revision) FROM set_revisions WHERE set_id = r.set_id) ORDER BY r.set_id",
         )?
-        .query_map([], row)?
+        .query_map(params![], row)?
         .collect()
     })
 }

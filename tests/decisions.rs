@@ -4,6 +4,7 @@
 
 mod support;
 
+use cloud_harness::params;
 use serde_json::{json, Value};
 use std::time::Duration;
 use support::api::{conflicting_kits, mcp_session, tool, warm_world, world, world_with};
@@ -360,31 +361,34 @@ fn a_server_killed_mid_write_leaves_the_database_whole_with_every_acknowledged_d
         "only {} writes before the kill",
         acknowledged.len()
     );
-    let db = rusqlite::Connection::open(w.home().join("state.db")).unwrap();
-    let check: String = db
-        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+    let db = w.state();
+    if db.engine() == "sqlite" {
+        let check: String = db
+            .with(|c| c.query_row("PRAGMA integrity_check", params![], |r| r.get(0)))
+            .unwrap();
+        assert_eq!(check, "ok");
+    }
+    let stored: std::collections::HashSet<String> = db
+        .with(|c| {
+            c.query_map("SELECT digest FROM approvals", params![], |r| r.get(0))?
+                .collect()
+        })
         .unwrap();
-    assert_eq!(check, "ok");
-    let mut q = db.prepare("SELECT digest FROM approvals").unwrap();
-    let stored: std::collections::HashSet<String> = q
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
     for d in &acknowledged {
         assert!(stored.contains(d), "{d} was acknowledged and lost");
     }
     // Each stored approval has its audit entry: written in the same transaction.
     let audited: i64 = db
-        .query_row(
-            "SELECT COUNT(*) FROM audit WHERE action = 'approval.grant'",
-            [],
-            |r| r.get(0),
-        )
+        .with(|c| {
+            c.query_row(
+                "SELECT COUNT(*) FROM audit WHERE action = 'approval.grant'",
+                params![],
+                |r| r.get(0),
+            )
+        })
         .unwrap();
     assert_eq!(audited as usize, stored.len());
     // And a new server takes the database as it is.
-    drop(q);
     drop(db);
     let (code, out) = w.cli(&["approve", "list"]);
     assert_eq!(code, 0, "{out}");

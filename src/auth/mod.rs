@@ -7,10 +7,11 @@ pub mod pages;
 
 use crate::audit;
 use crate::input::shown;
+use crate::params;
+use crate::state::Optional;
 use crate::state::{self, Db};
 use cloud_harness_fs::cas::Digest;
 use cloud_harness_fs::{Code, Error, Result};
-use rusqlite::{params, OptionalExtension};
 use serde::Serialize;
 use serde_json::json;
 
@@ -114,7 +115,7 @@ pub fn check_name(name: &str) -> Result<()> {
     }
 }
 
-fn token_info(r: &rusqlite::Row) -> rusqlite::Result<TokenInfo> {
+fn token_info(r: &state::Row) -> state::DbResult<TokenInfo> {
     let role: String = r.get(2)?;
     Ok(TokenInfo {
         id: r.get(0)?,
@@ -204,7 +205,11 @@ pub fn revoke(db: &Db, name: &str, actor: &str) -> Result<TokenInfo> {
 
 /// Whether any token was ever made (the first start makes one when none was).
 pub fn any(db: &Db) -> Result<bool> {
-    db.with(|c| c.query_row("SELECT EXISTS (SELECT 1 FROM tokens)", [], |r| r.get(0)))
+    db.with(|c| {
+        c.query_row("SELECT EXISTS (SELECT 1 FROM tokens)", params![], |r| {
+            r.get(0)
+        })
+    })
 }
 
 /// The identity of an active token's secret.

@@ -321,7 +321,9 @@ pub fn check(named: Option<PathBuf>) -> Result<String> {
             Origin::Default => "default".to_owned(),
         };
         let shown = match &e.value {
-            Some(v) if e.setting.env == "HTTPS_PROXY" => redact(v),
+            Some(v) if ["HTTPS_PROXY", "CLOUD_HARNESS_DATABASE_URL"].contains(&e.setting.env) => {
+                redact(v)
+            }
             Some(v) => v.clone(),
             None => format!("({})", e.setting.default),
         };
@@ -330,7 +332,7 @@ pub fn check(named: Option<PathBuf>) -> Result<String> {
     Ok(out)
 }
 
-/// A proxy URL's password stays out of what is printed.
+/// A URL's password (a proxy's, the database's) stays out of what is printed.
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => format!("{}***{}", &url[..s + 3], &url[at..]),

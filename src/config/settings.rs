@@ -53,6 +53,18 @@ pub const SETTINGS: &[Setting] = &[
         Kind::Number,
         "none",
     ),
+    s(
+        "database",
+        "CLOUD_HARNESS_DATABASE_URL",
+        Kind::Text,
+        "SQLite at <home>/state.db",
+    ),
+    s(
+        "runner",
+        "CLOUD_HARNESS_RUNNER",
+        Kind::Text,
+        "the host name and a random suffix, kept in <home>/runner-id",
+    ),
     s("store.remote", "TOOLKIT_STORE_URL", Kind::Text, "none"),
     s("store.endpoint", "AWS_ENDPOINT_URL", Kind::Text, "AWS S3"),
     s("store.region", "AWS_REGION", Kind::Text, "us-east-1"),

@@ -1,16 +1,32 @@
-//! The schema, one migration per version. Each runs once, in order, in a transaction with
-//! its version recorded; a migration is never edited once released, only followed.
+//! The schema, one migration per version. Each runs once, in order, in a write transaction
+//! with its version recorded; a migration is never edited once released, only followed. Most
+//! of it is SQL both engines take; where they differ (an autoincrementing key, a trigger) a
+//! migration has a part for each.
 
-use super::internal;
+use super::sql::Conn;
 use cloud_harness_fs::{Error, Result};
-use rusqlite::{Connection, TransactionBehavior};
 
-/// `(version, what it does, SQL)`.
-const MIGRATIONS: &[(i64, &str, &str)] = &[
-    (
-    1,
-    "workspaces and keys, tokens, browser sessions, decisions, refused runs, launch conflicts, the audit log",
-    r#"
+struct Migration {
+    version: i64,
+    description: &'static str,
+    /// Run in order, those for the engine at hand.
+    parts: &'static [Part],
+}
+
+enum Part {
+    Both(&'static str),
+    Sqlite(&'static str),
+    Postgres(&'static str),
+}
+use Part::{Both, Postgres, Sqlite};
+
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "workspaces and keys, tokens, browser sessions, decisions, refused runs, launch conflicts, the audit log",
+        parts: &[
+            Both(
+                r#"
 CREATE TABLE workspaces (
     id TEXT PRIMARY KEY,
     idempotency_key TEXT NOT NULL UNIQUE,
@@ -88,6 +104,10 @@ CREATE TABLE launch_conflicts (
     override_id TEXT REFERENCES overrides (id)
 );
 CREATE UNIQUE INDEX launch_conflicts_open ON launch_conflicts (conflict_key) WHERE settled_at IS NULL;
+"#,
+            ),
+            Sqlite(
+                r#"
 CREATE TABLE audit (
     seq INTEGER PRIMARY KEY,
     at BIGINT NOT NULL,
@@ -103,11 +123,37 @@ CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
 CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 "#,
-    ),
-    (
-        2,
-        "skill sets and their revisions",
-        r#"
+            ),
+            Postgres(
+                r#"
+CREATE TABLE audit (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at BIGINT NOT NULL,
+    actor TEXT NOT NULL,
+    action TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    details TEXT NOT NULL
+);
+CREATE INDEX audit_actor ON audit (actor, seq);
+CREATE INDEX audit_action ON audit (action, seq);
+CREATE FUNCTION audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN RAISE EXCEPTION 'the audit log is append-only'; END $$;
+CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
+    FOR EACH ROW EXECUTE FUNCTION audit_append_only();
+CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
+    FOR EACH ROW EXECUTE FUNCTION audit_append_only();
+CREATE TRIGGER audit_no_truncate BEFORE TRUNCATE ON audit
+    FOR EACH STATEMENT EXECUTE FUNCTION audit_append_only();
+"#,
+            ),
+        ],
+    },
+    Migration {
+        version: 2,
+        description: "skill sets and their revisions",
+        parts: &[
+            Both(
+                r#"
 CREATE TABLE sets (
     id TEXT PRIMARY KEY,
     created_at BIGINT NOT NULL,
@@ -123,11 +169,15 @@ CREATE TABLE set_revisions (
     PRIMARY KEY (set_id, revision)
 );
 "#,
-    ),
-    (
-        3,
-        "the registry and its pins",
-        r#"
+            ),
+        ],
+    },
+    Migration {
+        version: 3,
+        description: "the registry and its pins",
+        parts: &[
+            Both(
+                r#"
 CREATE TABLE registry_entries (
     id TEXT PRIMARY KEY,
     name TEXT NOT NULL,
@@ -151,11 +201,15 @@ CREATE TABLE pins (
 );
 CREATE UNIQUE INDEX pins_current ON pins (entry_id) WHERE superseded_at IS NULL;
 "#,
-    ),
-    (
-        4,
-        "import jobs, the acquisition history, default-head resolutions",
-        r#"
+            ),
+        ],
+    },
+    Migration {
+        version: 4,
+        description: "import jobs, the acquisition history, default-head resolutions",
+        parts: &[
+            Both(
+                r#"
 CREATE TABLE imports (
     id TEXT PRIMARY KEY,
     spec TEXT NOT NULL,
@@ -173,6 +227,10 @@ CREATE TABLE head_resolutions (
     commit_id TEXT NOT NULL,
     resolved_at BIGINT NOT NULL
 );
+"#,
+            ),
+            Sqlite(
+                r#"
 CREATE TABLE acquisitions (
     seq INTEGER PRIMARY KEY,
     at BIGINT NOT NULL,
@@ -194,58 +252,99 @@ CREATE TABLE acquisitions (
     subject TEXT
 );
 "#,
-    ),
-    (
-        5,
-        "overrides for the workspaces of one set",
-        r#"
+            ),
+            Postgres(
+                r#"
+CREATE TABLE acquisitions (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at BIGINT NOT NULL,
+    toolkit TEXT NOT NULL,
+    preset TEXT,
+    url TEXT NOT NULL,
+    requested TEXT NOT NULL,
+    commit_id TEXT,
+    bundle TEXT,
+    mode TEXT,
+    millis BIGINT NOT NULL,
+    bytes BIGINT NOT NULL,
+    skills BIGINT,
+    result TEXT NOT NULL CHECK (result IN ('ok', 'error')),
+    error_code TEXT,
+    error_message TEXT,
+    actor TEXT NOT NULL,
+    via TEXT NOT NULL,
+    subject TEXT
+);
+"#,
+            ),
+        ],
+    },
+    Migration {
+        version: 5,
+        description: "overrides for the workspaces of one set",
+        parts: &[
+            Both(
+                r#"
 ALTER TABLE overrides ADD COLUMN set_id TEXT REFERENCES sets (id);
 DROP INDEX overrides_active;
 CREATE UNIQUE INDEX overrides_active ON overrides (skill, COALESCE(set_id, '')) WHERE revoked_at IS NULL;
 "#,
-    ),
+            ),
+        ],
+    },
+    Migration {
+        version: 6,
+        description: "the runner each workspace and import job belongs to, for a database runners share",
+        parts: &[Both(
+            r#"
+ALTER TABLE workspaces ADD COLUMN runner TEXT NOT NULL DEFAULT '';
+ALTER TABLE imports ADD COLUMN runner TEXT NOT NULL DEFAULT '';
+"#,
+        )],
+    },
 ];
 
 /// The newest version this binary knows.
 pub fn latest() -> i64 {
-    MIGRATIONS.last().map_or(0, |m| m.0)
+    MIGRATIONS.last().map_or(0, |m| m.version)
 }
 
-/// Brings the database to [`latest`]. Two processes starting at once serialize on the write
-/// lock; the second finds the work done.
-pub fn apply(conn: &mut Connection) -> Result<()> {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(internal)?;
-    tx.execute_batch(
+/// Brings the database to [`latest`], inside the caller's write transaction: two processes
+/// starting at once serialize on the write lock, and the second finds the work done.
+pub fn apply(conn: &Conn) -> Result<()> {
+    conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS schema_migrations (
             version BIGINT PRIMARY KEY,
             description TEXT NOT NULL,
             applied_at BIGINT NOT NULL
         )",
-    )
-    .map_err(internal)?;
-    let current: i64 = tx
-        .query_row(
-            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(internal)?;
+    )?;
+    let current: i64 = conn.query_row(
+        "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+        crate::params![],
+        |r| r.get(0),
+    )?;
     if current > latest() {
         return Err(Error::internal(format!(
             "the state database is at schema version {current}, newer than this binary knows ({}): upgrade cloud-harness",
             latest()
         )));
     }
-    for (version, description, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
-        tx.execute_batch(sql)
-            .map_err(|e| Error::internal(format!("state database migration {version}: {e}")))?;
-        tx.execute(
+    let postgres = matches!(conn, Conn::Postgres(_));
+    for m in MIGRATIONS.iter().filter(|m| m.version > current) {
+        for part in m.parts {
+            let sql = match (part, postgres) {
+                (Both(sql), _) | (Sqlite(sql), false) | (Postgres(sql), true) => sql,
+                _ => continue,
+            };
+            conn.execute_batch(sql).map_err(|e| {
+                Error::internal(format!("state database migration {}: {e}", m.version))
+            })?;
+        }
+        conn.execute(
             "INSERT INTO schema_migrations (version, description, applied_at) VALUES ($1, $2, $3)",
-            rusqlite::params![version, description, super::now_ms()],
-        )
-        .map_err(internal)?;
+            crate::params![m.version, m.description, super::now_ms()],
+        )?;
     }
-    tx.commit().map_err(internal)
+    Ok(())
 }

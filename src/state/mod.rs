@@ -1,30 +1,43 @@
-//! The control plane's state: one SQLite database, `<home>/state.db`, shared by `serve` and the
-//! CLI (WAL, a busy timeout), with versioned migrations. Every query of the control plane
-//! goes through this module's connection. The SQL is kept to what PostgreSQL also accepts
-//! (numbered `$n` parameters, `ON CONFLICT`, partial unique indexes, `RETURNING`), so a fleet's
-//! shared database can take the same statements.
+//! The control plane's state, behind one data module: SQLite at `<home>/state.db` by
+//! default (shared by `serve` and the CLI of one machine), or PostgreSQL at
+//! `CLOUD_HARNESS_DATABASE_URL` for a fleet of runners sharing one database. Every query of
+//! the control plane goes through [`Db`], written once in the SQL both engines accept
+//! (numbered `$n` parameters, `ON CONFLICT`, partial unique indexes, `RETURNING`; a parameter
+//! that is only tested for NULL is cast, `CAST($1 AS TEXT) IS NULL`, so PostgreSQL knows its
+//! type), with the same versioned migrations on both.
 
 mod migrations;
+mod postgres;
+mod sql;
+mod sqlite;
 
-use cloud_harness_fs::{Error, Result};
-use rusqlite::{Connection, TransactionBehavior};
+pub use sql::{Conn, DbError, DbResult, ErrorKind, FromValue, Optional, Param, Row, Value};
+
+use cloud_harness_fs::{Code, Error, Result};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-/// How long a writer waits for another (a CLI while `serve` writes) before giving up.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Where a fleet's shared database is: `postgres://user:password@host:port/database`.
+pub const URL_VAR: &str = "CLOUD_HARNESS_DATABASE_URL";
 
 /// The database. Cheap to clone; one connection per process, used one statement at a time.
 #[derive(Clone)]
 pub struct Db {
-    conn: Arc<Mutex<Connection>>,
-    path: PathBuf,
+    engine: Arc<Mutex<Engine>>,
+    /// The file, or the URL without its password.
+    shown: String,
+    /// This runner's name ([`crate::home::runner_name`]).
+    runner: String,
+}
+
+enum Engine {
+    Sqlite(rusqlite::Connection),
+    Postgres(Box<postgres::Pg>),
 }
 
 impl std::fmt::Debug for Db {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Db").field("path", &self.path).finish()
+        f.debug_struct("Db").field("at", &self.shown).finish()
     }
 }
 
@@ -32,18 +45,25 @@ pub fn path(home: &Path) -> PathBuf {
     home.join("state.db")
 }
 
-/// A database error as the harness reports it: a constraint is the caller's to name, anything
-/// else is internal.
-pub fn internal(e: rusqlite::Error) -> Error {
-    Error::internal(format!("state database: {e}"))
+/// A database error as the harness reports it: a constraint is the caller's to name, a
+/// database out of reach is UPSTREAM (retryable), anything else is internal.
+pub fn internal(e: DbError) -> Error {
+    match e.kind {
+        ErrorKind::Unavailable => Error::new(Code::Upstream, e.message)
+            .with_details(serde_json::json!({ "retryable": true })),
+        _ => Error::internal(format!("state database: {e}")),
+    }
+}
+
+impl From<DbError> for Error {
+    fn from(e: DbError) -> Error {
+        internal(e)
+    }
 }
 
 /// Whether `e` is a unique or check constraint refusing a row.
-pub fn is_constraint(e: &rusqlite::Error) -> bool {
-    matches!(
-        e.sqlite_error_code(),
-        Some(rusqlite::ErrorCode::ConstraintViolation)
-    )
+pub fn is_constraint(e: &DbError) -> bool {
+    e.kind == ErrorKind::Constraint
 }
 
 /// Milliseconds since the Unix epoch: every time the control plane records.
@@ -54,52 +74,92 @@ pub fn now_ms() -> i64 {
 }
 
 impl Db {
-    /// Opens (creating it if need be) the database under `home` and brings it to the schema
-    /// this binary knows. A database from a newer binary is refused, not written.
+    /// The database this process is configured for: PostgreSQL when
+    /// `CLOUD_HARNESS_DATABASE_URL` is set, else SQLite under `home`.
     pub fn open(home: &Path) -> Result<Db> {
-        std::fs::create_dir_all(home).map_err(|e| Error::io(home, e))?;
-        let path = path(home);
-        let mut conn = Connection::open(&path).map_err(internal)?;
-        conn.busy_timeout(BUSY_TIMEOUT).map_err(internal)?;
-        // WAL: readers never wait for the writer; FULL: an acknowledged decision survives a
-        // power cut, not only a killed process.
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(internal)?;
-        conn.pragma_update(None, "synchronous", "FULL")
-            .map_err(internal)?;
-        conn.pragma_update(None, "foreign_keys", "ON")
-            .map_err(internal)?;
-        migrations::apply(&mut conn)?;
-        // The file holds token hashes and decisions: the server's user only.
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
-        Ok(Db {
-            conn: Arc::new(Mutex::new(conn)),
-            path,
-        })
+        match std::env::var(URL_VAR) {
+            Ok(url) if !url.is_empty() => Db::connect(&url, home),
+            _ => Db::open_sqlite(home),
+        }
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Opens (creating it if need be) the SQLite database under `home` and brings it to the
+    /// schema this binary knows. A database from a newer binary is refused, not written.
+    pub fn open_sqlite(home: &Path) -> Result<Db> {
+        std::fs::create_dir_all(home).map_err(|e| Error::io(home, e))?;
+        let path = path(home);
+        let conn = sqlite::open(&path)?;
+        Db::migrated(Engine::Sqlite(conn), path.display().to_string(), home)
+    }
+
+    /// Connects to the PostgreSQL database at `url` and brings it to the schema this binary
+    /// knows (the first runner to start migrates; the others find it done).
+    pub fn connect(url: &str, home: &Path) -> Result<Db> {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(Error::field(
+                Code::InvalidArgument,
+                URL_VAR,
+                format!(
+                    "{URL_VAR} must be a postgres:// URL, not {}",
+                    postgres::redacted(url)
+                ),
+            ));
+        }
+        let pg = Box::new(postgres::Pg::connect(url)?);
+        let shown = pg.shown().to_owned();
+        Db::migrated(Engine::Postgres(pg), shown, home)
+    }
+
+    fn migrated(engine: Engine, shown: String, home: &Path) -> Result<Db> {
+        let db = Db {
+            engine: Arc::new(Mutex::new(engine)),
+            shown,
+            runner: crate::home::runner_name(home)?,
+        };
+        db.write(migrations::apply)?;
+        Ok(db)
+    }
+
+    /// The file, or the URL without its password.
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    /// This runner's name, which marks what it owns in a shared database.
+    pub fn runner(&self) -> &str {
+        &self.runner
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn engine(&self) -> &'static str {
+        match *self.engine.lock().expect("database lock") {
+            Engine::Sqlite(_) => "sqlite",
+            Engine::Postgres(_) => "postgres",
+        }
     }
 
     /// Runs `f` on the connection (one statement or a few reads).
-    pub fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T> {
-        let conn = self.conn.lock().expect("database lock");
-        f(&conn).map_err(internal)
+    pub fn with<T>(&self, f: impl FnOnce(&Conn) -> DbResult<T>) -> Result<T> {
+        let mut engine = self.engine.lock().expect("database lock");
+        match &mut *engine {
+            Engine::Sqlite(c) => f(&Conn::Sqlite(c)).map_err(internal),
+            Engine::Postgres(p) => {
+                p.ensure()?;
+                f(&Conn::Postgres(p)).map_err(internal)
+            }
+        }
     }
 
-    /// Runs `f` in one write transaction, taken at once (`BEGIN IMMEDIATE`), so two
-    /// processes writing serialize instead of failing midway; committed only if `f`
-    /// succeeds, so nothing partial is ever stored.
-    pub fn write<T>(&self, f: impl FnOnce(&rusqlite::Transaction) -> Result<T>) -> Result<T> {
-        let mut conn = self.conn.lock().expect("database lock");
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(internal)?;
-        let value = f(&tx)?;
-        tx.commit().map_err(internal)?;
-        Ok(value)
+    /// Runs `f` in one write transaction holding the write lock from its start (SQLite's
+    /// `BEGIN IMMEDIATE`; on PostgreSQL one advisory lock for the whole fleet), so two
+    /// writers serialize instead of failing midway; committed only if `f` succeeds, so
+    /// nothing partial is ever stored.
+    pub fn write<T>(&self, f: impl FnOnce(&Conn) -> Result<T>) -> Result<T> {
+        let mut engine = self.engine.lock().expect("database lock");
+        match &mut *engine {
+            Engine::Sqlite(c) => sqlite::write(c, |c| f(&Conn::Sqlite(c))),
+            Engine::Postgres(p) => p.write(|p| f(&Conn::Postgres(p))),
+        }
     }
 }
 

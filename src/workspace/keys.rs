@@ -1,32 +1,44 @@
 //! Workspaces in the state database: one row per workspace with its idempotency key, unique,
 //! so one key makes one workspace even across processes. A row is `opening` from the moment
-//! its key is claimed until its record is on disk, then `open`; closing deletes it.
+//! its key is claimed until its record is on disk, then `open`; closing deletes it. Each row
+//! names the runner whose disk holds the workspace (a fleet shares one database; rows from
+//! before runners were named have none and belong to whoever holds the home).
 
+use crate::params;
+use crate::state::Optional;
 use crate::state::{self, Db};
 use cloud_harness_fs::cas::Digest;
 use cloud_harness_fs::{Error, Result};
-use rusqlite::{params, OptionalExtension};
 
 /// What a key is bound to.
 pub struct Bound {
     pub digest: Digest,
     pub workspace: String,
     pub opening: bool,
+    /// The runner that holds it.
+    pub runner: String,
 }
 
 pub fn find(db: &Db, key: &str) -> Result<Option<Bound>> {
-    let row: Option<(String, String, String)> = db.with(|c| {
+    let row: Option<(String, String, String, String)> = db.with(|c| {
         c.prepare_cached(
-            "SELECT request_digest, id, state FROM workspaces WHERE idempotency_key = $1",
+            "SELECT request_digest, id, state, runner FROM workspaces WHERE idempotency_key = $1",
         )?
-        .query_row(params![key], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .query_row(params![key], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
         .optional()
     })?;
-    row.map(|(digest, workspace, st)| {
+    row.map(|(digest, workspace, st, runner)| {
         Ok(Bound {
             digest: Digest::parse(&digest)?,
             workspace,
             opening: st == "opening",
+            runner: if runner.is_empty() {
+                db.runner().to_owned()
+            } else {
+                runner
+            },
         })
     })
     .transpose()
@@ -37,9 +49,9 @@ pub fn claim(db: &Db, key: &str, digest: &Digest, id: &str) -> Result<bool> {
     db.write(|tx| {
         let n = tx
             .execute(
-                "INSERT INTO workspaces (id, idempotency_key, request_digest, state, created_at)
-                 VALUES ($1, $2, $3, 'opening', $4) ON CONFLICT DO NOTHING",
-                params![id, key, digest.to_string(), state::now_ms()],
+                "INSERT INTO workspaces (id, idempotency_key, request_digest, state, created_at, runner)
+                 VALUES ($1, $2, $3, 'opening', $4, $5) ON CONFLICT DO NOTHING",
+                params![id, key, digest.to_string(), state::now_ms(), db.runner()],
             )
             .map_err(state::internal)?;
         Ok(n == 1)
@@ -73,13 +85,16 @@ pub fn release(db: &Db, id: &str) -> Result<()> {
 pub fn adopt(db: &Db, id: &str, key: &str, digest: &Digest, created_secs: u64) -> Result<()> {
     db.write(|tx| {
         tx.execute(
-            "INSERT INTO workspaces (id, idempotency_key, request_digest, state, created_at)
-             VALUES ($1, $2, $3, 'open', $4) ON CONFLICT DO NOTHING",
-            params![id, key, digest.to_string(), created_secs as i64 * 1000],
+            "INSERT INTO workspaces (id, idempotency_key, request_digest, state, created_at, runner)
+             VALUES ($1, $2, $3, 'open', $4, $5) ON CONFLICT DO NOTHING",
+            params![id, key, digest.to_string(), created_secs as i64 * 1000, db.runner()],
         )
         .map_err(state::internal)?;
-        tx.execute("UPDATE workspaces SET state = 'open' WHERE id = $1", params![id])
-            .map_err(state::internal)?;
+        tx.execute(
+            "UPDATE workspaces SET state = 'open', runner = $2 WHERE id = $1",
+            params![id, db.runner()],
+        )
+        .map_err(state::internal)?;
         let owner: String = tx
             .query_row(
                 "SELECT id FROM workspaces WHERE idempotency_key = $1",
@@ -96,11 +111,11 @@ pub fn adopt(db: &Db, id: &str, key: &str, digest: &Digest, created_secs: u64) -
     })
 }
 
-/// Every workspace the database knows.
-pub fn all(db: &Db) -> Result<Vec<String>> {
+/// Every workspace the database knows on this runner.
+pub fn mine(db: &Db) -> Result<Vec<String>> {
     db.with(|c| {
-        c.prepare_cached("SELECT id FROM workspaces ORDER BY id")?
-            .query_map([], |r| r.get(0))?
+        c.prepare_cached("SELECT id FROM workspaces WHERE runner = $1 OR runner = '' ORDER BY id")?
+            .query_map(params![db.runner()], |r| r.get(0))?
             .collect()
     })
 }

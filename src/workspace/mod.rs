@@ -253,7 +253,7 @@ impl Workspaces {
         }
         // A row whose workspace has no record (an open cut short, its folder swept above):
         // its key is free again.
-        for id in keys::all(&self.db).unwrap_or_default() {
+        for id in keys::mine(&self.db).unwrap_or_default() {
             if !on_disk.contains(&id) {
                 if let Err(e) = keys::release(&self.db, &id) {
                     tracing::error!(workspace = %id, error = %e, "cannot free the key of a half-made workspace");

@@ -156,6 +156,7 @@ impl Workspaces {
             digest: existing_digest,
             workspace,
             opening,
+            runner,
         } = bound;
         {
             if existing_digest != digest {
@@ -163,6 +164,13 @@ impl Workspaces {
                     "idempotencyKey {key:?} was used for a different request (workspace {workspace}); use a new key for a new request"
                 ))
                 .with_details(json!({ "field": "idempotencyKey", "workspace": workspace })));
+            }
+            if runner != self.db.runner() {
+                // A fleet shares one database: the workspace is on another runner's disk.
+                return Err(Error::conflict(format!(
+                    "idempotencyKey {key:?} belongs to workspace {workspace} on runner {runner}; send the request to that runner"
+                ))
+                .with_details(json!({ "field": "idempotencyKey", "workspace": workspace, "runner": runner })));
             }
             if opening {
                 return Err(Error::conflict(format!(

@@ -125,9 +125,18 @@ impl World {
             .args(args)
             .env("CLOUD_HARNESS_HOME", self.home())
             .env("TOOLKIT_CACHE_ROOT", self.server.tmp.path().join("store"))
+            .envs(self.server.database_env())
             .output()
             .unwrap();
         super::code_and_output(out)
+    }
+
+    /// This server's state database, opened as another process would.
+    pub fn state(&self) -> cloud_harness::state::Db {
+        match &self.server.database {
+            Some(d) => cloud_harness::state::Db::connect(&d.url(), &self.home()).unwrap(),
+            None => cloud_harness::state::Db::open_sqlite(&self.home()).unwrap(),
+        }
     }
 
     pub fn audit_actions(&self) -> Vec<String> {

@@ -12,6 +12,19 @@ pub struct Server {
     /// What the server logged so far.
     pub log: std::sync::Arc<std::sync::Mutex<String>>,
     pub tmp: tempfile::TempDir,
+    /// The PostgreSQL database it keeps its state in, when this test binary runs the control
+    /// plane on PostgreSQL (else SQLite in its home).
+    pub database: Option<super::postgres::Database>,
+}
+
+impl Server {
+    /// The environment that points a CLI at this server's database.
+    pub fn database_env(&self) -> Vec<(&'static str, String)> {
+        self.database
+            .iter()
+            .map(|d| ("CLOUD_HARNESS_DATABASE_URL", d.url()))
+            .collect()
+    }
 }
 
 impl Drop for Server {
@@ -36,12 +49,20 @@ pub fn server_in(tmp: tempfile::TempDir, args: &[&str], env: &[(&str, &str)]) ->
 
 /// [`server_in`] whose workspaces are mounted (unless `args` say `--no-mount`).
 pub fn server_mounting(tmp: tempfile::TempDir, args: &[&str], env: &[(&str, &str)]) -> Server {
+    let named = env.iter().any(|(k, _)| *k == "CLOUD_HARNESS_DATABASE_URL");
+    let database = (!named && super::postgres::selected() && super::postgres::available())
+        .then(super::postgres::Database::new);
     let mut child = Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
         .args(["serve", "--http", "127.0.0.1:0"])
         .args(args)
         .env("TOOLKIT_CACHE_ROOT", tmp.path().join("store"))
         .env("CLOUD_HARNESS_HOME", tmp.path().join("home"))
         .env("CLOUD_HARNESS_EXECUTOR", "none")
+        .envs(
+            database
+                .iter()
+                .map(|d| ("CLOUD_HARNESS_DATABASE_URL", d.url())),
+        )
         .envs(env.iter().copied())
         .stderr(Stdio::piped())
         .spawn()
@@ -70,6 +91,7 @@ pub fn server_mounting(tmp: tempfile::TempDir, args: &[&str], env: &[(&str, &str
         addr,
         log,
         tmp,
+        database,
     }
 }
 

@@ -6,6 +6,7 @@ pub mod acquisition;
 pub mod api;
 pub mod executors;
 pub mod http;
+pub mod postgres;
 pub mod s3;
 
 use cloud_harness::fs::cas::{Limits as ImportLimits, Store};

@@ -1,0 +1,292 @@
+//! The fleet's engine: PostgreSQL at `CLOUD_HARNESS_DATABASE_URL`, shared by every runner.
+//! One connection per process, driven by a runtime of its own so that callers on any thread
+//! (async or not) wait for it the same way they wait for SQLite. Write transactions take one
+//! advisory lock first, so writers across the fleet serialize exactly as SQLite's
+//! `BEGIN IMMEDIATE` makes them (the control plane writes little; what it writes must never
+//! interleave). A lost connection is made again on the next use.
+
+use super::sql::{DbError, DbResult, ErrorKind, Row, Value};
+use bytes::BytesMut;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{to_sql_checked, FromSql, IsNull, ToSql, Type};
+
+/// The advisory lock every write transaction holds ("ch" and 1).
+const WRITE_LOCK: i64 = 0x6368_0001;
+
+/// How long connecting may take when the URL does not say (`connect_timeout`).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct Pg {
+    config: tokio_postgres::Config,
+    /// The URL without its password, for messages.
+    shown: String,
+    client: tokio_postgres::Client,
+    statements: RefCell<HashMap<String, tokio_postgres::Statement>>,
+    /// A statement failed inside the current transaction (PostgreSQL then refuses the rest).
+    failed: Cell<bool>,
+}
+
+impl Pg {
+    pub fn connect(url: &str) -> DbResult<Pg> {
+        let shown = redacted(url);
+        let mut config: tokio_postgres::Config = url.parse().map_err(|e| DbError {
+            kind: ErrorKind::Other,
+            message: format!("CLOUD_HARNESS_DATABASE_URL {shown}: {e}"),
+        })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("cloud-harness");
+        }
+        let client = open(&config, &shown)?;
+        Ok(Pg {
+            config,
+            shown,
+            client,
+            statements: RefCell::default(),
+            failed: Cell::new(false),
+        })
+    }
+
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+
+    /// A new connection if the last one was lost.
+    pub fn ensure(&mut self) -> DbResult<()> {
+        if self.client.is_closed() {
+            tracing::warn!(database = %self.shown, "the state database connection was lost; connecting again");
+            self.client = open(&self.config, &self.shown)?;
+            self.statements.borrow_mut().clear();
+        }
+        Ok(())
+    }
+
+    /// `f` in a transaction holding the fleet's write lock, committed only if `f` succeeds
+    /// and no statement in it failed.
+    pub fn write<T, E: From<DbError>>(
+        &mut self,
+        f: impl FnOnce(&Pg) -> Result<T, E>,
+    ) -> Result<T, E> {
+        self.ensure()?;
+        self.batch(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})"
+        ))?;
+        self.failed.set(false);
+        let value = f(self);
+        match value {
+            Ok(v) if !self.failed.get() => {
+                self.batch("COMMIT")?;
+                Ok(v)
+            }
+            Ok(_) => {
+                let _ = self.batch("ROLLBACK");
+                Err(DbError::other("a statement failed inside a transaction that went on").into())
+            }
+            Err(e) => {
+                let _ = self.batch("ROLLBACK");
+                Err(e)
+            }
+        }
+    }
+
+    pub fn batch(&self, sql: &str) -> DbResult<()> {
+        let r = futures_executor::block_on(self.client.batch_execute(sql));
+        self.checked(r)
+    }
+
+    pub fn execute(&self, sql: &str, values: &[Value]) -> DbResult<u64> {
+        let st = self.statement(sql)?;
+        let params: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v as _).collect();
+        let r = futures_executor::block_on(self.client.execute(&st, &params));
+        self.checked(r)
+    }
+
+    pub fn rows(&self, sql: &str, values: &[Value]) -> DbResult<Vec<Row>> {
+        let st = self.statement(sql)?;
+        let params: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v as _).collect();
+        let r = futures_executor::block_on(self.client.query(&st, &params));
+        let rows = self.checked(r)?;
+        let names: std::sync::Arc<[String]> =
+            st.columns().iter().map(|c| c.name().to_owned()).collect();
+        rows.iter()
+            .map(|r| {
+                let values = (0..r.len())
+                    .map(|i| r.try_get::<_, Value>(i).map_err(|e| self.error(e)))
+                    .collect::<DbResult<Vec<Value>>>()?;
+                Ok(Row {
+                    names: names.clone(),
+                    values,
+                })
+            })
+            .collect()
+    }
+
+    fn statement(&self, sql: &str) -> DbResult<tokio_postgres::Statement> {
+        if let Some(st) = self.statements.borrow().get(sql) {
+            return Ok(st.clone());
+        }
+        let r = futures_executor::block_on(self.client.prepare(sql));
+        let st = self.checked(r)?;
+        self.statements
+            .borrow_mut()
+            .insert(sql.to_owned(), st.clone());
+        Ok(st)
+    }
+
+    fn checked<T>(&self, r: Result<T, tokio_postgres::Error>) -> DbResult<T> {
+        r.map_err(|e| {
+            self.failed.set(true);
+            self.error(e)
+        })
+    }
+
+    fn error(&self, e: tokio_postgres::Error) -> DbError {
+        error(e, &self.shown)
+    }
+}
+
+/// The runtime that drives every connection to the state database, whatever thread queries
+/// it (a server's worker, a blocking thread, the CLI's main thread). Static: a runtime may not
+/// be dropped from inside another.
+fn runtime() -> DbResult<&'static tokio::runtime::Runtime> {
+    static RUNTIME: std::sync::OnceLock<std::io::Result<tokio::runtime::Runtime>> =
+        std::sync::OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("state-db")
+                .enable_all()
+                .build()
+        })
+        .as_ref()
+        .map_err(|e| DbError::other(format!("a runtime for the state database: {e}")))
+}
+
+fn open(config: &tokio_postgres::Config, shown: &str) -> DbResult<tokio_postgres::Client> {
+    let config = config.clone();
+    let tls = tls().map_err(|e| DbError::other(format!("TLS for the state database: {e}")))?;
+    let connected = runtime()?.spawn(async move {
+        let (client, connection) = config.connect(tls).await?;
+        // The connection's own task does the reading and writing for every query.
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::warn!(error = %e, "the state database connection ended");
+            }
+        });
+        Ok::<_, tokio_postgres::Error>(client)
+    });
+    match futures_executor::block_on(connected) {
+        Ok(r) => r.map_err(|e| error(e, shown)),
+        Err(e) => Err(DbError::other(format!(
+            "connecting to the state database: {e}"
+        ))),
+    }
+}
+
+/// TLS as the URL's `sslmode` asks (PostgreSQL's default, `prefer`, uses it when offered),
+/// checked against the system's roots.
+fn tls() -> Result<postgres_native_tls::MakeTlsConnector, native_tls::Error> {
+    Ok(postgres_native_tls::MakeTlsConnector::new(
+        native_tls::TlsConnector::new()?,
+    ))
+}
+
+fn error(e: tokio_postgres::Error, shown: &str) -> DbError {
+    let kind = match e.code() {
+        Some(c)
+            if *c == SqlState::UNIQUE_VIOLATION
+                || *c == SqlState::CHECK_VIOLATION
+                || *c == SqlState::FOREIGN_KEY_VIOLATION
+                || *c == SqlState::NOT_NULL_VIOLATION
+                || *c == SqlState::EXCLUSION_VIOLATION =>
+        {
+            ErrorKind::Constraint
+        }
+        Some(_) => ErrorKind::Other,
+        // No SQL state: the connection (refused, lost, timed out) rather than a statement.
+        None => ErrorKind::Unavailable,
+    };
+    let message = match kind {
+        ErrorKind::Unavailable if e.to_string().contains("TLS") => format!(
+            "the state database at {shown}: {e} (its certificate must verify against the system's roots; on a trusted network add sslmode=disable to the URL)"
+        ),
+        ErrorKind::Unavailable => format!("the state database at {shown} is unreachable: {e}"),
+        _ => match e.as_db_error() {
+            Some(db) => db.message().to_owned(),
+            None => e.to_string(),
+        },
+    };
+    DbError { kind, message }
+}
+
+/// `url` with its password replaced by `***`.
+pub fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let user = &url[s + 3..at];
+            match user.split_once(':') {
+                Some((name, _)) => format!("{}{name}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+impl ToSql for Value {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match (self, ty) {
+            (Value::Null, _) => Ok(IsNull::Yes),
+            (Value::Int(i), &Type::INT8) => i.to_sql(ty, out),
+            (Value::Int(i), &Type::INT4) => i32::try_from(*i)?.to_sql(ty, out),
+            (Value::Int(i), &Type::INT2) => i16::try_from(*i)?.to_sql(ty, out),
+            (Value::Int(i), &Type::BOOL) => (*i != 0).to_sql(ty, out),
+            (Value::Bool(b), &Type::BOOL) => b.to_sql(ty, out),
+            (Value::Bool(b), &Type::INT8) => i64::from(*b).to_sql(ty, out),
+            (Value::Text(s), _) if <&str as ToSql>::accepts(ty) => s.as_str().to_sql(ty, out),
+            (v, ty) => Err(format!("{v:?} cannot be a parameter of type {ty}").into()),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    to_sql_checked!();
+}
+
+impl<'a> FromSql<'a> for Value {
+    fn from_sql(
+        ty: &Type,
+        raw: &'a [u8],
+    ) -> Result<Value, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(match *ty {
+            Type::INT8 => Value::Int(i64::from_sql(ty, raw)?),
+            Type::INT4 => Value::Int(i32::from_sql(ty, raw)?.into()),
+            Type::INT2 => Value::Int(i16::from_sql(ty, raw)?.into()),
+            Type::BOOL => Value::Bool(bool::from_sql(ty, raw)?),
+            _ if <String as FromSql>::accepts(ty) => Value::Text(String::from_sql(ty, raw)?),
+            _ => {
+                return Err(format!("a column of type {ty}, which the schema never stores").into())
+            }
+        })
+    }
+
+    fn from_sql_null(_: &Type) -> Result<Value, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(Value::Null)
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+}

@@ -1,0 +1,234 @@
+//! Two runners, one bucket, one PostgreSQL database: each `serve --http` has its own home and
+//! local store; they share the store of record (`s3s-fs` on loopback) and the control plane
+//! (Debian's PostgreSQL on loopback). What an operator does on one runner holds on the other,
+//! and one idempotency key makes one workspace across the fleet.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::api::{mcp_session, tool, world_of, World};
+use support::http::{server_in, Server};
+use support::postgres::Database;
+use support::s3::S3Server;
+use support::{dir, file, Node, Repo};
+
+const PREFIX: &str = "fleet";
+
+/// A toolkit whose one skill has a script.
+fn scripted() -> Node {
+    dir(vec![(
+        "skills",
+        dir(vec![(
+            "alpha",
+            dir(vec![
+                (
+                    "SKILL.md",
+                    file(
+                        "---\nname: alpha\ndescription: Says hello.\n---\nRun scripts/hello.sh.\n",
+                    ),
+                ),
+                (
+                    "scripts",
+                    dir(vec![(
+                        "hello.sh",
+                        Node::Exec(b"#!/bin/sh\necho hello from alpha\n".to_vec()),
+                    )]),
+                ),
+            ]),
+        )]),
+    )])
+}
+
+struct Fleet {
+    git: support::acquisition::World,
+    s3: S3Server,
+    db: Database,
+}
+
+fn fleet() -> Option<Fleet> {
+    if !support::s3::available() {
+        assert!(std::env::var_os("CI").is_none(), "s3s-fs is missing");
+        eprintln!("skipped: s3s-fs is not installed");
+        return None;
+    }
+    if !support::postgres::available() {
+        return None;
+    }
+    let git = support::acquisition::world();
+    let s3 = S3Server::start(&git.tmp.path().join("s3"));
+    Some(Fleet {
+        git,
+        s3,
+        db: Database::new(),
+    })
+}
+
+impl Fleet {
+    /// A runner named `name`: its own home and store, the shared bucket and database.
+    fn runner(&self, name: &str, executor: &str) -> Server {
+        let settings = self.s3.settings();
+        let store_url = self.s3.url(PREFIX);
+        let host = self.git.server.host();
+        let ca = self.git.certs.ca.display().to_string();
+        let db = self.db.url();
+        let mut env: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        env.extend([
+            ("TOOLKIT_STORE_URL", store_url.as_str()),
+            ("CLOUD_HARNESS_DATABASE_URL", db.as_str()),
+            ("CLOUD_HARNESS_RUNNER", name),
+            ("ALLOWED_GIT_HOSTS", host.as_str()),
+            ("CLOUD_HARNESS_EXTRA_CA", ca.as_str()),
+            ("CLOUD_HARNESS_CONTAINERS", "off"),
+            // The test git server is on loopback, which egress opens only when told to.
+            ("CLOUD_HARNESS_ALLOW_CIDRS", "127.0.0.0/8"),
+            ("CLOUD_HARNESS_EXECUTOR", executor),
+        ]);
+        server_in(tempfile::tempdir().unwrap(), &[], &env)
+    }
+
+    fn repo(&self, name: &str, root: Node) -> (String, String) {
+        let repo = Repo::create(&self.git.repos, name, false);
+        let commit = repo.commit(root);
+        (self.git.server.url(name), commit)
+    }
+
+    fn count(&self, sql: &str) -> i64 {
+        self.db.query(sql).unwrap().parse().unwrap()
+    }
+}
+
+/// An MCP tool call on `runner` with `token`, in a session of its own.
+fn call(runner: &Server, token: &str, name: &str, args: Value) -> Value {
+    let session = mcp_session(runner.addr, token);
+    tool(runner.addr, token, &session, name, args)
+}
+
+#[test]
+fn what_an_operator_does_on_one_runner_holds_on_the_other() {
+    if !support::executor_backend("bwrap") {
+        assert!(std::env::var_os("CI").is_none(), "bubblewrap is missing");
+        return;
+    }
+    let Some(mut f) = fleet() else { return };
+    let (url, commit) = f.repo("team/scripted.git", scripted());
+    // Runner A starts first: the database is new, so A makes the first operator token. B
+    // finds tokens there and makes none; A's token works on B.
+    let a: World = world_of(f.runner("runner-a", "bwrap"));
+    let b = f.runner("runner-b", "none");
+    assert!(
+        !b.log.lock().unwrap().contains("cht_"),
+        "the second runner made a token of its own"
+    );
+    let member = json!({"kind": "git", "instanceId": "team", "url": url, "ref": commit});
+    let set = a.op(
+        "POST",
+        "/api/v1/sets",
+        Some(json!({"id": "team", "description": "The team's.", "members": [member]})),
+    );
+    assert_eq!(set["revision"], 1, "{set}");
+
+    // A opens the set from git, and so publishes the toolkit to the bucket.
+    let opened_a = call(
+        &a.server,
+        &a.operator,
+        "workspace_open",
+        json!({"idempotencyKey": "on-a", "toolkits": [{"kind": "set", "id": "team"}]}),
+    );
+    assert_eq!(opened_a["isError"], false, "{opened_a}");
+    f.git.server.stop();
+
+    // B knows the set from the shared database and the toolkit from the bucket: no git.
+    let opened_b = call(
+        &b,
+        &a.operator,
+        "workspace_open",
+        json!({"idempotencyKey": "on-b", "toolkits": [{"kind": "set", "id": "team"}]}),
+    );
+    let result = &opened_b["structuredContent"];
+    assert_eq!(opened_b["isError"], false, "{opened_b}");
+    assert_eq!(result["toolkits"][0]["mode"], "remote", "{opened_b}");
+    assert_eq!(result["toolkits"][0]["set"]["id"], "team", "{opened_b}");
+    assert_eq!(result["toolkits"][0]["set"]["revision"], 1, "{opened_b}");
+
+    // A script on A waits for an approval; the operator gives it on B; A then runs it.
+    let ws = opened_a["structuredContent"]["workspace"].as_str().unwrap();
+    let run = || {
+        call(
+            &a.server,
+            &a.operator,
+            "skills_run",
+            json!({"workspace": ws, "skill": "alpha", "script": "scripts/hello.sh"}),
+        )
+    };
+    let refused = run();
+    assert_eq!(
+        refused["structuredContent"]["code"], "FORBIDDEN",
+        "{refused}"
+    );
+    let digest = refused["structuredContent"]["details"]["digest"].clone();
+    let approval = a
+        .http
+        .post(format!("http://{}/api/v1/approvals", b.addr))
+        .bearer_auth(&a.operator)
+        .header("Content-Type", "application/json")
+        .body(json!({"digest": digest, "skill": "alpha", "reason": "read it on B"}).to_string())
+        .send()
+        .unwrap();
+    assert_eq!(approval.status(), 201, "{:?}", approval.text());
+    let ran = run();
+    assert_eq!(ran["isError"], false, "{ran}");
+    assert!(
+        ran["structuredContent"]["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("hello from alpha"),
+        "{ran}"
+    );
+    // One audit log for the fleet: A's set and B's approval are both in it.
+    let actions = a.audit_actions();
+    assert!(actions.iter().any(|x| x == "set.create"), "{actions:?}");
+    assert!(actions.iter().any(|x| x == "approval.grant"), "{actions:?}");
+}
+
+#[test]
+fn one_key_opened_on_two_runners_at_once_makes_one_workspace() {
+    let Some(f) = fleet() else { return };
+    let (url, commit) = f.repo("team/skills.git", scripted());
+    let a = world_of(f.runner("runner-a", "none"));
+    let b = f.runner("runner-b", "none");
+    let args = json!({
+        "idempotencyKey": "once",
+        "toolkits": [{"kind": "git", "instanceId": "team", "url": url, "ref": commit}],
+    });
+    let answers: Vec<Value> = std::thread::scope(|s| {
+        let on_a = s.spawn(|| call(&a.server, &a.operator, "workspace_open", args.clone()));
+        let on_b = s.spawn(|| call(&b, &a.operator, "workspace_open", args.clone()));
+        vec![on_a.join().unwrap(), on_b.join().unwrap()]
+    });
+    let opened: Vec<&Value> = answers.iter().filter(|r| r["isError"] == false).collect();
+    assert_eq!(opened.len(), 1, "{answers:?}");
+    let ws = opened[0]["structuredContent"]["workspace"].clone();
+    // The other runner names the workspace and where it is, so a platform can route there.
+    let refused = answers.iter().find(|r| r["isError"] == true).unwrap();
+    assert_eq!(
+        refused["structuredContent"]["code"], "CONFLICT",
+        "{refused}"
+    );
+    assert_eq!(
+        refused["structuredContent"]["details"]["workspace"], ws,
+        "{refused}"
+    );
+    assert_eq!(
+        f.count("SELECT COUNT(*) FROM workspaces WHERE idempotency_key = 'once'"),
+        1
+    );
+
+    // A runner starting up frees the keys of half-made workspaces, but only its own: a third
+    // runner (nothing on its disk) leaves the other's workspace its key.
+    drop(f.runner("runner-c", "none"));
+    assert_eq!(
+        f.count("SELECT COUNT(*) FROM workspaces WHERE idempotency_key = 'once'"),
+        1,
+        "a third runner starting up freed the key"
+    );
+}
