@@ -200,7 +200,8 @@ fn decision_row(r: &state::Row, what: What) -> state::DbResult<Decision> {
 /// Every decision: managed ones first, then the database's, newest first.
 pub fn list(db: &Db, home: &Path, include_revoked: bool) -> Result<Vec<Decision>> {
     let mut all = managed(home)?;
-    db.with(|c| {
+    let stored = db.with(|c| {
+        let mut all = Vec::new();
         let mut q = c.prepare_cached(
             "SELECT id, skill, source, set_id, actor, reason, created_at, revoked_at, revoked_by FROM overrides
              WHERE ($1 OR revoked_at IS NULL) ORDER BY created_at DESC, id",
@@ -225,8 +226,9 @@ pub fn list(db: &Db, home: &Path, include_revoked: bool) -> Result<Vec<Decision>
         })? {
             all.push(d?);
         }
-        Ok(())
+        Ok(all)
     })?;
+    all.extend(stored);
     Ok(all)
 }
 

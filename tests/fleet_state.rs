@@ -232,3 +232,41 @@ fn one_key_opened_on_two_runners_at_once_makes_one_workspace() {
         "a third runner starting up freed the key"
     );
 }
+
+#[test]
+fn a_runner_whose_database_connection_is_cut_connects_again() {
+    let Some(f) = fleet() else { return };
+    let a = world_of(f.runner("runner-a", "none"));
+    a.op("GET", "/api/v1/sets", None);
+    // The server (or a proxy in front of it) drops every connection of the harness.
+    let cut = f
+        .db
+        .query("SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        .unwrap();
+    assert_ne!(cut, "0", "no connection to cut");
+    // A read and a write after it both succeed, on a new connection.
+    a.op("GET", "/api/v1/sets", None);
+    let made = a.op(
+        "POST",
+        "/api/v1/tokens",
+        Some(json!({"name": "after-the-cut", "role": "client"})),
+    );
+    assert!(
+        made["token"].as_str().unwrap().starts_with("cht_"),
+        "{made}"
+    );
+    let cut = f
+        .db
+        .query("SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        .unwrap();
+    assert_ne!(cut, "0");
+    a.op(
+        "POST",
+        "/api/v1/tokens",
+        Some(json!({"name": "after-the-second-cut", "role": "client"})),
+    );
+    assert!(
+        a.server.log.lock().unwrap().contains("connecting again"),
+        "the server did not say it reconnected"
+    );
+}

@@ -138,14 +138,21 @@ impl Db {
         }
     }
 
-    /// Runs `f` on the connection (one statement or a few reads).
-    pub fn with<T>(&self, f: impl FnOnce(&Conn) -> DbResult<T>) -> Result<T> {
+    /// Runs `f` on the connection (one statement or a few reads). On PostgreSQL, reads that
+    /// found the connection lost run once more on a new one.
+    pub fn with<T>(&self, f: impl Fn(&Conn) -> DbResult<T>) -> Result<T> {
         let mut engine = self.engine.lock().expect("database lock");
         match &mut *engine {
             Engine::Sqlite(c) => f(&Conn::Sqlite(c)).map_err(internal),
             Engine::Postgres(p) => {
                 p.ensure()?;
-                f(&Conn::Postgres(p)).map_err(internal)
+                match f(&Conn::Postgres(p)) {
+                    Err(e) if e.kind == ErrorKind::Unavailable => {
+                        p.reconnect()?;
+                        f(&Conn::Postgres(p)).map_err(internal)
+                    }
+                    r => r.map_err(internal),
+                }
             }
         }
     }

@@ -56,13 +56,19 @@ impl Pg {
         &self.shown
     }
 
-    /// A new connection if the last one was lost.
+    /// A new connection if the last one is known to be lost.
     pub fn ensure(&mut self) -> DbResult<()> {
         if self.client.is_closed() {
-            tracing::warn!(database = %self.shown, "the state database connection was lost; connecting again");
-            self.client = open(&self.config, &self.shown)?;
-            self.statements.borrow_mut().clear();
+            self.reconnect()?;
         }
+        Ok(())
+    }
+
+    /// A new connection (the last one failed: the server restarted, a proxy cut it).
+    pub fn reconnect(&mut self) -> DbResult<()> {
+        tracing::warn!(database = %self.shown, "the state database connection was lost; connecting again");
+        self.client = open(&self.config, &self.shown)?;
+        self.statements.borrow_mut().clear();
         Ok(())
     }
 
@@ -73,9 +79,15 @@ impl Pg {
         f: impl FnOnce(&Pg) -> Result<T, E>,
     ) -> Result<T, E> {
         self.ensure()?;
-        self.batch(&format!(
-            "BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})"
-        ))?;
+        let begin = format!("BEGIN; SELECT pg_advisory_xact_lock({WRITE_LOCK})");
+        match self.batch(&begin) {
+            // Nothing was done yet: on a new connection, begin again.
+            Err(e) if e.kind == ErrorKind::Unavailable => {
+                self.reconnect()?;
+                self.batch(&begin)?;
+            }
+            r => r?,
+        }
         self.failed.set(false);
         let value = f(self);
         match value {
