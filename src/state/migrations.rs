@@ -104,10 +104,6 @@ CREATE TABLE launch_conflicts (
     override_id TEXT REFERENCES overrides (id)
 );
 CREATE UNIQUE INDEX launch_conflicts_open ON launch_conflicts (conflict_key) WHERE settled_at IS NULL;
-"#,
-            ),
-            Sqlite(
-                r#"
 CREATE TABLE audit (
     seq INTEGER PRIMARY KEY,
     at BIGINT NOT NULL,
@@ -118,24 +114,20 @@ CREATE TABLE audit (
 );
 CREATE INDEX audit_actor ON audit (actor, seq);
 CREATE INDEX audit_action ON audit (action, seq);
+"#,
+            ),
+            Sqlite(
+                r#"
 CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 "#,
             ),
+            // SQLite numbers an INTEGER PRIMARY KEY itself; PostgreSQL needs an identity.
             Postgres(
                 r#"
-CREATE TABLE audit (
-    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    at BIGINT NOT NULL,
-    actor TEXT NOT NULL,
-    action TEXT NOT NULL,
-    subject TEXT NOT NULL,
-    details TEXT NOT NULL
-);
-CREATE INDEX audit_actor ON audit (actor, seq);
-CREATE INDEX audit_action ON audit (action, seq);
+ALTER TABLE audit ALTER COLUMN seq TYPE BIGINT, ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY;
 CREATE FUNCTION audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN RAISE EXCEPTION 'the audit log is append-only'; END $$;
 CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
@@ -227,10 +219,6 @@ CREATE TABLE head_resolutions (
     commit_id TEXT NOT NULL,
     resolved_at BIGINT NOT NULL
 );
-"#,
-            ),
-            Sqlite(
-                r#"
 CREATE TABLE acquisitions (
     seq INTEGER PRIMARY KEY,
     at BIGINT NOT NULL,
@@ -255,26 +243,7 @@ CREATE TABLE acquisitions (
             ),
             Postgres(
                 r#"
-CREATE TABLE acquisitions (
-    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    at BIGINT NOT NULL,
-    toolkit TEXT NOT NULL,
-    preset TEXT,
-    url TEXT NOT NULL,
-    requested TEXT NOT NULL,
-    commit_id TEXT,
-    bundle TEXT,
-    mode TEXT,
-    millis BIGINT NOT NULL,
-    bytes BIGINT NOT NULL,
-    skills BIGINT,
-    result TEXT NOT NULL CHECK (result IN ('ok', 'error')),
-    error_code TEXT,
-    error_message TEXT,
-    actor TEXT NOT NULL,
-    via TEXT NOT NULL,
-    subject TEXT
-);
+ALTER TABLE acquisitions ALTER COLUMN seq TYPE BIGINT, ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY;
 "#,
             ),
         ],

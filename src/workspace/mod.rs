@@ -157,6 +157,12 @@ impl Workspaces {
             Some(_) => {}
         }
         let db = Db::open(&home)?;
+        tracing::info!(
+            engine = db.engine(),
+            at = db.shown(),
+            runner = db.runner(),
+            "control-plane database"
+        );
         crate::registry::sync_shipped(&db)?;
         let ws = Workspaces {
             home,
