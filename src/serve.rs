@@ -78,9 +78,15 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     // The engine's warnings (an engine with CVE-2024-29018, say) are said once, at start-up,
     // in the log; results carry them only under `provisioning`. Asked in the background, so
     // neither the start nor a warm open waits for the engine.
+    // With helper containers, the provisioning network, its proxy and the helpers on standby
+    // are made then too, so the first cold open waits for none of them.
+    let standby = crate::provision::staging::env_number("CLOUD_HARNESS_STANDBY_HELPERS", 2)?;
     {
         let workspaces = workspaces.clone();
-        std::thread::spawn(move || workspaces.provisioning());
+        std::thread::spawn(move || {
+            workspaces.provisioning();
+            workspaces.provisioner().keep_warm(standby as usize);
+        });
     }
     if let Some(remote) = workspaces.provisioner().remote() {
         tracing::info!(

@@ -379,6 +379,7 @@ fn stdio_server(dir: &Path) -> std::process::Child {
         .env("TOOLKIT_CACHE_ROOT", dir.join("store"))
         .env("CLOUD_HARNESS_HOME", dir.join("home"))
         .env("CLOUD_HARNESS_EXECUTOR", "none")
+        .env("CLOUD_HARNESS_STANDBY_HELPERS", "0")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

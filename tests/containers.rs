@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use support::{dir, skill, Certs, GitServer, Repo};
 
 const BIN: &str = env!("CARGO_BIN_EXE_cloud-harness");
-const LABEL: &str = "label=io.cloud-harness.provisioning";
 
 fn sandbox() -> Option<Sandbox> {
     let found = Sandbox::detect(PathBuf::from(BIN));
@@ -31,53 +30,79 @@ fn sandbox() -> Option<Sandbox> {
     found
 }
 
-/// Helper containers, running or not.
-fn helpers() -> String {
-    let ps = Command::new("docker")
-        .args(["ps", "-aq", "--filter", "name=cloud-harness-fetch-"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&ps.stdout).trim().to_owned()
+/// The owner label of provisioning objects that the process `pid` makes (`warm`'s owner:
+/// `<boot id>/<pid namespace>/<pid>`). The checks below look at one owner's objects only, so
+/// servers of other test binaries with helpers of their own never confuse them.
+fn owner(pid: u32) -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let ns = std::fs::read_link("/proc/self/ns/pid").unwrap();
+    format!("{}/{}/{pid}", boot.trim(), ns.display())
 }
 
-/// The names of the warm provisioning network and proxy of this test (one of each).
-fn warm_pair() -> (String, String) {
-    let ps = Command::new("docker")
-        .args(["ps", "-a", "--format", "{{.Names}}", "--filter", LABEL])
-        .output()
-        .unwrap();
-    let nets = Command::new("docker")
-        .args(["network", "ls", "--format", "{{.Name}}", "--filter", LABEL])
-        .output()
-        .unwrap();
-    let (ps, nets) = (
-        String::from_utf8_lossy(&ps.stdout).trim().to_owned(),
-        String::from_utf8_lossy(&nets.stdout).trim().to_owned(),
-    );
+fn mine() -> String {
+    owner(std::process::id())
+}
+
+/// Names of `docker ps -a` or `docker network ls` rows owned by `owner`, more filters added.
+fn owned(what: &[&str], owner: &str, filters: &[&str]) -> Vec<String> {
+    let mut cmd = Command::new("docker");
+    let field = if what[0] == "ps" {
+        "{{.Names}}"
+    } else {
+        "{{.Name}}"
+    };
+    cmd.args(what).args(["--format", field]).args([
+        "--filter",
+        &format!("label=io.cloud-harness.provisioning.owner={owner}"),
+    ]);
+    for f in filters {
+        cmd.args(["--filter", f]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim().to_owned())
+        .filter(|l| !l.is_empty())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Helper containers of this process, running or not.
+fn helpers() -> String {
+    owned(&["ps", "-a"], &mine(), &["name=cloud-harness-fetch-"]).join("\n")
+}
+
+/// The names of the warm provisioning network and proxy of `owner` (one of each).
+fn warm_pair_of(owner: &str) -> (String, String) {
+    let ps = owned(&["ps", "-a"], owner, &["name=cloud-harness-proxy-"]);
+    let nets = owned(&["network", "ls"], owner, &[]);
     assert!(
-        ps.starts_with("cloud-harness-proxy-") && !ps.contains('\n'),
+        ps.len() == 1 && ps[0].starts_with("cloud-harness-proxy-"),
         "one warm proxy: {ps:?}"
     );
     assert!(
-        nets.starts_with("cloud-harness-prov-") && !nets.contains('\n'),
+        nets.len() == 1 && nets[0].starts_with("cloud-harness-prov-"),
         "one warm network: {nets:?}"
     );
-    (nets, ps)
+    (nets[0].clone(), ps[0].clone())
+}
+
+fn warm_pair() -> (String, String) {
+    warm_pair_of(&mine())
+}
+
+/// Containers and networks of provisioning that `owner` left.
+fn leftovers_of(owner: &str) -> (String, String) {
+    (
+        owned(&["ps", "-a"], owner, &[]).join("\n"),
+        owned(&["network", "ls"], owner, &[]).join("\n"),
+    )
 }
 
 fn leftovers() -> (String, String) {
-    let ps = Command::new("docker")
-        .args(["ps", "-aq", "--filter", LABEL])
-        .output()
-        .unwrap();
-    let nets = Command::new("docker")
-        .args(["network", "ls", "-q", "--filter", LABEL])
-        .output()
-        .unwrap();
-    (
-        String::from_utf8_lossy(&ps.stdout).trim().to_owned(),
-        String::from_utf8_lossy(&nets.stdout).trim().to_owned(),
-    )
+    leftovers_of(&mine())
 }
 
 struct World {
@@ -264,7 +289,7 @@ fn a_helper_cannot_reach_anything_but_the_proxy() {
     // Through the proxy to a name it does not allow.
     let err = sandbox
         .fetch_with_env(
-            "https://example.com/x.git",
+            "https://unlisted.test/x.git",
             &revision,
             transport,
             egress,
@@ -277,7 +302,7 @@ fn a_helper_cannot_reach_anything_but_the_proxy() {
     assert_eq!(err.code, Code::Forbidden, "{err}");
     assert!(
         err.message
-            .contains("example.com:443 is not on the allowlist"),
+            .contains("unlisted.test:443 is not on the allowlist"),
         "{err}"
     );
     assert_eq!(w.server.requests(), before, "nothing reached the server");
@@ -297,11 +322,7 @@ fn a_helper_killed_mid_fetch_publishes_nothing_and_leaves_nothing() {
     let killer = std::thread::spawn(|| {
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(30) {
-            let ps = Command::new("docker")
-                .args(["ps", "-q", "--filter", "name=cloud-harness-fetch-"])
-                .output()
-                .unwrap();
-            let id = String::from_utf8_lossy(&ps.stdout).trim().to_owned();
+            let id = owned(&["ps"], &mine(), &["name=cloud-harness-fetch-"]).join(" ");
             if !id.is_empty() {
                 std::thread::sleep(Duration::from_millis(1500));
                 let killed = Command::new("docker").args(["kill", &id]).status().unwrap();
@@ -345,7 +366,7 @@ fn a_helper_killed_mid_fetch_publishes_nothing_and_leaves_nothing() {
 fn toolkit_add_reports_the_container_mode() {
     let Some(_) = sandbox() else { return };
     let w = world(0.0);
-    let out = Command::new(BIN)
+    let cli = Command::new(BIN)
         .args([
             "toolkit",
             "add",
@@ -364,8 +385,12 @@ fn toolkit_add_reports_the_container_mode() {
         .env("CLOUD_HARNESS_RESOLVE", format!("localhost={}", w.bridge))
         .env_remove("CLOUD_HARNESS_CONTAINERS")
         .env_remove("HTTPS_PROXY")
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
+    let pid = cli.id();
+    let out = cli.wait_with_output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -374,11 +399,11 @@ fn toolkit_add_reports_the_container_mode() {
     let added: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(added["mode"], "container");
     assert_eq!(added["skills"], 2);
-    assert_eq!(leftovers(), (String::new(), String::new()));
+    assert_eq!(leftovers_of(&owner(pid)), (String::new(), String::new()));
 }
 
 #[test]
-fn a_server_removes_its_warm_pair_when_it_stops() {
+fn a_server_removes_its_warm_pair_and_helpers_on_standby_when_it_stops() {
     let Some(_) = sandbox() else { return };
     let w = world(0.0);
     let ca = w.certs.ca.display().to_string();
@@ -392,7 +417,14 @@ fn a_server_removes_its_warm_pair_when_it_stops() {
         ("CLOUD_HARNESS_EXTRA_CA", ca.as_str()),
         ("CLOUD_HARNESS_ALLOW_CIDRS", cidrs.as_str()),
         ("CLOUD_HARNESS_RESOLVE", resolve.as_str()),
+        ("CLOUD_HARNESS_STANDBY_HELPERS", "2"),
     ]);
+    let theirs = owner(server.child.id());
+    // Made at start-up, before any fetch: the pair and two helpers waiting for a job.
+    let standing = || owned(&["ps"], &theirs, &["name=cloud-harness-fetch-"]);
+    wait_until("two helpers on standby", || standing().len() == 2);
+    let before = standing();
+    let (network, _) = warm_pair_of(&theirs);
     let session = support::http::legacy_session(server.addr);
     let call = serde_json::json!({
         "jsonrpc": "2.0", "id": 2, "method": "tools/call",
@@ -409,7 +441,15 @@ fn a_server_removes_its_warm_pair_when_it_stops() {
     ));
     let result = &answer["result"]["structuredContent"];
     assert_eq!(result["toolkits"][0]["mode"], "container", "{answer}");
-    warm_pair();
+    // The fetch took one of them (gone now) and another took its place, on the same network.
+    wait_until("the standby filled again", || standing().len() == 2);
+    let after = standing();
+    assert_eq!(
+        before.iter().filter(|h| !after.contains(h)).count(),
+        1,
+        "{before:?} -> {after:?}"
+    );
+    assert_eq!(warm_pair_of(&theirs).0, network);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(server.child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -417,9 +457,90 @@ fn a_server_removes_its_warm_pair_when_it_stops() {
     .unwrap();
     assert!(server.child.wait().unwrap().success());
     assert_eq!(
-        leftovers(),
+        leftovers_of(&theirs),
         (String::new(), String::new()),
-        "the server left its provisioning network or proxy: {}",
+        "the server left its provisioning network, proxy or helpers: {}",
         server.log.lock().unwrap()
     );
+}
+
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within 30 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A helper on standby is made as one made for its fetch, serves exactly one fetch, and is
+/// held to the same rules: only the proxy is reachable, refusals are the proxy's.
+#[test]
+fn helpers_on_standby_are_hardened_serve_one_fetch_and_go_with_their_sandbox() {
+    let Some(sandbox) = sandbox() else { return };
+    let w = world(0.0);
+    let p = w.provisioner(sandbox.clone(), Limits::default());
+    sandbox.keep_warm(2, &p.egress, p.limits);
+    let standing = || owned(&["ps"], &mine(), &["name=cloud-harness-fetch-"]);
+    wait_until("two helpers on standby", || standing().len() == 2);
+    let (network, _) = warm_pair();
+    for helper in standing() {
+        let inspect = Command::new("docker")
+            .args(["inspect", &helper])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&inspect.stdout).unwrap();
+        let (host, config) = (&v[0]["HostConfig"], &v[0]["Config"]);
+        assert_eq!(host["CapDrop"], serde_json::json!(["ALL"]), "{helper}");
+        assert_eq!(host["ReadonlyRootfs"], true);
+        assert_eq!(
+            host["SecurityOpt"],
+            serde_json::json!(["no-new-privileges"])
+        );
+        assert_eq!(host["NetworkMode"], network.as_str());
+        assert_eq!(host["Dns"], serde_json::json!(["127.0.0.1"]));
+        assert_eq!(host["PidsLimit"], 128);
+        assert_eq!(config["User"], "65534:65534");
+        assert_eq!(
+            config["Cmd"],
+            serde_json::json!(["/cloud-harness", "fetch-pack"]),
+            "waiting for a job, with none given yet"
+        );
+        assert_eq!(v[0]["State"]["Running"], true);
+    }
+
+    let t = w.spec().resolve(p.hosts()).unwrap();
+    let before = standing();
+    let a = p.acquire(&t).unwrap();
+    assert_eq!(a.mode, "container");
+    assert_eq!(a.record.skills, 2);
+    wait_until("the standby filled again", || standing().len() == 2);
+    let after = standing();
+    let used: Vec<_> = before.iter().filter(|h| !after.contains(h)).collect();
+    assert_eq!(
+        used.len(),
+        1,
+        "one helper served the fetch: {before:?} -> {after:?}"
+    );
+
+    // A refusal through a helper from the standby is the proxy's, and nothing is reached.
+    let requests = w.server.requests();
+    let err = sandbox
+        .fetch(
+            "https://unlisted.test/x.git",
+            &Revision::Commit(w.commit.clone()),
+            &p.transport,
+            &p.egress,
+            Limits::default(),
+            Instant::now() + Duration::from_secs(60),
+            &w._tmp.path().join("refused"),
+        )
+        .err()
+        .expect("refused");
+    assert_eq!(err.code, Code::Forbidden, "{err}");
+    assert!(err.message.contains("not on the allowlist"), "{err}");
+    assert_eq!(w.server.requests(), requests);
+
+    // The standby goes with the last handle, before its network.
+    drop((p, sandbox));
+    assert_eq!(leftovers(), (String::new(), String::new()));
 }

@@ -1,46 +1,59 @@
-//! `cloud-harness fetch-pack`: what a helper container runs. Fetches one commit through
-//! `HTTPS_PROXY` into a scratch repository in the working folder and writes the pack to
-//! standard output, after a one-line header: git objects only, which the host checks itself.
+//! `cloud-harness fetch-pack`: what a helper container runs. It waits for its one job — a line
+//! of JSON on standard input (see [`Job`]) — so that it can be started before a fetch needs it
+//! (helpers on standby), then fetches one commit through `HTTPS_PROXY` into a scratch
+//! repository in the working folder and writes the pack to standard output, after a one-line
+//! header: git objects only, which the host checks itself. Standard input closed before a job
+//! came is a helper that was not needed: it exits 0.
 
 use crate::provision::fetch::{self, Transport};
-use crate::provision::sandbox::PACK_MAGIC;
-use crate::provision::staging::Limits;
+use crate::provision::sandbox::{Job, PACK_MAGIC};
 use crate::toolkit::Revision;
 use clap::Args;
 use cloud_harness_fs::{Error, Result};
-use std::io::Write;
+use std::io::{BufRead, Read, Write};
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Args)]
-pub struct FetchPackArgs {
-    #[arg(long)]
-    pub url: String,
-    /// `commit:<id>`, `tag:<name>` or `head`.
-    #[arg(long)]
-    pub revision: String,
-}
+pub struct FetchPackArgs {}
 
-pub fn run(args: &FetchPackArgs) -> Result<u8> {
-    let revision = Revision::from_arg(&args.revision).ok_or_else(|| {
+/// The longest job line read: a URL, a revision, ceilings and the extra CA bundle.
+const MAX_JOB: u64 = 4 << 20;
+
+pub fn run(_args: &FetchPackArgs) -> Result<u8> {
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .take(MAX_JOB)
+        .read_line(&mut line)
+        .map_err(|e| Error::internal(format!("reading the job: {e}")))?;
+    if line.trim().is_empty() {
+        return Ok(0);
+    }
+    let job: Job = serde_json::from_str(&line)
+        .map_err(|e| Error::invalid(format!("the job is not one this helper reads: {e}")))?;
+    let revision = Revision::from_arg(&job.revision).ok_or_else(|| {
         Error::invalid(format!(
-            "--revision {:?}: commit:<id>, tag:<name> or head",
-            args.revision
+            "revision {:?}: commit:<id>, tag:<name> or head",
+            job.revision
         ))
     })?;
-    let limits = Limits::from_env()?;
-    let deadline = Instant::now() + Duration::from_secs(limits.max_seconds);
+    let deadline = Instant::now() + Duration::from_secs(job.max_seconds);
     let dir = std::env::current_dir()
         .map_err(|e| Error::internal(e.to_string()))?
         .join("repo");
     // The host refuses more than this of the helper's output; stop receiving it here too.
     let ceiling = fetch::Ceiling {
-        max_bytes: limits.max_bytes.saturating_mul(2),
+        max_bytes: job.max_bytes.saturating_mul(2),
         setting: "twice CLOUD_HARNESS_MAX_BYTES",
     };
+    let transport = Transport {
+        extra_ca: job.extra_ca.map(String::into_bytes),
+        proxy: Transport::proxy_from_env(),
+    };
     let fetched = fetch::fetch(
-        &args.url,
+        &job.url,
         &revision,
-        &Transport::from_env()?,
+        &transport,
         &dir,
         deadline,
         &ceiling,

@@ -124,6 +124,12 @@ pub const SETTINGS: &[Setting] = &[
         "auto: helper containers when an engine answers",
     ),
     s(
+        "fetch.standby_helpers",
+        "CLOUD_HARNESS_STANDBY_HELPERS",
+        Kind::Number,
+        "2",
+    ),
+    s(
         "fetch.max_files",
         "CLOUD_HARNESS_MAX_FILES",
         Kind::Number,

@@ -66,20 +66,15 @@ pub struct Transport {
 }
 
 impl Transport {
-    pub fn from_env() -> Result<Transport> {
-        let proxy = ["HTTPS_PROXY", "https_proxy"]
+    /// `HTTPS_PROXY` (or `https_proxy`), when set.
+    pub fn proxy_from_env() -> Option<String> {
+        ["HTTPS_PROXY", "https_proxy"]
             .iter()
-            .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()));
-        // Helper containers get the certificates themselves, not a path.
-        if let Some(pem) = std::env::var("CLOUD_HARNESS_EXTRA_CA_PEM")
-            .ok()
-            .filter(|v| !v.is_empty())
-        {
-            return Ok(Transport {
-                extra_ca: Some(pem.into_bytes()),
-                proxy,
-            });
-        }
+            .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+    }
+
+    pub fn from_env() -> Result<Transport> {
+        let proxy = Transport::proxy_from_env();
         let extra_ca = match std::env::var_os("CLOUD_HARNESS_EXTRA_CA").filter(|v| !v.is_empty()) {
             Some(path) => {
                 let pem = std::fs::read(&path).map_err(|e| Error::io(Path::new(&path), e))?;

@@ -17,6 +17,7 @@ pub mod publication;
 pub mod remote;
 pub mod sandbox;
 pub mod staging;
+mod standby;
 mod warm;
 
 use crate::toolkit::{Revision, Toolkit};
@@ -155,14 +156,25 @@ impl Provisioner {
         &self.egress.hosts
     }
 
-    /// The helper-container engine, if there is one.
-    /// Removes what fetches keep warm (the provisioning network and proxy), if any was made.
+    /// Removes what fetches keep warm (the provisioning network and proxy, helpers on
+    /// standby), if any was made.
     pub fn release(&self) {
         if let Some(Some(sandbox)) = self.sandbox.get() {
             sandbox.release();
         }
     }
 
+    /// When fetches run in helper containers: keeps `helpers` fresh helpers on standby from
+    /// now on, and makes them and the provisioning network and proxy now, in the background
+    /// (a server at start-up; see `standby`). Asks for the engine, so call it off the async
+    /// threads.
+    pub fn keep_warm(&self, helpers: usize) {
+        if let (Some(sandbox), true) = (self.sandbox(), helpers > 0) {
+            sandbox.keep_warm(helpers, &self.egress, self.limits);
+        }
+    }
+
+    /// The helper-container engine, if there is one.
     pub fn sandbox(&self) -> Option<&sandbox::Sandbox> {
         self.sandbox
             .get_or_init(|| {

@@ -1,6 +1,8 @@
 //! Helper containers: each fetch runs in a container of its own, on an internal Docker network
 //! whose only other member is the egress proxy (`provisioning-proxy:3128`); the network and
-//! the proxy are kept warm between fetches (`warm`), the helper is made for each fetch.
+//! the proxy are kept warm between fetches (`warm`), the helper is fresh for each fetch: made
+//! for it, or made before it and kept on standby (`standby`). A helper gets its job on standard
+//! input ([`Job`]).
 //!
 //! The helper image is built here, without any registry: a root file system holding the
 //! `cloud-harness` binary, the shared libraries it needs and the CA bundle, imported into the
@@ -8,28 +10,26 @@
 //! a tmpfs work folder, memory, pid and time limits, and no DNS of its own (the proxy's name is
 //! in its hosts file). It hands back git objects only — a pack on its standard output — which
 //! the host indexes itself (object ids recomputed from the bytes) before staging: a tree the
-//! container wrote is never trusted. A fetch's helper is removed on success, failure and
-//! timeout.
+//! container wrote is never trusted. A fetch's helper serves that fetch alone and is removed
+//! on success, failure and timeout.
 
 use crate::engine::{
     self, block_on, connect, docker_error, ensure_image, remove_container, RootFs,
 };
-use crate::provision::containers::{hardened, proxy_refusal, start, PROXY_PORT};
+use crate::provision::containers::proxy_refusal;
 use crate::provision::egress::EgressPolicy;
 use crate::provision::fetch::{Fetched, Transport};
 pub use crate::provision::pack::{index_pack, index_pack_from, PACK_MAGIC};
 use crate::provision::staging::Limits;
+use crate::provision::standby::{self, Shape};
 use crate::provision::warm::{self, Pair, Warm};
 use crate::toolkit::Revision;
-use bollard::models::ContainerCreateBody;
-use bollard::query_parameters::{
-    AttachContainerOptions, CreateContainerOptions, WaitContainerOptions,
-};
+use bollard::query_parameters::{AttachContainerOptions, WaitContainerOptions};
 use bollard::Docker;
 use cloud_harness_fs::cas::Digest;
 use cloud_harness_fs::{Code, Error, Result};
 use futures_util::StreamExt;
-use std::collections::HashMap;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -54,6 +54,21 @@ fn dns_forwarding_fixed(version: &str) -> bool {
         25 => (minor, patch) >= (0, 5),
         _ => true,
     }
+}
+
+/// A helper's one job, the line of JSON it reads on standard input.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Job {
+    pub url: String,
+    /// [`Revision::to_arg`].
+    pub revision: String,
+    /// The fetch's time and byte ceilings (`CLOUD_HARNESS_FETCH_TIMEOUT`, `…_MAX_BYTES`).
+    pub max_seconds: u64,
+    pub max_bytes: u64,
+    /// PEM certificates to trust besides the image's (`CLOUD_HARNESS_EXTRA_CA`).
+    #[serde(default)]
+    pub extra_ca: Option<String>,
 }
 
 /// A Docker engine to run helpers in.
@@ -129,9 +144,42 @@ impl Sandbox {
         fetched
     }
 
-    /// Removes the warm provisioning network and proxy now (see `warm`).
+    /// Removes the warm provisioning network and proxy, and the helpers on standby, now (see
+    /// `warm`).
     pub fn release(&self) {
         self.warm.release();
+    }
+
+    /// Helpers ready on standby now.
+    pub fn on_standby(&self) -> usize {
+        self.warm.standby.ready()
+    }
+
+    /// Keeps `helpers` fresh helpers on standby from now on (0: none), and makes the warm
+    /// network and proxy for `egress` and the first of them now, in the background: a server's
+    /// first fetch then waits for neither.
+    pub fn keep_warm(&self, helpers: usize, egress: &EgressPolicy, limits: Limits) {
+        self.warm.standby.set_target(helpers);
+        let (warm, policy) = (self.warm.clone(), egress.proxy_env());
+        let image = self.image_name();
+        let binary = self.helper_binary.clone();
+        std::thread::spawn(move || {
+            let pairs = warm.clone();
+            let made = image.and_then(|image| {
+                block_on(async move {
+                    let docker = connect().await?;
+                    ensure_image(&docker, &image, || rootfs(&binary)).await?;
+                    let pair = pairs.take(&docker, &image, policy).await?;
+                    Ok(shape(&image, &pair, limits))
+                })
+            });
+            match made {
+                Ok(shape) => warm.standby.refill(&shape),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot make the provisioning network ready ahead of a fetch")
+                }
+            }
+        });
     }
 
     /// The helper image's name, `cloud-harness-helper:<digest of the binary>`; the binary
@@ -250,12 +298,25 @@ fn rootfs(binary: &Path) -> Result<Vec<u8>> {
     tar.finish()
 }
 
+/// The shape of a helper for a fetch with `limits` on `pair`.
+fn shape(image: &str, pair: &Pair, limits: Limits) -> Shape {
+    Shape {
+        image: image.to_owned(),
+        network: pair.network.clone(),
+        proxy_ip: pair.proxy_ip.clone(),
+        work_kb: (limits.max_bytes * 3 / 1024).max(65536),
+    }
+}
+
 impl Run {
     async fn execute(self) -> Result<()> {
         let docker = connect().await?;
         ensure_image(&docker, &self.image, || rootfs(&self.helper_binary)).await?;
-        let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
-        let helper = format!("cloud-harness-fetch-{id}");
+        let standby = self.warm.standby.clone();
+        // Helpers with an environment of their own (tests) are never on standby.
+        let plain = self.env_overrides.is_empty();
+        let (mut helper, mut shaped) = (None, None);
+        standby.begin();
         let outcome = tokio::time::timeout(
             self.deadline.saturating_duration_since(Instant::now()),
             async {
@@ -263,12 +324,33 @@ impl Run {
                     .warm
                     .take(&docker, &self.image, self.egress.proxy_env())
                     .await?;
-                self.inside(&docker, &pair, &helper).await
+                let shape = shape(&self.image, &pair, self.limits);
+                shaped = Some(shape.clone());
+                let taken = match plain {
+                    true => standby.take(&docker, &shape).await,
+                    false => None,
+                };
+                let name = match taken {
+                    Some(name) => {
+                        helper = Some(name.clone());
+                        name
+                    }
+                    None => {
+                        let name = standby::name();
+                        helper = Some(name.clone());
+                        standby::make(&docker, &name, &shape, &self.env_overrides).await?;
+                        name
+                    }
+                };
+                self.inside(&docker, &pair, &name).await
             },
         )
         .await;
-        // Whatever happened: the helper is not left behind.
-        remove_container(&docker, &helper).await;
+        // Whatever happened: the helper is not left behind, and another takes its place.
+        if let Some(helper) = helper {
+            remove_container(&docker, &helper).await;
+        }
+        standby.end(shaped.as_ref().filter(|_| plain));
         match outcome {
             Ok(result) => result,
             Err(_) => Err(Error::new(
@@ -281,69 +363,29 @@ impl Run {
         }
     }
 
+    /// Gives the running helper its job and takes its pack.
     async fn inside(&self, docker: &Docker, pair: &Pair, helper: &str) -> Result<()> {
         let started = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
-        // The helper: the internal network alone, no DNS of its own.
-        let mut env = vec![
-            format!("HTTPS_PROXY=http://provisioning-proxy:{PROXY_PORT}"),
-            "HOME=/work".into(),
-            format!("CLOUD_HARNESS_FETCH_TIMEOUT={}", self.limits.max_seconds),
-        ];
-        if let Some(pem) = &self.extra_ca {
-            env.push(format!(
-                "CLOUD_HARNESS_EXTRA_CA_PEM={}",
-                String::from_utf8_lossy(pem)
-            ));
-        }
-        env.extend(self.env_overrides.iter().cloned());
-        let revision = self.revision.to_arg();
-        let mut host = hardened(&pair.network, 512 << 20);
-        host.extra_hosts = Some(vec![format!("provisioning-proxy:{}", pair.proxy_ip)]);
-        host.dns = Some(vec!["127.0.0.1".into()]);
-        let mut tmpfs = HashMap::new();
-        tmpfs.insert(
-            "/work".to_owned(),
-            format!(
-                "rw,size={}k,mode=1777",
-                (self.limits.max_bytes * 3 / 1024).max(65536)
-            ),
-        );
-        host.tmpfs = Some(tmpfs);
-        docker
-            .create_container(
-                Some(CreateContainerOptions {
-                    name: Some(helper.to_owned()),
-                    ..Default::default()
-                }),
-                ContainerCreateBody {
-                    image: Some(self.image.clone()),
-                    cmd: Some(vec![
-                        "/cloud-harness".into(),
-                        "fetch-pack".into(),
-                        "--url".into(),
-                        self.url.clone(),
-                        "--revision".into(),
-                        revision,
-                    ]),
-                    env: Some(env),
-                    user: Some("65534:65534".into()),
-                    working_dir: Some("/work".into()),
-                    labels: Some(warm::labels(false)),
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    host_config: Some(host),
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| docker_error("creating the helper container", e))?;
-        let attached = docker
+        let job = Job {
+            url: self.url.clone(),
+            revision: self.revision.to_arg(),
+            max_seconds: self.limits.max_seconds,
+            max_bytes: self.limits.max_bytes,
+            extra_ca: self
+                .extra_ca
+                .as_ref()
+                .map(|pem| String::from_utf8_lossy(pem).into_owned()),
+        };
+        let mut line = serde_json::to_vec(&job).map_err(|e| Error::internal(e.to_string()))?;
+        line.push(b'\n');
+        let mut attached = docker
             .attach_container(
                 helper,
                 Some(AttachContainerOptions {
                     stream: true,
+                    stdin: true,
                     stdout: true,
                     stderr: true,
                     logs: true,
@@ -352,7 +394,15 @@ impl Run {
             )
             .await
             .map_err(|e| docker_error("attaching to the helper", e))?;
-        start(docker, helper, "starting the helper").await?;
+        {
+            use tokio::io::AsyncWriteExt;
+            let input = &mut attached.input;
+            input
+                .write_all(&line)
+                .await
+                .and(input.shutdown().await)
+                .map_err(|e| Error::internal(format!("giving the helper its job: {e}")))?;
+        }
         let cap = self.limits.max_bytes.saturating_mul(2);
         // A runtime of its own on a thread of its own (see `block_on`): plain writes are fine.
         let mut stdout = std::io::BufWriter::new(

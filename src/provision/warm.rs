@@ -4,17 +4,22 @@
 //! pair is removed when the last handle to it goes (the process's end); one left by a process
 //! that died is removed by the next process to look, on the same machine.
 //!
+//! A long-lived process also keeps fresh helpers on standby on the warm network (`standby`),
+//! removed before it.
+//!
 //! What sharing changes: helpers of concurrent fetches of one process sit on the same internal
-//! network. Each can reach the proxy, as before, and the other helpers, which listen on
+//! network (and helpers on standby, waiting for their job). Each can reach the proxy, as before, and the other helpers, which listen on
 //! nothing and run with every capability dropped; nothing else is reachable.
 
 use crate::engine::{block_on, connect, docker_error, remove_container, remove_labelled};
 use crate::provision::containers::{isolated_network_options, start_proxy};
+use crate::provision::standby::{self, Standby};
 use bollard::models::NetworkCreateRequest;
 use bollard::query_parameters::{InspectContainerOptions, InspectNetworkOptions};
 use bollard::Docker;
 use cloud_harness_fs::Result;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// Marks every container and network of provisioning.
 pub(crate) const LABEL: &str = "io.cloud-harness.provisioning";
@@ -29,10 +34,12 @@ pub(crate) struct Pair {
     pub proxy_ip: String,
 }
 
-/// The pairs of this process, by egress policy (the proxy's environment).
+/// The pairs of this process, by egress policy (the proxy's environment), and the helpers on
+/// standby on their networks.
 #[derive(Default)]
 pub(crate) struct Warm {
     pairs: tokio::sync::Mutex<HashMap<Vec<String>, Pair>>,
+    pub(crate) standby: Arc<Standby>,
 }
 
 /// Labels of provisioning objects; `owned` adds this process as the owner.
@@ -94,6 +101,9 @@ impl Warm {
                 return Ok(pair.clone());
             }
             tracing::warn!(proxy = %pair.proxy, "the warm egress proxy stopped answering; making a new one");
+            for helper in self.standby.on_network(&pair.network) {
+                remove_container(docker, &helper).await;
+            }
             remove(docker, pair).await;
             pairs.remove(&policy);
         }
@@ -180,6 +190,7 @@ impl Warm {
     /// Removes the pairs now (a server's shutdown: fetches still running then may hold
     /// handles for a while). A later fetch makes a new pair.
     pub(crate) fn release(&self) {
+        standby::remove_now(self.standby.drain());
         if let Ok(mut pairs) = self.pairs.try_lock() {
             remove_all(std::mem::take(&mut *pairs).into_values().collect());
         }
@@ -188,6 +199,8 @@ impl Warm {
 
 impl Drop for Warm {
     fn drop(&mut self) {
+        // The helpers on standby first: a network is not removed while a container is on it.
+        standby::remove_now(self.standby.drain());
         remove_all(std::mem::take(self.pairs.get_mut()).into_values().collect());
     }
 }

@@ -58,6 +58,9 @@ pub fn server_mounting(tmp: tempfile::TempDir, args: &[&str], env: &[(&str, &str
         .env("TOOLKIT_CACHE_ROOT", tmp.path().join("store"))
         .env("CLOUD_HARNESS_HOME", tmp.path().join("home"))
         .env("CLOUD_HARNESS_EXECUTOR", "none")
+        // No helpers on standby unless a test asks: servers of tests that never fetch in a
+        // container would otherwise each make a network and three containers at start-up.
+        .env("CLOUD_HARNESS_STANDBY_HELPERS", "0")
         .envs(
             database
                 .iter()
