@@ -544,3 +544,70 @@ fn helpers_on_standby_are_hardened_serve_one_fetch_and_go_with_their_sandbox() {
     drop((p, sandbox));
     assert_eq!(leftovers(), (String::new(), String::new()));
 }
+
+/// SIGTERM while a fetch runs in a helper: the server exits 0 within its drain and takes the
+/// busy helper, those on standby, the proxy and the network with it.
+#[test]
+fn a_server_stopped_mid_fetch_leaves_no_helper_proxy_or_network() {
+    let Some(_) = sandbox() else { return };
+    // Every answer of the git server waits 60 s: the fetch is under way at the SIGTERM.
+    let w = world(60.0);
+    let ca = w.certs.ca.display().to_string();
+    let (cidrs, resolve) = (
+        format!("{}/32", w.bridge),
+        format!("localhost={}", w.bridge),
+    );
+    let host = w.server.host();
+    let mut server = support::http::server(&[
+        ("ALLOWED_GIT_HOSTS", host.as_str()),
+        ("CLOUD_HARNESS_EXTRA_CA", ca.as_str()),
+        ("CLOUD_HARNESS_ALLOW_CIDRS", cidrs.as_str()),
+        ("CLOUD_HARNESS_RESOLVE", resolve.as_str()),
+        ("CLOUD_HARNESS_STANDBY_HELPERS", "1"),
+    ]);
+    let theirs = owner(server.child.id());
+    let addr = server.addr;
+    let session = support::http::legacy_session(addr);
+    let call = serde_json::json!({
+        "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": { "name": "workspace_open", "arguments": {
+            "idempotencyKey": "slow",
+            "toolkits": [{ "kind": "git", "instanceId": "team",
+                "url": w.server.url("team/skills.git"), "ref": w.commit }],
+        }},
+    });
+    let open = std::thread::spawn(move || {
+        let _ = support::http::raw(
+            addr,
+            &call.to_string(),
+            &[("Mcp-Session-Id", session.as_str())],
+        );
+    });
+    wait_until("the helper asked the git server", || {
+        w.server.requests() > 0
+    });
+    assert!(!helpers_of(&theirs).is_empty());
+    let asked = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(server.child.wait().unwrap().success());
+    assert!(
+        asked.elapsed() < Duration::from_secs(25),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(
+        leftovers_of(&theirs),
+        (String::new(), String::new()),
+        "the server left its helper, proxy or network: {}",
+        server.log.lock().unwrap()
+    );
+    let _ = open.join();
+}
+
+fn helpers_of(owner: &str) -> Vec<String> {
+    owned(&["ps", "-a"], owner, &["name=cloud-harness-fetch-"])
+}

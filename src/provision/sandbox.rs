@@ -330,27 +330,22 @@ impl Run {
                     true => standby.take(&docker, &shape).await,
                     false => None,
                 };
-                let name = match taken {
-                    Some(name) => {
-                        helper = Some(name.clone());
-                        name
-                    }
-                    None => {
-                        let name = standby::name();
-                        helper = Some(name.clone());
-                        standby::make(&docker, &name, &shape, &self.env_overrides).await?;
-                        name
-                    }
-                };
+                let fresh = taken.is_none();
+                let name = taken.unwrap_or_else(standby::name);
+                helper = Some(name.clone());
+                standby.serving(&name);
+                if fresh {
+                    standby::make(&docker, &name, &shape, &self.env_overrides).await?;
+                }
                 self.inside(&docker, &pair, &name).await
             },
         )
         .await;
         // Whatever happened: the helper is not left behind, and another takes its place.
-        if let Some(helper) = helper {
-            remove_container(&docker, &helper).await;
+        if let Some(helper) = &helper {
+            remove_container(&docker, helper).await;
         }
-        standby.end(shaped.as_ref().filter(|_| plain));
+        standby.end(helper.as_deref(), shaped.as_ref().filter(|_| plain));
         match outcome {
             Ok(result) => result,
             Err(_) => Err(Error::new(

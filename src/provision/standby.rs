@@ -94,8 +94,6 @@ pub(crate) struct Standby {
     state: Mutex<State>,
     /// Signalled when a helper being made is done (see [`Standby::drain`]).
     made: Condvar,
-    /// Fetches under way in helpers now.
-    fetching: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -103,6 +101,10 @@ struct State {
     ready: Vec<(String, Shape)>,
     /// Helpers being made now, by shape.
     making: Vec<Shape>,
+    /// Fetches under way, and the helpers serving them: a process letting its network go
+    /// removes these too (a server stopped mid-fetch leaves no helper behind).
+    fetches: usize,
+    busy: Vec<String>,
     /// No more helpers: the process is letting its warm network go.
     closed: bool,
 }
@@ -145,17 +147,28 @@ impl Standby {
 
     /// A fetch in a helper begins.
     pub(crate) fn begin(&self) {
-        self.fetching.fetch_add(1, Ordering::SeqCst);
+        self.state.lock().expect("standby lock").fetches += 1;
     }
 
-    /// A fetch in a helper of `shape` ended: once none is under way, the standby is filled
-    /// again. Not sooner: making containers takes the CPU the fetches of the same open still
-    /// need (measured: a two-toolkit open took 545 ms refilling after each fetch).
-    pub(crate) fn end(self: &Arc<Self>, shape: Option<&Shape>) {
-        if self.fetching.fetch_sub(1, Ordering::SeqCst) == 1 {
-            if let Some(shape) = shape {
-                self.refill(shape);
-            }
+    /// The helper `name` serves a fetch from now on.
+    pub(crate) fn serving(&self, name: &str) {
+        let mut state = self.state.lock().expect("standby lock");
+        state.busy.push(name.to_owned());
+    }
+
+    /// A fetch ended (its helper, if it had one, removed); once none is under way, the standby
+    /// is filled again with helpers of `shape`. Not sooner: making containers takes the CPU
+    /// the fetches of the same open still need (measured: a two-toolkit open took 545 ms
+    /// refilling after each fetch, 455-504 ms refilling after the last).
+    pub(crate) fn end(self: &Arc<Self>, helper: Option<&str>, shape: Option<&Shape>) {
+        let idle = {
+            let mut state = self.state.lock().expect("standby lock");
+            state.busy.retain(|b| Some(b.as_str()) != helper);
+            state.fetches = state.fetches.saturating_sub(1);
+            state.fetches == 0
+        };
+        if let (true, Some(shape)) = (idle, shape) {
+            self.refill(shape);
         }
     }
 
@@ -218,18 +231,21 @@ impl Standby {
         gone.into_iter().map(|(name, _)| name).collect()
     }
 
-    /// Takes every helper out, once those being made are done, and makes no more: what is
-    /// returned is all there is to remove before the warm network goes.
+    /// Takes every helper out, those on standby (once those being made are done) and those
+    /// serving a fetch, and makes no more: what is returned is all there is to remove before
+    /// the warm network goes.
     pub(crate) fn drain(&self) -> Vec<String> {
         let mut state = self.state.lock().expect("standby lock");
         state.closed = true;
         while !state.making.is_empty() {
             state = self.made.wait(state).expect("standby lock");
         }
-        std::mem::take(&mut state.ready)
+        let mut all: Vec<String> = std::mem::take(&mut state.ready)
             .into_iter()
             .map(|(name, _)| name)
-            .collect()
+            .collect();
+        all.append(&mut state.busy);
+        all
     }
 }
 
