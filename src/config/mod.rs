@@ -332,10 +332,36 @@ pub fn check(named: Option<PathBuf>) -> Result<String> {
     Ok(out)
 }
 
-/// A URL's password (a proxy's, the database's) stays out of what is printed.
-fn redact(url: &str) -> String {
+/// A URL's password (a proxy's, the database's) stays out of what is printed and logged:
+/// `scheme://user:***@host…`.
+pub fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}***{}", &url[..s + 3], &url[at..]),
+        (Some(s), Some(at)) if at > s => match url[s + 3..at].split_once(':') {
+            Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+            None => url.to_owned(),
+        },
         _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn a_password_in_a_url_is_never_shown_and_the_rest_is() {
+        assert_eq!(
+            redact("postgres://harness:s3cret@db:5432/ch?sslmode=disable"),
+            "postgres://harness:***@db:5432/ch?sslmode=disable"
+        );
+        assert_eq!(
+            redact("http://u:p@ss:w@proxy:3128"),
+            "http://u:***@proxy:3128"
+        );
+        assert_eq!(
+            redact("postgres://harness@db/ch"),
+            "postgres://harness@db/ch"
+        );
+        assert_eq!(redact("http://proxy:3128"), "http://proxy:3128");
     }
 }

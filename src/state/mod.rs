@@ -24,6 +24,8 @@ pub const URL_VAR: &str = "CLOUD_HARNESS_DATABASE_URL";
 #[derive(Clone)]
 pub struct Db {
     engine: Arc<Mutex<Engine>>,
+    /// `sqlite` or `postgres`, known at open.
+    kind: &'static str,
     /// The file, or the URL without its password.
     shown: String,
     /// This runner's name ([`crate::home::runner_name`]).
@@ -101,7 +103,7 @@ impl Db {
                 URL_VAR,
                 format!(
                     "{URL_VAR} must be a postgres:// URL, not {}",
-                    postgres::redacted(url)
+                    crate::config::redact(url)
                 ),
             ));
         }
@@ -111,8 +113,13 @@ impl Db {
     }
 
     fn migrated(engine: Engine, shown: String, home: &Path) -> Result<Db> {
+        let kind = match engine {
+            Engine::Sqlite(_) => "sqlite",
+            Engine::Postgres(_) => "postgres",
+        };
         let db = Db {
             engine: Arc::new(Mutex::new(engine)),
+            kind,
             shown,
             runner: crate::home::runner_name(home)?,
         };
@@ -132,10 +139,7 @@ impl Db {
 
     /// `sqlite` or `postgres`.
     pub fn engine(&self) -> &'static str {
-        match *self.engine.lock().expect("database lock") {
-            Engine::Sqlite(_) => "sqlite",
-            Engine::Postgres(_) => "postgres",
-        }
+        self.kind
     }
 
     /// Runs `f` on the connection (one statement or a few reads). On PostgreSQL, reads that

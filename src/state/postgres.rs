@@ -31,7 +31,7 @@ pub struct Pg {
 
 impl Pg {
     pub fn connect(url: &str) -> DbResult<Pg> {
-        let shown = redacted(url);
+        let shown = crate::config::redact(url);
         let mut config: tokio_postgres::Config = url.parse().map_err(|e| DbError {
             kind: ErrorKind::Other,
             message: format!("CLOUD_HARNESS_DATABASE_URL {shown}: {e}"),
@@ -209,6 +209,18 @@ fn tls() -> Result<postgres_native_tls::MakeTlsConnector, native_tls::Error> {
     ))
 }
 
+/// Whether the connection failed in its TLS handshake (a certificate that does not verify).
+fn tls_failed(e: &tokio_postgres::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if c.is::<native_tls::Error>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
 fn error(e: tokio_postgres::Error, shown: &str) -> DbError {
     let kind = match e.code() {
         Some(c)
@@ -225,7 +237,7 @@ fn error(e: tokio_postgres::Error, shown: &str) -> DbError {
         None => ErrorKind::Unavailable,
     };
     let message = match kind {
-        ErrorKind::Unavailable if e.to_string().contains("TLS") => format!(
+        ErrorKind::Unavailable if tls_failed(&e) => format!(
             "the state database at {shown}: {e} (its certificate must verify against the system's roots; on a trusted network add sslmode=disable to the URL)"
         ),
         ErrorKind::Unavailable => format!("the state database at {shown} is unreachable: {e}"),
@@ -235,20 +247,6 @@ fn error(e: tokio_postgres::Error, shown: &str) -> DbError {
         },
     };
     DbError { kind, message }
-}
-
-/// `url` with its password replaced by `***`.
-pub fn redacted(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let user = &url[s + 3..at];
-            match user.split_once(':') {
-                Some((name, _)) => format!("{}{name}:***{}", &url[..s + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
 }
 
 impl ToSql for Value {

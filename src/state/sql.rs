@@ -250,11 +250,8 @@ impl<'a> Conn<'a> {
     }
 
     /// A statement to run (each engine keeps it prepared for next time).
-    pub fn prepare_cached(&self, sql: &str) -> DbResult<Statement<'a>> {
-        Ok(Statement {
-            conn: *self,
-            sql: sql.to_owned(),
-        })
+    pub fn prepare_cached<'s>(&self, sql: &'s str) -> DbResult<Statement<'a, 's>> {
+        Ok(Statement { conn: *self, sql })
     }
 
     fn rows(&self, sql: &str, params: &[&dyn Param]) -> DbResult<Vec<Row>> {
@@ -271,14 +268,14 @@ fn values(params: &[&dyn Param]) -> Vec<Value> {
 }
 
 /// A statement and the connection it runs on.
-pub struct Statement<'a> {
+pub struct Statement<'a, 's> {
     conn: Conn<'a>,
-    sql: String,
+    sql: &'s str,
 }
 
-impl Statement<'_> {
+impl Statement<'_, '_> {
     pub fn execute(&mut self, params: &[&dyn Param]) -> DbResult<u64> {
-        self.conn.execute(&self.sql, params)
+        self.conn.execute(self.sql, params)
     }
 
     pub fn query_row<T>(
@@ -286,7 +283,7 @@ impl Statement<'_> {
         params: &[&dyn Param],
         f: impl FnOnce(&Row) -> DbResult<T>,
     ) -> DbResult<T> {
-        self.conn.query_row(&self.sql, params, f)
+        self.conn.query_row(self.sql, params, f)
     }
 
     pub fn query_map<T>(
@@ -294,6 +291,6 @@ impl Statement<'_> {
         params: &[&dyn Param],
         f: impl FnMut(&Row) -> DbResult<T>,
     ) -> DbResult<std::vec::IntoIter<DbResult<T>>> {
-        self.conn.query_map(&self.sql, params, f)
+        self.conn.query_map(self.sql, params, f)
     }
 }
