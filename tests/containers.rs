@@ -159,6 +159,36 @@ impl World {
         p.with_sandbox(Some(sandbox))
     }
 
+    /// `serve --http` that fetches from this world's git server in helper containers, with
+    /// `standby` helpers kept on standby.
+    fn serve(&self, standby: &str) -> support::http::Server {
+        let ca = self.certs.ca.display().to_string();
+        let (cidrs, resolve) = (
+            format!("{}/32", self.bridge),
+            format!("localhost={}", self.bridge),
+        );
+        let host = self.server.host();
+        support::http::server(&[
+            ("ALLOWED_GIT_HOSTS", host.as_str()),
+            ("CLOUD_HARNESS_EXTRA_CA", ca.as_str()),
+            ("CLOUD_HARNESS_ALLOW_CIDRS", cidrs.as_str()),
+            ("CLOUD_HARNESS_RESOLVE", resolve.as_str()),
+            ("CLOUD_HARNESS_STANDBY_HELPERS", standby),
+        ])
+    }
+
+    /// A `tools/call` of `workspace_open` with this world's toolkit, under `key`.
+    fn open_call(&self, key: &str) -> serde_json::Value {
+        serde_json::json!({
+            "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": { "name": "workspace_open", "arguments": {
+                "idempotencyKey": key,
+                "toolkits": [{ "kind": "git", "instanceId": "team",
+                    "url": self.server.url("team/skills.git"), "ref": self.commit }],
+            }},
+        })
+    }
+
     fn spec(&self) -> ToolkitSpec {
         cloud_harness::toolkit::parse_spec(&format!(
             r#"{{"kind":"git","instanceId":"team","url":"{}","ref":"{}"}}"#,
@@ -406,19 +436,7 @@ fn toolkit_add_reports_the_container_mode() {
 fn a_server_removes_its_warm_pair_and_helpers_on_standby_when_it_stops() {
     let Some(_) = sandbox() else { return };
     let w = world(0.0);
-    let ca = w.certs.ca.display().to_string();
-    let (cidrs, resolve) = (
-        format!("{}/32", w.bridge),
-        format!("localhost={}", w.bridge),
-    );
-    let host = w.server.host();
-    let mut server = support::http::server(&[
-        ("ALLOWED_GIT_HOSTS", host.as_str()),
-        ("CLOUD_HARNESS_EXTRA_CA", ca.as_str()),
-        ("CLOUD_HARNESS_ALLOW_CIDRS", cidrs.as_str()),
-        ("CLOUD_HARNESS_RESOLVE", resolve.as_str()),
-        ("CLOUD_HARNESS_STANDBY_HELPERS", "2"),
-    ]);
+    let mut server = w.serve("2");
     let theirs = owner(server.child.id());
     // Made at start-up, before any fetch: the pair and two helpers waiting for a job.
     let standing = || owned(&["ps"], &theirs, &["name=cloud-harness-fetch-"]);
@@ -426,14 +444,7 @@ fn a_server_removes_its_warm_pair_and_helpers_on_standby_when_it_stops() {
     let before = standing();
     let (network, _) = warm_pair_of(&theirs);
     let session = support::http::legacy_session(server.addr);
-    let call = serde_json::json!({
-        "jsonrpc": "2.0", "id": 2, "method": "tools/call",
-        "params": { "name": "workspace_open", "arguments": {
-            "idempotencyKey": "warm",
-            "toolkits": [{ "kind": "git", "instanceId": "team",
-                "url": w.server.url("team/skills.git"), "ref": w.commit }],
-        }},
-    });
+    let call = w.open_call("warm");
     let answer = support::http::answer_of(&support::http::raw(
         server.addr,
         &call.to_string(),
@@ -552,30 +563,11 @@ fn a_server_stopped_mid_fetch_leaves_no_helper_proxy_or_network() {
     let Some(_) = sandbox() else { return };
     // Every answer of the git server waits 60 s: the fetch is under way at the SIGTERM.
     let w = world(60.0);
-    let ca = w.certs.ca.display().to_string();
-    let (cidrs, resolve) = (
-        format!("{}/32", w.bridge),
-        format!("localhost={}", w.bridge),
-    );
-    let host = w.server.host();
-    let mut server = support::http::server(&[
-        ("ALLOWED_GIT_HOSTS", host.as_str()),
-        ("CLOUD_HARNESS_EXTRA_CA", ca.as_str()),
-        ("CLOUD_HARNESS_ALLOW_CIDRS", cidrs.as_str()),
-        ("CLOUD_HARNESS_RESOLVE", resolve.as_str()),
-        ("CLOUD_HARNESS_STANDBY_HELPERS", "1"),
-    ]);
+    let mut server = w.serve("1");
     let theirs = owner(server.child.id());
     let addr = server.addr;
     let session = support::http::legacy_session(addr);
-    let call = serde_json::json!({
-        "jsonrpc": "2.0", "id": 2, "method": "tools/call",
-        "params": { "name": "workspace_open", "arguments": {
-            "idempotencyKey": "slow",
-            "toolkits": [{ "kind": "git", "instanceId": "team",
-                "url": w.server.url("team/skills.git"), "ref": w.commit }],
-        }},
-    });
+    let call = w.open_call("slow");
     let open = std::thread::spawn(move || {
         let _ = support::http::raw(
             addr,
