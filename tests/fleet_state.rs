@@ -66,15 +66,19 @@ fn fleet() -> Option<Fleet> {
 impl Fleet {
     /// A runner named `name`: its own home and store, the shared bucket and database.
     fn runner(&self, name: &str, executor: &str) -> Server {
+        self.runner_on(name, executor, &self.db.url())
+    }
+
+    /// [`Fleet::runner`] reaching the database at `db`.
+    fn runner_on(&self, name: &str, executor: &str, db: &str) -> Server {
         let settings = self.s3.settings();
         let store_url = self.s3.url(PREFIX);
         let host = self.git.server.host();
         let ca = self.git.certs.ca.display().to_string();
-        let db = self.db.url();
         let mut env: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
         env.extend([
             ("TOOLKIT_STORE_URL", store_url.as_str()),
-            ("CLOUD_HARNESS_DATABASE_URL", db.as_str()),
+            ("CLOUD_HARNESS_DATABASE_URL", db),
             ("CLOUD_HARNESS_RUNNER", name),
             ("ALLOWED_GIT_HOSTS", host.as_str()),
             ("CLOUD_HARNESS_EXTRA_CA", ca.as_str()),
@@ -268,5 +272,59 @@ fn a_runner_whose_database_connection_is_cut_connects_again() {
     assert!(
         a.server.log.lock().unwrap().contains("connecting again"),
         "the server did not say it reconnected"
+    );
+}
+
+/// A database that stays out of reach: what needs it fails `UPSTREAM` with `retryable`, an
+/// agent at work goes on reading its workspace's skills (its token was checked within the
+/// last minute), and once the database answers again everything does.
+#[test]
+fn a_runner_whose_database_stays_down_says_upstream_and_goes_on_when_it_is_back() {
+    let Some(f) = fleet() else { return };
+    let relay = support::postgres::Relay::start();
+    let a = world_of(f.runner_on("runner-a", "none", &relay.url(&f.db.url())));
+    let session = mcp_session(a.server.addr, &a.operator);
+    let opened = a.tool(
+        session.as_str(),
+        "workspace_open",
+        json!({"idempotencyKey": "down"}),
+    );
+    let ws = opened["structuredContent"]["workspace"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let read = json!({"workspace": ws, "skill": "cloud-harness-conflicts"});
+    assert_ne!(
+        a.tool(&session, "skills_read", read.clone())["isError"],
+        true
+    );
+
+    relay.cut();
+    let (status, body) = a.call("GET", "/api/v1/sets", Some(&a.operator), None);
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(body["code"], "UPSTREAM", "{body}");
+    assert_eq!(body["details"]["retryable"], true, "{body}");
+    // A second call past the auth check's cache: the same answer, never a 401.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let (status, body) = a.call(
+        "POST",
+        "/api/v1/tokens",
+        Some(&a.operator),
+        Some(r#"{"name":"down","role":"client"}"#),
+    );
+    assert_eq!((status, &body["code"]), (502, &json!("UPSTREAM")), "{body}");
+    let still = a.tool(&session, "skills_read", read.clone());
+    assert_ne!(still["isError"], true, "{still}");
+    assert!(still["structuredContent"]["content"]
+        .as_str()
+        .unwrap()
+        .contains("name: cloud-harness-conflicts"));
+
+    relay.restore();
+    a.op("GET", "/api/v1/sets", None);
+    a.op(
+        "POST",
+        "/api/v1/tokens",
+        Some(json!({"name": "back", "role": "client"})),
     );
 }

@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 /// How long a token's check is reused (a revocation by another process takes this long to
 /// reach this one; one by this process, none).
 pub const CACHE_TTL: Duration = Duration::from_secs(1);
+/// How long a checked identity stays good while the database cannot be asked.
+pub const STALE_GRACE: Duration = Duration::from_secs(60);
 pub const COOKIE: &str = "ch_session";
 pub const CSRF_HEADER: &str = "x-csrf-token";
 
@@ -66,19 +68,33 @@ impl Auth {
     }
 
     /// The identity of a bearer secret (`cookie`: a browser session's), checked at most once
-    /// per [`CACHE_TTL`].
+    /// per [`CACHE_TTL`]. While the database is out of reach, an identity checked within
+    /// [`STALE_GRACE`] stays good (none revoked in this process meanwhile), so agents at work
+    /// are not cut off by a database's blip; anything that needs the database still fails.
     fn identify(&self, secret: &str, cookie: bool) -> Result<Option<Identity>, Error> {
         let key = format!("{}{secret}", if cookie { "c:" } else { "t:" });
         let generation = REVOKED.load(Ordering::SeqCst);
-        if let Some((at, g, id)) = self.cache.lock().expect("auth cache").get(&key) {
-            if *g == generation && at.elapsed() < CACHE_TTL {
+        let cached = self.cache.lock().expect("auth cache").get(&key).cloned();
+        let cached = cached.filter(|(_, g, _)| *g == generation);
+        if let Some((at, _, id)) = &cached {
+            if at.elapsed() < CACHE_TTL {
                 return Ok(id.clone());
             }
         }
-        let id = if cookie {
-            super::session(&self.db, secret)?
+        let checked = if cookie {
+            super::session(&self.db, secret)
         } else {
-            super::authenticate(&self.db, secret)?
+            super::authenticate(&self.db, secret)
+        };
+        let id = match (checked, cached) {
+            (Ok(id), _) => id,
+            (Err(e), Some((at, _, id)))
+                if e.code == Code::Upstream && at.elapsed() < STALE_GRACE =>
+            {
+                tracing::warn!(error = %e.message, "the database is out of reach: a caller checked in the last minute is let in");
+                return Ok(id);
+            }
+            (Err(e), _) => return Err(e),
         };
         let mut cache = self.cache.lock().expect("auth cache");
         if cache.len() > 10_000 {

@@ -98,3 +98,75 @@ impl Drop for Database {
         );
     }
 }
+
+/// A TCP relay on loopback in front of the test server: the network between a runner and its
+/// database, cut and restored at will. While cut, every connection is closed and new ones are
+/// closed as soon as they come.
+pub struct Relay {
+    pub port: u16,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    streams: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Relay {
+    pub fn start() -> Relay {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let upstream = server()
+            .rsplit('@')
+            .next()
+            .unwrap()
+            .trim_end_matches('/')
+            .to_owned();
+        let relay = Relay {
+            port,
+            open: Default::default(),
+            streams: Default::default(),
+        };
+        relay.open.store(true, Ordering::SeqCst);
+        let (open, streams) = (relay.open.clone(), relay.streams.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                if !open.load(Ordering::SeqCst) {
+                    continue; // dropped: closed at once
+                }
+                let Ok(server) = std::net::TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let mut kept = streams.lock().unwrap();
+                kept.push(client.try_clone().unwrap());
+                kept.push(server.try_clone().unwrap());
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        relay
+    }
+
+    /// `url` (a database on the test server) reached through this relay.
+    pub fn url(&self, url: &str) -> String {
+        let upstream = server();
+        let host = upstream.rsplit('@').next().unwrap();
+        url.replacen(host, &format!("127.0.0.1:{}", self.port), 1)
+    }
+
+    /// Closes every connection and refuses new ones until [`Relay::restore`].
+    pub fn cut(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        for s in self.streams.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    pub fn restore(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
