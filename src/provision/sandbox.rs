@@ -160,21 +160,17 @@ impl Sandbox {
     /// first fetch then waits for neither.
     pub fn keep_warm(&self, helpers: usize, egress: &EgressPolicy, limits: Limits) {
         self.warm.standby.set_target(helpers);
-        let (warm, policy) = (self.warm.clone(), egress.proxy_env());
-        let image = self.image_name();
-        let binary = self.helper_binary.clone();
+        let (sandbox, policy) = (self.clone(), egress.proxy_env());
         std::thread::spawn(move || {
-            let pairs = warm.clone();
-            let made = image.and_then(|image| {
+            let warm = sandbox.warm.clone();
+            let made = sandbox.helper_image().and_then(|image| {
                 block_on(async move {
-                    let docker = connect().await?;
-                    ensure_image(&docker, &image, || rootfs(&binary)).await?;
-                    let pair = pairs.take(&docker, &image, policy).await?;
+                    let pair = warm.take(&connect().await?, &image, policy).await?;
                     Ok(shape(&image, &pair, limits))
                 })
             });
             match made {
-                Ok(shape) => warm.standby.refill(&shape),
+                Ok(shape) => sandbox.warm.standby.refill(&shape),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot make the provisioning network ready ahead of a fetch")
                 }

@@ -10,7 +10,7 @@
 //! network they sit on, and by the next process if this one dies.
 
 use crate::engine::{block_on, connect, docker_error};
-use crate::provision::containers::{hardened, start};
+use crate::provision::containers::{hardened, start, PROXY_PORT};
 use crate::provision::warm;
 use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{CreateContainerOptions, InspectContainerOptions};
@@ -45,10 +45,7 @@ pub(crate) async fn make(docker: &Docker, name: &str, shape: &Shape, env: &[Stri
         format!("rw,size={}k,mode=1777", shape.work_kb),
     )]));
     let mut environment = vec![
-        format!(
-            "HTTPS_PROXY=http://provisioning-proxy:{}",
-            crate::provision::containers::PROXY_PORT
-        ),
+        format!("HTTPS_PROXY=http://provisioning-proxy:{PROXY_PORT}"),
         "HOME=/work".into(),
     ];
     environment.extend(env.iter().cloned());
@@ -110,10 +107,6 @@ struct State {
 }
 
 impl Standby {
-    pub(crate) fn target(&self) -> usize {
-        self.target.load(Ordering::Relaxed)
-    }
-
     pub(crate) fn ready(&self) -> usize {
         self.state.lock().expect("standby lock").ready.len()
     }
@@ -182,7 +175,7 @@ impl Standby {
             }
             let have = state.ready.iter().filter(|(_, s)| s == shape).count()
                 + state.making.iter().filter(|s| *s == shape).count();
-            let wanted = self.target().saturating_sub(have);
+            let wanted = self.target.load(Ordering::Relaxed).saturating_sub(have);
             state
                 .making
                 .extend(std::iter::repeat_n(shape.clone(), wanted));
