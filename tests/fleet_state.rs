@@ -243,11 +243,8 @@ fn a_runner_whose_database_connection_is_cut_connects_again() {
     let a = world_of(f.runner("runner-a", "none"));
     a.op("GET", "/api/v1/sets", None);
     // The server (or a proxy in front of it) drops every connection of the harness.
-    let cut = f
-        .db
-        .query("SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
-        .unwrap();
-    assert_ne!(cut, "0", "no connection to cut");
+    let cut = cut_every_connection(&f.db);
+    assert_ne!(cut, 0, "no connection to cut");
     // A read and a write after it both succeed, on a new connection.
     a.op("GET", "/api/v1/sets", None);
     let made = a.op(
@@ -259,11 +256,8 @@ fn a_runner_whose_database_connection_is_cut_connects_again() {
         made["token"].as_str().unwrap().starts_with("cht_"),
         "{made}"
     );
-    let cut = f
-        .db
-        .query("SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
-        .unwrap();
-    assert_ne!(cut, "0");
+    let cut = cut_every_connection(&f.db);
+    assert_ne!(cut, 0);
     a.op(
         "POST",
         "/api/v1/tokens",
@@ -273,6 +267,27 @@ fn a_runner_whose_database_connection_is_cut_connects_again() {
         a.server.log.lock().unwrap().contains("connecting again"),
         "the server did not say it reconnected"
     );
+}
+
+/// Ends every other session on the test's database, as an administrator or a failover does,
+/// and waits until their server processes are gone; returns how many there were.
+fn cut_every_connection(db: &Database) -> usize {
+    let others =
+        "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()";
+    let cut: usize = db
+        .query(&format!("SELECT COUNT(pg_terminate_backend(pid)) {others}"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    // pg_terminate_backend only signals: a statement sent at once may still be answered by
+    // the old session (or by its FATAL message).
+    for _ in 0..100 {
+        if db.query(&format!("SELECT COUNT(*) {others}")).unwrap() == "0" {
+            return cut;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("the sessions cut are still there after 2 s");
 }
 
 /// A database that stays out of reach: what needs it fails `UPSTREAM` with `retryable`, an

@@ -232,6 +232,12 @@ fn error(e: tokio_postgres::Error, shown: &str) -> DbError {
         {
             ErrorKind::Constraint
         }
+        // The server ended the session (an administrator, a restart, a failover: class 57P)
+        // or the connection failed (class 08): nothing of the statement ran, a new
+        // connection may succeed.
+        Some(c) if c.code().starts_with("57P") || c.code().starts_with("08") => {
+            ErrorKind::Unavailable
+        }
         Some(_) => ErrorKind::Other,
         // No SQL state: the connection (refused, lost, timed out) rather than a statement.
         None => ErrorKind::Unavailable,
