@@ -98,8 +98,9 @@ fn world(executor: &'static str) -> World {
                                 ("check.sh", file("echo \"args: $1|$2\"\ntest -f README.md && echo 'cwd ok'\n")),
                                 ("slow.sh", file("sleep 2.5\necho done\n")),
                                 ("forever.sh", file("sleep 60\n")),
-                                // A background beat that must stop when the run is cancelled.
-                                ("spawn.sh", file("(while :; do date +%s%N > /workspace/heartbeat; sleep 0.1; done) &\nwait\n")),
+                                // A background beat that must stop when the run is cancelled; each beat is written
+                                // whole and renamed into place, so a reader never finds it empty.
+                                ("spawn.sh", file("(while :; do date +%s%N > /workspace/.beat && mv /workspace/.beat /workspace/heartbeat; sleep 0.1; done) &\nwait\n")),
                                 ("where.sh", file("pwd\nid -u\necho \"$CLOUD_HARNESS_SKILL_DIR\"\nls \"$CLOUD_HARNESS_SKILL_DIR\"\ntouch \"$CLOUD_HARNESS_SKILL_DIR/x\" 2>/dev/null || echo read-only\n")),
                             ]),
                         ),

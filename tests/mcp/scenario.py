@@ -247,7 +247,7 @@ async def full():
         first = inside(handle, "cat /workspace/heartbeat")
         await asyncio.sleep(1)
         assert inside(handle, "cat /workspace/heartbeat") == first, "a cancelled run's processes still run"
-        inside(handle, "rm /workspace/heartbeat")
+        inside(handle, "rm -f /workspace/heartbeat /workspace/.beat")
 
         # The bytes that run are the approved ones. The project's own `probe` is approved,
         # then edited inside the executor (a live tier): the edit never runs unapproved.
