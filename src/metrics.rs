@@ -72,6 +72,8 @@ impl Collector for Scraped {
             ("cloud_harness_fuse_read_bytes", "Bytes the mounts served to reads", &STATS.read_bytes),
             ("cloud_harness_skill_cache_hits", "Skill folders whose parse came from the skill cache", &STATS.skill_cache_hits),
             ("cloud_harness_skill_cache_misses", "Skill folders parsed from the store", &STATS.skill_cache_misses),
+            ("cloud_harness_store_objects_hashed", "Store objects read and hashed against their digest", &STATS.objects_hashed),
+            ("cloud_harness_store_objects_trusted", "Store objects read without hashing: this process had hashed the same, unchanged file", &STATS.objects_trusted),
         ];
         for (name, help, value) in counters {
             let c = ConstCounter::new(value.load(Ordering::Relaxed));

@@ -1,5 +1,6 @@
 //! Counters of the file system's work since the process started: the requests the kernel
-//! made of each mount, and how often a skill folder's parse came from the skill cache. The
+//! made of each mount, how often a skill folder's parse came from the skill cache, and how
+//! often a store object read was hashed. The
 //! server's metrics read them; nothing here depends on who reads.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,6 +56,10 @@ pub struct Stats {
     pub read_bytes: AtomicU64,
     pub skill_cache_hits: AtomicU64,
     pub skill_cache_misses: AtomicU64,
+    /// Store objects read and hashed against their digest.
+    pub objects_hashed: AtomicU64,
+    /// Store objects read without hashing: this process had hashed the same, unchanged file.
+    pub objects_trusted: AtomicU64,
 }
 
 pub static STATS: Stats = Stats {
@@ -63,6 +68,8 @@ pub static STATS: Stats = Stats {
     read_bytes: AtomicU64::new(0),
     skill_cache_hits: AtomicU64::new(0),
     skill_cache_misses: AtomicU64::new(0),
+    objects_hashed: AtomicU64::new(0),
+    objects_trusted: AtomicU64::new(0),
 };
 
 impl Stats {

@@ -298,3 +298,69 @@ fn a_readdir_offset_goes_on_in_its_own_listing_and_a_lost_one_is_estale() {
     let file = path(&ns, &["tdd", "SKILL.md"]);
     assert_eq!(ns.listing_at(file, 0).unwrap_err(), Errno::ENOTDIR);
 }
+
+/// A store object is hashed once per process, whichever mount reads it first (two workspaces
+/// of one toolkit pay one hash); a file changed on disk since is hashed again and, no longer
+/// matching its digest, refused.
+#[test]
+fn a_blob_is_hashed_once_per_process_and_again_once_changed() {
+    use cloud_harness_fs::cas::{Digest, ObjectKind};
+    use cloud_harness_fs::stats::STATS;
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::atomic::Ordering::Relaxed;
+    let s = setup();
+    let g = s.generation();
+    // File times are coarse: what was written within the last second is hashed on every read.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let counts = || {
+        (
+            STATS.objects_hashed.load(Relaxed),
+            STATS.objects_trusted.load(Relaxed),
+        )
+    };
+    let mount = || Namespace::new(s.store.clone(), View::Merged, g.clone());
+    let read = |ns: &Namespace, ino: u64| {
+        let before = counts();
+        let r = ns.read(ino, 0, 4096);
+        let after = counts();
+        (r, after.0 - before.0, after.1 - before.1)
+    };
+
+    let first = mount();
+    let md = path(&first, &["lint", "SKILL.md"]);
+    let (text, hashed, trusted) = read(&first, md);
+    assert!(String::from_utf8(text.unwrap())
+        .unwrap()
+        .contains("ws lint"));
+    assert_eq!((hashed, trusted), (1, 0), "the first read hashes");
+    let second = mount();
+    let md = path(&second, &["lint", "SKILL.md"]);
+    let (text, hashed, trusted) = read(&second, md);
+    assert!(String::from_utf8(text.unwrap())
+        .unwrap()
+        .contains("ws lint"));
+    assert_eq!(
+        (hashed, trusted),
+        (0, 1),
+        "another mount of the process trusts it"
+    );
+
+    // The object is rewritten on disk, same length, other bytes.
+    let digest = second
+        .xattrs(md)
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| k == "user.cloud-harness.digest")
+        .map(|(_, v)| Digest::parse(&v).unwrap())
+        .unwrap();
+    let object = s.store.object_path(ObjectKind::Blob, &digest);
+    let mut bytes = fs::read(&object).unwrap();
+    bytes[0] ^= 1;
+    fs::set_permissions(&object, fs::Permissions::from_mode(0o644)).unwrap();
+    fs::write(&object, &bytes).unwrap();
+    let third = mount();
+    let md = path(&third, &["lint", "SKILL.md"]);
+    let (refused, hashed, trusted) = read(&third, md);
+    assert_eq!(refused, Err(Errno::EIO));
+    assert_eq!((hashed, trusted), (1, 0), "a changed file is hashed again");
+}

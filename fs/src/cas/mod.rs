@@ -7,6 +7,7 @@ mod import;
 mod roots;
 mod store;
 mod tree;
+pub(crate) mod verified;
 
 pub use check::{GcReport, Problem, ProblemKind, VerifyReport};
 pub use digest::{Digest, Hasher};

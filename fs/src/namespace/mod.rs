@@ -43,7 +43,6 @@ pub const RESOLUTION_FILE: &str = ".resolution.json";
 pub const XATTR_PREFIX: &str = "user.cloud-harness.";
 
 const TREE_CACHE: usize = 4096;
-const VERIFIED_CACHE: usize = 65536;
 const OPEN_BLOBS: usize = 256;
 
 pub type Result<T> = std::result::Result<T, Errno>;
@@ -139,7 +138,6 @@ pub struct Namespace {
     current: RwLock<Arc<Generation>>,
     nodes: RwLock<HashMap<u64, Arc<Node>>>,
     trees: Mutex<LruCache<Digest, Arc<Tree>>>,
-    verified: Mutex<LruCache<Digest, ()>>,
     open_blobs: Mutex<LruCache<Digest, Arc<File>>>,
     /// Listings by directory and tag (see `listing`).
     listings: Mutex<LruCache<(u64, u32), Arc<Listing>>>,
@@ -190,7 +188,6 @@ impl Namespace {
             current: RwLock::new(generation),
             nodes: RwLock::new(HashMap::from([(ROOT_INO, Arc::new(root))])),
             trees: Mutex::new(LruCache::new(cap(TREE_CACHE))),
-            verified: Mutex::new(LruCache::new(cap(VERIFIED_CACHE))),
             open_blobs: Mutex::new(LruCache::new(cap(OPEN_BLOBS))),
             listings: Mutex::new(LruCache::new(cap(listing::LISTINGS))),
         }

@@ -3,7 +3,7 @@
 //! attributes that show where a skill comes from.
 
 use super::{Child, Ident, Namespace, Result, XATTR_PREFIX};
-use crate::cas::{Digest, Kind, ObjectKind};
+use crate::cas::{verified, Digest, Kind, ObjectKind};
 use crate::generation::SkillOrigin;
 use nix::errno::Errno;
 use std::fs::File;
@@ -156,23 +156,15 @@ impl Namespace {
             tracing::error!(object = %digest, error = %e, "blob missing from the store");
             Errno::EIO
         })?;
-        let known_good = self
-            .verified
-            .lock()
-            .expect("verified lock")
-            .get(digest)
-            .is_some();
-        if !known_good {
+        let meta = file.metadata().map_err(|_| Errno::EIO)?;
+        if !verified::known(digest, &meta) {
             let (content, _) =
                 Digest::of_stream(&mut file, &mut io::sink()).map_err(|_| Errno::EIO)?;
             if content != *digest {
                 tracing::error!(object = %digest, path = %path.display(), "corrupt object: its content does not match its digest; serving EIO");
                 return Err(Errno::EIO);
             }
-            self.verified
-                .lock()
-                .expect("verified lock")
-                .put(*digest, ());
+            verified::record(digest, &meta);
         }
         let file = Arc::new(file);
         self.open_blobs
