@@ -11,6 +11,11 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+// The server's allocator, so the load generator (on the same two cores) takes as little CPU
+// from it as it can.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -60,11 +65,21 @@ struct Session {
     id: String,
 }
 
-/// The JSON-RPC answer in a response body (JSON, or an SSE `data:` line).
-fn answer(body: &str) -> Option<&str> {
-    body.lines()
-        .map(|l| l.strip_prefix("data: ").unwrap_or(l))
-        .find(|l| l.starts_with('{'))
+/// The JSON-RPC answer in a response body (JSON, or an SSE `data:` line), as bytes: the load
+/// generator neither validates nor copies the 51 KB pages it only checks by their ends.
+fn answer(body: &[u8]) -> Option<&[u8]> {
+    body.split(|&b| b == b'\n')
+        .map(|l| l.strip_prefix(b"data: ").unwrap_or(l))
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .find(|l| l.starts_with(b"{"))
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn shown(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned()
 }
 
 /// What the load generator checks of an answer, in full: a whole JSON-RPC response, neither an
@@ -89,12 +104,12 @@ struct CheckedResult {
 const PARSE_EVERY: u64 = 16;
 
 /// Whether `line` is a successful, whole answer to request `n`.
-fn check(line: &str, n: u64) -> Result<(), String> {
+fn check(line: &[u8], n: u64) -> Result<(), String> {
     if n % PARSE_EVERY == 0 {
-        let checked: Checked = serde_json::from_str(line).map_err(|e| e.to_string())?;
+        let checked: Checked = serde_json::from_slice(line).map_err(|e| e.to_string())?;
         let _ = checked.jsonrpc;
         return match checked.error.is_some() || checked.result.is_none_or(|r| r.is_error) {
-            true => Err(line.to_owned()),
+            true => Err(shown(line)),
             false => Ok(()),
         };
     }
@@ -102,13 +117,13 @@ fn check(line: &str, n: u64) -> Result<(), String> {
     // `isError` (and `_meta` when there is one).
     let head = format!("{{\"jsonrpc\":\"2.0\",\"id\":{n},\"result\":{{");
     let tail = &line[line.len().saturating_sub(256)..];
-    let ok = line.starts_with(&head)
-        && line.ends_with("}}")
-        && tail.contains("\"isError\":false")
-        && !tail.contains("\"isError\":true");
+    let ok = line.starts_with(head.as_bytes())
+        && line.ends_with(b"}}")
+        && contains(tail, b"\"isError\":false")
+        && !contains(tail, b"\"isError\":true");
     match ok {
         true => Ok(()),
-        false => Err(line.chars().take(300).collect()),
+        false => Err(shown(line)),
     }
 }
 
@@ -117,7 +132,7 @@ impl Session {
         &self,
         body: &Value,
         session: Option<&str>,
-    ) -> Result<(Option<String>, String), String> {
+    ) -> Result<(Option<String>, bytes::Bytes), String> {
         let mut request = self
             .http
             .post(&self.url)
@@ -137,7 +152,8 @@ impl Session {
             .get("mcp-session-id")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        Ok((id, response.text().await.map_err(|e| e.to_string())?))
+        let body = response.bytes().await.map_err(|e| e.to_string())?;
+        Ok((id, body))
     }
 
     async fn start(url: &str, reuse: bool) -> Session {
@@ -174,7 +190,7 @@ impl Session {
     }
 
     /// One tool call, checked; its answer, or why it failed.
-    async fn call(&self, n: u64, tool: &str, arguments: &Value) -> Result<String, String> {
+    async fn call(&self, n: u64, tool: &str, arguments: &Value) -> Result<bytes::Bytes, String> {
         let body = json!({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": tool, "arguments": arguments}});
         let (_, text) = self.post(&body, Some(&self.id)).await?;
         let line = answer(&text).ok_or("no answer")?;
@@ -185,7 +201,7 @@ impl Session {
     /// One tool call, its answer parsed.
     async fn call_value(&self, n: u64, tool: &str, arguments: &Value) -> Value {
         let text = self.call(n, tool, arguments).await.unwrap();
-        serde_json::from_str(answer(&text).unwrap()).unwrap()
+        serde_json::from_slice(answer(&text).unwrap()).unwrap()
     }
 }
 
