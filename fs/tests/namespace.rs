@@ -318,37 +318,26 @@ fn a_blob_is_hashed_once_per_process_and_again_once_changed() {
             STATS.objects_trusted.load(Relaxed),
         )
     };
-    let mount = || Namespace::new(s.store.clone(), View::Merged, g.clone());
-    let read = |ns: &Namespace, ino: u64| {
+    // A new mount of the process reads lint's SKILL.md: its text, or the errno, and how many
+    // objects that read hashed and trusted.
+    let read_in_new_mount = || {
+        let ns = Namespace::new(s.store.clone(), View::Merged, g.clone());
+        let md = path(&ns, &["lint", "SKILL.md"]);
         let before = counts();
-        let r = ns.read(ino, 0, 4096);
+        let text = ns.read(md, 0, 4096).map(|t| String::from_utf8(t).unwrap());
         let after = counts();
-        (r, after.0 - before.0, after.1 - before.1)
+        (text, after.0 - before.0, after.1 - before.1)
     };
-
-    let first = mount();
-    let md = path(&first, &["lint", "SKILL.md"]);
-    let (text, hashed, trusted) = read(&first, md);
-    assert!(String::from_utf8(text.unwrap())
-        .unwrap()
-        .contains("ws lint"));
+    let (text, hashed, trusted) = read_in_new_mount();
+    assert!(text.unwrap().contains("ws lint"));
     assert_eq!((hashed, trusted), (1, 0), "the first read hashes");
-    let second = mount();
-    let md = path(&second, &["lint", "SKILL.md"]);
-    let (text, hashed, trusted) = read(&second, md);
-    assert!(String::from_utf8(text.unwrap())
-        .unwrap()
-        .contains("ws lint"));
-    assert_eq!(
-        (hashed, trusted),
-        (0, 1),
-        "another mount of the process trusts it"
-    );
+    let (text, hashed, trusted) = read_in_new_mount();
+    assert!(text.unwrap().contains("ws lint"));
+    assert_eq!((hashed, trusted), (0, 1), "another mount trusts it");
 
     // The object is rewritten on disk, same length, other bytes.
-    let digest = second
-        .xattrs(md)
-        .unwrap()
+    let ns = Namespace::new(s.store.clone(), View::Merged, g.clone());
+    let digest = (ns.xattrs(path(&ns, &["lint", "SKILL.md"])).unwrap())
         .into_iter()
         .find(|(k, _)| k == "user.cloud-harness.digest")
         .map(|(_, v)| Digest::parse(&v).unwrap())
@@ -358,9 +347,7 @@ fn a_blob_is_hashed_once_per_process_and_again_once_changed() {
     bytes[0] ^= 1;
     fs::set_permissions(&object, fs::Permissions::from_mode(0o644)).unwrap();
     fs::write(&object, &bytes).unwrap();
-    let third = mount();
-    let md = path(&third, &["lint", "SKILL.md"]);
-    let (refused, hashed, trusted) = read(&third, md);
+    let (refused, hashed, trusted) = read_in_new_mount();
     assert_eq!(refused, Err(Errno::EIO));
     assert_eq!((hashed, trusted), (1, 0), "a changed file is hashed again");
 }

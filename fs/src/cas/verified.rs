@@ -56,8 +56,8 @@ fn cache() -> &'static Mutex<LruCache<Digest, FileId>> {
     })
 }
 
-/// Whether the file described by `meta` was hashed to `digest` in this process; a caller
-/// told no hashes it before use (which the counters assume).
+/// Whether the file described by `meta` was hashed to `digest` in this process. A caller
+/// told no hashes the object before using it, and the counters count it so.
 pub fn known(digest: &Digest, meta: &Metadata) -> bool {
     let id = FileId::of(meta);
     let known = cache().lock().expect("verified lock").get(digest) == Some(&id);
