@@ -1,10 +1,12 @@
 //! Importing a 100 MiB tree of small and large files into a fresh store, against `sha256sum`
-//! over the same files in the same run (the floor: reading and hashing every byte once).
+//! over the same files in the same run (the floor: reading and hashing every byte once); then
+//! reading every blob of that store back, verified, the first time in the process (each one
+//! hashed) and again (each one known), against reading the object files plainly.
 //!
 //! `cargo bench -p cloud-harness-fs --bench store` (set BENCH_DIR to pick the disk; default
 //! the system temp dir, with the store on the same file system).
 
-use cloud_harness_fs::cas::{Limits, Store};
+use cloud_harness_fs::cas::{Digest, Limits, Store};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -60,6 +62,27 @@ fn make_tree(root: &Path) -> (Vec<PathBuf>, u64) {
     (files, total)
 }
 
+/// Every blob of `store`: its digest and its file.
+fn blobs(store: &Store) -> Vec<(Digest, PathBuf)> {
+    let mut out = Vec::new();
+    for dir in fs::read_dir(store.root().join("objects/blob")).unwrap() {
+        let dir = dir.unwrap();
+        let prefix = dir.file_name().into_string().unwrap();
+        for f in fs::read_dir(dir.path()).unwrap() {
+            let f = f.unwrap();
+            let hex = format!("{prefix}{}", f.file_name().into_string().unwrap());
+            out.push((Digest::parse(&format!("sha256:{hex}")).unwrap(), f.path()));
+        }
+    }
+    out
+}
+
+fn timed(f: impl FnOnce()) -> Duration {
+    let t = Instant::now();
+    f();
+    t.elapsed()
+}
+
 fn median(mut xs: Vec<Duration>) -> Duration {
     xs.sort();
     xs[xs.len() / 2]
@@ -80,6 +103,7 @@ fn main() {
     let mut sha = Vec::new();
     let mut cold = Vec::new();
     let mut warm = Vec::new();
+    let (mut plain, mut hashed, mut known) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..RUNS {
         let t = Instant::now();
         let status = Command::new("sha256sum")
@@ -100,6 +124,23 @@ fn main() {
         let t = Instant::now();
         store.import_dir(&src, &Limits::default()).unwrap();
         warm.push(t.elapsed());
+
+        // Objects changed within the last second are hashed on every read (file times are
+        // coarse): these are read once they have settled.
+        std::thread::sleep(Duration::from_millis(1100));
+        let blobs = blobs(&store);
+        let read_all = || {
+            for (digest, _) in &blobs {
+                std::hint::black_box(store.blob(digest).unwrap());
+            }
+        };
+        plain.push(timed(|| {
+            for (_, path) in &blobs {
+                std::hint::black_box(fs::read(path).unwrap());
+            }
+        }));
+        hashed.push(timed(read_all));
+        known.push(timed(read_all));
         fs::remove_dir_all(&store_dir).unwrap();
     }
     let (sha, cold, warm) = (median(sha), median(cold), median(warm));
@@ -120,6 +161,20 @@ fn main() {
             d.as_secs_f64() * 1e3,
             mib / d.as_secs_f64(),
             d.as_secs_f64() / sha.as_secs_f64()
+        );
+    }
+    let (plain, hashed, known) = (median(plain), median(hashed), median(known));
+    println!("| what | median | ratio to a plain read |");
+    println!("|---|---|---|");
+    for (what, d) in [
+        ("read every object file (baseline)", plain),
+        ("read every blob verified, first in the process", hashed),
+        ("read every blob verified, again (hashed before)", known),
+    ] {
+        println!(
+            "| {what} | {:.1} ms | {:.2}x |",
+            d.as_secs_f64() * 1e3,
+            d.as_secs_f64() / plain.as_secs_f64()
         );
     }
 }
