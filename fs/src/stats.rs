@@ -1,7 +1,7 @@
 //! Counters of the file system's work since the process started: the requests the kernel
 //! made of each mount, how often a skill folder's parse came from the skill cache, and how
-//! often a store object read was hashed. The
-//! server's metrics read them; nothing here depends on who reads.
+//! often a store object read was hashed. The server's metrics read them; nothing here
+//! depends on who reads.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -171,7 +171,7 @@ impl Store {
         let mut bytes = Vec::with_capacity(meta.len() as usize);
         file.read_to_end(&mut bytes)
             .map_err(|e| Error::io(&path, e))?;
-        if verified::known(digest, &meta) && bytes.len() as u64 == meta.len() {
+        if bytes.len() as u64 == meta.len() && verified::known(digest, &meta) {
             return Ok(bytes);
         }
         if Digest::of(&bytes) == *digest {
