@@ -170,13 +170,18 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
     let server = HarnessServer::new(workspaces.clone());
     let stop = CancellationToken::new();
     {
+        // Handlers installed before anything is announced: a SIGTERM right after the server
+        // says where it listens is a clean stop too, not the default disposition's kill.
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())
+            .map_err(|e| Error::internal(format!("handling SIGTERM: {e}")))?;
+        let mut interrupt = signal(SignalKind::interrupt())
+            .map_err(|e| Error::internal(format!("handling SIGINT: {e}")))?;
         let stop = stop.clone();
         tokio::spawn(async move {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+                _ = term.recv() => {}
+                _ = interrupt.recv() => {}
             }
             stop.cancel();
         });

@@ -603,3 +603,29 @@ fn a_server_stopped_mid_fetch_leaves_no_helper_proxy_or_network() {
 fn helpers_of(owner: &str) -> Vec<String> {
     owned(&["ps", "-a"], owner, &["name=cloud-harness-fetch-"])
 }
+
+/// SIGTERM while the server is still making its provisioning network, proxy and helpers at
+/// start-up (a service stopped right after it started): it exits 0 and leaves none of them.
+#[test]
+fn a_server_stopped_during_its_start_up_warm_up_leaves_nothing() {
+    let Some(_) = sandbox() else { return };
+    let w = world(0.0);
+    // Stopped at each point of the warm-up: engine checks, image, network, proxy, helpers.
+    for wait in (0..9).map(|i| i * 200) {
+        let mut server = w.serve("2");
+        let theirs = owner(server.child.id());
+        std::thread::sleep(Duration::from_millis(wait));
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(server.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        assert!(server.child.wait().unwrap().success());
+        assert_eq!(
+            leftovers_of(&theirs),
+            (String::new(), String::new()),
+            "stopped {wait} ms after it listened, the server left these: {}",
+            server.log.lock().unwrap()
+        );
+    }
+}

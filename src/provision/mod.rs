@@ -112,6 +112,8 @@ pub struct Provisioner {
     acquiring: crate::keyed_lock::KeyedLock,
     /// The fleet's store of record, when `TOOLKIT_STORE_URL` names one.
     remote: Option<remote::RemoteStore>,
+    /// Released (the server is stopping): nothing is kept warm any more.
+    released: std::sync::atomic::AtomicBool,
 }
 
 impl Provisioner {
@@ -132,6 +134,7 @@ impl Provisioner {
             embedded: std::sync::Mutex::new(None),
             acquiring: Default::default(),
             remote: None,
+            released: Default::default(),
         }
     }
 
@@ -157,8 +160,10 @@ impl Provisioner {
     }
 
     /// Removes what fetches keep warm (the provisioning network and proxy, helpers on
-    /// standby), if any was made.
+    /// standby), if any was made, and keeps nothing warm from now on.
     pub fn release(&self) {
+        self.released
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         if let Some(Some(sandbox)) = self.sandbox.get() {
             sandbox.release();
         }
@@ -169,7 +174,12 @@ impl Provisioner {
     /// (a server at start-up; see `standby`). Asks for the engine, so call it off the async
     /// threads.
     pub fn keep_warm(&self, helpers: usize) {
-        if let (Some(sandbox), true) = (self.sandbox(), helpers > 0) {
+        let released = || self.released.load(std::sync::atomic::Ordering::SeqCst);
+        // Asked again once the engine answered: a release meanwhile found no sandbox to tell.
+        if released() || helpers == 0 {
+            return;
+        }
+        if let (Some(sandbox), false) = (self.sandbox(), released()) {
             sandbox.keep_warm(helpers, &self.egress, self.limits);
         }
     }

@@ -17,9 +17,11 @@ use crate::provision::standby::{self, Standby};
 use bollard::models::NetworkCreateRequest;
 use bollard::query_parameters::{InspectContainerOptions, InspectNetworkOptions};
 use bollard::Docker;
-use cloud_harness_fs::Result;
+use cloud_harness_fs::{Code, Error, Result};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Marks every container and network of provisioning.
 pub(crate) const LABEL: &str = "io.cloud-harness.provisioning";
@@ -40,7 +42,13 @@ pub(crate) struct Pair {
 pub(crate) struct Warm {
     pairs: tokio::sync::Mutex<HashMap<Vec<String>, Pair>>,
     pub(crate) standby: Arc<Standby>,
+    /// Released (the server is stopping): no pair is made any more.
+    closed: AtomicBool,
 }
+
+/// How long a release waits for a pair being made (the start-up warm-up, a fetch's first) to
+/// be done, so that it is removed too rather than left behind by the process's end.
+const RELEASE_WAIT: Duration = Duration::from_secs(20);
 
 /// Labels of provisioning objects; `owned` adds this process as the owner.
 pub(crate) fn labels(owned: bool) -> HashMap<String, String> {
@@ -96,6 +104,12 @@ impl Warm {
         policy: Vec<String>,
     ) -> Result<Pair> {
         let mut pairs = self.pairs.lock().await;
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(Error::new(
+                Code::Upstream,
+                "the server is stopping: no provisioning network is made any more",
+            ));
+        }
         if let Some(pair) = pairs.get(&policy) {
             if healthy(docker, pair).await {
                 return Ok(pair.clone());
@@ -187,12 +201,24 @@ async fn remove(docker: &Docker, pair: &Pair) {
 }
 
 impl Warm {
-    /// Removes the pairs now (a server's shutdown: fetches still running then may hold
-    /// handles for a while). A later fetch makes a new pair.
+    /// Removes the pairs now and makes no more (a server's shutdown: fetches still running
+    /// then may hold handles for a while). A pair being made is waited for (at most
+    /// [`RELEASE_WAIT`]) and removed with the others.
     pub(crate) fn release(&self) {
+        self.closed.store(true, Ordering::SeqCst);
         standby::remove_now(self.standby.drain());
-        if let Ok(mut pairs) = self.pairs.try_lock() {
-            remove_all(std::mem::take(&mut *pairs).into_values().collect());
+        // Polled rather than awaited: callers may be on a runtime's thread or on none.
+        let deadline = Instant::now() + RELEASE_WAIT;
+        loop {
+            if let Ok(mut pairs) = self.pairs.try_lock() {
+                remove_all(std::mem::take(&mut *pairs).into_values().collect());
+                return;
+            }
+            if Instant::now() > deadline {
+                tracing::warn!("a provisioning network still being made at shutdown is left to the next start's sweep");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }
