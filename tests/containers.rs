@@ -461,16 +461,23 @@ fn a_server_removes_its_warm_pair_and_helpers_on_standby_when_it_stops() {
         "{before:?} -> {after:?}"
     );
     assert_eq!(warm_pair_of(&theirs).0, network);
+    stop_leaves_nothing(&mut server, "stopped after a fetch");
+}
+
+/// Sends SIGTERM to `server`, which exits 0 and leaves none of its provisioning network, proxy
+/// or helpers behind.
+fn stop_leaves_nothing(server: &mut support::http::Server, when: &str) {
+    let theirs = owner(server.child.id());
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(server.child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    assert!(server.child.wait().unwrap().success());
+    assert!(server.child.wait().unwrap().success(), "{when}");
     assert_eq!(
         leftovers_of(&theirs),
         (String::new(), String::new()),
-        "the server left its provisioning network, proxy or helpers: {}",
+        "{when}, the server left these: {}",
         server.log.lock().unwrap()
     );
 }
@@ -580,22 +587,11 @@ fn a_server_stopped_mid_fetch_leaves_no_helper_proxy_or_network() {
     });
     assert!(!helpers_of(&theirs).is_empty());
     let asked = Instant::now();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(server.child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    assert!(server.child.wait().unwrap().success());
+    stop_leaves_nothing(&mut server, "stopped mid-fetch");
     assert!(
         asked.elapsed() < Duration::from_secs(25),
         "{:?}",
         asked.elapsed()
-    );
-    assert_eq!(
-        leftovers_of(&theirs),
-        (String::new(), String::new()),
-        "the server left its helper, proxy or network: {}",
-        server.log.lock().unwrap()
     );
     let _ = open.join();
 }
@@ -613,19 +609,7 @@ fn a_server_stopped_during_its_start_up_warm_up_leaves_nothing() {
     // Stopped at each point of the warm-up: engine checks, image, network, proxy, helpers.
     for wait in (0..9).map(|i| i * 200) {
         let mut server = w.serve("2");
-        let theirs = owner(server.child.id());
         std::thread::sleep(Duration::from_millis(wait));
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(server.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        assert!(server.child.wait().unwrap().success());
-        assert_eq!(
-            leftovers_of(&theirs),
-            (String::new(), String::new()),
-            "stopped {wait} ms after it listened, the server left these: {}",
-            server.log.lock().unwrap()
-        );
+        stop_leaves_nothing(&mut server, &format!("stopped {wait} ms after it listened"));
     }
 }
