@@ -58,10 +58,16 @@ fn rss_mib(pid: u32) -> f64 {
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
-/// One client's session: its HTTP client (pooling or not) and session id.
+type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
+
+/// One client's session: its HTTP/1.1 connection (kept, or made anew for every request) and
+/// session id. The client is hyper's own connection, with no pool or middleware in front: the
+/// load generator shares the server's two cores, and reqwest's layers took CPU the server then
+/// lacked.
 struct Session {
-    http: reqwest::Client,
-    url: String,
+    addr: String,
+    reuse: bool,
+    connection: Option<Sender>,
     id: String,
 }
 
@@ -76,6 +82,18 @@ fn answer(body: &[u8]) -> Option<&[u8]> {
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// An error with every cause under it (a client error alone may name only the request).
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 fn shown(bytes: &[u8]) -> String {
@@ -128,22 +146,51 @@ fn check(line: &[u8], n: u64) -> Result<(), String> {
 }
 
 impl Session {
-    async fn post(
-        &self,
-        body: &Value,
-        session: Option<&str>,
+    /// A connection to send on: the kept one when it is still open, else a new one.
+    async fn connection(&mut self) -> Result<&mut Sender, String> {
+        if !self.reuse || self.connection.as_ref().is_none_or(|c| c.is_closed()) {
+            let tcp = tokio::net::TcpStream::connect(&self.addr)
+                .await
+                .map_err(|e| chain(&e))?;
+            tcp.set_nodelay(true).map_err(|e| chain(&e))?;
+            let (sender, connection) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+                    .await
+                    .map_err(|e| chain(&e))?;
+            tokio::spawn(connection);
+            self.connection = Some(sender);
+        }
+        let sender = self.connection.as_mut().expect("a connection");
+        sender.ready().await.map_err(|e| chain(&e))?;
+        Ok(sender)
+    }
+
+    async fn send(
+        &mut self,
+        method: hyper::Method,
+        body: String,
+        in_session: bool,
     ) -> Result<(Option<String>, bytes::Bytes), String> {
-        let mut request = self
-            .http
-            .post(&self.url)
+        use http_body_util::BodyExt;
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri("/mcp")
+            .header("Host", &self.addr)
             .header("Content-Type", "application/json")
             .header("Accept", "application/json, text/event-stream")
-            .header("MCP-Protocol-Version", "2025-11-25")
-            .body(body.to_string());
-        if let Some(id) = session {
-            request = request.header("Mcp-Session-Id", id);
+            .header("MCP-Protocol-Version", "2025-11-25");
+        if in_session {
+            request = request.header("Mcp-Session-Id", &self.id);
         }
-        let response = request.send().await.map_err(|e| e.to_string())?;
+        let request = request
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .map_err(|e| chain(&e))?;
+        let response = self
+            .connection()
+            .await?
+            .send_request(request)
+            .await
+            .map_err(|e| chain(&e))?;
         if !response.status().is_success() {
             return Err(format!("HTTP {}", response.status()));
         }
@@ -152,26 +199,44 @@ impl Session {
             .get("mcp-session-id")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let body = response.bytes().await.map_err(|e| e.to_string())?;
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| chain(&e))?
+            .to_bytes();
+        if !self.reuse {
+            // A connection per request: this one ends here (its task closes the socket).
+            self.connection = None;
+        }
         Ok((id, body))
     }
 
+    async fn post(
+        &mut self,
+        body: &Value,
+        in_session: bool,
+    ) -> Result<(Option<String>, bytes::Bytes), String> {
+        self.send(hyper::Method::POST, body.to_string(), in_session)
+            .await
+    }
+
     async fn start(url: &str, reuse: bool) -> Session {
-        let mut builder = reqwest::Client::builder().no_proxy();
-        if !reuse {
-            builder = builder.pool_max_idle_per_host(0);
-        }
         let mut s = Session {
-            http: builder.build().unwrap(),
-            url: url.to_owned(),
+            addr: url
+                .trim_start_matches("http://")
+                .trim_end_matches("/mcp")
+                .to_owned(),
+            reuse,
+            connection: None,
             id: String::new(),
         };
         let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "load", "version": "1"}}});
-        let (id, _) = s.post(&init, None).await.unwrap();
+        let (id, _) = s.post(&init, false).await.unwrap();
         s.id = id.expect("a session id");
         s.post(
             &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-            Some(&s.id),
+            true,
         )
         .await
         .unwrap();
@@ -179,27 +244,26 @@ impl Session {
     }
 
     /// Ends the session (as a well-behaved client does, freeing its place).
-    async fn close(&self) {
-        let _ = self
-            .http
-            .delete(&self.url)
-            .header("Mcp-Session-Id", &self.id)
-            .header("MCP-Protocol-Version", "2025-11-25")
-            .send()
-            .await;
+    async fn close(&mut self) {
+        let _ = self.send(hyper::Method::DELETE, String::new(), true).await;
     }
 
     /// One tool call, checked; its answer, or why it failed.
-    async fn call(&self, n: u64, tool: &str, arguments: &Value) -> Result<bytes::Bytes, String> {
+    async fn call(
+        &mut self,
+        n: u64,
+        tool: &str,
+        arguments: &Value,
+    ) -> Result<bytes::Bytes, String> {
         let body = json!({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": tool, "arguments": arguments}});
-        let (_, text) = self.post(&body, Some(&self.id)).await?;
+        let (_, text) = self.post(&body, true).await?;
         let line = answer(&text).ok_or("no answer")?;
         check(line, n)?;
         Ok(text)
     }
 
     /// One tool call, its answer parsed.
-    async fn call_value(&self, n: u64, tool: &str, arguments: &Value) -> Value {
+    async fn call_value(&mut self, n: u64, tool: &str, arguments: &Value) -> Value {
         let text = self.call(n, tool, arguments).await.unwrap();
         serde_json::from_slice(answer(&text).unwrap()).unwrap()
     }
@@ -240,7 +304,7 @@ async fn load(
     let warm_at = started + Duration::from_secs(seconds.min(2));
     let tasks: Vec<_> = sessions
         .into_iter()
-        .map(|s| {
+        .map(|mut s| {
             let (arguments, tool) = (arguments.clone(), tool.to_owned());
             tokio::spawn(async move {
                 let (mut latencies, mut errors, mut n) = (Vec::new(), 0, 1);
@@ -350,7 +414,7 @@ fn main() {
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let workspace = runtime.block_on(async {
-        let s = Session::start(&url, true).await;
+        let mut s = Session::start(&url, true).await;
         let spec = serde_json::to_value(&spec).unwrap();
         let opened = s
             .call_value(
@@ -405,7 +469,7 @@ fn main() {
         "{clients} clients, {seconds} s a run, {rounds} rounds interleaved, a workspace of 1,003 skills (medians over rounds)"
     );
     let sizes = runtime.block_on(async {
-        let s = Session::start(&url, true).await;
+        let mut s = Session::start(&url, true).await;
         let mut sizes = Vec::new();
         for (tool, args) in &calls {
             sizes.push(s.call(PARSE_EVERY, tool, args).await.unwrap().len());
