@@ -65,7 +65,9 @@ type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes
 /// load generator shares the server's two cores, and reqwest's layers took CPU the server then
 /// lacked.
 struct Session {
+    /// `host:port` and the path of the server's MCP endpoint.
     addr: String,
+    path: String,
     reuse: bool,
     connection: Option<Sender>,
     id: String,
@@ -148,7 +150,7 @@ fn check(line: &[u8], n: u64) -> Result<(), String> {
 impl Session {
     /// A connection to send on: the kept one when it is still open, else a new one.
     async fn connection(&mut self) -> Result<&mut Sender, String> {
-        if !self.reuse || self.connection.as_ref().is_none_or(|c| c.is_closed()) {
+        if self.connection.as_ref().is_none_or(|c| c.is_closed()) {
             let tcp = tokio::net::TcpStream::connect(&self.addr)
                 .await
                 .map_err(|e| chain(&e))?;
@@ -174,7 +176,7 @@ impl Session {
         use http_body_util::BodyExt;
         let mut request = hyper::Request::builder()
             .method(method)
-            .uri("/mcp")
+            .uri(&self.path)
             .header("Host", &self.addr)
             .header("Content-Type", "application/json")
             .header("Accept", "application/json, text/event-stream")
@@ -191,6 +193,11 @@ impl Session {
             .send_request(request)
             .await
             .map_err(|e| chain(&e))?;
+        if !self.reuse {
+            // A connection per request: this one ends with its answer (its task reads the rest
+            // of the body, then closes the socket).
+            self.connection = None;
+        }
         if !response.status().is_success() {
             return Err(format!("HTTP {}", response.status()));
         }
@@ -205,10 +212,6 @@ impl Session {
             .await
             .map_err(|e| chain(&e))?
             .to_bytes();
-        if !self.reuse {
-            // A connection per request: this one ends here (its task closes the socket).
-            self.connection = None;
-        }
         Ok((id, body))
     }
 
@@ -222,11 +225,10 @@ impl Session {
     }
 
     async fn start(url: &str, reuse: bool) -> Session {
+        let url: hyper::Uri = url.parse().expect("the server's URL");
         let mut s = Session {
-            addr: url
-                .trim_start_matches("http://")
-                .trim_end_matches("/mcp")
-                .to_owned(),
+            addr: url.authority().expect("a host and port").to_string(),
+            path: url.path().to_owned(),
             reuse,
             connection: None,
             id: String::new(),
