@@ -168,9 +168,7 @@ impl Store {
         let path = self.object_path(kind, digest);
         let mut file = File::open(&path).map_err(|e| self.missing(&path, digest, e))?;
         let meta = file.metadata().map_err(|e| Error::io(&path, e))?;
-        let mut bytes = Vec::with_capacity(meta.len() as usize);
-        file.read_to_end(&mut bytes)
-            .map_err(|e| Error::io(&path, e))?;
+        let bytes = read_whole(&mut file, meta.len()).map_err(|e| Error::io(&path, e))?;
         if bytes.len() as u64 == meta.len() && verified::known(digest, &meta) {
             return Ok(bytes);
         }
@@ -194,6 +192,36 @@ impl Store {
             Error::io(path, err)
         }
     }
+}
+
+/// The whole content of an object file the kernel says is `len` bytes long, in as few reads
+/// as it allows: the buffer has room for one byte more, so a read that comes back short with
+/// `len` bytes in is the file's end (a regular file reads short only there), and no further
+/// read of nothing is needed to see it. (`read_to_end` asks for the size and position again
+/// and probes for the end: three system calls more per object, on every first access through
+/// the mount.) A file that turns out longer is read to its end, for the digest to refuse.
+pub(crate) fn read_whole(file: &mut File, len: u64) -> io::Result<Vec<u8>> {
+    let mut bytes = vec![0u8; len as usize + 1];
+    let mut done = 0;
+    loop {
+        let asked = bytes.len() - done;
+        match file.read(&mut bytes[done..]) {
+            Ok(0) => break,
+            Ok(n) => {
+                done += n;
+                if n < asked && done as u64 == len {
+                    break;
+                }
+                if done == bytes.len() {
+                    bytes.resize(done * 2, 0);
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    bytes.truncate(done);
+    Ok(bytes)
 }
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -419,5 +447,29 @@ fn rename_no_replace(from: &Path, to: &Path) -> Result<()> {
             }
         }
         Err(errno) => Err(Error::io(to, io::Error::from_raw_os_error(errno as i32))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_whole;
+    use std::io::{Seek, Write};
+
+    fn file_of(bytes: &[u8]) -> std::fs::File {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(bytes).unwrap();
+        f.rewind().unwrap();
+        f
+    }
+
+    #[test]
+    fn a_whole_read_gives_every_byte_even_of_a_file_longer_than_said() {
+        assert_eq!(read_whole(&mut file_of(b""), 0).unwrap(), b"");
+        assert_eq!(read_whole(&mut file_of(b"abc"), 3).unwrap(), b"abc");
+        // A file that grew after its size was taken is read to its end (the digest refuses it).
+        let long: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+        assert_eq!(read_whole(&mut file_of(&long), 3).unwrap(), long);
+        // One that shrank gives what is there.
+        assert_eq!(read_whole(&mut file_of(b"ab"), 5).unwrap(), b"ab");
     }
 }

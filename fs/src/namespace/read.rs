@@ -3,13 +3,17 @@
 //! attributes that show where a skill comes from.
 
 use super::{Child, Ident, Namespace, Result, XATTR_PREFIX};
-use crate::cas::{verified, Digest, Kind, ObjectKind};
+use crate::cas::{read_whole, verified, Digest, Kind, ObjectKind};
 use crate::generation::SkillOrigin;
 use nix::errno::Errno;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
+
+/// Blobs up to this size are read whole to be checked when first opened (the kernel asks for
+/// at most 128 KiB a read); larger ones are hashed as a stream.
+const READ_WHOLE: u64 = 128 << 10;
 
 impl Namespace {
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -55,8 +59,17 @@ impl Namespace {
         offset: u64,
         size: u32,
     ) -> Result<Vec<u8>> {
-        let file = self.open_blob(digest)?;
+        let (file, fresh) = self.open_blob(digest)?;
         let want = (size as u64).min(file_size.saturating_sub(offset)) as usize;
+        if let Some(mut bytes) = fresh {
+            let start = (offset as usize).min(bytes.len());
+            let end = start.saturating_add(want).min(bytes.len());
+            if start == 0 {
+                bytes.truncate(end);
+                return Ok(bytes);
+            }
+            return Ok(bytes[start..end].to_vec());
+        }
         let mut buf = vec![0u8; want];
         let mut done = 0;
         while done < want {
@@ -147,9 +160,12 @@ impl Namespace {
         }
     }
 
-    fn open_blob(&self, digest: &Digest) -> Result<Arc<File>> {
+    /// The open object file of the blob `digest`, checked; with its bytes when this call
+    /// just read a small one whole to check it (they answer the read that asked, so a first
+    /// read of a small file reads the object once).
+    fn open_blob(&self, digest: &Digest) -> Result<(Arc<File>, Option<Vec<u8>>)> {
         if let Some(f) = self.open_blobs.lock().expect("blob cache lock").get(digest) {
-            return Ok(f.clone());
+            return Ok((f.clone(), None));
         }
         let path = self.store.object_path(ObjectKind::Blob, digest);
         let mut file = File::open(&path).map_err(|e| {
@@ -157,9 +173,18 @@ impl Namespace {
             Errno::EIO
         })?;
         let meta = file.metadata().map_err(|_| Errno::EIO)?;
+        let mut fresh = None;
         if !verified::known(digest, &meta) {
-            let (content, _) =
-                Digest::of_stream(&mut file, &mut io::sink()).map_err(|_| Errno::EIO)?;
+            let content = if meta.len() <= READ_WHOLE {
+                let bytes = read_whole(&mut file, meta.len()).map_err(|_| Errno::EIO)?;
+                let content = Digest::of(&bytes);
+                fresh = Some(bytes);
+                content
+            } else {
+                Digest::of_stream(&mut file, &mut io::sink())
+                    .map_err(|_| Errno::EIO)?
+                    .0
+            };
             if content != *digest {
                 tracing::error!(object = %digest, path = %path.display(), "corrupt object: its content does not match its digest; serving EIO");
                 return Err(Errno::EIO);
@@ -171,7 +196,7 @@ impl Namespace {
             .lock()
             .expect("blob cache lock")
             .put(*digest, file.clone());
-        Ok(file)
+        Ok((file, fresh))
     }
 
     /// The extended attributes of a node: provenance of skills, the generation at the root.
