@@ -330,3 +330,38 @@ fn an_affected_docker_engine_is_named_once_at_start_up() {
     raw(s.addr, open, &[("Mcp-Session-Id", &session)]);
     assert!(s.log.lock().unwrap().matches("CVE-2024-29018").count() <= 1);
 }
+
+/// A quick call's event stream comes in one write: the head, the priming event, the answer
+/// and the stream's end all arrive in the client's first read (rmcp's stream had them in two
+/// writes, so a client was woken twice for every call). Asked 20 times: a server that wrote
+/// twice would, almost every time, wake its client between the writes.
+#[test]
+fn a_quick_call_s_answer_comes_in_one_write() {
+    let s = server(&[]);
+    let session = legacy_session(s.addr);
+    for id in 0..20 {
+        let body = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/list"}}"#);
+        let mut c = TcpStream::connect(s.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(
+            c,
+            "POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\nMcp-Session-Id: {session}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        let n = c.read(&mut buf).unwrap();
+        let first = String::from_utf8_lossy(&buf[..n]);
+        assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+        assert!(first.contains("text/event-stream"), "{first}");
+        assert!(first.contains("\nretry: "), "no priming event: {first}");
+        assert!(
+            first.contains(&format!(r#""id":{id},"result":{{"tools""#)),
+            "the answer is not in the first read: {first}"
+        );
+        assert!(
+            first.ends_with("\r\n0\r\n\r\n"),
+            "the stream has not ended: {first}"
+        );
+    }
+}

@@ -2,6 +2,7 @@
 //! answer wrongly (malformed messages) and bounds what it would keep without end (sessions).
 
 use super::malformed::{self, Refused};
+use super::one_write;
 use super::sessions::{Full, Sessions};
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
@@ -53,18 +54,26 @@ async fn guard(State(sessions): State<Arc<Sessions>>, request: Request, next: Ne
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip());
     let request = Request::from_parts(parts, bytes.into());
     if !starts_session {
-        return next.run(request).await;
+        return answer(next.run(request).await).await;
     }
     if let Err(full) = sessions.admit(client).await {
         return busy(full);
     }
-    let response = next.run(request).await;
+    let response = answer(next.run(request).await).await;
     let session = response
         .headers()
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok());
     sessions.answered(client, session);
     response
+}
+
+/// The SDK's answer to a POST, its event stream's first frames sent in one write.
+async fn answer(response: Response) -> Response {
+    match one_write::is_event_stream(&response) {
+        true => one_write::coalesce(response).await,
+        false => response,
+    }
 }
 
 fn is_initialize(bytes: &[u8]) -> bool {

@@ -10,6 +10,7 @@ mod bound;
 pub mod call;
 pub mod http;
 pub mod malformed;
+mod one_write;
 pub mod sessions;
 pub mod skills;
 pub mod stdio;
