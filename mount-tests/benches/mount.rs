@@ -1,6 +1,8 @@
 //! The skills mount against a tmpfs copy of the same merged tree and against Debian's mergerfs
 //! over the same tier folders, in one run: warm, first (right after mounting: a new daemon
-//! and a new mergerfs, the disk cache warm) and cold (the kernel's caches dropped).
+//! and a new mergerfs, the disk cache warm) and cold (the kernel's caches dropped). The walk and
+//! the small reads are also timed first with the reader and both daemons on one CPU: what a
+//! round trip costs when no request or answer has to wake a thread on another CPU.
 //!
 //! `cargo bench --bench mount` (root, /dev/fuse, fuse3 and mergerfs; `.ci/setup` installs them).
 //! BENCH_RUNS sets the runs per figure (default 9 warm, 5 first and cold); figures are medians.
@@ -325,7 +327,7 @@ fn main() {
         daemon: None,
         have_mergerfs: false,
     };
-    mounts.mount();
+    mounts.mount(false);
     if !mounts.have_mergerfs {
         eprintln!("mergerfs is not installed: its column stays empty");
     }
@@ -358,7 +360,12 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|");
     for (name, f) in metrics {
-        for state in [State::Warm, State::First, State::Cold] {
+        let one_cpu = name.starts_with("walk") || name.starts_with("4 KiB");
+        let states: &[State] = match one_cpu {
+            true => &[State::Warm, State::First, State::FirstOneCpu, State::Cold],
+            false => &[State::Warm, State::First, State::Cold],
+        };
+        for &state in states {
             // Runs alternate between the contenders, so drift on a shared machine hits all.
             let mut times: Vec<Vec<Duration>> = vec![Vec::new(); contenders.len()];
             if state == State::Warm {
@@ -375,12 +382,17 @@ fn main() {
                 match state {
                     State::Warm => {}
                     // tmpfs has nothing to mount: its first access is its warm one.
-                    State::First => mounts.remount(),
+                    State::First => mounts.remount(false),
+                    State::FirstOneCpu => mounts.remount(true),
                     State::Cold => drop_caches(),
                 }
+                let _pinned = (state == State::FirstOneCpu).then(OneCpu::pin);
                 for (i, (_, root)) in contenders.iter().enumerate() {
                     times[i].push(f(root, &w));
                 }
+            }
+            if state == State::FirstOneCpu {
+                mounts.remount(false); // the states after it run with daemons free to move
             }
             let cells: Vec<Duration> = times.into_iter().map(median).collect();
             let show = |d: Duration| {
@@ -414,6 +426,8 @@ fn main() {
 enum State {
     Warm,
     First,
+    /// First, with the reader and both daemons on CPU 0.
+    FirstOneCpu,
     Cold,
 }
 
@@ -422,8 +436,43 @@ impl State {
         match self {
             State::Warm => "warm",
             State::First => "first",
+            State::FirstOneCpu => "first, one CPU",
             State::Cold => "cold",
         }
+    }
+}
+
+/// The benchmark's thread on CPU 0 until dropped (children it starts, `ls`, inherit it).
+struct OneCpu(nix::sched::CpuSet);
+
+impl OneCpu {
+    fn pin() -> OneCpu {
+        use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+        let me = nix::unistd::Pid::from_raw(0);
+        let before = sched_getaffinity(me).unwrap();
+        let mut zero = CpuSet::new();
+        zero.set(0).unwrap();
+        sched_setaffinity(me, &zero).unwrap();
+        OneCpu(before)
+    }
+}
+
+impl Drop for OneCpu {
+    fn drop(&mut self) {
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &self.0);
+    }
+}
+
+/// `program` as a command, run on CPU 0 alone when `pinned` (through util-linux's `taskset`,
+/// which every thread and child of it inherits).
+fn command(program: &str, pinned: bool) -> Command {
+    match pinned {
+        true => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", "0", program]);
+            c
+        }
+        false => Command::new(program),
     }
 }
 
@@ -439,8 +488,8 @@ struct Mounts {
 }
 
 impl Mounts {
-    fn mount(&mut self) {
-        let daemon = Command::new(BIN)
+    fn mount(&mut self, pinned: bool) {
+        let daemon = command(BIN, pinned)
             .arg("mount")
             .arg(&self.ours)
             .args(["--no-builtin", "--owner"])
@@ -453,7 +502,7 @@ impl Mounts {
             .unwrap();
         self.daemon = Some(daemon);
         wait_mounted(&self.ours);
-        let mergerfs = Command::new("mergerfs")
+        let mergerfs = command("mergerfs", pinned)
             .arg("-o")
             .arg("ro,cache.files=full,cache.attr=86400,cache.entry=86400,cache.negative_entry=86400,cache.readdir=true,category.search=ff,fsname=mergerfs-bench")
             .arg(format!("{}:{}", self.owner.display(), self.workspace.display()))
@@ -485,8 +534,8 @@ impl Mounts {
         }
     }
 
-    fn remount(&mut self) {
+    fn remount(&mut self, pinned: bool) {
         self.unmount();
-        self.mount();
+        self.mount(pinned);
     }
 }
