@@ -68,7 +68,7 @@ async fn guard(State(sessions): State<Arc<Sessions>>, request: Request, next: Ne
     response
 }
 
-/// The SDK's answer to a POST, its event stream's first frames sent in one write.
+/// The SDK's answer to a POST; an event stream that ends quickly goes out in one write.
 async fn answer(response: Response) -> Response {
     match one_write::is_event_stream(&response) {
         true => one_write::coalesce(response).await,
