@@ -378,6 +378,18 @@ fn readyz_turns_not_ready_when_a_workspace_mount_is_gone() {
     assert_eq!(failed.len(), 1, "{body}");
     assert_eq!(failed[0]["check"], format!("workspace {ws} mounts"));
     assert_eq!(probe("/healthz").0, 200);
+    // Closing still works with a mount gone, and takes the other down: it stopped at the
+    // missing one (INTERNAL, "Invalid argument"), and the owner-skills mount outlived the
+    // killed server, dead, after every run of this test.
+    let closed = w.tool(&session, "workspace_close", json!({ "workspace": ws }));
+    assert_eq!(closed["isError"], false, "{closed}");
+    let owner = w
+        .home()
+        .join("workspaces")
+        .join(&ws)
+        .join("mounts/owner-skills");
+    let mounted = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounted.contains(owner.to_str().unwrap()), "{mounted}");
 }
 
 #[test]

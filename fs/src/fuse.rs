@@ -397,11 +397,14 @@ impl Mounted {
 }
 
 /// Unmounts `mountpoint`, which ends [`Mounted::run`]. (`auto_unmount` only covers a daemon
-/// that died: fusermount leaves a live file system alone.) A busy mount is detached lazily.
+/// that died: fusermount leaves a live file system alone.) A busy mount is detached lazily; one
+/// already gone (detached by someone else, `umount -l`) is left as it is.
 pub fn unmount(mountpoint: &Path) -> io::Result<()> {
     use nix::mount::{umount2, MntFlags};
     match umount2(mountpoint, MntFlags::empty()) {
         Ok(()) => Ok(()),
+        // Not a mount point (any more), or no such folder: nothing is mounted there.
+        Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => Ok(()),
         Err(nix::errno::Errno::EBUSY) => {
             umount2(mountpoint, MntFlags::MNT_DETACH).map_err(io::Error::from)
         }

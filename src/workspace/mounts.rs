@@ -152,11 +152,18 @@ pub fn unmounted(merged: Arc<Namespace>, owner: Arc<Namespace>) -> Vec<Target> {
     ]
 }
 
-/// Unmounts and waits for the serving threads.
+/// Unmounts and waits for the serving threads. Every mount is tried: one that cannot be
+/// unmounted is the error (and stays in `mounts`), and does not keep the others mounted.
 pub fn release(mounts: &mut Vec<Mounted>) -> Result<()> {
-    for m in mounts.iter_mut() {
-        fuse::unmount(&m.path)
-            .map_err(|e| Error::internal(format!("unmounting {}: {e}", m.path.display())))?;
+    let mut first_error = None;
+    let mut kept = Vec::new();
+    for mut m in mounts.drain(..) {
+        if let Err(e) = fuse::unmount(&m.path) {
+            let e = Error::internal(format!("unmounting {}: {e}", m.path.display()));
+            first_error.get_or_insert(e);
+            kept.push(m);
+            continue;
+        }
         match m.stopped.recv_timeout(STOP_WAIT) {
             Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                 if let Some(t) = m.thread.take() {
@@ -169,8 +176,8 @@ pub fn release(mounts: &mut Vec<Mounted>) -> Result<()> {
             }
         }
     }
-    mounts.clear();
-    Ok(())
+    *mounts = kept;
+    first_error.map_or(Ok(()), Err)
 }
 
 /// Unmounts whatever FUSE mount is left in `dir` (a half-made workspace).
