@@ -54,26 +54,18 @@ async fn guard(State(sessions): State<Arc<Sessions>>, request: Request, next: Ne
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip());
     let request = Request::from_parts(parts, bytes.into());
     if !starts_session {
-        return answer(next.run(request).await).await;
+        return one_write::coalesce(next.run(request).await).await;
     }
     if let Err(full) = sessions.admit(client).await {
         return busy(full);
     }
-    let response = answer(next.run(request).await).await;
+    let response = one_write::coalesce(next.run(request).await).await;
     let session = response
         .headers()
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok());
     sessions.answered(client, session);
     response
-}
-
-/// The SDK's answer to a POST; an event stream that ends quickly goes out in one write.
-async fn answer(response: Response) -> Response {
-    match one_write::is_event_stream(&response) {
-        true => one_write::coalesce(response).await,
-        false => response,
-    }
 }
 
 fn is_initialize(bytes: &[u8]) -> bool {

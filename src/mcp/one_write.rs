@@ -5,10 +5,10 @@
 //! client twice. The response is handed to hyper once its stream has ended, or after [`HOLD`]:
 //! a call that takes longer gets what is ready then, and the rest as it comes.
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::response::Response;
 use futures_util::StreamExt;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, BodyStream, StreamBody};
 use std::time::Duration;
 
 /// How long the head and priming event wait for the answer behind them.
@@ -17,34 +17,34 @@ pub const HOLD: Duration = Duration::from_millis(20);
 /// Frames waited for at most before the response goes to hyper.
 const FRAMES: usize = 8;
 
-/// Whether `response` is an event stream (the only kind whose frames trickle).
-pub fn is_event_stream(response: &Response) -> bool {
-    response
+type Frame = Result<hyper::body::Frame<Bytes>, axum::Error>;
+
+/// `response`, and when it is an event stream (the only kind whose frames trickle), once its
+/// stream has ended (or [`HOLD`] has passed, or [`FRAMES`] came), with the frames read in
+/// front of the rest of its body.
+pub async fn coalesce(response: Response) -> Response {
+    let is_event_stream = response
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"))
-}
-
-/// `response` once its stream has ended (or [`HOLD`] has passed, or [`FRAMES`] came), with
-/// the frames read in front of the rest of its body.
-pub async fn coalesce(response: Response) -> Response {
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if !is_event_stream {
+        return response;
+    }
     let (parts, mut body) = response.into_parts();
-    let mut first = Vec::new();
+    let mut first: Vec<Frame> = Vec::new();
     let mut ended = false;
     let gather = async {
         // The priming event, the answer, the end of the stream (a call that reports
         // progress sends more before its answer: those few are waited for as well).
         for _ in 0..FRAMES {
             match body.frame().await {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => first.push(Ok(data)),
-                    // Trailers: nothing to join them with; an SSE answer has none.
-                    Err(_) => break,
-                },
-                Some(Err(e)) => {
-                    first.push(Err(e));
-                    break;
+                Some(frame) => {
+                    let failed = frame.is_err();
+                    first.push(frame);
+                    if failed {
+                        break;
+                    }
                 }
                 None => {
                     ended = true;
@@ -58,8 +58,8 @@ pub async fn coalesce(response: Response) -> Response {
     // body until it waits, then writes what it has): no copy needed to join them.
     let head = futures_util::stream::iter(first);
     let body = match ended {
-        true => Body::from_stream(head),
-        false => Body::from_stream(head.chain(body.into_data_stream())),
+        true => Body::new(StreamBody::new(head)),
+        false => Body::new(StreamBody::new(head.chain(BodyStream::new(body)))),
     };
     Response::from_parts(parts, body)
 }

@@ -11,8 +11,8 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-/// Blobs up to this size are read whole to be checked when first opened (the kernel asks for
-/// at most 128 KiB a read); larger ones are hashed as a stream.
+/// Blobs up to this size are read whole to be checked when first opened (their bytes answer
+/// the read that opened them); larger ones are hashed as a stream, not held in memory.
 const READ_WHOLE: u64 = 128 << 10;
 
 impl Namespace {
