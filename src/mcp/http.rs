@@ -1,8 +1,10 @@
 //! MCP over Streamable HTTP: the SDK's service behind a guard that answers what the SDK would
-//! answer wrongly (malformed messages) and bounds what it would keep without end (sessions).
+//! answer wrongly (malformed messages), bounds what it would keep without end (sessions), and
+//! writes listing pages into answers as bytes (`prewritten`).
 
 use super::malformed::{self, Refused};
 use super::one_write;
+use super::prewritten;
 use super::sessions::{Full, Sessions};
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
@@ -37,9 +39,10 @@ async fn guard(State(sessions): State<Arc<Sessions>>, request: Request, next: Ne
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
     if request.method() != Method::POST || !is_json {
-        return next.run(request).await;
+        // A GET stream may resume a POST's: its answer may carry placeholders too.
+        return prewritten::filling(next.run(request).await).await;
     }
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let bytes = match axum::body::to_bytes(body, malformed::MAX_MESSAGE).await {
         Ok(bytes) => bytes,
         Err(_) => return refused(malformed::too_large()),
@@ -52,20 +55,26 @@ async fn guard(State(sessions): State<Arc<Sessions>>, request: Request, next: Ne
         .extensions
         .get::<ConnectInfo<SocketAddr>>()
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip());
+    parts.extensions.insert(prewritten::Filled);
     let request = Request::from_parts(parts, bytes.into());
     if !starts_session {
-        return one_write::coalesce(next.run(request).await).await;
+        return answer(next.run(request).await).await;
     }
     if let Err(full) = sessions.admit(client).await {
         return busy(full);
     }
-    let response = one_write::coalesce(next.run(request).await).await;
+    let response = answer(next.run(request).await).await;
     let session = response
         .headers()
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok());
     sessions.answered(client, session);
     response
+}
+
+/// An answer to a POST: its placeholders filled, a quick one in one write.
+async fn answer(response: Response) -> Response {
+    one_write::coalesce(prewritten::filling(response).await).await
 }
 
 fn is_initialize(bytes: &[u8]) -> bool {

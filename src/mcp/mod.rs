@@ -11,6 +11,7 @@ pub mod call;
 pub mod http;
 pub mod malformed;
 mod one_write;
+mod prewritten;
 pub mod sessions;
 pub mod skills;
 pub mod stdio;
@@ -64,10 +65,16 @@ enum Answer {
     Page(Arc<ListPage>),
 }
 
-fn success(answer: Answer) -> CallToolResult {
+/// The result of a successful call. A page answering a request whose answer goes out through
+/// [`prewritten::filling`] carries placeholders for the page's bytes instead of the page.
+fn success(answer: Answer, filled: bool) -> CallToolResult {
     let (value, text) = match answer {
         Answer::Value(value) => {
             let text = serde_json::to_string(&value).unwrap_or_default();
+            (value, text)
+        }
+        Answer::Page(page) if filled => {
+            let (text, value) = prewritten::placeholders(&page);
             (value, text)
         }
         Answer::Page(page) => (page.value.clone(), page.json.clone()),
@@ -307,6 +314,10 @@ impl ServerHandler for HarnessServer {
             ));
         }
         let (tool, started) = (request.name.clone(), std::time::Instant::now());
+        let filled = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .is_some_and(|p| p.extensions.get::<prewritten::Filled>().is_some());
         // One id per call, on every line logged while it is served (acquisitions, fetches,
         // executors): `--log-format json` shows it as `span.request_id`.
         let span = tracing::info_span!("mcp_call", request_id = %crate::state::new_id("req"), tool = %tool);
@@ -317,7 +328,7 @@ impl ServerHandler for HarnessServer {
         crate::metrics::call(&tool, code, took);
         span.in_scope(|| tracing::info!(code, millis = took.as_millis() as u64, "tool call"));
         let result = match done {
-            Ok(value) => success(value),
+            Ok(value) => success(value, filled),
             Err(error) => failure(error),
         };
         Ok(result.into())

@@ -8,6 +8,7 @@ use cloud_harness_fs::resolver::{Candidate, Index, Tier};
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A skill as listings show it.
@@ -75,9 +76,13 @@ struct PageKey {
 /// answer carries both: as structured content, and as the text block for clients without
 /// structured output).
 pub struct ListPage {
+    /// Unique in this process: no other page ever has it, even after this one is gone.
+    pub id: u64,
     pub value: Value,
     pub json: String,
 }
+
+static PAGES_BUILT: AtomicU64 = AtomicU64::new(0);
 
 /// The pages built last. A generation never changes, so a page built from one stays true for
 /// it; agents list the same pages over and over, and building one is most of a call's cost.
@@ -210,7 +215,11 @@ impl Workspace {
         }
         let value = self.build_page(&g, &key);
         let json = serde_json::to_string(&value).expect("listings serialize");
-        let page = Arc::new(ListPage { value, json });
+        let page = Arc::new(ListPage {
+            id: PAGES_BUILT.fetch_add(1, Ordering::Relaxed),
+            value,
+            json,
+        });
         self.pages.put(key, page.clone());
         page
     }

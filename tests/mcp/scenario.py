@@ -163,6 +163,9 @@ async def full():
 
         # List and read.
         listing = await ok(c, "skills_list", {"workspace": handle, "includeShadowed": True})
+        # The text block, for clients without structured output, is the same listing as JSON.
+        r = await c.call_tool("skills_list", {"workspace": handle, "includeShadowed": True})
+        assert json.loads(r.content[0].text) == r.structured_content == listing, r.content[0].text[:200]
         by_name = {s["name"]: s for s in listing["skills"]}
         assert by_name["lint"]["shadowed"][0]["tier"] == "repository"
         assert by_name["brainstorm"]["userOnly"] is True
