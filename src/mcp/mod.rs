@@ -73,11 +73,10 @@ fn success(answer: Answer, filled: bool) -> CallToolResult {
             let text = serde_json::to_string(&value).unwrap_or_default();
             (value, text)
         }
-        Answer::Page(page) if filled => {
-            let (text, value) = prewritten::placeholders(&page);
-            (value, text)
-        }
-        Answer::Page(page) => (page.value.clone(), page.json.clone()),
+        Answer::Page(page) => match filled.then(|| prewritten::placeholders(&page)).flatten() {
+            Some((text, value)) => (value, text),
+            None => (page.value.clone(), page.json.clone()),
+        },
     };
     let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
     result.structured_content = Some(value);

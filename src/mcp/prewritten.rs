@@ -7,6 +7,10 @@
 //! client or toolkit can know, and the guard writes the page's own bytes in their place as the
 //! event goes out, on the POST's stream or on a GET stream that resumes it. The bytes on the
 //! wire are the ones rmcp would have written. stdio gets the whole value, as before.
+//!
+//! A page is held here only while answers carrying its placeholders are in flight (and no
+//! more than [`MAX_WAITING`] of pages: beyond that an answer carries its page); the escaped
+//! text stays with the page in the workspace's page cache.
 
 use crate::workspace::ListPage;
 use axum::body::{Body, Bytes};
@@ -15,16 +19,19 @@ use axum::response::Response;
 use http_body_util::BodyExt;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// Put on a request by the guard: an answer to it goes out through [`filling`], so it may
 /// carry placeholders.
 #[derive(Clone, Copy, Debug)]
 pub struct Filled;
 
-/// Bytes of page text kept for placeholders not filled yet. A page stays while it is used;
-/// the least recently used goes when this is exceeded (an answer resumed after that gets an
-/// error to call again).
-const BUDGET: usize = 64 << 20;
+/// The most bytes of pages held for answers in flight; beyond it answers carry their pages.
+const MAX_WAITING: usize = 256 << 20;
+
+/// An answer not written this long after its placeholders were made is taken to be lost
+/// (its client went away before its stream was resumed), and its page is let go.
+const LOST: Duration = Duration::from_secs(300);
 
 /// Placeholders come from this process only: `ch-prewritten-<secret>-`, then `t` (the text
 /// block, a string) or `v` (the structured value, an object with this one key, as rmcp keeps
@@ -39,74 +46,86 @@ fn prefix() -> &'static str {
     })
 }
 
-/// A page as answers carry it.
-struct Prepared {
+/// A page that answers not yet written carry placeholders for.
+struct Waiting {
     page: Arc<ListPage>,
-    /// The page's JSON as a JSON string (the text block's value), escaped once.
-    text: String,
+    /// Placeholders of it not filled yet.
+    placeholders: usize,
+    since: Instant,
 }
 
-impl Prepared {
-    fn bytes(&self) -> usize {
-        self.page.json.len() + self.text.len()
-    }
-}
-
+/// Pages by id while answers wait for them (the pages of answers in flight, no more), and
+/// their bytes.
 #[derive(Default)]
-struct Kept {
-    /// Pages by id, with when each was last used.
-    pages: HashMap<u64, (Arc<Prepared>, u64)>,
+struct Pages {
+    waiting: HashMap<u64, Waiting>,
     bytes: usize,
-    clock: u64,
 }
 
-fn kept() -> &'static Mutex<Kept> {
-    static KEPT: OnceLock<Mutex<Kept>> = OnceLock::new();
-    KEPT.get_or_init(Default::default)
+fn pages() -> &'static Mutex<Pages> {
+    static PAGES: OnceLock<Mutex<Pages>> = OnceLock::new();
+    PAGES.get_or_init(Default::default)
+}
+
+/// A page's share of [`MAX_WAITING`]: its JSON, and the same escaped for the text block.
+fn size(page: &ListPage) -> usize {
+    2 * page.json.len()
 }
 
 /// The text block and the structured value of an answer carrying `page`: placeholders [`fill`]
-/// replaces with the page's bytes.
-pub fn placeholders(page: &Arc<ListPage>) -> (String, serde_json::Value) {
-    let known = {
-        let mut kept = kept().lock().expect("kept pages");
-        kept.clock += 1;
-        let now = kept.clock;
-        kept.pages.get_mut(&page.id).map(|e| e.1 = now).is_some()
-    };
-    if !known {
-        // Escaped outside the lock: a page of 1,000 skills takes a while.
-        let text = serde_json::to_string(&page.json).expect("strings serialize");
-        let prepared = Arc::new(Prepared {
-            page: page.clone(),
-            text,
-        });
-        let mut kept = kept().lock().expect("kept pages");
-        kept.bytes += prepared.bytes();
-        let used = kept.clock;
-        if let Some((old, _)) = kept.pages.insert(page.id, (prepared, used)) {
-            kept.bytes -= old.bytes();
-        }
-        while kept.bytes > BUDGET && kept.pages.len() > 1 {
-            let oldest = kept
-                .pages
-                .iter()
-                .min_by_key(|(_, e)| e.1)
-                .map(|(id, _)| *id);
-            if let Some((gone, _)) = oldest.and_then(|id| kept.pages.remove(&id)) {
-                kept.bytes -= gone.bytes();
-            }
-        }
-    }
-    let (p, id) = (prefix(), page.id);
-    (
-        format!("{p}t{id}"),
-        serde_json::json!({ format!("{p}v{id}"): null }),
-    )
+/// replaces with the page's bytes. `None` when the pages waiting already hold
+/// [`MAX_WAITING`]: that answer carries the page itself.
+pub fn placeholders(page: &Arc<ListPage>) -> Option<(String, serde_json::Value)> {
+    placeholders_within(page, MAX_WAITING)
 }
 
-/// `data` with every placeholder replaced by its page's bytes; a message whose page is no
-/// longer kept becomes a JSON-RPC error saying to call again.
+fn placeholders_within(page: &Arc<ListPage>, max: usize) -> Option<(String, serde_json::Value)> {
+    let now = Instant::now();
+    let mut pages = pages().lock().expect("waiting pages");
+    if !pages.waiting.contains_key(&page.id) {
+        let Pages { waiting, bytes } = &mut *pages;
+        waiting.retain(|_, w| {
+            let lost = now.duration_since(w.since) >= LOST;
+            if lost {
+                *bytes -= size(&w.page);
+            }
+            !lost
+        });
+        if pages.bytes + size(page) > max {
+            return None;
+        }
+        pages.bytes += size(page);
+    }
+    let w = pages.waiting.entry(page.id).or_insert_with(|| Waiting {
+        page: page.clone(),
+        placeholders: 0,
+        since: now,
+    });
+    w.placeholders += 2;
+    w.since = now;
+    drop(pages);
+    let (p, id) = (prefix(), page.id);
+    Some((
+        format!("{p}t{id}"),
+        serde_json::json!({ format!("{p}v{id}"): null }),
+    ))
+}
+
+/// The page of a placeholder being filled; the page is let go with its last placeholder.
+fn take(id: u64) -> Option<Arc<ListPage>> {
+    let mut pages = pages().lock().expect("waiting pages");
+    let w = pages.waiting.get_mut(&id)?;
+    let page = w.page.clone();
+    w.placeholders -= 1;
+    if w.placeholders == 0 {
+        pages.waiting.remove(&id);
+        pages.bytes -= size(&page);
+    }
+    Some(page)
+}
+
+/// `data` with every placeholder replaced by its page's bytes; a message whose page was let go
+/// (see [`LOST`]) becomes a JSON-RPC error saying to call again.
 pub fn fill(data: Bytes) -> Bytes {
     let needle = prefix().as_bytes();
     if memchr::memmem::find(&data, needle).is_none() {
@@ -123,7 +142,7 @@ pub fn fill(data: Bytes) -> Bytes {
     Bytes::from(out)
 }
 
-/// Appends `line` with its placeholders filled to `out`; `None` when a page is not kept. The
+/// Appends `line` with its placeholders filled to `out`; `None` when a page was let go. The
 /// secret written anywhere else (inside a string, say) is passed on as it is.
 fn fill_line(line: &[u8], needle: &[u8], out: &mut Vec<u8>) -> Option<()> {
     let mut rest = line;
@@ -148,14 +167,11 @@ fn fill_line(line: &[u8], needle: &[u8], out: &mut Vec<u8>) -> Option<()> {
                 continue;
             }
         };
-        let prepared = {
-            let kept = kept().lock().expect("kept pages");
-            kept.pages.get(&id?)?.0.clone()
-        };
+        let page = take(id?)?;
         out.extend_from_slice(&rest[..start]);
         out.extend_from_slice(match text {
-            true => prepared.text.as_bytes(),
-            false => prepared.page.json.as_bytes(),
+            true => page.text().as_bytes(),
+            false => page.json.as_bytes(),
         });
         rest = &after[skip..];
     }
@@ -178,7 +194,7 @@ fn gone(line: &[u8]) -> Vec<u8> {
     let error = serde_json::json!({
         "jsonrpc": "2.0",
         "id": id,
-        "error": { "code": -32603, "message": "this answer's listing is no longer kept: call skills_list again" },
+        "error": { "code": -32603, "message": "this answer's listing was let go before it was written: call skills_list again" },
     });
     let mut out = head.to_vec();
     out.extend_from_slice(error.to_string().as_bytes());
@@ -221,12 +237,7 @@ mod tests {
     use super::*;
 
     fn built(value: serde_json::Value) -> Arc<ListPage> {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1 << 40);
-        Arc::new(ListPage {
-            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            json: value.to_string(),
-            value,
-        })
+        Arc::new(ListPage::new(value))
     }
 
     /// What rmcp writes for a result, as an SSE event.
@@ -242,7 +253,7 @@ mod tests {
     fn a_filled_event_is_the_event_of_the_whole_value() {
         let value = serde_json::json!({ "skills": [{ "name": "a \"quoted\" name\n", "path": "/x" }], "count": 1 });
         let page = built(value.clone());
-        let (text, marker) = placeholders(&page);
+        let (text, marker) = placeholders(&page).unwrap();
         let filled = fill(event(7, &text, &marker));
         assert_eq!(filled, event(7, &page.json, &value));
     }
@@ -250,14 +261,14 @@ mod tests {
     #[test]
     fn a_placeholder_written_inside_a_string_is_not_one() {
         let page = built(serde_json::json!({ "count": 2 }));
-        let (text, marker) = placeholders(&page);
+        let (text, marker) = placeholders(&page).unwrap();
         // The text block's placeholder quoted in another string, and the value's as a string.
         let quoted = serde_json::json!({ "a": format!("\"{text}\""), "b": marker.to_string() });
         let data = Bytes::from(format!("data: {quoted}\n\n"));
         assert_eq!(fill(data.clone()), data);
         // Bytes a page brings in are not looked at again.
         let sneaky = built(serde_json::json!({ "said": text }));
-        let (text, marker) = placeholders(&sneaky);
+        let (text, marker) = placeholders(&sneaky).unwrap();
         let filled = fill(event(3, &text, &marker));
         assert_eq!(filled, event(3, &sneaky.json, &sneaky.value));
     }
@@ -270,7 +281,7 @@ mod tests {
     async fn an_event_stream_and_a_json_body_are_filled() {
         let value = serde_json::json!({ "count": 5 });
         let page = built(value.clone());
-        let (text, marker) = placeholders(&page);
+        let (text, marker) = placeholders(&page).unwrap();
         let events = futures_util::stream::iter([
             Ok::<_, std::convert::Infallible>(Bytes::from_static(b"data: \nid: 0/1\n\n")),
             Ok(event(4, &text, &marker)),
@@ -282,6 +293,7 @@ mod tests {
         let want = [&b"data: \nid: 0/1\n\n"[..], &event(4, &page.json, &value)].concat();
         assert_eq!(body_of(filling(stream).await).await, want);
 
+        let (text, marker) = placeholders(&page).unwrap(); // the next answer's
         let one = event(5, &text, &marker);
         let json = one
             .strip_prefix(b"data: ")
@@ -312,11 +324,14 @@ mod tests {
     }
 
     #[test]
-    fn a_page_no_longer_kept_gives_an_error_to_the_same_request() {
+    fn a_page_let_go_gives_an_error_to_the_same_request() {
         let page = built(serde_json::json!({ "count": 0 }));
-        let (text, marker) = placeholders(&page);
+        let (text, marker) = placeholders(&page).unwrap();
         let message = event(9, &text, &marker);
-        kept().lock().unwrap().pages.remove(&page.id);
+        assert!(
+            take(page.id).is_some() && take(page.id).is_some(),
+            "both placeholders"
+        );
         let out = fill(message);
         let out = std::str::from_utf8(&out).unwrap();
         let json = out.strip_prefix("data: ").unwrap().lines().next().unwrap();
@@ -327,18 +342,17 @@ mod tests {
     }
 
     #[test]
-    fn pages_beyond_the_budget_go_least_recently_used_first() {
-        let big = |n: u32| built(serde_json::json!({ "n": n, "pad": "x".repeat(BUDGET / 6) }));
-        let (first, second) = (big(1), big(2));
-        placeholders(&first);
-        placeholders(&second);
-        placeholders(&first); // used again: the second is now the older
-        let third = big(3);
-        placeholders(&third);
-        let kept = kept().lock().unwrap();
-        assert!(kept.pages.contains_key(&first.id));
-        assert!(!kept.pages.contains_key(&second.id));
-        assert!(kept.pages.contains_key(&third.id));
-        assert!(kept.bytes <= BUDGET);
+    fn a_page_is_held_while_answers_wait_for_it_and_no_longer() {
+        let page = built(serde_json::json!({ "count": 3 }));
+        let held = || pages().lock().unwrap().waiting.contains_key(&page.id);
+        let (text, marker) = placeholders(&page).unwrap();
+        let second = placeholders(&page).unwrap();
+        fill(event(1, &text, &marker));
+        assert!(held(), "the second answer still waits");
+        fill(event(2, &second.0, &second.1));
+        assert!(!held(), "let go with the last placeholder");
+        // When the pages waiting hold as much as they may, an answer carries its page.
+        assert!(placeholders_within(&page, 0).is_none());
+        assert!(!held());
     }
 }

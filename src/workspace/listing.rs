@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// A skill as listings show it.
 #[derive(Serialize)]
@@ -80,6 +80,27 @@ pub struct ListPage {
     pub id: u64,
     pub value: Value,
     pub json: String,
+    /// `json` as a JSON string (the text block inside an answer), escaped once when first
+    /// asked for.
+    text: OnceLock<String>,
+}
+
+impl ListPage {
+    pub fn new(value: Value) -> ListPage {
+        let json = serde_json::to_string(&value).expect("listings serialize");
+        ListPage {
+            id: PAGES_BUILT.fetch_add(1, Ordering::Relaxed),
+            value,
+            json,
+            text: OnceLock::new(),
+        }
+    }
+
+    /// The page's JSON as a JSON string.
+    pub fn text(&self) -> &str {
+        self.text
+            .get_or_init(|| serde_json::to_string(&self.json).expect("strings serialize"))
+    }
 }
 
 static PAGES_BUILT: AtomicU64 = AtomicU64::new(0);
@@ -214,12 +235,7 @@ impl Workspace {
             return page;
         }
         let value = self.build_page(&g, &key);
-        let json = serde_json::to_string(&value).expect("listings serialize");
-        let page = Arc::new(ListPage {
-            id: PAGES_BUILT.fetch_add(1, Ordering::Relaxed),
-            value,
-            json,
-        });
+        let page = Arc::new(ListPage::new(value));
         self.pages.put(key, page.clone());
         page
     }
