@@ -352,6 +352,39 @@ fn a_blob_is_hashed_once_per_process_and_again_once_changed() {
     assert_eq!((hashed, trusted), (1, 0), "a changed file is hashed again");
 }
 
+/// A read from what the namespace holds (for a thread that must not wait on a disk) reads
+/// nothing from the store: before a file was read it says EWOULDBLOCK, after it gives what a
+/// read from the store gives; a folder it holds answers for names it lacks.
+#[test]
+fn a_held_read_answers_from_what_earlier_reads_left_and_never_from_the_store() {
+    let s = setup();
+    let ns = Namespace::new(s.store.clone(), View::Merged, s.generation());
+    let skill = ["tdd", "SKILL.md"];
+    assert_eq!(ns.read_path_held(&skill, 0, 100), Err(Errno::EWOULDBLOCK));
+    let stored = ns.read_path(&skill, 0, 100).unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&stored.1).contains("owner tdd"));
+    assert_eq!(ns.read_path_held(&skill, 0, 100).unwrap().unwrap(), stored);
+    let (_, page) = ns.read_path_held(&skill, 4, 3).unwrap().unwrap();
+    assert_eq!(page, stored.1[4..7]);
+    assert_eq!(ns.read_path_held(&["tdd", "nope.md"], 0, 10), Ok(None));
+    // A folder not read yet, and a file of a held folder whose blob was never opened.
+    let notes = ["tdd", "refs", "notes.md"];
+    assert_eq!(ns.read_path_held(&notes, 0, 100), Err(Errno::EWOULDBLOCK));
+    let (_, bytes) = ns.read_path(&notes, 0, 100).unwrap().unwrap();
+    assert_eq!(bytes, b"notes of tdd");
+    assert_eq!(ns.read_path_held(&notes, 0, 100).unwrap().unwrap().1, bytes);
+    std::os::unix::fs::symlink("notes.md", s.owner.join("tdd/refs/link.md")).unwrap();
+    let ns = Namespace::new(s.store.clone(), View::Merged, s.generation());
+    ns.read_path(&["tdd", "refs", "link.md"], 0, 100)
+        .unwrap()
+        .unwrap();
+    // A link's target is a blob of the store, read each time.
+    assert_eq!(
+        ns.read_path_held(&["tdd", "refs", "link.md"], 0, 100),
+        Err(Errno::EWOULDBLOCK)
+    );
+}
+
 /// The first read of a file in a mount checks its blob and answers from the bytes it checked
 /// (a small blob is read whole, a large one hashed as a stream, then read where asked): any
 /// offset and length gives the file's own bytes either way.

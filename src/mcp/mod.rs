@@ -218,12 +218,25 @@ impl HarnessServer {
                 path,
                 offset,
                 length,
-            } => blocking(move || {
-                let page = ws.get(&workspace)?.read(&skill, &path, offset, length)?;
-                Ok(serde_json::to_value(page).expect("pages serialize"))
-            })
-            .await
-            .map(Answer::Value),
+            } => {
+                // A file read lately is served here from what the namespace holds (agents read
+                // the same SKILL.md files again and again): the hand-over to the blocking pool
+                // and back was a third of such a call's time. Anything else may wait on the
+                // disk, so it goes to the pool.
+                let held = ws
+                    .get(&workspace)?
+                    .read_held(&skill, &path, offset, length)?;
+                let page = match held {
+                    Some(page) => page,
+                    None => {
+                        blocking(move || ws.get(&workspace)?.read(&skill, &path, offset, length))
+                            .await?
+                    }
+                };
+                Ok(Answer::Value(
+                    serde_json::to_value(page).expect("pages serialize"),
+                ))
+            }
             Call::Run { workspace, request } => self
                 .run(&workspace, request, context)
                 .await

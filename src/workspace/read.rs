@@ -2,6 +2,7 @@
 //! without a trip through the kernel.
 
 use super::Workspace;
+use cloud_harness_fs::namespace::Reach;
 use cloud_harness_fs::{relpath, Code, Error, Result};
 use nix::errno::Errno;
 use serde::Serialize;
@@ -73,6 +74,31 @@ fn page_text(mut bytes: Vec<u8>, last: bool) -> (&'static str, String, u64) {
 impl Workspace {
     /// Reads a page of a served skill's file.
     pub fn read(&self, skill: &str, path: &str, offset: u64, length: u64) -> Result<Page> {
+        let read = self.read_reaching(skill, path, offset, length, Reach::Store)?;
+        Ok(read.expect("a read that may use the store always ends"))
+    }
+
+    /// [`Workspace::read`] when the namespace holds all it needs (the file was read lately),
+    /// else `Ok(None)` having read nothing from the store: for a thread that must not wait on
+    /// a disk.
+    pub fn read_held(
+        &self,
+        skill: &str,
+        path: &str,
+        offset: u64,
+        length: u64,
+    ) -> Result<Option<Page>> {
+        self.read_reaching(skill, path, offset, length, Reach::Held)
+    }
+
+    fn read_reaching(
+        &self,
+        skill: &str,
+        path: &str,
+        offset: u64,
+        length: u64,
+        reach: Reach,
+    ) -> Result<Option<Page>> {
         let parts = check_skill_path(path, "path")?;
         self.skill(skill)?;
         let missing = || {
@@ -83,9 +109,14 @@ impl Workspace {
             .chain(parts.iter().copied())
             .collect();
         let want = length.min(u32::MAX as u64) as u32;
-        let (size, bytes) = match self.merged.read_path(&full, offset, want) {
+        let found = match reach {
+            Reach::Store => self.merged.read_path(&full, offset, want),
+            Reach::Held => self.merged.read_path_held(&full, offset, want),
+        };
+        let (size, bytes) = match found {
             Ok(Some(found)) => found,
             Ok(None) => return Err(missing()),
+            Err(Errno::EWOULDBLOCK) => return Ok(None),
             Err(Errno::EISDIR) => {
                 return Err(Error::field(
                     Code::InvalidArgument,
@@ -105,7 +136,7 @@ impl Workspace {
         let (encoding, content, length) = page_text(bytes, offset + want as u64 >= size);
         let end = offset.saturating_add(length);
         let path = parts.join("/");
-        Ok(Page {
+        Ok(Some(Page {
             skill: skill.to_owned(),
             executor_path: self
                 .skills_root()
@@ -118,6 +149,6 @@ impl Workspace {
             content,
             eof: end >= size,
             next_offset: (end < size).then_some(end),
-        })
+        }))
     }
 }

@@ -47,6 +47,15 @@ const OPEN_BLOBS: usize = 256;
 
 pub type Result<T> = std::result::Result<T, Errno>;
 
+/// Where a read may get what it needs: from the store's files, or only from what the namespace
+/// already holds (trees in memory, blobs open and checked). A read on a thread that serves
+/// many connections asks for `Held` and gets EWOULDBLOCK instead of waiting on a disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    Store,
+    Held,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileKind {
     Directory,
@@ -266,9 +275,12 @@ impl Namespace {
         }
     }
 
-    fn tree(&self, digest: &Digest) -> Result<Arc<Tree>> {
+    fn tree(&self, digest: &Digest, reach: Reach) -> Result<Arc<Tree>> {
         if let Some(t) = self.trees.lock().expect("tree cache lock").get(digest) {
             return Ok(t.clone());
+        }
+        if reach == Reach::Held {
+            return Err(Errno::EWOULDBLOCK);
         }
         let tree = Arc::new(self.store.tree(digest).map_err(|e| {
             tracing::error!(object = %digest, error = %e, "cannot read tree");
@@ -288,17 +300,18 @@ impl Namespace {
         view: View,
         skill: &str,
         rel: &str,
+        reach: Reach,
     ) -> Result<(Arc<Tree>, Digest)> {
         let origin = g.skill(view, skill).ok_or(Errno::ENOENT)?;
         let mut digest = origin.digest;
-        let mut tree = self.tree(&digest)?;
+        let mut tree = self.tree(&digest, reach)?;
         for part in rel.split('/').filter(|p| !p.is_empty()) {
             let entry = tree
                 .get(part)
                 .filter(|e| e.kind == Kind::Tree)
                 .ok_or(Errno::ENOENT)?;
             digest = entry.digest;
-            tree = self.tree(&digest)?;
+            tree = self.tree(&digest, reach)?;
         }
         Ok((tree, digest))
     }
@@ -394,7 +407,13 @@ impl Namespace {
     }
 
     /// The child `name` of the directory `parent`, in generation `g`.
-    fn find_child(&self, g: &Generation, parent: &Ident, name: &str) -> Result<Option<Child>> {
+    fn find_child(
+        &self,
+        g: &Generation,
+        parent: &Ident,
+        name: &str,
+        reach: Reach,
+    ) -> Result<Option<Child>> {
         Ok(match parent {
             Ident::Root => {
                 if self.root_is_merged() && name == TIERS_DIR {
@@ -411,7 +430,7 @@ impl Namespace {
                 .skill(View::Tier(*t), name)
                 .map(|_| Self::skill_child(View::Tier(*t), name)),
             Ident::SkillDir { view, skill, rel } => {
-                let (tree, _) = self.skill_tree(g, *view, skill, rel)?;
+                let (tree, _) = self.skill_tree(g, *view, skill, rel, reach)?;
                 tree.get(name)
                     .map(|e| Self::tree_child(*view, skill, rel, e))
             }
@@ -440,7 +459,7 @@ impl Namespace {
                 Self::view_children(View::Tier(*t), g.view(View::Tier(*t))).collect()
             }
             Ident::SkillDir { view, skill, rel } => {
-                let (tree, _) = self.skill_tree(g, *view, skill, rel)?;
+                let (tree, _) = self.skill_tree(g, *view, skill, rel, Reach::Store)?;
                 tree.entries()
                     .iter()
                     .map(|e| Self::tree_child(*view, skill, rel, e))
@@ -457,7 +476,7 @@ impl Namespace {
             return Err(Errno::ENOTDIR);
         }
         let g = self.generation();
-        match self.find_child(&g, &dir.ident, name) {
+        match self.find_child(&g, &dir.ident, name, Reach::Store) {
             Ok(Some(child)) => Ok(Some(self.remember(&child))),
             Ok(None) => Ok(None),
             // The directory itself is gone in this generation: nothing below it exists.

@@ -2,7 +2,7 @@
 //! first byte is served), symlink targets, a whole path without the kernel, and the extended
 //! attributes that show where a skill comes from.
 
-use super::{Child, Ident, Namespace, Result, XATTR_PREFIX};
+use super::{Child, Ident, Namespace, Reach, Result, XATTR_PREFIX};
 use crate::cas::{read_whole, verified, Digest, Kind, ObjectKind};
 use crate::generation::SkillOrigin;
 use nix::errno::Errno;
@@ -45,7 +45,7 @@ impl Namespace {
                 kind: Kind::File | Kind::Executable,
                 digest,
                 ..
-            } => self.read_blob(digest, node.attr.size, offset, size),
+            } => self.read_blob(digest, node.attr.size, offset, size, Reach::Store),
             Ident::SkillBlob { .. } => Err(Errno::EINVAL),
             _ => Err(Errno::EISDIR),
         }
@@ -58,8 +58,9 @@ impl Namespace {
         file_size: u64,
         offset: u64,
         size: u32,
+        reach: Reach,
     ) -> Result<Vec<u8>> {
-        let (file, fresh) = self.open_blob(digest)?;
+        let (file, fresh) = self.open_blob(digest, reach)?;
         let want = (size as u64).min(file_size.saturating_sub(offset)) as usize;
         if let Some(mut bytes) = fresh {
             let start = (offset as usize).min(bytes.len());
@@ -98,6 +99,28 @@ impl Namespace {
         offset: u64,
         size: u32,
     ) -> Result<Option<(u64, Vec<u8>)>> {
+        self.read_path_reaching(path, offset, size, Reach::Store)
+    }
+
+    /// [`Namespace::read_path`] from what the namespace holds only (trees in memory, blobs open
+    /// and checked): EWOULDBLOCK when it would have to read the store. The bytes of an open
+    /// blob still come by `pread`, from the page cache when the file was read lately.
+    pub fn read_path_held(
+        &self,
+        path: &[&str],
+        offset: u64,
+        size: u32,
+    ) -> Result<Option<(u64, Vec<u8>)>> {
+        self.read_path_reaching(path, offset, size, Reach::Held)
+    }
+
+    fn read_path_reaching(
+        &self,
+        path: &[&str],
+        offset: u64,
+        size: u32,
+        reach: Reach,
+    ) -> Result<Option<(u64, Vec<u8>)>> {
         let g = self.generation();
         // Names still to walk (last first) and the folders walked so far.
         let mut pending: Vec<String> = path.iter().rev().map(|s| s.to_string()).collect();
@@ -115,7 +138,7 @@ impl Namespace {
                 _ => {}
             }
             let parent = walked.last().map_or(Ident::Root, |c| c.ident.clone());
-            let child = match self.find_child(&g, &parent, &name) {
+            let child = match self.find_child(&g, &parent, &name, reach) {
                 Ok(Some(child)) => child,
                 Ok(None) | Err(Errno::ENOENT) | Err(Errno::ENOTDIR) => return Ok(None),
                 Err(e) => return Err(e),
@@ -129,6 +152,9 @@ impl Namespace {
                 links += 1;
                 if links > 40 {
                     return Err(Errno::ELOOP);
+                }
+                if reach == Reach::Held {
+                    return Err(Errno::EWOULDBLOCK); // a link's target is read from the store
                 }
                 let target = self.store.blob(digest).map_err(|_| Errno::EIO)?;
                 let Ok(target) = String::from_utf8(target) else {
@@ -147,7 +173,7 @@ impl Namespace {
         };
         match &file.ident {
             Ident::SkillBlob { digest, .. } => {
-                let bytes = self.read_blob(digest, file.attr.size, offset, size)?;
+                let bytes = self.read_blob(digest, file.attr.size, offset, size, reach)?;
                 Ok(Some((file.attr.size, bytes)))
             }
             Ident::Resolution(_) => {
@@ -163,9 +189,12 @@ impl Namespace {
     /// The open object file of the blob `digest`, checked; with its bytes when this call
     /// just read a small one whole to check it (they answer the read that asked, so a first
     /// read of a small file reads the object once).
-    fn open_blob(&self, digest: &Digest) -> Result<(Arc<File>, Option<Vec<u8>>)> {
+    fn open_blob(&self, digest: &Digest, reach: Reach) -> Result<(Arc<File>, Option<Vec<u8>>)> {
         if let Some(f) = self.open_blobs.lock().expect("blob cache lock").get(digest) {
             return Ok((f.clone(), None));
+        }
+        if reach == Reach::Held {
+            return Err(Errno::EWOULDBLOCK);
         }
         let path = self.store.object_path(ObjectKind::Blob, digest);
         let mut file = File::open(&path).map_err(|e| {
@@ -230,7 +259,7 @@ impl Namespace {
                 put("skill-digest", origin.digest.to_string());
                 let digest = match &node.ident {
                     Ident::SkillBlob { digest, .. } => *digest,
-                    _ => self.skill_tree(&g, *view, skill, rel)?.1,
+                    _ => self.skill_tree(&g, *view, skill, rel, Reach::Store)?.1,
                 };
                 put("digest", digest.to_string());
             }

@@ -2,7 +2,7 @@
 //! whose entries changed, negative entries for names that appeared, listings that changed),
 //! as far as the kernel knows the directories involved.
 
-use super::{Ident, Invalidation, Namespace, RESOLUTION_FILE, ROOT_INO};
+use super::{Ident, Invalidation, Namespace, Reach, RESOLUTION_FILE, ROOT_INO};
 use crate::cas::{Digest, Kind};
 use crate::generation::{Generation, View};
 use crate::relpath;
@@ -101,7 +101,7 @@ impl Namespace {
         let Some(ino) = self.known(dir).filter(|_| old != new) else {
             return;
         };
-        let (Ok(a), Ok(b)) = (self.tree(old), self.tree(new)) else {
+        let (Ok(a), Ok(b)) = (self.tree(old, Reach::Store), self.tree(new, Reach::Store)) else {
             out.push(Invalidation::Inode { ino });
             return;
         };
