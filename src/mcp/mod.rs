@@ -219,13 +219,17 @@ impl HarnessServer {
                 offset,
                 length,
             } => {
-                // A file read lately is served here from what the namespace holds (agents read
-                // the same SKILL.md files again and again): the hand-over to the blocking pool
-                // and back was a third of such a call's time. Anything else may wait on the
-                // disk, so it goes to the pool.
-                let held = ws
-                    .get(&workspace)?
-                    .read_held(&skill, &path, offset, length)?;
+                // A page of at most the default length of a file read lately is served here
+                // from what the namespace holds (agents read the same SKILL.md files again and
+                // again): the hand-over to the blocking pool and back was a third of such a
+                // call's time. Anything else may wait on the disk, or encode up to a MiB, so it
+                // goes to the pool.
+                let held = match length <= call::PAGE {
+                    true => ws
+                        .get(&workspace)?
+                        .read_held(&skill, &path, offset, length)?,
+                    false => None,
+                };
                 let page = match held {
                     Some(page) => page,
                     None => {
