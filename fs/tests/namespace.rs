@@ -4,7 +4,7 @@ use cloud_harness_fs::cas::Store;
 use cloud_harness_fs::discovery::SkillCache;
 use cloud_harness_fs::generation::{Generation, View};
 use cloud_harness_fs::namespace::{
-    FileKind, Invalidation, Namespace, RESOLUTION_FILE, ROOT_INO, TIERS_DIR,
+    FileKind, Invalidation, Namespace, Reach, RESOLUTION_FILE, ROOT_INO, TIERS_DIR,
 };
 use cloud_harness_fs::resolver::Tier;
 use cloud_harness_fs::stack::StackSpec;
@@ -360,19 +360,42 @@ fn a_held_read_answers_from_what_earlier_reads_left_and_never_from_the_store() {
     let s = setup();
     let ns = Namespace::new(s.store.clone(), View::Merged, s.generation());
     let skill = ["tdd", "SKILL.md"];
-    assert_eq!(ns.read_path_held(&skill, 0, 100), Err(Errno::EWOULDBLOCK));
+    assert_eq!(
+        ns.read_path_reaching(&skill, 0, 100, Reach::Held),
+        Err(Errno::EWOULDBLOCK)
+    );
     let stored = ns.read_path(&skill, 0, 100).unwrap().unwrap();
     assert!(String::from_utf8_lossy(&stored.1).contains("owner tdd"));
-    assert_eq!(ns.read_path_held(&skill, 0, 100).unwrap().unwrap(), stored);
-    let (_, page) = ns.read_path_held(&skill, 4, 3).unwrap().unwrap();
+    assert_eq!(
+        ns.read_path_reaching(&skill, 0, 100, Reach::Held)
+            .unwrap()
+            .unwrap(),
+        stored
+    );
+    let (_, page) = ns
+        .read_path_reaching(&skill, 4, 3, Reach::Held)
+        .unwrap()
+        .unwrap();
     assert_eq!(page, stored.1[4..7]);
-    assert_eq!(ns.read_path_held(&["tdd", "nope.md"], 0, 10), Ok(None));
+    assert_eq!(
+        ns.read_path_reaching(&["tdd", "nope.md"], 0, 10, Reach::Held),
+        Ok(None)
+    );
     // A folder not read yet, and a file of a held folder whose blob was never opened.
     let notes = ["tdd", "refs", "notes.md"];
-    assert_eq!(ns.read_path_held(&notes, 0, 100), Err(Errno::EWOULDBLOCK));
+    assert_eq!(
+        ns.read_path_reaching(&notes, 0, 100, Reach::Held),
+        Err(Errno::EWOULDBLOCK)
+    );
     let (_, bytes) = ns.read_path(&notes, 0, 100).unwrap().unwrap();
     assert_eq!(bytes, b"notes of tdd");
-    assert_eq!(ns.read_path_held(&notes, 0, 100).unwrap().unwrap().1, bytes);
+    assert_eq!(
+        ns.read_path_reaching(&notes, 0, 100, Reach::Held)
+            .unwrap()
+            .unwrap()
+            .1,
+        bytes
+    );
     std::os::unix::fs::symlink("notes.md", s.owner.join("tdd/refs/link.md")).unwrap();
     let ns = Namespace::new(s.store.clone(), View::Merged, s.generation());
     ns.read_path(&["tdd", "refs", "link.md"], 0, 100)
@@ -380,7 +403,7 @@ fn a_held_read_answers_from_what_earlier_reads_left_and_never_from_the_store() {
         .unwrap();
     // A link's target is a blob of the store, read each time.
     assert_eq!(
-        ns.read_path_held(&["tdd", "refs", "link.md"], 0, 100),
+        ns.read_path_reaching(&["tdd", "refs", "link.md"], 0, 100, Reach::Held),
         Err(Errno::EWOULDBLOCK)
     );
 }

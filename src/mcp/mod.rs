@@ -20,6 +20,7 @@ mod tools;
 use crate::session_start;
 use crate::workspace::{blocking, ListPage, RunRequest, Workspaces};
 use call::Call;
+use cloud_harness_fs::namespace::Reach;
 use cloud_harness_fs::Error;
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
@@ -221,21 +222,17 @@ impl HarnessServer {
             } => {
                 // A page of at most the default length of a file read lately is served here
                 // from what the namespace holds (agents read the same SKILL.md files again and
-                // again): the hand-over to the blocking pool and back was a third of such a
+                // again): the hand-over to the blocking pool and back was about 40% of such a
                 // call's time. Anything else may wait on the disk, or encode up to a MiB, so it
                 // goes to the pool.
+                let ws = ws.get(&workspace)?;
                 let held = match length <= call::PAGE {
-                    true => ws
-                        .get(&workspace)?
-                        .read_held(&skill, &path, offset, length)?,
+                    true => ws.read_reaching(&skill, &path, offset, length, Reach::Held)?,
                     false => None,
                 };
                 let page = match held {
                     Some(page) => page,
-                    None => {
-                        blocking(move || ws.get(&workspace)?.read(&skill, &path, offset, length))
-                            .await?
-                    }
+                    None => blocking(move || ws.read(&skill, &path, offset, length)).await?,
                 };
                 Ok(Answer::Value(
                     serde_json::to_value(page).expect("pages serialize"),

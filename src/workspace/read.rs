@@ -78,20 +78,10 @@ impl Workspace {
         Ok(read.expect("a read that may use the store always ends"))
     }
 
-    /// [`Workspace::read`] when the namespace holds all it needs (the file was read lately),
-    /// else `Ok(None)` having read nothing from the store: for a thread that must not wait on
-    /// a disk.
-    pub fn read_held(
-        &self,
-        skill: &str,
-        path: &str,
-        offset: u64,
-        length: u64,
-    ) -> Result<Option<Page>> {
-        self.read_reaching(skill, path, offset, length, Reach::Held)
-    }
-
-    fn read_reaching(
+    /// [`Workspace::read`] within `reach`: with [`Reach::Held`], `Ok(None)` having read nothing
+    /// from the store when the namespace does not hold all the read needs (a file not read
+    /// lately), for a thread that must not wait on a disk.
+    pub fn read_reaching(
         &self,
         skill: &str,
         path: &str,
@@ -109,11 +99,7 @@ impl Workspace {
             .chain(parts.iter().copied())
             .collect();
         let want = length.min(u32::MAX as u64) as u32;
-        let found = match reach {
-            Reach::Store => self.merged.read_path(&full, offset, want),
-            Reach::Held => self.merged.read_path_held(&full, offset, want),
-        };
-        let (size, bytes) = match found {
+        let (size, bytes) = match self.merged.read_path_reaching(&full, offset, want, reach) {
             Ok(Some(found)) => found,
             Ok(None) => return Err(missing()),
             Err(Errno::EWOULDBLOCK) => return Ok(None),

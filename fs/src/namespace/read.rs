@@ -102,19 +102,11 @@ impl Namespace {
         self.read_path_reaching(path, offset, size, Reach::Store)
     }
 
-    /// [`Namespace::read_path`] from what the namespace holds only (trees in memory, blobs open
-    /// and checked): EWOULDBLOCK when it would have to read the store. The bytes of an open
-    /// blob still come by `pread`, from the page cache when the file was read lately.
-    pub fn read_path_held(
-        &self,
-        path: &[&str],
-        offset: u64,
-        size: u32,
-    ) -> Result<Option<(u64, Vec<u8>)>> {
-        self.read_path_reaching(path, offset, size, Reach::Held)
-    }
-
-    fn read_path_reaching(
+    /// [`Namespace::read_path`] within `reach`: with [`Reach::Held`], from what the namespace
+    /// holds only (trees in memory, blobs open and checked), EWOULDBLOCK when it would have to
+    /// read the store. The bytes of an open blob still come by `pread`, from the page cache
+    /// when the file was read lately.
+    pub fn read_path_reaching(
         &self,
         path: &[&str],
         offset: u64,
