@@ -284,8 +284,14 @@ impl Fixture {
 
     /// The fixture mounted at `<root>/mnt`.
     fn mount(&self) -> (PathBuf, Daemon) {
+        self.mount_with(&[])
+    }
+
+    fn mount_with(&self, extra: &[&str]) -> (PathBuf, Daemon) {
         let mnt = self.root.join("mnt");
-        let daemon = Daemon::start(&self.store, &mnt, &self.cli_args());
+        let mut args = self.cli_args();
+        args.extend(extra.iter().map(OsString::from));
+        let daemon = Daemon::start(&self.store, &mnt, &args);
         (mnt, daemon)
     }
 
@@ -755,7 +761,7 @@ fn a_warm_walk_asks_the_daemon_nothing() {
     let mut counts = Vec::new();
     let mut trees = Vec::new();
     for walks in [1, 4] {
-        let (mnt, daemon) = f.mount();
+        let (mnt, daemon) = f.mount_with(&["--no-prewarm"]);
         for _ in 0..walks {
             trees.push(walk(&mnt));
         }
@@ -782,8 +788,100 @@ fn a_warm_walk_asks_the_daemon_nothing() {
     assert_eq!(get(four, "ioctl"), 1, "{four:?}");
 }
 
+/// Waits for the daemon's prewarm line and returns it.
+fn prewarm_line(daemon: &Daemon) -> String {
+    let mut line = None;
+    wait_for("the prewarm", LIVE_DEADLINE, || {
+        line = daemon
+            .log_text()
+            .lines()
+            .find(|l| l.starts_with("cloud-harness: prewarmed "))
+            .map(str::to_owned);
+        line.is_some()
+    });
+    line.unwrap()
+}
+
+#[test]
+fn after_the_prewarm_a_first_walk_and_small_reads_ask_the_daemon_nothing() {
+    if !fuse_available() {
+        return;
+    }
+    let f = Fixture::new();
+    // Two daemons over the same tree: one only prewarms; the other prewarms and is then
+    // walked as an agent walks a new workspace (every folder listed, every entry lstat, every
+    // small file read). The agent's walk must add no request at all.
+    let mut counts = Vec::new();
+    for agent in [false, true] {
+        let (mnt, daemon) = f.mount();
+        let line = prewarm_line(&daemon);
+        assert!(
+            !line.contains("failed") && !line.contains("cut short"),
+            "{line}"
+        );
+        if agent {
+            let (mut entries, mut files) = (0, 0);
+            let mut dirs = vec![mnt.clone()];
+            while let Some(dir) = dirs.pop() {
+                for e in fs::read_dir(&dir).unwrap() {
+                    let path = e.unwrap().path();
+                    let meta = fs::symlink_metadata(&path).unwrap();
+                    entries += 1;
+                    if path == mnt.join(TIERS_DIR) {
+                        continue; // listed, not entered: the per-tier views are not prewarmed
+                    }
+                    if meta.is_dir() {
+                        dirs.push(path);
+                    } else if meta.is_file() && meta.len() <= 128 << 10 {
+                        assert_eq!(fs::read(&path).unwrap().len() as u64, meta.len());
+                        files += 1;
+                    }
+                }
+            }
+            assert!(
+                line.contains(&format!("prewarmed {entries} entries and {files} files")),
+                "the agent saw {entries} entries and {files} small files: {line}"
+            );
+            assert!(files > 10, "a real tree: {files} files");
+        }
+        counts.push(requests(&daemon.stop()));
+    }
+    let get = |c: &HashMap<String, u64>, k: &str| c.get(k).copied().unwrap_or(0);
+    let (alone, walked) = (&counts[0], &counts[1]);
+    for op in [
+        "lookup",
+        "getattr",
+        "read",
+        "opendir",
+        "readdir",
+        "readdirplus",
+    ] {
+        assert_eq!(
+            get(walked, op),
+            get(alone, op),
+            "the walk after the prewarm asked for {op}: prewarm alone {alone:?}, with the walk {walked:?}"
+        );
+    }
+    assert!(
+        get(alone, "read") > 10 && get(alone, "readdirplus") > 0,
+        "{alone:?}"
+    );
+}
+
 #[test]
 fn an_open_directory_keeps_the_listing_of_its_generation() {
+    open_directory_keeps_its_listing(false);
+}
+
+/// The same with the listing in the kernel's cache before the directory is opened, and 600
+/// other folders listed by the daemon since (the prewarm): the listing the reader is in was
+/// made long ago, and the daemon must still have it when the folder changes.
+#[test]
+fn a_listing_served_from_the_kernels_cache_keeps_its_generation_too() {
+    open_directory_keeps_its_listing(true);
+}
+
+fn open_directory_keeps_its_listing(prewarmed: bool) {
     if !fuse_available() {
         return;
     }
@@ -795,12 +893,22 @@ fn an_open_directory_keeps_the_listing_of_its_generation() {
         skill(&ws, &format!("{long}-{i:04}"), &format!("s{i}"), "body");
     }
     let mnt = tmp.path().join("mnt");
-    let args: Vec<OsString> = vec![
+    let mut args: Vec<OsString> = vec![
         "--no-builtin".into(),
         "--workspace".into(),
         ws.clone().into(),
     ];
+    if !prewarmed {
+        args.push("--no-prewarm".into());
+    }
     let daemon = Daemon::start(&tmp.path().join("store"), &mnt, &args);
+    if prewarmed {
+        let line = prewarm_line(&daemon);
+        assert!(
+            line.contains("prewarmed 1202 entries and 600 files"),
+            "{line}"
+        );
+    }
 
     let mut dir = nix::dir::Dir::open(
         &mnt,
@@ -859,7 +967,9 @@ fn a_corrupt_object_gives_eio_and_a_log_line_never_wrong_bytes() {
         return;
     }
     let fx = Fixture::new();
-    let (mnt, daemon) = fx.mount();
+    // Without the prewarm, which may read (and check) the object before it is damaged: bits
+    // that rot after a blob's first read go unseen until `cas verify`, as the README says.
+    let (mnt, daemon) = fx.mount_with(&["--no-prewarm"]);
     let reviewer = b"You are a reviewer.\n";
     let digest = cloud_harness::fs::cas::Digest::of(reviewer);
     let hex = digest.hex();
@@ -886,12 +996,22 @@ fn sigkill_leaves_no_hung_mount_and_a_restart_works() {
     let fx = Fixture::new();
     let (mnt, mut daemon) = fx.mount();
     assert!(mnt.join("tdd/SKILL.md").exists());
+    // Folders opened (by the prewarm, and here): fusermount's auto-unmount alone would now
+    // leave the dead mount in place (its check opens the mount point, which no longer asks
+    // the daemon), so the guard must detach it.
+    prewarm_line(&daemon);
+    assert!(names(&mnt).contains(&"tdd".to_owned()));
     let mut child = daemon.child.take().unwrap();
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     // fusermount3's helper does the unmount once the daemon is gone: on a loaded machine (a
     // build beside the tests) that once took over 5 s.
     wait_for("the auto-unmount", LIVE_DEADLINE, || !is_mounted(&mnt));
+    wait_for("the guard's line", LIVE_DEADLINE, || {
+        daemon
+            .log_text()
+            .contains("ended without unmounting; detached it")
+    });
     assert!(
         fs::read_dir(&mnt).unwrap().next().is_none(),
         "the mount point is not empty"

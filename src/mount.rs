@@ -6,8 +6,10 @@ use cloud_harness_fs::cas::Store;
 use cloud_harness_fs::discovery::SkillCache;
 use cloud_harness_fs::fuse::{self, MountConfig};
 use cloud_harness_fs::generation::View;
+use cloud_harness_fs::guard::Guard;
 use cloud_harness_fs::live::LiveTiers;
 use cloud_harness_fs::namespace::Namespace;
+use cloud_harness_fs::prewarm::{Prewarm, Summary};
 use cloud_harness_fs::resolver::Tier;
 use cloud_harness_fs::stats::{Op, STATS};
 use cloud_harness_fs::{Error, Result};
@@ -30,6 +32,29 @@ pub struct MountArgs {
     /// Worker threads serving the kernel (default: one per CPU, at most 8).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Do not walk the mount in the background right after mounting (by default every folder
+    /// is listed and every small file read once, so a reader's first access finds the
+    /// kernel's caches full).
+    #[arg(long)]
+    pub no_prewarm: bool,
+}
+
+/// The prewarm's line, on stderr beside the serving line (benchmarks wait for it), and in
+/// the log.
+fn report(mountpoint: &str, s: &Summary) {
+    s.log(mountpoint);
+    eprintln!(
+        "cloud-harness: prewarmed {} entries and {} files ({} KiB) in {} ms{}",
+        s.entries,
+        s.files,
+        s.bytes >> 10,
+        s.took_ms,
+        match (s.cut_short, s.errors) {
+            (true, _) => " (cut short)",
+            (false, 0) => "",
+            (false, _) => " (some steps failed)",
+        }
+    );
 }
 
 /// Mounts, serves until SIGTERM or SIGINT (or an external unmount), then unmounts.
@@ -57,12 +82,27 @@ pub fn run(store: &Store, args: &MountArgs) -> Result<u8> {
     let notifier = mounted.notifier.clone();
     let apply = Box::new(move |items: &[_]| fuse::invalidate(&notifier, items));
     let _live = watch.start(store.clone(), cache, vec![(ns, apply)]);
+    let program = std::env::current_exe()
+        .map_err(|e| Error::internal(format!("finding this program: {e}")))?;
+    let _guard = Guard::start(&program, &args.mountpoint)
+        .map_err(|e| Error::internal(format!("starting the unmount guard: {e}")))?;
+    let prewarm = match args.no_prewarm {
+        true => None,
+        false => {
+            let shown = args.mountpoint.display().to_string();
+            let started = Prewarm::start(&program, &args.mountpoint, move |s| report(&shown, s))
+                .map_err(|e| Error::internal(format!("spawning the prewarm thread: {e}")))?;
+            Some(started)
+        }
+    };
     let mountpoint = args.mountpoint.clone();
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
             if let Ok(sig) = signals.wait() {
                 tracing::info!(signal = ?sig, "unmounting");
+                // Its open folders would keep the mount busy.
+                drop(prewarm);
                 if let Err(e) = fuse::unmount(&mountpoint) {
                     tracing::error!(error = %e, mountpoint = %mountpoint.display(), "unmount failed");
                 }

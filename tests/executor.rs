@@ -9,6 +9,7 @@
 mod support;
 
 use cloud_harness::executor::{Kind, Settings};
+use cloud_harness::fs::stats::{Op, STATS};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -20,6 +21,17 @@ fn containment(kind: Kind) {
     let ws = result["workspace"].as_str().unwrap().to_owned();
     assert_eq!(result["executor"]["kind"], json!(kind.as_str()), "{result}");
     assert_eq!(result["path"], "/workspace");
+    // Both mounts are walked once in the background (the prewarm): the daemon, in this
+    // process, serves the walker's reads of alpha's three files in each before anyone asks.
+    let started = std::time::Instant::now();
+    while STATS.ops(Op::Read) < 6 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "no prewarm: {} reads",
+            STATS.ops(Op::Read)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port().to_string();
     h.approve(&json!(format!("sha256:{}", "0".repeat(64))));

@@ -4,7 +4,9 @@ mod cas;
 mod control;
 mod exec;
 mod fetch_pack;
+mod guard;
 mod library;
+mod prewarm;
 mod proxy;
 mod registry;
 mod sets;
@@ -58,6 +60,13 @@ pub enum Command {
     Proxy(proxy::ProxyArgs),
     /// Serve the resolved tiers as a read-only file system until SIGTERM or SIGINT.
     Mount(crate::mount::MountArgs),
+    /// What a mounting process runs right after mounting: walk the mount once, so the
+    /// kernel's caches answer the first reads.
+    #[command(hide = true)]
+    Prewarm(prewarm::PrewarmArgs),
+    /// What `mount` starts beside itself: detach its mount if it dies without unmounting.
+    #[command(hide = true)]
+    MountGuard(guard::GuardArgs),
     /// Run a command in a workspace's executor (cwd /workspace; exit status passed back).
     Exec(exec::ExecArgs),
     /// Toolkits: acquire presets and git toolkits into the store, list what is there.
@@ -173,6 +182,8 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Proxy(args) => return proxy::run(args),
         Command::FetchPack(args) => return fetch_pack::run(args),
         Command::Exec(args) => return exec::run(args),
+        Command::Prewarm(args) => return prewarm::run(args),
+        Command::MountGuard(args) => return guard::run(args),
         _ => {}
     }
     // The control plane's commands need the database, not the store.
@@ -199,6 +210,8 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Registry { home, command } => registry::run(&store, &home, command),
         Command::Library(args) => library::run(&store, args),
         Command::Proxy(_)
+        | Command::Prewarm(_)
+        | Command::MountGuard(_)
         | Command::FetchPack(_)
         | Command::Exec(_)
         | Command::Token { .. }

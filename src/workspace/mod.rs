@@ -97,6 +97,9 @@ pub struct Workspaces {
     /// others).
     key_locks: KeyedLock,
     mounting: bool,
+    /// The program whose `prewarm` command walks each new mount once (this server's own
+    /// binary); without one, mounts stay cold until read.
+    prewarm: Option<PathBuf>,
     /// Bumped whenever what the open workspaces serve, together, changes: one opens or
     /// closes, or a live tier changes one.
     catalogue: tokio::sync::watch::Sender<u64>,
@@ -137,16 +140,36 @@ impl Drop for Cleanup {
 
 impl Workspaces {
     /// The workspaces under `home`; those left open by a previous run are mounted again.
+    /// Mounts are prewarmed by this program's own binary.
     pub fn new(home: PathBuf, provisioner: Provisioner, mounting: bool) -> Result<Workspaces> {
-        Workspaces::with_executors(home, provisioner, mounting, executor::Settings::from_env()?)
+        let settings = executor::Settings::from_env()?;
+        let prewarm = std::env::current_exe().ok();
+        Workspaces::build(home, provisioner, mounting, settings, prewarm)
     }
 
-    /// The same, with explicit executor settings.
+    /// The same, with explicit executor settings, and mounts not prewarmed (a library's
+    /// caller, such as a test, is not the `cloud-harness` binary; see [`Self::prewarming`]).
     pub fn with_executors(
         home: PathBuf,
         provisioner: Provisioner,
         mounting: bool,
         executors: executor::Settings,
+    ) -> Result<Workspaces> {
+        Workspaces::build(home, provisioner, mounting, executors, None)
+    }
+
+    /// New mounts from now on are walked once by `program prewarm MOUNTPOINT`.
+    pub fn prewarming(mut self, program: PathBuf) -> Workspaces {
+        self.prewarm = Some(program);
+        self
+    }
+
+    fn build(
+        home: PathBuf,
+        provisioner: Provisioner,
+        mounting: bool,
+        executors: executor::Settings,
+        prewarm: Option<PathBuf>,
     ) -> Result<Workspaces> {
         let dir = record::workspaces_dir(&home);
         fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
@@ -173,6 +196,7 @@ impl Workspaces {
             db,
             key_locks: KeyedLock::default(),
             mounting,
+            prewarm,
             catalogue: tokio::sync::watch::channel(0).0,
         };
         ws.restore();

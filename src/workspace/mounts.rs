@@ -5,7 +5,9 @@
 
 use cloud_harness_fs::fuse::{self, MountConfig};
 use cloud_harness_fs::live::Target;
+use cloud_harness_fs::mount_table;
 use cloud_harness_fs::namespace::Namespace;
+use cloud_harness_fs::prewarm::Prewarm;
 use cloud_harness_fs::{Error, Result};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -16,6 +18,9 @@ pub const OWNER_SKILLS: &str = "owner-skills";
 
 pub struct Mounted {
     pub path: PathBuf,
+    /// The background walk that fills the kernel's caches; stopped before the unmount (its
+    /// open folders would keep the mount busy).
+    prewarm: Option<Prewarm>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// Says when the serving thread has stopped.
     stopped: std::sync::mpsc::Receiver<()>,
@@ -31,38 +36,7 @@ fn as_root() -> bool {
 
 /// Whether `path` is a mount point (in this mount namespace).
 pub fn is_mount_point(path: &Path) -> bool {
-    let Ok(path) = fs::canonicalize(path) else {
-        return false;
-    };
-    let Ok(table) = fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let wanted = path.to_string_lossy();
-    table.lines().any(|line| {
-        line.split(' ')
-            .nth(4)
-            .is_some_and(|point| unescape(point) == wanted)
-    })
-}
-
-/// mountinfo writes space, tab, newline and backslash as octal escapes.
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
-            let digits = std::str::from_utf8(&bytes[i + 1..i + 4]).unwrap_or("");
-            if let Ok(v) = u8::from_str_radix(digits, 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    mount_table::is_mount_point(path)
 }
 
 /// Makes `dir` a shared mount of its own, in a peer group of its own, unless it is a mount
@@ -92,11 +66,13 @@ pub fn unshare(dir: &Path) {
 }
 
 /// Mounts the merged and owner namespaces in `dir`; the live-tier targets that invalidate
-/// the kernel's caches. If either mount fails, neither stays and a warning says so.
+/// the kernel's caches. If either mount fails, neither stays and a warning says so. With a
+/// `prewarm` program (this one's binary), each mount is walked once in the background.
 pub fn mount(
     dir: &Path,
     merged: Arc<Namespace>,
     owner: Arc<Namespace>,
+    prewarm: Option<&Path>,
     warnings: &mut Vec<String>,
 ) -> Result<(Vec<Mounted>, Vec<Target>)> {
     let mut mounts = Vec::new();
@@ -122,8 +98,15 @@ pub fn mount(
                         let _ = done.send(());
                     })
                     .map_err(|e| Error::internal(format!("spawning a FUSE thread: {e}")))?;
+                let prewarm = prewarm.and_then(|program| {
+                    let started = Prewarm::start(program, &path, move |s| s.log(sub));
+                    started
+                        .map_err(|e| tracing::warn!(error = %e, "no prewarm: first reads go to the daemon"))
+                        .ok()
+                });
                 mounts.push(Mounted {
                     path,
+                    prewarm,
                     thread: Some(thread),
                     stopped,
                 });
@@ -158,6 +141,9 @@ pub fn release(mounts: &mut Vec<Mounted>) -> Result<()> {
     let mut first_error = None;
     let mut kept = Vec::new();
     for mut m in mounts.drain(..) {
+        if let Some(p) = m.prewarm.take() {
+            p.stop();
+        }
         if let Err(e) = fuse::unmount(&m.path) {
             let e = Error::internal(format!("unmounting {}: {e}", m.path.display()));
             first_error.get_or_insert(e);

@@ -383,7 +383,13 @@ impl Workspaces {
             fs::create_dir_all(&places.mounts).map_err(|e| Error::io(&places.mounts, e))?;
         }
         let (mounted, mut targets) = if self.mounting {
-            mounts::mount(&places.mounts, merged.clone(), owner, warnings)?
+            mounts::mount(
+                &places.mounts,
+                merged.clone(),
+                owner,
+                self.prewarm.as_deref(),
+                warnings,
+            )?
         } else {
             (Vec::new(), mounts::unmounted(merged.clone(), owner))
         };

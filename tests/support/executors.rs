@@ -68,9 +68,11 @@ pub fn harness_with(
     );
     write(&src.join("alpha/scripts/long.sh"), "sleep 120\n");
     let kit = super::warm_toolkit(&store, &src, "kit");
+    // Prewarmed as under `serve`: the walker is the real binary.
     let workspaces =
         Workspaces::with_executors(tmp.path().join("home"), provisioner(&store), true, settings)
-            .unwrap();
+            .unwrap()
+            .prewarming(env!("CARGO_BIN_EXE_cloud-harness").into());
     Harness {
         tmp,
         kind,

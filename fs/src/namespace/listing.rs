@@ -3,22 +3,73 @@
 //! names the listing it belongs to. An offset is `tag << 32 | position`: the tag is a hash of
 //! the listing (names and inodes), the position counts "." and ".." first. A reader that goes
 //! on after a generation change passes an offset of the old listing and keeps getting that
-//! listing (kept here, the last [`LISTINGS`]), never a mix of two; when the old listing is no
-//! longer kept and the folder changed meanwhile, it gets ESTALE rather than a wrong listing.
+//! listing, never a mix of two. Kept ([`Listings`]): the last 64 listings made, and every
+//! folder's latest two, however many other folders are listed meanwhile — the kernel serves a
+//! cached listing without asking, so a listing made long ago may be the one a reader is in
+//! when its folder changes. A reader inside a listing no longer kept gets ESTALE rather than
+//! a wrong listing.
 
 use super::{Child, Namespace, Result};
+use lru::LruCache;
 use nix::errno::Errno;
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher as _};
+use std::num::NonZeroUsize;
 use std::sync::Arc;
-
-/// Listings kept for readers still inside them.
-pub(super) const LISTINGS: usize = 64;
 
 /// A directory's listing as of one generation.
 #[derive(Debug)]
 pub struct Listing {
     pub children: Vec<Child>,
     tag: u32,
+}
+
+/// Listings kept for readers still inside them: the last [`RECENT`] made, and for every folder
+/// the kernel knows its latest two, however many other folders are listed meanwhile.
+pub(super) struct Listings {
+    recent: LruCache<(u64, u32), Arc<Listing>>,
+    latest: HashMap<u64, [Option<Arc<Listing>>; 2]>,
+}
+
+/// Listings kept of all folders together, most recent first.
+const RECENT: usize = 64;
+
+impl Default for Listings {
+    fn default() -> Self {
+        Listings {
+            recent: LruCache::new(NonZeroUsize::new(RECENT).expect("non-zero")),
+            latest: HashMap::new(),
+        }
+    }
+}
+
+impl Listings {
+    fn find(&mut self, ino: u64, tag: u32) -> Option<Arc<Listing>> {
+        if let Some(l) = self.recent.get(&(ino, tag)) {
+            return Some(l.clone());
+        }
+        let kept = self.latest.get(&ino)?;
+        kept.iter().flatten().find(|l| l.tag == tag).cloned()
+    }
+
+    /// `listing`, or the kept one equal to it.
+    fn keep(&mut self, ino: u64, listing: Arc<Listing>) -> Arc<Listing> {
+        let kept = self.latest.entry(ino).or_default();
+        let listing = match kept.iter().flatten().find(|l| l.tag == listing.tag) {
+            Some(same) => same.clone(),
+            None => {
+                kept[1] = kept[0].replace(listing.clone());
+                listing
+            }
+        };
+        self.recent.put((ino, listing.tag), listing.clone());
+        listing
+    }
+
+    /// A folder the kernel forgot has no reader left inside its listings.
+    pub(super) fn forget(&mut self, ino: u64) {
+        self.latest.remove(&ino);
+    }
 }
 
 impl Listing {
@@ -50,13 +101,8 @@ impl Namespace {
         }
         let (tag, position) = ((offset >> 32) as u32, offset & 0xffff_ffff);
         if offset != 0 {
-            let kept = self
-                .listings
-                .lock()
-                .expect("listing lock")
-                .get(&(ino, tag))
-                .cloned();
-            if let Some(listing) = kept {
+            let found = self.listings.lock().expect("listing lock").find(ino, tag);
+            if let Some(listing) = found {
                 return Ok((listing, position));
             }
         }
@@ -65,10 +111,11 @@ impl Namespace {
             // A listing of an earlier generation, no longer kept: this folder has changed.
             return Err(Errno::ESTALE);
         }
-        self.listings
+        let kept = self
+            .listings
             .lock()
             .expect("listing lock")
-            .put((ino, listing.tag), listing.clone());
-        Ok((listing, position))
+            .keep(ino, listing);
+        Ok((kept, position))
     }
 }

@@ -148,8 +148,8 @@ pub struct Namespace {
     nodes: RwLock<HashMap<u64, Arc<Node>>>,
     trees: Mutex<LruCache<Digest, Arc<Tree>>>,
     open_blobs: Mutex<LruCache<Digest, Arc<File>>>,
-    /// Listings by directory and tag (see `listing`).
-    listings: Mutex<LruCache<(u64, u32), Arc<Listing>>>,
+    /// Listings kept for readers inside them (see `listing`).
+    listings: Mutex<listing::Listings>,
 }
 
 fn perm_of(kind: Kind) -> u16 {
@@ -198,7 +198,7 @@ impl Namespace {
             nodes: RwLock::new(HashMap::from([(ROOT_INO, Arc::new(root))])),
             trees: Mutex::new(LruCache::new(cap(TREE_CACHE))),
             open_blobs: Mutex::new(LruCache::new(cap(OPEN_BLOBS))),
-            listings: Mutex::new(LruCache::new(cap(listing::LISTINGS))),
+            listings: Mutex::new(listing::Listings::default()),
         }
     }
 
@@ -269,6 +269,8 @@ impl Namespace {
             let left = node.lookups.load(Ordering::Relaxed).saturating_sub(n);
             if left == 0 {
                 nodes.remove(&ino);
+                // Under the same lock: a lookup and readdir of the folder cannot come between.
+                self.listings.lock().expect("listing lock").forget(ino);
             } else {
                 node.lookups.store(left, Ordering::Relaxed);
             }

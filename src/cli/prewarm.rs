@@ -1,0 +1,29 @@
+//! `cloud-harness prewarm MOUNTPOINT`: the walker a mounting process starts right after
+//! mounting (`fs::prewarm`); prints what it did as one JSON line.
+
+use clap::Args;
+use cloud_harness_fs::prewarm::{self, Budget};
+use cloud_harness_fs::{Error, Result};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+
+#[derive(Debug, Args)]
+pub struct PrewarmArgs {
+    /// The mount to walk.
+    pub mountpoint: PathBuf,
+}
+
+pub fn run(args: &PrewarmArgs) -> Result<u8> {
+    // Dies with the thread that started it; if that is gone already, so is the reason to walk.
+    let parent = nix::unistd::getppid();
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .map_err(|e| Error::internal(format!("PR_SET_PDEATHSIG: {e}")))?;
+    if nix::unistd::getppid() != parent {
+        return Ok(1);
+    }
+    prewarm::lower_priority();
+    let summary = prewarm::walk(&args.mountpoint, Budget::default(), &AtomicBool::new(false));
+    let line = serde_json::to_string(&summary).map_err(|e| Error::internal(e.to_string()))?;
+    println!("{line}");
+    Ok(0)
+}
