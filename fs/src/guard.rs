@@ -60,7 +60,7 @@ pub fn watch(point: &Path, id: u64) -> io::Result<bool> {
             Err(_) => break,
         }
     }
-    if mount_table::mount_id(point) != Some(id) {
+    if mount_table::id_at(point) != Some(id) {
         return Ok(false); // unmounted by the daemon, or someone else's mount now
     }
     crate::fuse::unmount(point)?;

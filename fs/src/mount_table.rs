@@ -5,11 +5,15 @@ use std::fs;
 use std::path::Path;
 
 /// The ID of the mount at `path` (the topmost, if several are stacked there), in this mount
-/// namespace. A path that cannot be resolved (a mount whose daemon is gone answers
-/// `ENOTCONN`) is taken as written: pass it canonical.
+/// namespace; `None` also when the path cannot be resolved.
 pub fn mount_id(path: &Path) -> Option<u64> {
-    let path = fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
-    let wanted = path.to_string_lossy();
+    id_at(&fs::canonicalize(path).ok()?)
+}
+
+/// The same for a canonical path, taken as written: nothing is resolved, so it answers for a
+/// mount whose daemon is gone (which answers `ENOTCONN` to what its caches do not hold).
+pub fn id_at(canonical: &Path) -> Option<u64> {
+    let wanted = canonical.to_string_lossy();
     let table = fs::read_to_string("/proc/self/mountinfo").ok()?;
     table.lines().rev().find_map(|line| {
         let mut fields = line.split(' ');
