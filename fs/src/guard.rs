@@ -23,7 +23,7 @@ impl Guard {
     /// Starts a guard for the mount now at `mountpoint`.
     pub fn start(program: &Path, mountpoint: &Path) -> io::Result<Guard> {
         let point = std::fs::canonicalize(mountpoint)?;
-        let id = mount_table::mount_id(&point)
+        let id = mount_table::id_at(&point)
             .ok_or_else(|| io::Error::other(format!("{} is not a mount point", point.display())))?;
         let mut child = Command::new(program)
             .arg("mount-guard")

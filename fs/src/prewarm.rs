@@ -86,7 +86,7 @@ impl Summary {
     }
 }
 
-/// A prewarm under way; [`Prewarm::stop`] (or dropping it) kills the walker and waits.
+/// A prewarm under way; dropping it kills the walker and waits.
 pub struct Prewarm {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -127,24 +127,16 @@ impl Prewarm {
             thread: Some(thread),
         })
     }
+}
 
-    /// Kills the walker (its request in flight is answered first: the daemon still serves)
-    /// and waits for it.
-    pub fn stop(mut self) {
-        self.end();
-    }
-
-    fn end(&mut self) {
+/// Kills the walker (its request in flight is answered first: the daemon still serves) and
+/// waits for it.
+impl Drop for Prewarm {
+    fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-    }
-}
-
-impl Drop for Prewarm {
-    fn drop(&mut self) {
-        self.end();
     }
 }
 

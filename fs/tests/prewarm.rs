@@ -67,3 +67,66 @@ fn the_budget_and_the_stop_flag_end_it() {
     let s = walk(root.path(), Budget::default(), &AtomicBool::new(true));
     assert!(s.cut_short && s.files == 0 && s.entries == 0, "{s:?}");
 }
+
+/// A stand-in walker (`<script> prewarm DIR`): marks itself running in DIR, notes how many
+/// are, then runs `rest` (which ends with a summary, or never).
+fn stand_in(dir: &Path, rest: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let script = dir.join("walker.sh");
+    let text = format!(
+        "#!/bin/sh\nmkdir \"$2/run.$$\"\nls -d \"$2\"/run.* | wc -l >> \"$2/seen\"\n{rest}\n"
+    );
+    fs::write(&script, text).unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+#[test]
+fn at_most_two_walkers_run_at_once_and_each_summary_arrives() {
+    use cloud_harness_fs::prewarm::Prewarm;
+    let dir = tempfile::tempdir().unwrap();
+    let summary = r#"{"entries":1,"files":0,"bytes":0,"errors":0,"cut_short":false,"took_ms":0}"#;
+    let script = stand_in(
+        dir.path(),
+        &format!("sleep 0.3\nrmdir \"$2/run.$$\"\necho '{summary}'"),
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let started: Vec<Prewarm> = (0..4)
+        .map(|_| {
+            let tx = tx.clone();
+            Prewarm::start(&script, dir.path(), move |s| tx.send(s.entries).unwrap()).unwrap()
+        })
+        .collect();
+    for _ in 0..4 {
+        let entries = rx.recv_timeout(std::time::Duration::from_secs(30)).unwrap();
+        assert_eq!(entries, 1);
+    }
+    drop(started);
+    let seen = fs::read_to_string(dir.path().join("seen")).unwrap();
+    let counts: Vec<usize> = seen.lines().map(|l| l.trim().parse().unwrap()).collect();
+    assert_eq!(counts.len(), 4, "{seen}");
+    assert!(
+        counts.iter().all(|&n| n <= 2),
+        "walkers at once: {counts:?}"
+    );
+}
+
+#[test]
+fn dropping_a_prewarm_kills_its_walker() {
+    use cloud_harness_fs::prewarm::Prewarm;
+    let dir = tempfile::tempdir().unwrap();
+    let script = stand_in(dir.path(), "exec sleep 60");
+    let (tx, rx) = std::sync::mpsc::channel::<u64>();
+    let p = Prewarm::start(&script, dir.path(), move |s| tx.send(s.entries).unwrap()).unwrap();
+    let begun = std::time::Instant::now();
+    while !dir.path().join("seen").exists() {
+        assert!(begun.elapsed().as_secs() < 30, "the walker never started");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    drop(p);
+    assert!(
+        begun.elapsed().as_secs() < 30,
+        "waited for the walker's end"
+    );
+    assert!(rx.try_recv().is_err(), "a killed walker gave a summary");
+}

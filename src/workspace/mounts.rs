@@ -5,7 +5,7 @@
 
 use cloud_harness_fs::fuse::{self, MountConfig};
 use cloud_harness_fs::live::Target;
-use cloud_harness_fs::mount_table;
+pub use cloud_harness_fs::mount_table::is_mount_point;
 use cloud_harness_fs::namespace::Namespace;
 use cloud_harness_fs::prewarm::Prewarm;
 use cloud_harness_fs::{Error, Result};
@@ -32,11 +32,6 @@ const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn as_root() -> bool {
     nix::unistd::geteuid().is_root()
-}
-
-/// Whether `path` is a mount point (in this mount namespace).
-pub fn is_mount_point(path: &Path) -> bool {
-    mount_table::is_mount_point(path)
 }
 
 /// Makes `dir` a shared mount of its own, in a peer group of its own, unless it is a mount
@@ -141,9 +136,7 @@ pub fn release(mounts: &mut Vec<Mounted>) -> Result<()> {
     let mut first_error = None;
     let mut kept = Vec::new();
     for mut m in mounts.drain(..) {
-        if let Some(p) = m.prewarm.take() {
-            p.stop();
-        }
+        drop(m.prewarm.take()); // its open folders would keep the mount busy
         if let Err(e) = fuse::unmount(&m.path) {
             let e = Error::internal(format!("unmounting {}: {e}", m.path.display()));
             first_error.get_or_insert(e);
