@@ -159,13 +159,15 @@ pub fn get(db: &Db, id: &str) -> Result<LaunchConflict> {
         .query_row(params![id], row)
         .optional()
     })?
-    .ok_or_else(|| {
-        Error::field(
-            Code::NotFound,
-            "id",
-            format!("no launch conflict {:?}", crate::input::shown(id)),
-        )
-    })
+    .ok_or_else(|| not_found(id))
+}
+
+pub fn not_found(id: &str) -> Error {
+    Error::field(
+        Code::NotFound,
+        "id",
+        format!("no launch conflict {:?}", crate::input::shown(id)),
+    )
 }
 
 /// Settles the conflict `id`: `source` (one of its candidates) serves the skill from now on.

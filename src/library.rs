@@ -183,16 +183,17 @@ impl Library {
     }
 }
 
-/// Where each of `skills` is used: the open workspaces that serve its folder, the registry
-/// entries pinned at its bundle's commit, the sets with a member at it.
+/// Where each of `skills` is used: the open workspaces `who` reaches that serve its folder,
+/// the registry entries pinned at its bundle's commit, the sets with a member at it.
 pub fn used_by(
     workspaces: &Workspaces,
+    who: &crate::principal::Principal,
     registry: &Registry,
     sets: &[sets::Revision],
     skills: &[Skill],
 ) -> Vec<Value> {
     let mut serving: HashMap<Digest, Vec<String>> = HashMap::new();
-    for ws in workspaces.open_workspaces() {
+    for ws in workspaces.open_workspaces_of(who) {
         for c in ws.generation().index.winners() {
             serving.entry(c.digest()).or_default().push(ws.id.clone());
         }

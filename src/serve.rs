@@ -63,6 +63,9 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
         let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
     }
     let home = args.home.clone().unwrap_or_else(home::default_home);
+    // The quotas, read now: a limit that is not a number stops the start, not a request.
+    let limits = crate::limits::Limits::from_env()?;
+    tracing::info!(?limits, "limits per principal");
     let provisioner = Provisioner::from_env(store.clone())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -261,6 +264,8 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
                 .merge(crate::dashboard::router(api))
                 .merge(crate::auth::pages::router(auth.clone()))
                 .merge(crate::health::router(workspaces.clone()))
+                // Quotas count per principal: they run once the caller is known.
+                .layer(axum::middleware::from_fn(crate::limits::http::guard))
                 .layer(axum::middleware::from_fn_with_state(
                     auth,
                     crate::auth::http::guard,

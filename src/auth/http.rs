@@ -105,20 +105,24 @@ impl Auth {
     }
 }
 
-/// The role a request needs: the MCP tools and the API's reads `client`, except the tokens and
-/// the audit log; every write `operator`.
+/// The role a request needs: MCP and the API's reads `client` (a client sees its own
+/// workspaces and what they meet), except tokens, the audit log, imports, the acquisition
+/// history and the metrics; the dashboard's pages and every write `operator`.
 fn required(method: &Method, path: &str) -> Role {
     let reads = matches!(*method, Method::GET | Method::HEAD);
-    let sensitive = [
+    let operators_only = [
         "/api/v1/tokens",
         "/api/v1/audit",
-        "/tokens",
-        "/audit",
-        "/metrics",
+        "/api/v1/imports",
+        "/api/v1/acquisitions",
+        "/api/v1/usage",
     ]
     .iter()
     .any(|p| path == *p || path.starts_with(&format!("{p}/")));
-    if path == "/mcp" || path.starts_with("/mcp/") || (reads && !sensitive) {
+    if path == "/mcp"
+        || path.starts_with("/mcp/")
+        || (path.starts_with("/api/") && reads && !operators_only)
+    {
         Role::Client
     } else {
         Role::Operator
@@ -146,6 +150,11 @@ pub fn error_response(e: &Error) -> Response {
         "code": e.code.as_str(), "status": e.status, "message": e.message, "details": e.details,
     });
     let mut response = (status, axum::Json(body)).into_response();
+    if let Some(secs) = crate::limits::retry_after(e) {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
     if e.code == Code::Unauthenticated {
         response.headers_mut().insert(
             header::WWW_AUTHENTICATE,
@@ -306,7 +315,9 @@ fn check(auth: &Auth, request: &Request, path: &str) -> Result<Option<Identity>,
         }
     }
     let needed = required(method, path);
-    if identity.role < needed && !open(path) {
+    // The dashboard's overview is open to the signed out (it says how to sign in), not to
+    // clients signed in.
+    if identity.role < needed && !(open(path) && path != "/") {
         return Err(Error::new(
             Code::Forbidden,
             format!(

@@ -259,6 +259,33 @@ pub struct Command {
     pub argv: Vec<String>,
     /// Besides the executor's own (`PATH`, `HOME`, `LANG`, the layout's paths).
     pub env: Vec<(String, String)>,
+    /// Resource limits of the command's processes, if any.
+    pub limits: Option<RunLimits>,
+}
+
+/// What one run's processes may use, as rlimits every process it starts inherits: CPU
+/// seconds (RLIMIT_CPU: SIGXCPU, then SIGKILL) and bytes of memory (RLIMIT_DATA: the heap and
+/// private writable mappings; an allocation past it fails). Set by util-linux's `prlimit`
+/// inside the executor, the same way on every backend (an operator's own Docker image needs
+/// `/usr/bin/prlimit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunLimits {
+    pub cpu_seconds: u64,
+    pub memory: u64,
+}
+
+impl RunLimits {
+    /// `argv` started under these limits.
+    fn wrap(&self, argv: &[String]) -> Vec<String> {
+        let mut all = vec![
+            "/usr/bin/prlimit".to_owned(),
+            format!("--cpu={}", self.cpu_seconds),
+            format!("--data={}", self.memory),
+            "--".to_owned(),
+        ];
+        all.extend(argv.iter().cloned());
+        all
+    }
 }
 
 /// A workspace's executor.
@@ -380,22 +407,19 @@ impl Executor {
     /// Starts `command` with piped output (for `skills_run`).
     pub async fn spawn(&self, command: &Command) -> Result<Process> {
         let env = self.full_env(command);
+        let argv = match &command.limits {
+            Some(limits) => limits.wrap(&command.argv),
+            None => command.argv.clone(),
+        };
         match self.spec.kind {
             Kind::Docker => {
-                docker::spawn(
-                    self.container()?,
-                    &self.workspace,
-                    &self.spec,
-                    &command.argv,
-                    &env,
-                )
-                .await
+                docker::spawn(self.container()?, &self.workspace, &self.spec, &argv, &env).await
             }
             Kind::Bwrap => {
-                let argv = bwrap::argv(&self.places, &self.spec, &command.argv, &env);
+                let argv = bwrap::argv(&self.places, &self.spec, &argv, &env);
                 process::spawn_local(&argv, None, &[]).map_err(bwrap::explain)
             }
-            Kind::Host => process::spawn_local(&command.argv, Some(&self.places.repo), &env),
+            Kind::Host => process::spawn_local(&argv, Some(&self.places.repo), &env),
         }
     }
 
@@ -404,6 +428,7 @@ impl Executor {
         let command = Command {
             argv: argv.to_vec(),
             env: Vec::new(),
+            limits: None,
         };
         let env = self.full_env(&command);
         match self.spec.kind {

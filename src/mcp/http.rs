@@ -6,12 +6,11 @@ use super::malformed::{self, Refused};
 use super::one_write;
 use super::prewritten;
 use super::sessions::{Full, Sessions};
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 use serde_json::json;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -51,24 +50,25 @@ async fn guard(State(sessions): State<Arc<Sessions>>, request: Request, next: Ne
         return refused(r);
     }
     let starts_session = !parts.headers.contains_key(SESSION_HEADER) && is_initialize(&bytes);
+    // The authentication guard runs first: every request here has its caller.
     let client = parts
         .extensions
-        .get::<ConnectInfo<SocketAddr>>()
-        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip());
+        .get::<crate::auth::Identity>()
+        .map_or_else(String::new, |i| i.actor());
     parts.extensions.insert(prewritten::Filled);
     let request = Request::from_parts(parts, bytes.into());
     if !starts_session {
         return answer(next.run(request).await).await;
     }
-    if let Err(full) = sessions.admit(client).await {
-        return busy(full);
+    if let Err(full) = sessions.admit(&client).await {
+        return busy(full, sessions.limits().max_per_principal);
     }
     let response = answer(next.run(request).await).await;
     let session = response
         .headers()
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok());
-    sessions.answered(client, session);
+    sessions.answered(&client, session);
     response
 }
 
@@ -100,15 +100,21 @@ fn refused(r: Refused) -> Response {
     json_response(status, &r.answer)
 }
 
-fn busy(full: Full) -> Response {
-    let why = match full.status {
-        429 => "this client has as many sessions as it may; close one (DELETE) or let one go idle",
-        _ => "the server has as many sessions as it takes; try again shortly",
+fn busy(full: Full, per_principal: usize) -> Response {
+    let (why, data) = match full.status {
+        429 => (
+            format!("too many sessions: the limit `sessions` is {per_principal} per principal; close one (DELETE) or let one go idle"),
+            json!({ "code": "RESOURCE_EXHAUSTED", "details": { "limit": "sessions", "value": per_principal, "retryAfter": full.retry_after } }),
+        ),
+        _ => (
+            "the server has as many sessions as it takes; try again shortly".to_owned(),
+            json!({ "code": "UPSTREAM", "details": { "retryAfter": full.retry_after } }),
+        ),
     };
     let status = StatusCode::from_u16(full.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     let mut response = json_response(
         status,
-        &json!({ "jsonrpc": "2.0", "id": null, "error": { "code": -32000, "message": why } }),
+        &json!({ "jsonrpc": "2.0", "id": null, "error": { "code": -32000, "message": why, "data": data } }),
     );
     response
         .headers_mut()

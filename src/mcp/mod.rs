@@ -17,6 +17,7 @@ pub mod skills;
 pub mod stdio;
 mod tools;
 
+use crate::principal::Principal;
 use crate::session_start;
 use crate::workspace::{blocking, ListPage, RunRequest, Workspaces};
 use call::Call;
@@ -122,13 +123,14 @@ fn failure(error: Error) -> CallToolResult {
     result
 }
 
-/// Who made a request: the token an HTTP request was authenticated with, else stdio's user.
-fn actor(context: &RequestContext<RoleServer>) -> String {
+/// Who made a request: the principal of the token an HTTP request was authenticated with,
+/// else (stdio) the local user who started the process.
+fn principal(context: &RequestContext<RoleServer>) -> Principal {
     context
         .extensions
         .get::<axum::http::request::Parts>()
         .and_then(|p| p.extensions.get::<crate::auth::Identity>())
-        .map_or_else(|| "stdio".to_owned(), |i| i.actor())
+        .map_or_else(Principal::local, Principal::of)
 }
 
 /// `work` off the async threads, for the protocol's own methods (their errors are JSON-RPC
@@ -154,15 +156,18 @@ impl HarnessServer {
         HarnessServer::new(self.workspaces.clone())
     }
 
-    /// Binds this session to the workspace `id`, if it is open.
-    fn bind(&self, id: &str, context: &RequestContext<RoleServer>) {
+    /// Binds this session to the workspace `id`, if it is open and `who` reaches it.
+    fn bind(&self, who: &Principal, id: &str, context: &RequestContext<RoleServer>) {
         if let Ok(ws) = self.workspaces.get(id) {
-            self.bound.bind(&ws, &context.peer);
+            if who.reaches(ws.owner()) {
+                self.bound.bind(&ws, &context.peer);
+            }
         }
     }
 
     async fn dispatch(
         &self,
+        who: &Principal,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<Answer, Error> {
@@ -171,34 +176,38 @@ impl HarnessServer {
         match &call {
             Call::List { workspace, .. }
             | Call::Read { workspace, .. }
-            | Call::Run { workspace, .. } => self.bind(workspace, &context),
+            | Call::Run { workspace, .. } => self.bind(who, workspace, &context),
             Call::Open(_) | Call::Close { .. } => {}
         }
         match call {
             Call::Open(request) => {
-                let actor = actor(&context);
+                let opener = who.clone();
                 let opened = blocking(move || {
+                    let (who, actor) = (&opener, &opener.name);
                     let asked = request.to_json();
-                    let opened = ws.open_as(request, &actor);
+                    let opened = ws.open_as(request, who);
                     if let Err(e) = &opened {
                         if let Err(not) =
-                            crate::conflicts::record(ws.db(), ws.store(), &asked, e, &actor)
+                            crate::conflicts::record(ws.db(), ws.store(), &asked, e, actor)
                         {
                             tracing::error!(error = %not, "cannot record a launch conflict");
                         }
-                        crate::audit::refusal(ws.db(), &actor, "workspace_open", e);
+                        crate::audit::refusal(ws.db(), actor, "workspace_open", e);
                     }
                     opened
                 })
                 .await?;
                 if let Some(id) = opened["workspace"].as_str() {
-                    self.bind(id, &context);
+                    self.bind(who, id, &context);
                 }
                 Ok(Answer::Value(opened))
             }
-            Call::Close { workspace } => blocking(move || ws.close(&workspace))
-                .await
-                .map(Answer::Value),
+            Call::Close { workspace } => {
+                let who = who.clone();
+                blocking(move || ws.close_as(&who, &workspace))
+                    .await
+                    .map(Answer::Value)
+            }
             Call::List {
                 workspace,
                 tier,
@@ -209,7 +218,7 @@ impl HarnessServer {
                 // In memory and bounded (a page of at most MAX_LIST skills): done here, not
                 // queued behind the blocking pool's threads, which would take the CPU from
                 // the threads serving every connection.
-                let ws = ws.get(&workspace)?;
+                let ws = ws.get_as(who, &workspace, "skills_list")?;
                 let page = ws.shared_page(tier, include_shadowed, after.as_deref(), limit);
                 Ok(Answer::Page(page))
             }
@@ -225,7 +234,7 @@ impl HarnessServer {
                 // again): the hand-over to the blocking pool and back was about 40% of such a
                 // call's time. Anything else may wait on the disk, or encode up to a MiB, so it
                 // goes to the pool.
-                let ws = ws.get(&workspace)?;
+                let ws = ws.get_as(who, &workspace, "skills_read")?;
                 let held = match length <= call::PAGE {
                     true => ws.read_reaching(&skill, &path, offset, length, Reach::Held)?,
                     false => None,
@@ -239,7 +248,7 @@ impl HarnessServer {
                 ))
             }
             Call::Run { workspace, request } => self
-                .run(&workspace, request, context)
+                .run(who, &workspace, request, context)
                 .await
                 .map(Answer::Value),
         }
@@ -247,16 +256,26 @@ impl HarnessServer {
 
     async fn run(
         &self,
+        who: &Principal,
         workspace: &str,
         request: RunRequest,
         context: RequestContext<RoleServer>,
     ) -> Result<Value, Error> {
-        let ws = self.workspaces.get(workspace)?;
+        let ws = self.workspaces.get_as(who, workspace, "skills_run")?;
+        // A slot of the caller's runs, waiting in their queue when all are taken (a client
+        // that gives up leaves it).
+        let _slot = tokio::select! {
+            slot = crate::limits::quotas().run(&who.name) => slot?,
+            _ = context.ct.cancelled() => return Err(Error::new(
+                cloud_harness_fs::Code::Cancelled,
+                "the run was cancelled while it waited for a slot",
+            )),
+        };
         let progress_token = context.meta.get_progress_token();
         let peer = context.peer.clone();
         ws.run(
             self.workspaces.home(),
-            &actor(&context),
+            &who.name,
             request,
             context.ct.clone(),
             move |elapsed, bytes| {
@@ -334,8 +353,9 @@ impl ServerHandler for HarnessServer {
         // One id per call, on every line logged while it is served (acquisitions, fetches,
         // executors): `--log-format json` shows it as `span.request_id`.
         let span = tracing::info_span!("mcp_call", request_id = %crate::state::new_id("req"), tool = %tool);
-        let done =
-            tracing::Instrument::instrument(self.dispatch(request, context), span.clone()).await;
+        let who = principal(&context);
+        let call = crate::limits::acting_as(&who.name, self.dispatch(&who, request, context));
+        let done = tracing::Instrument::instrument(call, span.clone()).await;
         let code = done.as_ref().map_or_else(|e| e.code.as_str(), |_| "OK");
         let took = started.elapsed();
         crate::metrics::call(&tool, code, took);
@@ -350,11 +370,14 @@ impl ServerHandler for HarnessServer {
     async fn list_resources(
         &self,
         request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
         let ws = self.workspaces.clone();
         let cursor = request.and_then(|r| r.cursor);
-        let (items, next) = blocking_rpc(move || skills::resources(&ws, cursor.as_deref())).await?;
+        let who = principal(&context);
+        let name = who.name.clone();
+        let listed = blocking_rpc(move || skills::resources(&ws, &who, cursor.as_deref()));
+        let (items, next) = crate::limits::acting_as(&name, listed).await?;
         let mut result = ListResourcesResult::with_all_items(items)
             .with_ttl_ms(0)
             .with_cache_scope(CacheScope::Private);
@@ -380,12 +403,15 @@ impl ServerHandler for HarnessServer {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
+        let who = principal(&context);
         if let Some((workspace, _, _)) = skills::parse(&request.uri) {
-            self.bind(&workspace, &context);
+            self.bind(&who, &workspace, &context);
         }
         let ws = self.workspaces.clone();
         let uri = request.uri;
-        let contents = blocking_rpc(move || skills::read(&ws, &uri)).await?;
+        let name = who.name.clone();
+        let read = blocking_rpc(move || skills::read(&ws, &who, &uri));
+        let contents = crate::limits::acting_as(&name, read).await?;
         let mut result = ReadResourceResult::new(vec![contents]);
         result.ttl_ms = Some(0);
         result.cache_scope = Some(CacheScope::Private);
@@ -395,20 +421,26 @@ impl ServerHandler for HarnessServer {
     async fn list_skills(
         &self,
         request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListSkillsResult, McpError> {
         let ws = self.workspaces.clone();
         let cursor = request.and_then(|r| r.cursor);
-        blocking_rpc(move || skills::list(&ws, cursor.as_deref())).await
+        let who = principal(&context);
+        let name = who.name.clone();
+        let listed = blocking_rpc(move || skills::list(&ws, &who, cursor.as_deref()));
+        crate::limits::acting_as(&name, listed).await
     }
 
     async fn get_skill(
         &self,
         request: GetSkillRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<GetSkillResult, McpError> {
         let ws = self.workspaces.clone();
-        blocking_rpc(move || skills::get(&ws, &request.uri)).await
+        let who = principal(&context);
+        let name = who.name.clone();
+        let got = blocking_rpc(move || skills::get(&ws, &who, &request.uri));
+        crate::limits::acting_as(&name, got).await
     }
 
     /// `subscriptions/listen` (2026-07-28): resource-list changes are offered; the listing
@@ -459,7 +491,7 @@ impl ServerHandler for HarnessServer {
     async fn get_prompt(
         &self,
         request: GetPromptRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, McpError> {
         if request.name != SESSION_START_PROMPT {
             return Err(McpError::invalid_params(
@@ -475,7 +507,7 @@ impl ServerHandler for HarnessServer {
             .ok_or_else(|| McpError::invalid_params("the workspace argument is required", None))?;
         let ws = self
             .workspaces
-            .get(id)
+            .get_as(&principal(&context), id, "prompts/get")
             .map_err(|e| McpError::invalid_params(e.message, None))?;
         let text = if ws.session_start().is_empty() {
             "No toolkit of this workspace defines session-start instructions.".to_owned()

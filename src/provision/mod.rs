@@ -353,6 +353,7 @@ impl Provisioner {
         if observer.is_cancelled() {
             return Err(cancelled());
         }
+        observer.admit_fetch()?;
         observer.set_phase("fetching");
         let fetched =
             self.fetch_and_record(toolkit, &known, &fetched_url, observer, started, &bytes);

@@ -59,7 +59,9 @@ impl Workspaces {
             },
             _ => t.clone(),
         };
-        let a = self.provisioner.acquire(&fetch);
+        // A fetch from the network counts against the opener's hourly budget.
+        let observer = crate::provision::observe::Observer::paid_by(actor);
+        let a = self.provisioner.acquire_observed(&fetch, &observer);
         let millis = started.elapsed().as_millis() as u64;
         crate::acquisitions::record(&self.db, t, &a, millis, actor, "workspace_open", Some(id));
         let acquired = a?;

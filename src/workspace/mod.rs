@@ -43,6 +43,7 @@ pub use run::RunRequest;
 
 use crate::executor::{self, Executor, Kind, Places};
 use crate::keyed_lock::KeyedLock;
+use crate::principal::Principal;
 use crate::provision::Provisioner;
 use crate::session_start::SessionStart;
 use crate::state::Db;
@@ -255,6 +256,7 @@ impl Workspaces {
             if let Err(e) = keys::adopt(
                 &self.db,
                 &id,
+                &record.owner,
                 &record.idempotency_key,
                 &record.request_digest,
                 record.created_at,
@@ -342,6 +344,8 @@ impl Workspaces {
         open
     }
 
+    /// The open workspace `id`, whoever owns it (the server's own use; callers go through
+    /// [`Workspaces::get_as`]).
     pub fn get(&self, id: &str) -> Result<Arc<Workspace>> {
         self.open
             .lock()
@@ -349,6 +353,70 @@ impl Workspaces {
             .get(id)
             .cloned()
             .ok_or_else(|| record::not_found(id))
+    }
+
+    /// The open workspace `id` if `who` may reach it: NOT_FOUND otherwise, as for an id that
+    /// names nothing (a client learns nothing of others' workspaces). An operator's `action`
+    /// on another principal's workspace is audited with both names.
+    pub fn get_as(&self, who: &Principal, id: &str, action: &str) -> Result<Arc<Workspace>> {
+        let ws = self.get(id)?;
+        if !who.reaches(ws.owner()) {
+            return Err(record::not_found(id));
+        }
+        if ws.owner() != who.name {
+            crate::audit::access(&self.db, &who.name, ws.owner(), id, action);
+        }
+        Ok(ws)
+    }
+
+    /// The open workspaces `who` may reach, in id order.
+    pub fn open_workspaces_of(&self, who: &Principal) -> Vec<Arc<Workspace>> {
+        let mut open = self.open_workspaces();
+        open.retain(|w| who.reaches(w.owner()));
+        open
+    }
+
+    /// What each principal uses of its limits now: open workspaces, MCP sessions, and what
+    /// the quotas count.
+    pub fn usage(&self) -> Vec<(String, Vec<(&'static str, u64)>)> {
+        let quotas = crate::limits::quotas();
+        let mut workspaces: std::collections::BTreeMap<String, u64> = Default::default();
+        for w in self.open_workspaces() {
+            *workspaces.entry(w.owner().to_owned()).or_default() += 1;
+        }
+        let sessions = crate::mcp::sessions::per_principal();
+        let mut who: Vec<String> = quotas.principals();
+        who.extend(workspaces.keys().cloned());
+        who.extend(sessions.keys().cloned());
+        who.retain(|w| !w.is_empty());
+        who.sort();
+        who.dedup();
+        who.into_iter()
+            .map(|p| {
+                let mut used = vec![
+                    ("workspaces", workspaces.get(&p).copied().unwrap_or(0)),
+                    ("sessions", sessions.get(&p).copied().unwrap_or(0) as u64),
+                ];
+                used.extend(quotas.usage(&p));
+                (p, used)
+            })
+            .collect()
+    }
+
+    /// `workspace_close` asked by `who`: NOT_FOUND for a workspace they may not reach.
+    pub fn close_as(&self, who: &Principal, id: &str) -> Result<Value> {
+        let owner = match self.get(id) {
+            Ok(ws) => ws.owner().to_owned(),
+            // One that could not be served again after a restart: its record says whose.
+            Err(e) => Record::find(&self.home, id).map_err(|_| e)?.1.owner,
+        };
+        if !who.reaches(&owner) {
+            return Err(record::not_found(id));
+        }
+        if owner != who.name {
+            crate::audit::access(&self.db, &who.name, &owner, id, "workspace_close");
+        }
+        self.close(id)
     }
 
     /// `workspace_close`: kills its runs, removes its executor, unmounts, forgets the key,
@@ -433,6 +501,11 @@ impl Workspace {
         mounts::release(&mut self.mounts.lock().expect("mount lock"))
     }
 
+    /// The principal that opened it (empty for workspaces from before owners were kept).
+    pub fn owner(&self) -> &str {
+        &self.record.owner
+    }
+
     pub fn session_start(&self) -> &[SessionStart] {
         &self.record.session_start
     }
@@ -442,6 +515,7 @@ impl Workspace {
         let g = self.generation();
         json!({
             "workspace": self.id,
+            "owner": self.record.owner,
             "idempotencyKey": self.record.idempotency_key,
             "createdAt": self.record.created_at,
             "generation": g.digest(),

@@ -6,6 +6,7 @@ use super::{
     Workspaces, WORKSPACE_SKILLS,
 };
 use crate::executor::{self, Executor, Kind, Places};
+use crate::principal::Principal;
 use crate::provision::{fetch, Acquired};
 use crate::session_start::{self, SessionStart};
 use crate::stack::{OwnerBundle, TierInputs};
@@ -36,6 +37,7 @@ fn now_secs() -> u64 {
 struct Asked<'a> {
     toolkits: &'a [toolkit::Toolkit],
     origins: &'a [Option<Value>],
+    /// The principal opening it, who will own it.
     actor: &'a str,
 }
 
@@ -69,13 +71,15 @@ impl Workspaces {
         Ok(Some(made))
     }
 
-    /// `workspace_open`, by the process itself.
+    /// `workspace_open`, by the local user who started the process.
     pub fn open(&self, request: OpenRequest) -> Result<Value> {
-        self.open_as(request, "local")
+        self.open_as(request, &Principal::local())
     }
 
-    /// `workspace_open` asked by `actor` (who the acquisition history names).
-    pub fn open_as(&self, request: OpenRequest, actor: &str) -> Result<Value> {
+    /// `workspace_open` asked by `who`, who owns the workspace: their idempotency keys are
+    /// theirs alone, and their open workspaces count against their limit.
+    pub fn open_as(&self, request: OpenRequest, who: &Principal) -> Result<Value> {
+        let actor = who.name.as_str();
         let key = request.idempotency_key.clone();
         request::check_key(&key)?;
         let expanded = crate::sets::expand(&self.db, &request.toolkits)?;
@@ -110,7 +114,7 @@ impl Workspaces {
         let digest = request::request_digest(&request, &asked);
 
         // One open per key at a time; the others then find its workspace.
-        self.key_locks.with(&key, || {
+        self.key_locks.with(&format!("{actor}\n{key}"), || {
             let asked = Asked {
                 toolkits: &toolkits,
                 origins: &expanded.origins,
@@ -128,18 +132,31 @@ impl Workspaces {
         digest: Digest,
     ) -> Result<Value> {
         let key = request.idempotency_key.clone();
-        if let Some(bound) = keys::find(&self.db, &key)? {
+        let owner = asked.actor;
+        if let Some(bound) = keys::find(&self.db, owner, &key)? {
             return self.replay(&key, bound, digest);
         }
         let id = new_id();
-        if !keys::claim(&self.db, &key, &digest, &id)? {
-            // Another process bound the key between the look and the claim.
-            let bound = keys::find(&self.db, &key)?.ok_or_else(|| {
-                Error::internal(format!(
-                    "idempotencyKey {key:?} was bound and freed at once"
+        let max = crate::limits::quotas().limits.workspaces;
+        match keys::claim(&self.db, owner, &key, &digest, &id, max)? {
+            keys::Claim::Claimed => {}
+            keys::Claim::Full => {
+                return Err(crate::limits::exceeded(
+                    "workspaces",
+                    max,
+                    Duration::from_secs(60),
+                    "too many open workspaces; close one with workspace_close",
                 ))
-            })?;
-            return self.replay(&key, bound, digest);
+            }
+            keys::Claim::Taken => {
+                // Another process bound the key between the look and the claim.
+                let bound = keys::find(&self.db, owner, &key)?.ok_or_else(|| {
+                    Error::internal(format!(
+                        "idempotencyKey {key:?} was bound and freed at once"
+                    ))
+                })?;
+                return self.replay(&key, bound, digest);
+            }
         }
         let opened = self.open_new(request, asked, repo_url, digest, &id);
         match &opened {
@@ -265,6 +282,7 @@ impl Workspaces {
 
         let record = Record {
             id: id.clone(),
+            owner: actor.to_owned(),
             idempotency_key: key.clone(),
             request_digest: digest,
             created_at: now_secs(),
