@@ -455,16 +455,22 @@ impl ServerHandler for HarnessServer {
         Some(requested.intersection(&offered))
     }
 
+    /// Told of a change only when it is of a workspace the listener reaches (or when the
+    /// listener fell behind and cannot know).
     async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
+        use tokio::sync::broadcast::error::RecvError;
+        let who = principal(context.request_context());
         let mut changes = self.workspaces.catalogue_changes();
         loop {
             tokio::select! {
                 _ = context.cancelled() => return Ok(()),
-                changed = changes.changed() => {
-                    if changed.is_err() {
-                        return Ok(());
-                    }
-                    if context.accepted().resources_list_changed == Some(true)
+                changed = changes.recv() => {
+                    let news = match changed {
+                        Ok(owner) => who.reaches(&owner),
+                        Err(RecvError::Lagged(_)) => true,
+                        Err(RecvError::Closed) => return Ok(()),
+                    };
+                    if news && context.accepted().resources_list_changed == Some(true)
                         && context.sink().notify_resource_list_changed().await.is_err()
                     {
                         return Ok(());

@@ -62,6 +62,10 @@ use tokio_util::sync::CancellationToken;
 
 pub use crate::executor::WORKSPACE_SKILLS;
 
+/// Changes of the catalogue a slow listener may fall behind by before it is told only that
+/// something changed.
+const CATALOGUE_CHANGES: usize = 256;
+
 /// An open workspace.
 pub struct Workspace {
     pub id: String,
@@ -101,9 +105,9 @@ pub struct Workspaces {
     /// The program whose `prewarm` command walks each new mount once (this server's own
     /// binary); without one, mounts stay cold until read.
     prewarm: Option<PathBuf>,
-    /// Bumped whenever what the open workspaces serve, together, changes: one opens or
-    /// closes, or a live tier changes one.
-    catalogue: tokio::sync::watch::Sender<u64>,
+    /// Sent whenever what the open workspaces serve, together, changes: one opens or closes,
+    /// or a live tier changes one.
+    catalogue: tokio::sync::broadcast::Sender<Arc<str>>,
 }
 
 /// Removes a half-made workspace (its executor, mounts and folder) unless disarmed.
@@ -198,7 +202,7 @@ impl Workspaces {
             key_locks: KeyedLock::default(),
             mounting,
             prewarm,
-            catalogue: tokio::sync::watch::channel(0).0,
+            catalogue: tokio::sync::broadcast::channel(CATALOGUE_CHANGES).0,
         };
         ws.restore();
         Ok(ws)
@@ -327,8 +331,15 @@ impl Workspaces {
     }
 
     /// Each change of what the open workspaces serve, together.
-    pub fn catalogue_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+    /// Each carries the owner of the workspace that changed, so a listener is told only of
+    /// what it reaches; one that falls behind is told something changed.
+    pub fn catalogue_changes(&self) -> tokio::sync::broadcast::Receiver<Arc<str>> {
         self.catalogue.subscribe()
+    }
+
+    /// Tells listeners that what a workspace of `owner` serves changed.
+    fn catalogue_changed(&self, owner: &str) {
+        let _ = self.catalogue.send(Arc::from(owner));
     }
 
     /// The open workspaces, in id order.
@@ -435,7 +446,7 @@ impl Workspaces {
         mounts::unshare(&ws.places.mounts);
         roots::unpin(self.store(), id)?;
         self.open.lock().expect("workspaces lock").remove(id);
-        self.catalogue.send_modify(|n| *n += 1);
+        self.catalogue_changed(ws.owner());
         fs::remove_dir_all(&ws.dir).map_err(|e| Error::io(&ws.dir, e))?;
         keys::release(&self.db, id)?;
         Ok(json!({ "workspace": id, "closed": true }))

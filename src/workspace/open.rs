@@ -327,11 +327,12 @@ impl Workspaces {
             return Err(e);
         }
         let result = ws.record.result.clone();
+        let owner = ws.record.owner.clone();
         self.open
             .lock()
             .expect("workspaces lock")
             .insert(id, Arc::new(ws));
-        self.catalogue.send_modify(|n| *n += 1);
+        self.catalogue_changed(&owner);
         Ok(result)
     }
 
@@ -416,11 +417,12 @@ impl Workspaces {
         if let Some((ns, invalidate)) = targets.first_mut().map(|t| (t.0.clone(), &mut t.1)) {
             let inner = std::mem::replace(invalidate, Box::new(|_: &[_]| {}));
             let (changes, catalogue) = (changes.clone(), self.catalogue.clone());
+            let owner: Arc<str> = Arc::from(record.owner.as_str());
             *invalidate = Box::new(move |items: &[_]| {
                 inner(items);
                 let now = ns.generation().digest();
                 if changes.send_if_modified(|seen| std::mem::replace(seen, now) != now) {
-                    catalogue.send_modify(|n| *n += 1);
+                    let _ = catalogue.send(owner.clone());
                 }
             });
         }
