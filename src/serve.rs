@@ -63,6 +63,8 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
         let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
     }
     let home = args.home.clone().unwrap_or_else(home::default_home);
+    // Checked before anything is restored or bound.
+    let public_origin = public_origin()?;
     let provisioner = Provisioner::from_env(store.clone())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -98,7 +100,7 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     if let Some(max) = crate::provision::cache::max_bytes_from_env()? {
         keep_within(store.clone(), max);
     }
-    let result = runtime.block_on(serve(workspaces.clone(), args));
+    let result = runtime.block_on(serve(workspaces.clone(), args, public_origin));
     // Unmount before exiting (runs are killed first); the records stay, so the next start
     // restores the workspaces.
     workspaces.shutdown();
@@ -213,7 +215,11 @@ fn public_origin() -> Result<Option<String>> {
 
 pub const PUBLIC_ORIGIN_VAR: &str = "CLOUD_HARNESS_HTTP_PUBLIC_ORIGIN";
 
-async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
+async fn serve(
+    workspaces: Arc<Workspaces>,
+    args: &ServeArgs,
+    public_origin: Option<String>,
+) -> Result<()> {
     let server = HarnessServer::new(workspaces.clone());
     let stop = CancellationToken::new();
     {
@@ -281,7 +287,6 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
             }
             // Behind a proxy, browsers reach the dashboard at its public origin: its host is
             // one this server answers to, and the only origin a browser session writes from.
-            let public_origin = public_origin()?;
             if let Some(host) = public_origin
                 .as_deref()
                 .and_then(|o| url::Url::parse(o).ok())

@@ -12,18 +12,18 @@
 //! `statement_timeout`; running out of one is TIMEOUT, retryable.
 
 mod migrations;
+mod pool;
 mod postgres;
-mod readers;
 mod sql;
 mod sqlite;
 
-pub use readers::{MAX_READERS, READER_WAIT};
+pub use pool::{CONNECTION_WAIT, MAX_READERS};
 
 pub use sql::{Conn, DbError, DbResult, ErrorKind, FromValue, Optional, Param, Row, Value};
 
 use cloud_harness_fs::{Code, Error, Result};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Where a fleet's shared database is: `postgres://user:password@host:port/database`.
 pub const URL_VAR: &str = "CLOUD_HARNESS_DATABASE_URL";
@@ -32,9 +32,9 @@ pub const URL_VAR: &str = "CLOUD_HARNESS_DATABASE_URL";
 #[derive(Clone)]
 pub struct Db {
     /// The connection of [`Db::write`].
-    engine: Arc<Mutex<Engine>>,
+    writer: Arc<pool::Pool>,
     /// The connections of [`Db::with`].
-    readers: Arc<readers::Readers>,
+    readers: Arc<pool::Pool>,
     /// `sqlite` or `postgres`, known at open.
     kind: &'static str,
     /// The file, or the URL without its password.
@@ -106,8 +106,9 @@ impl Db {
         let path = path(home);
         let conn = sqlite::open(&path)?;
         let shown = path.display().to_string();
-        let readers =
-            readers::Readers::new(move || Ok(Engine::Sqlite(sqlite::open_reader(&path)?)));
+        let readers = pool::Pool::new("reading", MAX_READERS, move || {
+            Ok(Engine::Sqlite(sqlite::open_reader(&path)?))
+        });
         Db::migrated(Engine::Sqlite(conn), readers, shown, home)
     }
 
@@ -128,23 +129,19 @@ impl Db {
         let pg = Box::new(target.connect()?);
         let shown = pg.shown().to_owned();
         // Readers connect as the writer did, when first needed.
-        let readers =
-            readers::Readers::new(move || Ok(Engine::Postgres(Box::new(target.connect()?))));
+        let readers = pool::Pool::new("reading", MAX_READERS, move || {
+            Ok(Engine::Postgres(Box::new(target.connect()?)))
+        });
         Db::migrated(Engine::Postgres(pg), readers, shown, home)
     }
 
-    fn migrated(
-        engine: Engine,
-        readers: readers::Readers,
-        shown: String,
-        home: &Path,
-    ) -> Result<Db> {
+    fn migrated(engine: Engine, readers: pool::Pool, shown: String, home: &Path) -> Result<Db> {
         let kind = match engine {
             Engine::Sqlite(_) => "sqlite",
             Engine::Postgres(_) => "postgres",
         };
         let db = Db {
-            engine: Arc::new(Mutex::new(engine)),
+            writer: Arc::new(pool::Pool::one("writing", engine)),
             readers: Arc::new(readers),
             kind,
             shown,
@@ -192,10 +189,11 @@ impl Db {
     /// Runs `f` in one write transaction holding the write lock from its start (SQLite's
     /// `BEGIN IMMEDIATE`; on PostgreSQL one advisory lock for the whole fleet), so two
     /// writers serialize instead of failing midway; committed only if `f` succeeds, so
-    /// nothing partial is ever stored.
+    /// nothing partial is ever stored. It waits at most [`CONNECTION_WAIT`] for this
+    /// process's other writes, then the engine's own bound for the lock.
     pub fn write<T>(&self, f: impl FnOnce(&Conn) -> Result<T>) -> Result<T> {
-        let mut engine = self.engine.lock().expect("database lock");
-        match &mut *engine {
+        let mut lease = self.writer.get()?;
+        match lease.engine() {
             Engine::Sqlite(c) => sqlite::write(c, |c| f(&Conn::Sqlite(c))),
             Engine::Postgres(p) => p.write(|p| f(&Conn::Postgres(p))),
         }
