@@ -108,11 +108,11 @@ impl Checks {
         let generation = REVOKED.load(Ordering::SeqCst);
         let (found, flight) = {
             let mut kept = self.kept.lock().expect("token checks");
-            let found = kept
-                .found
-                .get(&key)
-                .filter(|f| f.generation == generation)
-                .cloned();
+            // Let in before, even if a revocation since voids that check: its next check
+            // is a known caller's.
+            let seen = kept.found.get(&key);
+            let known = seen.is_some();
+            let found = seen.filter(|f| f.generation == generation).cloned();
             if let Some(f) = &found {
                 if f.at.elapsed() < CACHE_TTL {
                     return Ok(Some(f.id.clone()));
@@ -128,7 +128,7 @@ impl Checks {
             let flight = match kept.flights.get(&key) {
                 Some(f) if f.generation == generation => f.clone(),
                 _ => {
-                    let f = self.start(&key, secret, kind, generation, found.is_some());
+                    let f = self.start(&key, secret, kind, generation, known);
                     kept.flights.insert(key, f.clone());
                     f
                 }

@@ -106,14 +106,12 @@ pub fn parse_public_origin(text: &str) -> Result<String, Error> {
     {
         return Err(refused("no path, query or user"));
     }
-    if text.trim_end_matches('/').len() != url.origin().ascii_serialization().len() {
-        // A path, or a name the URL parser rewrote: say it as browsers do.
-        return Err(refused(&format!(
-            "write it {}",
-            url.origin().ascii_serialization()
-        )));
+    let origin = url.origin().ascii_serialization();
+    if !text.trim_end_matches('/').eq_ignore_ascii_case(&origin) {
+        // The scheme's own port, or a name the URL parser rewrote: say it as browsers do.
+        return Err(refused(&format!("write it {origin}")));
     }
-    Ok(url.origin().ascii_serialization())
+    Ok(origin)
 }
 
 /// The role a request needs: the MCP tools and the API's reads `client`, except the tokens and
@@ -250,6 +248,11 @@ async fn check(auth: &Arc<Auth>, request: Request, path: &str) -> Result<Request
     if !auth.hosts.iter().any(|h| h == host_name(&host)) {
         return Err(forbidden("this server does not answer to that host name"));
     }
+    // The probes answer everyone alike: whatever credentials came along, none is checked
+    // (a check may wait on the database; a probe must not).
+    if matches!(path, "/healthz" | "/readyz") {
+        return Ok(request);
+    }
     // A page of another site may make a browser send a write (a form, a text/plain fetch):
     // whatever the credentials, a write that names an origin must name this server's.
     let origin = headers
@@ -380,4 +383,57 @@ async fn check(auth: &Arc<Auth>, request: Request, path: &str) -> Result<Request
     }
     request.extensions_mut().insert(identity);
     Ok(request)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_public_origin_is_written_as_browsers_write_it() {
+        let ok = |t: &str| parse_public_origin(t).unwrap();
+        assert_eq!(
+            ok("https://harness.example.com"),
+            "https://harness.example.com"
+        );
+        assert_eq!(
+            ok("https://harness.example.com/"),
+            "https://harness.example.com"
+        );
+        assert_eq!(ok("https://h.example:8443"), "https://h.example:8443");
+        assert_eq!(
+            ok("https://HARNESS.example.com"),
+            "https://harness.example.com"
+        );
+        for bad in [
+            "harness.example.com",
+            "https://harness.example.com/dashboard",
+            "https://harness.example.com:443",
+            "ftp://harness.example.com",
+            "https://user@harness.example.com",
+            "https://harness.example.com?x=1",
+        ] {
+            let e = parse_public_origin(bad).unwrap_err();
+            assert_eq!(e.code, Code::InvalidArgument, "{bad}");
+            assert!(e.message.contains("http.public_origin"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn csrf_tokens_are_compared_whole() {
+        let token = crate::state::secret();
+        assert!(super::super::same_secret(&token, &token));
+        let mut last = token.clone();
+        last.pop();
+        assert!(!super::super::same_secret(&last, &token));
+        assert!(!super::super::same_secret(&format!("{last}!"), &token));
+        assert!(!super::super::same_secret("", &token));
+    }
+
+    #[test]
+    fn host_names_lose_their_port() {
+        assert_eq!(host_name("127.0.0.1:8765"), "127.0.0.1");
+        assert_eq!(host_name("[::1]:8765"), "::1");
+        assert_eq!(host_name("localhost"), "localhost");
+    }
 }

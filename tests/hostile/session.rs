@@ -195,6 +195,9 @@ fn reads_answer(s: &Scene, fresh: Option<&str>) {
     let addr = s.w.server.addr;
     let (status, body) = call(addr, "GET", "/healthz", "", None);
     assert_eq!((status, body), (200, Value::String("ok\n".into())));
+    // A probe's credentials are not checked (a check would ask the database).
+    let (status, body) = call(addr, "GET", "/healthz", &made_up(), None);
+    assert_eq!((status, body), (200, Value::String("ok\n".into())));
     let (status, listed) = call(addr, "GET", "/api/v1/workspaces", &s.agent, None);
     assert_eq!(status, 200, "{listed}");
     assert!(listed.to_string().contains(&s.agent_ws), "{listed}");
@@ -747,4 +750,36 @@ fn the_first_token_is_in_a_file_for_this_user_alone_not_in_the_log() {
         .to_str()
         .unwrap()
         .starts_with("__Host-"));
+}
+
+#[test]
+fn on_a_terminal_the_first_start_shows_the_token_too() {
+    use std::io::BufRead;
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    // `script` gives the server a terminal for its stderr (util-linux, in every Debian).
+    let command = format!("exec {BIN} serve --http 127.0.0.1:0 --no-mount");
+    let mut child = Command::new("script")
+        .args(["-qefc", &command, "/dev/null"])
+        .env("CLOUD_HARNESS_HOME", &home)
+        .env("TOOLKIT_CACHE_ROOT", tmp.path().join("store"))
+        .env("CLOUD_HARNESS_EXECUTOR", "none")
+        .env("CLOUD_HARNESS_STANDBY_HELPERS", "0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut shown = String::new();
+    while !shown.contains("login?code=") {
+        let Some(Ok(line)) = lines.next() else { break };
+        shown.push_str(&line);
+        shown.push('\n');
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(home.join("operator-token")).unwrap();
+    let token = text.lines().next().unwrap();
+    assert!(shown.contains(token), "{shown}");
+    assert!(shown.contains(text.lines().nth(1).unwrap()), "{shown}");
 }
