@@ -229,6 +229,76 @@ fn forbidden(message: impl Into<String>) -> Error {
     Error::new(Code::Forbidden, message)
 }
 
+/// The credential a request presents: a bearer token first, else the session's cookie.
+fn credential(headers: &HeaderMap) -> Result<Credential, Error> {
+    if let Some(value) = headers.get(header::AUTHORIZATION) {
+        let secret = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| {
+                Error::new(
+                    Code::Unauthenticated,
+                    "Authorization must be `Bearer <token>`",
+                )
+            })?;
+        return Ok(Credential::Bearer(secret.trim().to_owned()));
+    }
+    Ok(match cookie(headers, COOKIE) {
+        Some(secret) => Credential::Cookie(secret),
+        None => Credential::None,
+    })
+}
+
+/// A browser session's write, let through only from the dashboard's exact origin and with
+/// the session's CSRF token `csrf` (a header, or a form's field: the form is read for it and
+/// handed on whole). A cookie rides along on any site's request, and every page on this
+/// machine is "same-site": neither SameSite nor a loopback origin says who sent it.
+async fn browser_write(
+    auth: &Auth,
+    request: Request,
+    host: &str,
+    origin: Option<&str>,
+    csrf: &str,
+) -> Result<Request, Error> {
+    let own = auth.own_origin(host);
+    if origin != Some(own.as_str()) {
+        return Err(forbidden(format!(
+            "a browser's write must come from the origin the dashboard is served from ({own})"
+        )));
+    }
+    // (Read before any await: a borrowed request would make this future not Send.)
+    let headers = request.headers();
+    let in_header = headers
+        .get(CSRF_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let form = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("application/x-www-form-urlencoded"));
+    let (sent, request) = match in_header {
+        Some(sent) => (Some(sent), request),
+        None if form => {
+            let (parts, body) = request.into_parts();
+            let bytes = axum::body::to_bytes(body, MAX_FORM)
+                .await
+                .map_err(|_| Error::too_large(format!("a form is at most {MAX_FORM} bytes")))?;
+            let sent = form_urlencoded::parse(&bytes)
+                .find(|(k, _)| k == CSRF_FIELD)
+                .map(|(_, v)| v.into_owned());
+            (sent, Request::from_parts(parts, Body::from(bytes)))
+        }
+        None => (None, request),
+    };
+    if !sent.is_some_and(|s| super::same_secret(&s, csrf)) {
+        return Err(forbidden(
+            "a browser's write must carry the session's CSRF token (X-CSRF-Token, or the form's csrf field): reload the page and try again",
+        ));
+    }
+    Ok(request)
+}
+
 /// The request, let through with its caller's [`Identity`] in its extensions, or why not.
 async fn check(auth: &Arc<Auth>, request: Request, path: &str) -> Result<Request, Error> {
     let headers = request.headers();
@@ -289,27 +359,7 @@ async fn check(auth: &Arc<Auth>, request: Request, path: &str) -> Result<Request
             "the API takes JSON: send Content-Type: application/json",
         ));
     }
-    let credential = if let Some(value) = headers.get(header::AUTHORIZATION) {
-        let secret = value
-            .to_str()
-            .ok()
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or_else(|| {
-                Error::new(
-                    Code::Unauthenticated,
-                    "Authorization must be `Bearer <token>`",
-                )
-            })?;
-        Credential::Bearer(secret.trim().to_owned())
-    } else if let Some(secret) = cookie(headers, COOKIE) {
-        Credential::Cookie(secret)
-    } else {
-        Credential::None
-    };
-    let sent_csrf = headers
-        .get(CSRF_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let credential = credential(headers)?;
     let identity = if auth.mode == Mode::None {
         Some(Identity {
             token_id: String::new(),
@@ -342,35 +392,7 @@ async fn check(auth: &Arc<Auth>, request: Request, path: &str) -> Result<Request
     };
     let mut request = request;
     if let (Some(csrf), true) = (&identity.csrf, writes) {
-        // A cookie rides along on any site's request, and any page on this machine is
-        // "same-site": a browser's write must come from the dashboard's exact origin and
-        // carry the session's token (a header, or a form's field).
-        let own = auth.own_origin(&host);
-        if origin.as_deref() != Some(own.as_str()) {
-            return Err(forbidden(format!(
-                "a browser's write must come from the origin the dashboard is served from ({own})"
-            )));
-        }
-        let sent = match sent_csrf {
-            Some(sent) => Some(sent),
-            None if content_type.starts_with("application/x-www-form-urlencoded") => {
-                let (parts, body) = request.into_parts();
-                let bytes = axum::body::to_bytes(body, MAX_FORM)
-                    .await
-                    .map_err(|_| Error::too_large(format!("a form is at most {MAX_FORM} bytes")))?;
-                let sent = form_urlencoded::parse(&bytes)
-                    .find(|(k, _)| k == CSRF_FIELD)
-                    .map(|(_, v)| v.into_owned());
-                request = Request::from_parts(parts, Body::from(bytes));
-                sent
-            }
-            None => None,
-        };
-        if !sent.is_some_and(|s| super::same_secret(&s, csrf)) {
-            return Err(forbidden(
-                "a browser's write must carry the session's CSRF token (X-CSRF-Token, or the form's csrf field): reload the page and try again",
-            ));
-        }
+        request = browser_write(auth, request, &host, origin.as_deref(), csrf).await?;
     }
     let needed = required(&method, path);
     if identity.role < needed && !open(path) {
