@@ -2,6 +2,7 @@
 //! plain hash is enough: there is nothing to guess), each with a name and a role; one-time
 //! login codes that turn into a browser session (a cookie and its CSRF token).
 
+mod checks;
 pub mod http;
 pub mod pages;
 
@@ -93,6 +94,13 @@ const LOGIN_CODE_MS: i64 = 24 * 3600 * 1000;
 
 fn hash(secret: &str) -> String {
     Digest::of(secret.as_bytes()).hex()
+}
+
+/// Whether a secret sent (a CSRF token) is the one expected, in time that does not depend on
+/// where they differ.
+pub fn same_secret(sent: &str, expected: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    bool::from(sent.as_bytes().ct_eq(expected.as_bytes()))
 }
 
 /// A token name: 1-64 of letters, digits, `.`, `_`, `-` (it shows in logs and the audit log).
@@ -352,12 +360,13 @@ pub fn session(db: &Db, secret: &str) -> Result<Option<Identity>> {
 
 /// Ends a browser session.
 pub fn logout(db: &Db, secret: &str) -> Result<()> {
-    db.with(|c| {
-        c.execute(
+    db.write(|tx| {
+        tx.execute(
             "DELETE FROM browser_sessions WHERE hash = $1",
             params![hash(secret)],
         )
         .map(|_| ())
+        .map_err(state::internal)
     })?;
     http::forget_cached();
     Ok(())

@@ -28,8 +28,10 @@ pub async fn login(State(auth): State<Arc<Auth>>, Query(q): Query<LoginQuery>) -
         Ok(Err(e)) => return error_response(&e),
         Err(e) => return error_response(&Error::internal(e.to_string())),
     };
+    // Secure: browsers keep it from http://localhost and 127.0.0.1 too (loopback is a secure
+    // context); anywhere else the dashboard is served over HTTPS (a proxy in front).
     let cookie = format!(
-        "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+        "{COOKIE}={}; HttpOnly; Secure; SameSite=Strict; Path=/; Max-Age={}",
         session.secret, session.max_age_secs
     );
     Response::builder()
@@ -40,17 +42,24 @@ pub async fn login(State(auth): State<Arc<Auth>>, Query(q): Query<LoginQuery>) -
         .expect("a response")
 }
 
-/// `POST /logout`: ends the browser session (a write: origin and CSRF checked).
+/// `POST /logout`: ends the browser session (a write: the guard checked its origin and CSRF
+/// token) and goes back to the sign-in hint.
 pub async fn logout(State(auth): State<Arc<Auth>>, headers: HeaderMap) -> Response {
     if let Some(secret) = cookie(&headers, COOKIE) {
         let db = auth.db().clone();
-        let _ = tokio::task::spawn_blocking(move || super::logout(&db, &secret)).await;
+        let ended = tokio::task::spawn_blocking(move || super::logout(&db, &secret)).await;
+        match ended {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return error_response(&e),
+            Err(e) => return error_response(&Error::internal(e.to_string())),
+        }
     }
     Response::builder()
-        .status(StatusCode::NO_CONTENT)
+        .status(StatusCode::SEE_OTHER)
+        .header(header::LOCATION, "/")
         .header(
             header::SET_COOKIE,
-            format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
+            format!("{COOKIE}=; HttpOnly; Secure; SameSite=Strict; Path=/; Max-Age=0"),
         )
         .body(axum::body::Body::empty())
         .expect("a response")

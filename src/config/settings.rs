@@ -214,6 +214,12 @@ pub const SETTINGS: &[Setting] = &[
         "1024",
     ),
     s(
+        "http.public_origin",
+        "CLOUD_HARNESS_HTTP_PUBLIC_ORIGIN",
+        Kind::Text,
+        "none: the origin a browser reaches the server at (http://<its Host>)",
+    ),
+    s(
         "http.max_sessions",
         "CLOUD_HARNESS_HTTP_MAX_SESSIONS",
         Kind::Number,

@@ -7,3 +7,4 @@ mod support;
 
 mod ownership;
 mod quotas;
+mod session;
