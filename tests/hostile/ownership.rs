@@ -197,11 +197,19 @@ fn clients_reach_only_their_own_workspaces_and_operators_all() {
     let so = w.session();
     let r = w.tool(&so, "skills_list", json!({"workspace": a}));
     assert_eq!(r["isError"], false, "{r}");
-    let audit = w.op(
-        "GET",
-        "/api/v1/audit?action=workspace.access&limit=100",
-        None,
-    );
+    // (Written off the request's thread: looked for a little while.)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let audit = loop {
+        let audit = w.op(
+            "GET",
+            "/api/v1/audit?action=workspace.access&limit=100",
+            None,
+        );
+        if audit["entries"][0].is_object() || std::time::Instant::now() > deadline {
+            break audit;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
     let entry = &audit["entries"][0];
     assert_eq!(entry["actor"], "token:operator", "{audit}");
     assert_eq!(entry["subject"], format!("workspace:{a}"), "{audit}");
