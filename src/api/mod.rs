@@ -213,11 +213,13 @@ async fn audit(axum::extract::State(api): State, q: Query<AuditQuery>) -> Respon
 }
 
 async fn workspaces(axum::extract::State(api): State) -> Response {
-    let open: Vec<Value> = api
+    let mut all: Vec<Value> = api
         .workspaces
         .open_workspaces()
         .iter()
         .map(|ws| ws.summary())
         .collect();
-    answer(StatusCode::OK, Ok(json!({ "workspaces": open })))
+    // Those a restart could not serve again, with why: they stay until closed.
+    all.extend(api.workspaces.failures().iter().map(|f| f.summary()));
+    answer(StatusCode::OK, Ok(json!({ "workspaces": all })))
 }
