@@ -60,7 +60,12 @@ pub fn dir_source(
         }
         None => {
             let abs = absolute(dir)?;
-            (crate::cas::open_dir(&abs)?, abs.clone(), Limits::default(), abs)
+            (
+                crate::cas::open_dir(&abs)?,
+                abs.clone(),
+                Limits::default(),
+                abs,
+            )
         }
     };
     let imported = store.import_fd(fd, &named, &limits)?;
@@ -81,12 +86,12 @@ pub fn dir_source(
         Some(_) => format!("the project's {}", named.display()),
         None => named.display().to_string(),
     };
-    source
-        .discovery
-        .warnings
-        .extend(imported.left_out.iter().map(|(at, why)| {
-            format!("{shown}/{}: {why}; it is left out", at.display())
-        }));
+    source.discovery.warnings.extend(
+        imported
+            .left_out
+            .iter()
+            .map(|(at, why)| format!("{shown}/{}: {why}; it is left out", at.display())),
+    );
     Ok(source)
 }
 

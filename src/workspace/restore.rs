@@ -327,7 +327,8 @@ impl Shared {
             Err(e) => {
                 tracing::error!(workspace = %id, error = %e, "cannot restore workspace");
                 if let Some(f) = failed.get_mut(&id).filter(|f| f.restoring) {
-                    f.reason = without_host_paths(&e, &dir, &self.home, act.provisioner.store.root());
+                    f.reason =
+                        without_host_paths(&e, &dir, &self.home, act.provisioner.store.root());
                     f.restoring = false;
                 }
             }
@@ -427,8 +428,14 @@ mod tests {
             std::io::Error::from_raw_os_error(nix::libc::EACCES),
         );
         let said = without_host_paths(&e, &dir, home, Path::new("/srv/store"));
-        assert!(said.starts_with("FORBIDDEN: the project's .agents/skills/x: "), "{said}");
-        let e = Error::internal(format!("{}/state.db and /srv/store/objects", home.display()));
+        assert!(
+            said.starts_with("FORBIDDEN: the project's .agents/skills/x: "),
+            "{said}"
+        );
+        let e = Error::internal(format!(
+            "{}/state.db and /srv/store/objects",
+            home.display()
+        ));
         let said = without_host_paths(&e, &dir, home, Path::new("/srv/store"));
         assert_eq!(
             said,

@@ -52,7 +52,10 @@ impl Git {
             ("CLOUD_HARNESS_EXECUTOR", "none".to_owned()),
             ("CLOUD_HARNESS_CONTAINERS", "off".to_owned()),
             ("ALLOWED_GIT_HOSTS", self.server.host()),
-            ("CLOUD_HARNESS_EXTRA_CA", self.certs.ca.display().to_string()),
+            (
+                "CLOUD_HARNESS_EXTRA_CA",
+                self.certs.ca.display().to_string(),
+            ),
             ("CLOUD_HARNESS_ALLOW_CIDRS", "127.0.0.0/8".to_owned()),
             ("CLOUD_HARNESS_PROJECT_MAX_WATCHES", WATCHES.to_string()),
         ];
@@ -80,7 +83,11 @@ impl Git {
             filename: name.into(),
             oid,
         };
-        let mut chain = tree(vec![entry(EntryKind::Blob, "bottom.md", blob(b"the end\n"))]);
+        let mut chain = tree(vec![entry(
+            EntryKind::Blob,
+            "bottom.md",
+            blob(b"the end\n"),
+        )]);
         for _ in 0..levels {
             chain = tree(vec![entry(EntryKind::Tree, "d", chain)]);
         }
@@ -93,7 +100,12 @@ impl Git {
             entry(EntryKind::Tree, "ok", ok),
             entry(EntryKind::Tree, "deep", chain),
         ];
-        for (link, target) in [("usr", "/usr"), ("proc", "/proc"), ("dev", "/dev"), ("root", "/")] {
+        for (link, target) in [
+            ("usr", "/usr"),
+            ("proc", "/proc"),
+            ("dev", "/dev"),
+            ("root", "/"),
+        ] {
             skills.push(entry(EntryKind::Link, link, blob(target.as_bytes())));
         }
         let skills = tree(skills);
@@ -113,7 +125,10 @@ impl Git {
             ("README.md", file("# plain\n")),
             (
                 ".agents",
-                dir(vec![("skills", dir(vec![("plain", skill("plain", "Plain."))]))]),
+                dir(vec![(
+                    "skills",
+                    dir(vec![("plain", skill("plain", "Plain."))]),
+                )]),
             ),
         ]));
         self.server.url(&format!("{name}.git"))
@@ -143,9 +158,15 @@ fn commit(git_dir: &Path, tree: &str) {
 /// The inotify watches the process `pid` holds now.
 fn watches(pid: u32) -> usize {
     let mut n = 0;
-    for fd in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).unwrap().flatten() {
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .unwrap()
+        .flatten()
+    {
         if let Ok(info) = std::fs::read_to_string(fd.path()) {
-            n += info.lines().filter(|l| l.starts_with("inotify wd:")).count();
+            n += info
+                .lines()
+                .filter(|l| l.starts_with("inotify wd:"))
+                .count();
         }
     }
     n
@@ -153,9 +174,15 @@ fn watches(pid: u32) -> usize {
 
 fn fdinfo(pid: u32) -> String {
     let mut out = String::new();
-    for fd in std::fs::read_dir(format!("/proc/{pid}/fdinfo")).unwrap().flatten() {
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .unwrap()
+        .flatten()
+    {
         if let Ok(info) = std::fs::read_to_string(fd.path()) {
-            let n = info.lines().filter(|l| l.starts_with("inotify wd:")).count();
+            let n = info
+                .lines()
+                .filter(|l| l.starts_with("inotify wd:"))
+                .count();
             if n > 0 {
                 out += &format!("{:?}: {n}\n", fd.file_name());
             }
@@ -298,7 +325,10 @@ fn links_fifos_and_deep_chains_stay_inside_their_project() {
 
     // What an executor could write there: a FIFO, a chain of 5,000 folders, many folders, a
     // new skill.
-    let skills = home.join("workspaces").join(&id).join("repo/.agents/skills");
+    let skills = home
+        .join("workspaces")
+        .join(&id)
+        .join("repo/.agents/skills");
     nix::unistd::mkfifo(&skills.join("pipe"), nix::sys::stat::Mode::S_IRWXU).unwrap();
     cloud_harness::fs::walk::make_chain(&skills, "chain", LEVELS).unwrap();
     for i in 0..WATCHES {
@@ -368,7 +398,10 @@ fn links_fifos_and_deep_chains_stay_inside_their_project() {
 
     let session = mcp_session(w.server.addr, &w.operator);
     let listing = call(&w, &session, "skills_list", json!({"workspace": id}));
-    assert!(skill_names(&listing).contains(&"late".to_owned()), "{listing}");
+    assert!(
+        skill_names(&listing).contains(&"late".to_owned()),
+        "{listing}"
+    );
     let refused = call(&w, &session, "skills_list", json!({"workspace": broken}));
     assert_eq!(refused["isError"], true, "{refused}");
     let error = &refused["structuredContent"];
@@ -430,7 +463,10 @@ fn a_restore_past_its_bound_does_not_hold_the_start() {
     });
     let session = mcp_session(w.server.addr, &w.operator);
     let listing = call(&w, &session, "skills_list", json!({"workspace": id}));
-    assert!(skill_names(&listing).contains(&"plain".to_owned()), "{listing}");
+    assert!(
+        skill_names(&listing).contains(&"plain".to_owned()),
+        "{listing}"
+    );
     let closed = call(&w, &session, "workspace_close", json!({"workspace": id}));
     assert_eq!(closed["isError"], false, "{closed}");
 }

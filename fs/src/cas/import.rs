@@ -195,15 +195,15 @@ impl Walk<'_, '_> {
             let entry = match ftype {
                 Type::Directory => {
                     let depth = level.depth + 1;
-                    if depth > self.limits.max_depth {
-                        let why = format!("nested deeper than {} folders", self.limits.max_depth);
+                    let max_depth = self.limits.max_depth.min(super::MAX_TREE_DEPTH);
+                    if depth > max_depth {
+                        let why = format!("nested deeper than {max_depth} folders");
                         if self.leave_out(&child, why) {
                             continue;
                         }
                         return Err(Error::too_large(format!(
-                            "{}: deeper than the limit of {} levels",
+                            "{}: deeper than the limit of {max_depth} levels",
                             child.display(),
-                            self.limits.max_depth
                         )));
                     }
                     self.count(&child, 0, false)?;
@@ -248,7 +248,10 @@ impl Walk<'_, '_> {
                 }
                 Type::File => self.file(&level.fd, &raw, &child, name)?,
                 other => {
-                    let what = format!("a {} is not a regular file, directory or symlink", describe(other));
+                    let what = format!(
+                        "a {} is not a regular file, directory or symlink",
+                        describe(other)
+                    );
                     if self.leave_out(&child, what.clone()) {
                         continue;
                     }
