@@ -48,15 +48,15 @@ fn new_id() -> String {
 /// start-up is made live on a thread of its own, which may outlive the start-up.
 #[derive(Clone)]
 pub(super) struct Activator {
-    pub provisioner: Arc<crate::provision::Provisioner>,
-    pub executors: executor::Settings,
-    pub executor_kind: Option<Kind>,
-    pub db: crate::state::Db,
-    pub mounting: bool,
-    pub prewarm: Option<std::path::PathBuf>,
-    pub catalogue: tokio::sync::watch::Sender<u64>,
-    pub watches: Pool,
-    pub watch_budget: Budget,
+    pub(super) provisioner: Arc<crate::provision::Provisioner>,
+    pub(super) executors: executor::Settings,
+    pub(super) executor_kind: Option<Kind>,
+    pub(super) db: crate::state::Db,
+    pub(super) mounting: bool,
+    pub(super) prewarm: Option<std::path::PathBuf>,
+    pub(super) catalogue: tokio::sync::watch::Sender<u64>,
+    pub(super) watches: Pool,
+    pub(super) watch_budget: Budget,
 }
 
 impl Workspaces {

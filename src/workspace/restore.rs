@@ -134,6 +134,20 @@ impl Workspaces {
                     continue;
                 }
             };
+            // Before anything else: its key is its own even while it is being restored, so an
+            // open with the key never makes a second workspace.
+            if let Err(e) = keys::adopt(
+                &self.db,
+                &id,
+                &record.idempotency_key,
+                &record.request_digest,
+                record.created_at,
+            ) {
+                tracing::error!(workspace = %id, error = %e, "cannot restore workspace");
+                let why = without_host_paths(&e, &dir, &self.home, self.store().root());
+                self.fail(&id, Some(record), why);
+                continue;
+            }
             self.failed.lock().expect("failed lock").insert(
                 id.clone(),
                 Failure {
@@ -339,8 +353,8 @@ impl Shared {
     }
 }
 
-/// Serves the workspace of `record` again: its key adopted, its executor attached, its tiers
-/// built and mounted.
+/// Serves the workspace of `record` again: its executor attached, its tiers built and
+/// mounted.
 fn restore_one(
     act: &Activator,
     record: Record,
@@ -348,13 +362,6 @@ fn restore_one(
     overrides: &[Override],
 ) -> Result<Workspace> {
     let id = record.id.clone();
-    keys::adopt(
-        &act.db,
-        &id,
-        &record.idempotency_key,
-        &record.request_digest,
-        record.created_at,
-    )?;
     let places = Places::of(dir);
     // The container (if any) lives on; a record from before executors gets one now.
     let executor = match record.executor.clone() {
