@@ -13,7 +13,7 @@
 use crate::stack::LivePath;
 use crate::walk::{self, Bounds, Folder, Step};
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -126,7 +126,8 @@ impl Watcher {
     /// not any more. Whether a folder was watched that was not before (what was written into
     /// it before then sent no event).
     pub fn watch(&mut self, places: &[LivePath]) -> bool {
-        let mut now = HashSet::new();
+        // Each folder watched in this pass, and whether it was walked whole.
+        let mut now = HashMap::new();
         let mut warnings = Vec::new();
         let mut full = false;
         let bounds = self.budget.walk;
@@ -140,13 +141,16 @@ impl Watcher {
                 continue;
             };
             let shown = place.shown();
-            let mut visit = |folder: &Folder| match self.add(folder.fd, &mut now) {
-                Added::New | Added::Held => match place.whole {
-                    true => Step::Enter,
-                    false => Step::Skip,
-                },
-                // Reached before, through another place: walked already.
-                Added::Again => Step::Skip,
+            let inside = match place.whole {
+                true => Step::Enter,
+                false => Step::Skip,
+            };
+            let mut visit = |folder: &Folder| match self.add(folder.fd, &mut now, place.whole) {
+                Added::New | Added::Held => inside,
+                // Reached before through another place (a link inside the project): walked
+                // whole once at most.
+                Added::Again { walked } if place.whole && !walked => Step::Enter,
+                Added::Again { .. } => Step::Skip,
                 Added::Refused(why) => {
                     warnings.push(format!(
                         "live updates: {why}; changes in {shown}{} and what follows it are seen only with a change elsewhere",
@@ -164,6 +168,7 @@ impl Watcher {
                 warnings.push(format!("live updates: {}", cut.describe(&shown, &bounds)));
             }
         }
+        let now: HashSet<WatchDescriptor> = now.into_keys().collect();
         let gone: Vec<WatchDescriptor> = self.watched.difference(&now).cloned().collect();
         for wd in gone {
             // Already gone with its folder, or removed now.
@@ -181,8 +186,13 @@ impl Watcher {
         grew
     }
 
-    /// Watches the folder open at `fd`, unless a budget is spent.
-    fn add(&mut self, fd: &impl AsRawFd, now: &mut HashSet<WatchDescriptor>) -> Added {
+    /// Watches the folder open at `fd` (to be walked `whole`), unless a budget is spent.
+    fn add(
+        &mut self,
+        fd: &impl AsRawFd,
+        now: &mut HashMap<WatchDescriptor, bool>,
+        whole: bool,
+    ) -> Added {
         let at = format!("/proc/self/fd/{}", fd.as_raw_fd());
         let wd = match self.inotify.watches().add(&at, MASK) {
             Ok(wd) => wd,
@@ -193,10 +203,12 @@ impl Watcher {
                 )
             }
             // Gone meanwhile, or not a folder any more.
-            Err(_) => return Added::Again,
+            Err(_) => return Added::Again { walked: true },
         };
-        if now.contains(&wd) {
-            return Added::Again;
+        if let Some(walked) = now.get_mut(&wd) {
+            let before = *walked;
+            *walked |= whole;
+            return Added::Again { walked: before };
         }
         // Watched before this walk: already counted in the pool.
         let held = self.watched.contains(&wd);
@@ -222,7 +234,7 @@ impl Watcher {
                 Added::Refused(why)
             }
             None => {
-                now.insert(wd);
+                now.insert(wd, whole);
                 match held {
                     true => Added::Held,
                     false => Added::New,
@@ -283,8 +295,10 @@ enum Added {
     New,
     /// Watched before this walk.
     Held,
-    /// Seen already in this walk.
-    Again,
+    /// Seen already in this pass (and walked whole or not).
+    Again {
+        walked: bool,
+    },
     Refused(String),
 }
 
@@ -343,6 +357,28 @@ mod tests {
         assert!(wait_changed(&mut w));
         drop(w);
         assert_eq!(pool.in_use(), 0);
+    }
+
+    #[test]
+    fn a_folder_reached_twice_is_watched_once_and_walked_whole() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("repo");
+        std::fs::create_dir_all(root.join(".agents/real/a")).unwrap();
+        // `.agents/skills` is `.agents` itself, watched alone before as a parent.
+        symlink(".", root.join(".agents/skills")).unwrap();
+        let mut places = project(&root);
+        places.insert(
+            1,
+            LivePath {
+                path: root.join(".agents"),
+                whole: false,
+                beneath: Some(root.clone()),
+            },
+        );
+        let mut w = Watcher::new(Pool::new(100), Budget::default()).unwrap();
+        w.watch(&places);
+        // The root, `.agents`, `real` and `real/a`.
+        assert_eq!(w.len(), 4);
     }
 
     #[test]
