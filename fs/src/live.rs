@@ -1,13 +1,16 @@
-//! Live tiers: the folders of a stack are watched (inotify), and a change builds a new
-//! generation, makes it current and reports what the kernel must forget.
+//! Live tiers: the folders of a stack are watched (inotify, within the budgets of
+//! [`crate::watch`]), and a change builds a new generation, makes it current and reports what
+//! the kernel must forget.
 
 use crate::cas::Store;
 use crate::discovery::SkillCache;
 use crate::namespace::{Invalidation, Namespace};
 use crate::stack::StackSpec;
-use notify::{EventKind, RecursiveMode, Watcher};
-use std::path::PathBuf;
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use crate::watch::{Budget, Pool, Watcher};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -16,16 +19,12 @@ use std::time::{Duration, Instant};
 const SETTLE: Duration = Duration::from_millis(100);
 const REPEAT_AFTER: Duration = Duration::from_millis(50);
 
-enum Msg {
-    Changed,
-    Stop,
-}
-
 /// A namespace kept current, and what to do with its invalidations (tell the kernel).
 pub type Target = (Arc<Namespace>, Box<dyn Fn(&[Invalidation]) + Send>);
 
 pub struct LiveTiers {
-    tx: Sender<Msg>,
+    /// Written to (or closed) to stop the thread.
+    stop: UnixStream,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -33,25 +32,35 @@ pub struct LiveTiers {
 /// while it is built, or before [`Watch::start`], is queued and makes the next generation.
 pub struct Watch {
     spec: StackSpec,
-    tx: Sender<Msg>,
-    rx: Receiver<Msg>,
-    watched: Vec<(PathBuf, bool)>,
-    watcher: Option<notify::RecommendedWatcher>,
+    /// None: live updates are off (the system gave no inotify instance).
+    watcher: Option<Watcher>,
+    warnings: Vec<String>,
+    stop: (UnixStream, UnixStream),
 }
 
 impl LiveTiers {
-    /// Starts watching the folders of `spec`; build the first generation after this.
-    pub fn watch(spec: StackSpec) -> Watch {
-        let (tx, rx) = channel();
-        let watched = existing(&spec);
-        let watcher = arm(&watched, &tx);
-        Watch {
+    /// Starts watching the folders of `spec` within `budget`, its watches taken from `pool`;
+    /// build the first generation after this.
+    pub fn watch(spec: StackSpec, pool: &Pool, budget: Budget) -> std::io::Result<Watch> {
+        let stop = UnixStream::pair()?;
+        let (watcher, warnings) = match Watcher::new(pool.clone(), budget) {
+            Ok(mut w) => {
+                w.watch(&spec.live_paths());
+                let warnings = w.warnings().to_vec();
+                (Some(w), warnings)
+            }
+            Err(e) => {
+                let said = format!("live updates are off: the system gives no more inotify instances ({e}; fs.inotify.max_user_instances)");
+                tracing::warn!("{said}");
+                (None, vec![said])
+            }
+        };
+        Ok(Watch {
             spec,
-            tx,
-            rx,
-            watched,
             watcher,
-        }
+            warnings,
+            stop,
+        })
     }
 }
 
@@ -61,16 +70,31 @@ impl Watch {
         &self.spec
     }
 
+    /// What is not watched, and why (a budget spent, a folder too deep).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// Folders watched now.
+    pub fn watched(&self) -> usize {
+        self.watcher.as_ref().map_or(0, Watcher::len)
+    }
+
     /// Each new generation is made current in every target, whose callback then receives
     /// the invalidations.
     pub fn start(self, store: Store, cache: Arc<SkillCache>, targets: Vec<Target>) -> LiveTiers {
-        let tx = self.tx.clone();
+        let Watch {
+            spec,
+            watcher,
+            stop: (stop, stopped),
+            ..
+        } = self;
         let thread = std::thread::Builder::new()
             .name("live-tiers".into())
-            .spawn(move || run(self, store, cache, targets))
+            .spawn(move || run(spec, watcher, stopped, store, cache, targets))
             .expect("spawn the live-tier thread");
         LiveTiers {
-            tx,
+            stop,
             thread: Some(thread),
         }
     }
@@ -78,66 +102,82 @@ impl Watch {
 
 impl Drop for LiveTiers {
     fn drop(&mut self) {
-        let _ = self.tx.send(Msg::Stop);
+        let _ = self.stop.write_all(b"x");
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
 
-fn arm(paths: &[(PathBuf, bool)], tx: &Sender<Msg>) -> Option<notify::RecommendedWatcher> {
-    let tx = tx.clone();
-    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        // Reads (ours included: every generation re-reads the folders) change nothing.
-        if let Ok(e) = event {
-            if !matches!(e.kind, EventKind::Access(_)) {
-                let _ = tx.send(Msg::Changed);
+enum Woke {
+    Changed,
+    Quiet,
+    Stop,
+}
+
+/// Waits for a change of the watched folders (draining what the kernel queued) or the word
+/// to stop, at most `limit` (forever without one).
+fn wait(watcher: &mut Option<Watcher>, stopped: &mut UnixStream, limit: Option<Duration>) -> Woke {
+    let deadline = limit.map(|l| Instant::now() + l);
+    loop {
+        let left = match deadline {
+            None => PollTimeout::NONE,
+            Some(d) => {
+                let ms = d.saturating_duration_since(Instant::now()).as_millis();
+                PollTimeout::try_from(ms.min(60_000) as i32).unwrap_or(PollTimeout::ZERO)
             }
-        }
-    })
-    .map_err(|e| tracing::warn!(error = %e, "cannot watch live tiers"))
-    .ok()?;
-    for (path, whole) in paths {
-        let mode = if *whole {
-            RecursiveMode::Recursive
-        } else {
-            RecursiveMode::NonRecursive
         };
-        if let Err(e) = watcher.watch(path, mode) {
-            tracing::warn!(path = %path.display(), error = %e, "cannot watch");
+        let (stop_ready, change_ready) = {
+            let mut fds = vec![PollFd::new(stopped.as_fd(), PollFlags::POLLIN)];
+            if let Some(w) = watcher.as_ref() {
+                fds.push(PollFd::new(w.as_fd(), PollFlags::POLLIN));
+            }
+            match poll(&mut fds, left) {
+                Ok(0) => return Woke::Quiet,
+                Ok(_) => (
+                    fds[0].any().unwrap_or(true),
+                    fds.get(1).is_some_and(|f| f.any().unwrap_or(false)),
+                ),
+                Err(nix::errno::Errno::EINTR) => (false, false),
+                Err(_) => return Woke::Stop,
+            }
+        };
+        if stop_ready {
+            let _ = stopped.read(&mut [0u8; 1]);
+            return Woke::Stop;
+        }
+        if change_ready && watcher.as_mut().is_some_and(Watcher::changed) {
+            return Woke::Changed;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Woke::Quiet;
         }
     }
-    Some(watcher)
 }
 
-/// The live folders that exist now, canonical.
-fn existing(spec: &StackSpec) -> Vec<(PathBuf, bool)> {
-    spec.live_paths()
-        .into_iter()
-        .filter_map(|(p, whole)| Some((p.canonicalize().ok()?, whole)))
-        .collect()
-}
-
-fn run(watch: Watch, store: Store, cache: Arc<SkillCache>, targets: Vec<Target>) {
-    let Watch {
-        spec,
-        tx,
-        rx,
-        mut watched,
-        watcher: mut _watcher,
-    } = watch;
+fn run(
+    spec: StackSpec,
+    mut watcher: Option<Watcher>,
+    mut stopped: UnixStream,
+    store: Store,
+    cache: Arc<SkillCache>,
+    targets: Vec<Target>,
+) {
+    let mut again = false;
     loop {
-        match rx.recv() {
-            Ok(Msg::Changed) => {}
-            Ok(Msg::Stop) | Err(_) => return,
+        if !again {
+            match wait(&mut watcher, &mut stopped, None) {
+                Woke::Changed => {}
+                Woke::Quiet => continue,
+                Woke::Stop => return,
+            }
         }
-        let deadline = Instant::now() + SETTLE;
+        again = false;
         loop {
-            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(Msg::Changed) => continue,
-                Ok(Msg::Stop) => return,
-                Err(RecvTimeoutError::Timeout) => break,
-                Err(RecvTimeoutError::Disconnected) => return,
+            match wait(&mut watcher, &mut stopped, Some(SETTLE)) {
+                Woke::Changed => continue,
+                Woke::Quiet => break,
+                Woke::Stop => return,
             }
         }
         let previous = targets.first().map(|(ns, _)| ns.generation());
@@ -176,14 +216,10 @@ fn run(watch: Watch, store: Store, cache: Arc<SkillCache>, targets: Vec<Target>)
                 tracing::warn!(error = %e, "a live tier changed but cannot be read; still serving the previous generation")
             }
         }
-        // Folders may have appeared (a new `.claude/skills`) or gone.
-        let now = existing(&spec);
-        if now != watched {
-            watched = now;
-            _watcher = arm(&watched, &tx);
-            // What was written into a new folder before its watch existed sent no event:
-            // read once more now that it is watched.
-            let _ = tx.send(Msg::Changed);
+        // Folders may have appeared (a new `.claude/skills`, a new skill) or gone. What was
+        // written into a new folder before its watch existed sent no event: read once more.
+        if let Some(w) = watcher.as_mut() {
+            again = w.watch(&spec.live_paths());
         }
     }
 }

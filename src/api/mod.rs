@@ -247,16 +247,26 @@ async fn audit(axum::extract::State(api): State, q: Query<AuditQuery>) -> Respon
     )
 }
 
-/// The open workspaces the caller reaches: a client's own, every one for an operator.
+/// The workspaces the caller reaches (a client's own, every one for an operator): those open,
+/// and those a restart could not serve again, with why.
 async fn workspaces(
     axum::extract::State(api): State,
     axum::Extension(id): axum::Extension<Identity>,
 ) -> Response {
-    let open: Vec<Value> = api
+    let who = crate::principal::Principal::of(&id);
+    let mut all: Vec<Value> = api
         .workspaces
-        .open_workspaces_of(&crate::principal::Principal::of(&id))
+        .open_workspaces_of(&who)
         .iter()
         .map(|ws| ws.summary())
         .collect();
-    answer(StatusCode::OK, Ok(json!({ "workspaces": open })))
+    // Those a restart could not serve again, with why: they stay until closed.
+    all.extend(
+        api.workspaces
+            .failures()
+            .iter()
+            .filter(|f| who.reaches(f.owner()))
+            .map(|f| f.summary()),
+    );
+    answer(StatusCode::OK, Ok(json!({ "workspaces": all })))
 }

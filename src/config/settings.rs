@@ -172,6 +172,24 @@ pub const SETTINGS: &[Setting] = &[
         "200000",
     ),
     s(
+        "project.max_watches",
+        "CLOUD_HARNESS_PROJECT_MAX_WATCHES",
+        Kind::Number,
+        "1024",
+    ),
+    s(
+        "project.max_watches_total",
+        "CLOUD_HARNESS_PROJECT_MAX_WATCHES_TOTAL",
+        Kind::Number,
+        "half of fs.inotify.max_user_watches, at most 65536",
+    ),
+    s(
+        "workspace.restore_timeout",
+        "CLOUD_HARNESS_RESTORE_TIMEOUT",
+        Kind::Number,
+        "30",
+    ),
+    s(
         "executor.kind",
         "CLOUD_HARNESS_EXECUTOR",
         Kind::Choice(&["auto", "docker", "bwrap", "host", "none"]),

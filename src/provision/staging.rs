@@ -42,11 +42,18 @@ impl Limits {
     pub fn from_env() -> Result<Limits> {
         let var = env_number;
         let d = Limits::default();
+        let max_depth = var("CLOUD_HARNESS_MAX_DEPTH", d.max_depth as u64)?;
+        let ceiling = cloud_harness_fs::cas::MAX_TREE_DEPTH;
+        if max_depth > ceiling as u64 {
+            return Err(Error::invalid(format!(
+                "CLOUD_HARNESS_MAX_DEPTH: {max_depth} is more than the {ceiling} levels a tree in the store may nest"
+            )));
+        }
         Ok(Limits {
             max_files: var("CLOUD_HARNESS_MAX_FILES", d.max_files)?,
             max_bytes: var("CLOUD_HARNESS_MAX_BYTES", d.max_bytes)?,
             max_file_bytes: var("CLOUD_HARNESS_MAX_FILE_BYTES", d.max_file_bytes)?,
-            max_depth: var("CLOUD_HARNESS_MAX_DEPTH", d.max_depth as u64)? as usize,
+            max_depth: max_depth as usize,
             max_seconds: var("CLOUD_HARNESS_FETCH_TIMEOUT", d.max_seconds)?,
         })
     }
@@ -140,7 +147,12 @@ pub fn stage(
 impl Stager<'_, '_, '_> {
     fn tree(&mut self, id: gix::ObjectId, path: &str, depth: usize) -> Result<Digest> {
         let shown = if path.is_empty() { "." } else { path };
-        if depth > self.limits.max_depth {
+        if depth
+            > self
+                .limits
+                .max_depth
+                .min(cloud_harness_fs::cas::MAX_TREE_DEPTH)
+        {
             return Err(refuse(
                 Code::TooLarge,
                 shown,

@@ -73,12 +73,12 @@ pub fn workspace_scope(
             to_write.push((dest, *digest));
         }
     }
-    let mut written = Vec::new();
+    let mut written: Vec<std::path::PathBuf> = Vec::new();
     for (dest, digest) in to_write {
         fs::create_dir_all(&target).map_err(|e| Error::io(&target, e))?;
         if let Err(e) = cas::materialize(store, &digest, &dest) {
             for done in written {
-                let _ = fs::remove_dir_all(done);
+                let _ = cloud_harness_fs::removal::remove_tree(&done);
             }
             return Err(e);
         }

@@ -17,6 +17,7 @@ use cloud_harness_fs::generation::View;
 use cloud_harness_fs::live::LiveTiers;
 use cloud_harness_fs::namespace::Namespace;
 use cloud_harness_fs::resolver::{Override, Tier};
+use cloud_harness_fs::watch::{Budget, Pool};
 use cloud_harness_fs::{Code, Error, Result};
 use serde_json::{json, Value};
 use std::fs;
@@ -45,7 +46,59 @@ fn new_id() -> String {
     format!("ws_{}", uuid::Uuid::new_v4().simple())
 }
 
+/// What making a workspace live needs of the server, owned: a workspace restored at
+/// start-up is made live on a thread of its own, which may outlive the start-up.
+#[derive(Clone)]
+pub(super) struct Activator {
+    pub(super) provisioner: Arc<crate::provision::Provisioner>,
+    pub(super) executors: executor::Settings,
+    pub(super) executor_kind: Option<Kind>,
+    pub(super) db: crate::state::Db,
+    pub(super) mounting: bool,
+    pub(super) prewarm: Option<std::path::PathBuf>,
+    pub(super) catalogue: tokio::sync::broadcast::Sender<Arc<str>>,
+    pub(super) watches: Pool,
+    pub(super) watch_budget: Budget,
+}
+
 impl Workspaces {
+    pub(super) fn activator(&self) -> Activator {
+        Activator {
+            provisioner: self.provisioner.clone(),
+            executors: self.executors.clone(),
+            executor_kind: self.executor_kind,
+            db: self.db.clone(),
+            mounting: self.mounting,
+            prewarm: self.prewarm.clone(),
+            catalogue: self.catalogue.clone(),
+            watches: self.watches.clone(),
+            watch_budget: self.watch_budget,
+        }
+    }
+
+    pub(super) fn make_executor(&self, places: &Places, id: &str) -> Result<Option<Executor>> {
+        self.activator().make_executor(places, id)
+    }
+
+    /// Builds a workspace's stack from its record and mounts it (see [`Activator::activate`]).
+    pub(super) fn activate(
+        &self,
+        record: Record,
+        dir: &Path,
+        overrides: &[Override],
+        reject_conflicts: bool,
+        warnings: &mut Vec<String>,
+    ) -> Result<Workspace> {
+        self.activator()
+            .activate(record, dir, overrides, reject_conflicts, warnings)
+    }
+}
+
+impl Activator {
+    fn store(&self) -> &cloud_harness_fs::cas::Store {
+        &self.provisioner.store
+    }
+
     pub(super) fn make_executor(&self, places: &Places, id: &str) -> Result<Option<Executor>> {
         let Some(kind) = self.executor_kind else {
             return Ok(None);
@@ -71,6 +124,115 @@ impl Workspaces {
         Ok(Some(made))
     }
 
+    /// Builds a workspace's stack from its record and mounts it. A new workspace
+    /// (`reject_conflicts`) is refused on an unsettled conflict; a restored one is served as
+    /// it stands.
+    pub(super) fn activate(
+        &self,
+        record: Record,
+        dir: &Path,
+        overrides: &[Override],
+        reject_conflicts: bool,
+        warnings: &mut Vec<String>,
+    ) -> Result<Workspace> {
+        let places = Places::of(dir);
+        let cache = SkillCache::default();
+        let watch = LiveTiers::watch(
+            Workspaces::stack_inputs(&record, &places.repo, overrides)
+                .stack(self.store(), &cache)?,
+            &self.watches,
+            self.watch_budget,
+        )
+        .map_err(|e| Error::internal(format!("watching the workspace's folders: {e}")))?;
+        warnings.extend(watch.warnings().iter().cloned());
+        let generation = Arc::new(watch.spec().generation(self.store(), &cache)?);
+        if reject_conflicts {
+            if let Some(err) = generation.index.conflict_error() {
+                return Err(err);
+            }
+        }
+        let store = self.store().clone();
+        roots::pin(&store, &record.id, &generation)?;
+        let merged = Arc::new(Namespace::new(
+            store.clone(),
+            View::Merged,
+            generation.clone(),
+        ));
+        let owner = Arc::new(Namespace::new(
+            store.clone(),
+            View::Tier(Tier::Owner),
+            generation,
+        ));
+        // Only long-lived containers need the propagation (bubblewrap binds afresh each time).
+        let kind = record
+            .executor
+            .as_ref()
+            .map(|e| e.kind)
+            .or(self.executor_kind);
+        if kind == Some(Kind::Docker) {
+            mounts::share(&places.mounts)?;
+        } else {
+            fs::create_dir_all(&places.mounts).map_err(|e| Error::io(&places.mounts, e))?;
+        }
+        let (mounted, mut targets) = if self.mounting {
+            mounts::mount(
+                &places.mounts,
+                merged.clone(),
+                owner,
+                self.prewarm.as_deref(),
+                warnings,
+            )?
+        } else {
+            (Vec::new(), mounts::unmounted(merged.clone(), owner))
+        };
+        // A new generation of the merged view is announced to those watching the workspace.
+        let (changes, _) = tokio::sync::watch::channel(merged.generation().digest());
+        if let Some((ns, invalidate)) = targets.first_mut().map(|t| (t.0.clone(), &mut t.1)) {
+            let inner = std::mem::replace(invalidate, Box::new(|_: &[_]| {}));
+            let (changes, catalogue) = (changes.clone(), self.catalogue.clone());
+            let owner: Arc<str> = Arc::from(record.owner.as_str());
+            *invalidate = Box::new(move |items: &[_]| {
+                inner(items);
+                let now = ns.generation().digest();
+                if changes.send_if_modified(|seen| std::mem::replace(seen, now) != now) {
+                    let _ = catalogue.send(owner.clone());
+                }
+            });
+        }
+        // Each new generation of a live tier is rooted as soon as it is served.
+        if let Some((ns, invalidate)) = targets.pop() {
+            let (pinned, pin_store, id) = (ns.clone(), store.clone(), record.id.clone());
+            targets.push((
+                ns,
+                Box::new(move |items: &[_]| {
+                    invalidate(items);
+                    if let Err(e) = roots::pin(&pin_store, &id, &pinned.generation()) {
+                        tracing::error!(workspace = %id, error = %e, "cannot root a new generation");
+                    }
+                }),
+            ));
+        }
+        let live = watch.start(store.clone(), Arc::new(cache), targets);
+        Ok(Workspace {
+            id: record.id.clone(),
+            dir: dir.to_path_buf(),
+            places,
+            record,
+            store,
+            merged,
+            mounts: Mutex::new(mounted),
+            live: Mutex::new(Some(live)),
+            executor: None,
+            runs: CancellationToken::new(),
+            running: Arc::default(),
+            changes,
+            pages: Default::default(),
+            db: self.db.clone(),
+        })
+    }
+}
+
+impl Workspaces {
     /// `workspace_open`, by the local user who started the process.
     pub fn open(&self, request: OpenRequest) -> Result<Value> {
         self.open_as(request, &Principal::local())
@@ -199,10 +361,15 @@ impl Workspaces {
             // restart keeps its key until it is closed.
             match self.get(&workspace) {
                 Ok(ws) => Ok(ws.record.result.clone()),
-                Err(_) => Err(Error::conflict(format!(
-                    "idempotencyKey {key:?} belongs to workspace {workspace}, which could not be served again after a restart (the server's log says why); close it with workspace_close to free the key"
-                ))
-                .with_details(json!({ "field": "idempotencyKey", "workspace": workspace }))),
+                Err(_) => {
+                    let why = self
+                        .failure(&workspace)
+                        .map_or("the server's log says why".to_owned(), |f| f.reason);
+                    Err(Error::conflict(format!(
+                        "idempotencyKey {key:?} belongs to workspace {workspace}, which could not be served again after a restart ({why}); close it with workspace_close to free the key"
+                    ))
+                    .with_details(json!({ "field": "idempotencyKey", "workspace": workspace })))
+                }
             }
         }
     }
@@ -353,109 +520,6 @@ impl Workspaces {
             overrides: overrides.to_vec(),
             confine: Some(repo.to_path_buf()),
         }
-    }
-
-    /// Builds a workspace's stack from its record and mounts it. A new workspace
-    /// (`reject_conflicts`) is refused on an unsettled conflict; a restored one is served as
-    /// it stands.
-    pub(super) fn activate(
-        &self,
-        record: Record,
-        dir: &Path,
-        overrides: &[Override],
-        reject_conflicts: bool,
-        warnings: &mut Vec<String>,
-    ) -> Result<Workspace> {
-        let places = Places::of(dir);
-        let cache = SkillCache::default();
-        let watch = LiveTiers::watch(
-            Workspaces::stack_inputs(&record, &places.repo, overrides)
-                .stack(self.store(), &cache)?,
-        );
-        let generation = Arc::new(watch.spec().generation(self.store(), &cache)?);
-        if reject_conflicts {
-            if let Some(err) = generation.index.conflict_error() {
-                return Err(err);
-            }
-        }
-        let store = self.store().clone();
-        roots::pin(&store, &record.id, &generation)?;
-        let merged = Arc::new(Namespace::new(
-            store.clone(),
-            View::Merged,
-            generation.clone(),
-        ));
-        let owner = Arc::new(Namespace::new(
-            store.clone(),
-            View::Tier(Tier::Owner),
-            generation,
-        ));
-        // Only long-lived containers need the propagation (bubblewrap binds afresh each time).
-        let kind = record
-            .executor
-            .as_ref()
-            .map(|e| e.kind)
-            .or(self.executor_kind);
-        if kind == Some(Kind::Docker) {
-            mounts::share(&places.mounts)?;
-        } else {
-            fs::create_dir_all(&places.mounts).map_err(|e| Error::io(&places.mounts, e))?;
-        }
-        let (mounted, mut targets) = if self.mounting {
-            mounts::mount(
-                &places.mounts,
-                merged.clone(),
-                owner,
-                self.prewarm.as_deref(),
-                warnings,
-            )?
-        } else {
-            (Vec::new(), mounts::unmounted(merged.clone(), owner))
-        };
-        // A new generation of the merged view is announced to those watching the workspace.
-        let (changes, _) = tokio::sync::watch::channel(merged.generation().digest());
-        if let Some((ns, invalidate)) = targets.first_mut().map(|t| (t.0.clone(), &mut t.1)) {
-            let inner = std::mem::replace(invalidate, Box::new(|_: &[_]| {}));
-            let (changes, catalogue) = (changes.clone(), self.catalogue.clone());
-            let owner: Arc<str> = Arc::from(record.owner.as_str());
-            *invalidate = Box::new(move |items: &[_]| {
-                inner(items);
-                let now = ns.generation().digest();
-                if changes.send_if_modified(|seen| std::mem::replace(seen, now) != now) {
-                    let _ = catalogue.send(owner.clone());
-                }
-            });
-        }
-        // Each new generation of a live tier is rooted as soon as it is served.
-        if let Some((ns, invalidate)) = targets.pop() {
-            let (pinned, pin_store, id) = (ns.clone(), store.clone(), record.id.clone());
-            targets.push((
-                ns,
-                Box::new(move |items: &[_]| {
-                    invalidate(items);
-                    if let Err(e) = roots::pin(&pin_store, &id, &pinned.generation()) {
-                        tracing::error!(workspace = %id, error = %e, "cannot root a new generation");
-                    }
-                }),
-            ));
-        }
-        let live = watch.start(store.clone(), Arc::new(cache), targets);
-        Ok(Workspace {
-            id: record.id.clone(),
-            dir: dir.to_path_buf(),
-            places,
-            record,
-            store,
-            merged,
-            mounts: Mutex::new(mounted),
-            live: Mutex::new(Some(live)),
-            executor: None,
-            runs: CancellationToken::new(),
-            running: Arc::default(),
-            changes,
-            pages: Default::default(),
-            db: self.db.clone(),
-        })
     }
 
     /// What `workspace_open` returns (and returns again for the same key).

@@ -1,6 +1,6 @@
-//! The server driven from outside as a hostile client or toolkit author would drive it (issue
-//! "Safe to share"): every test starts a real `serve`, attacks it through the CLI, HTTP or MCP,
-//! and checks the clear error and that the server still serves, within its bounds.
+//! The server driven from outside as a hostile client, toolkit author or project would drive
+//! it (issue "Safe to share"): each module is one class of attack, through the CLI, HTTP or
+//! MCP, asserting the clear error and that the server still serves, within its bounds.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -8,3 +8,4 @@ mod support;
 mod ownership;
 mod quotas;
 mod session;
+mod walks;

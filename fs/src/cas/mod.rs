@@ -15,3 +15,8 @@ pub use import::{import_dir, import_fd, materialize, open_dir, Imported, Limits}
 pub(crate) use store::read_whole;
 pub use store::{ObjectKind, Store, Writer};
 pub use tree::{canonical_order, check_name, Entry, Kind, Tree};
+
+/// How deep trees in the store may nest. Every producer holds its trees to it (an import, a
+/// staged toolkit), so the walks over stored trees (discovery, links, listings) stay shallow
+/// whatever a source held.
+pub const MAX_TREE_DEPTH: usize = 256;
