@@ -212,7 +212,7 @@ mod tests {
     async fn supervised(argv: &[&str], timeout: Duration) -> Outcome {
         let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
         let env = vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())];
-        let process = spawn_local(&argv, None, &env).unwrap();
+        let process = spawn_local(&argv, None, &env, None).unwrap();
         supervise(
             process,
             argv,

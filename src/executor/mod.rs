@@ -263,11 +263,12 @@ pub struct Command {
     pub limits: Option<RunLimits>,
 }
 
-/// What one run's processes may use, as rlimits every process it starts inherits: CPU
-/// seconds (RLIMIT_CPU: SIGXCPU, then SIGKILL) and bytes of memory (RLIMIT_DATA: the heap and
-/// private writable mappings; an allocation past it fails). Set by util-linux's `prlimit`
-/// inside the executor, the same way on every backend (an operator's own Docker image needs
-/// `/usr/bin/prlimit`).
+/// What one run's processes may use, as rlimits each process it starts inherits: CPU seconds
+/// (RLIMIT_CPU: SIGXCPU, then SIGKILL) and bytes of memory (RLIMIT_DATA: the heap and private
+/// writable mappings; an allocation past it fails). Per process, not per run: a run's whole
+/// tree is bounded by the executor's own limits (bubblewrap's process count, a container's
+/// memory). Set by the `prlimit` bubblewrap runs each command under (the host's), on the
+/// container (Docker: its ulimits), or by the harness as the command starts (host).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunLimits {
     pub cpu_seconds: u64,
@@ -275,16 +276,21 @@ pub struct RunLimits {
 }
 
 impl RunLimits {
-    /// `argv` started under these limits.
-    fn wrap(&self, argv: &[String]) -> Vec<String> {
-        let mut all = vec![
-            "/usr/bin/prlimit".to_owned(),
-            format!("--cpu={}", self.cpu_seconds),
-            format!("--data={}", self.memory),
-            "--".to_owned(),
-        ];
-        all.extend(argv.iter().cloned());
-        all
+    /// The limits every run gets now (`[limits]`).
+    pub fn current() -> RunLimits {
+        let limits = crate::limits::quotas().limits;
+        RunLimits {
+            cpu_seconds: limits.run_cpu_seconds,
+            memory: limits.run_memory,
+        }
+    }
+
+    /// Sets them on the calling process (a child before it execs).
+    pub fn apply(&self) -> std::io::Result<()> {
+        use nix::sys::resource::{setrlimit, Resource};
+        setrlimit(Resource::RLIMIT_CPU, self.cpu_seconds, self.cpu_seconds)?;
+        setrlimit(Resource::RLIMIT_DATA, self.memory, self.memory)?;
+        Ok(())
     }
 }
 
@@ -407,19 +413,19 @@ impl Executor {
     /// Starts `command` with piped output (for `skills_run`).
     pub async fn spawn(&self, command: &Command) -> Result<Process> {
         let env = self.full_env(command);
-        let argv = match &command.limits {
-            Some(limits) => limits.wrap(&command.argv),
-            None => command.argv.clone(),
-        };
+        let argv = &command.argv;
         match self.spec.kind {
+            // The container carries the limits (set when it was made).
             Kind::Docker => {
-                docker::spawn(self.container()?, &self.workspace, &self.spec, &argv, &env).await
+                docker::spawn(self.container()?, &self.workspace, &self.spec, argv, &env).await
             }
             Kind::Bwrap => {
-                let argv = bwrap::argv(&self.places, &self.spec, &argv, &env);
-                process::spawn_local(&argv, None, &[]).map_err(bwrap::explain)
+                let argv = bwrap::argv(&self.places, &self.spec, argv, &env, command.limits);
+                process::spawn_local(&argv, None, &[], None).map_err(bwrap::explain)
             }
-            Kind::Host => process::spawn_local(&argv, Some(&self.places.repo), &env),
+            Kind::Host => {
+                process::spawn_local(argv, Some(&self.places.repo), &env, command.limits)
+            }
         }
     }
 
@@ -442,7 +448,7 @@ impl Executor {
                 })
             }
             Kind::Bwrap => {
-                let argv = bwrap::argv(&self.places, &self.spec, argv, &env);
+                let argv = bwrap::argv(&self.places, &self.spec, argv, &env, None);
                 process::run_inherited(&argv, None, &[]).map_err(bwrap::explain)
             }
             Kind::Host => process::run_inherited(argv, Some(&self.places.repo), &env),

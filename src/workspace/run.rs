@@ -212,10 +212,7 @@ impl Workspace {
                     ("CLOUD_HARNESS_SKILL".to_owned(), request.skill.clone()),
                     ("CLOUD_HARNESS_SKILL_DIR".to_owned(), skill_dir.clone()),
                 ],
-                limits: Some(RunLimits {
-                    cpu_seconds: limits.run_cpu_seconds,
-                    memory: limits.run_memory,
-                }),
+                limits: Some(RunLimits::current()),
             })
             .await?;
         // Closing the workspace cancels its runs too, and waits for them to end.
