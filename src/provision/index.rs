@@ -6,7 +6,7 @@ use crate::home::write_atomic;
 use crate::provision::normalize::NORMALIZER_VERSION;
 use crate::toolkit::{Revision, Toolkit};
 use cloud_harness_fs::cas::{Digest, Kind, ObjectKind, Store};
-use cloud_harness_fs::discovery::Layout;
+use cloud_harness_fs::discovery::{Layout, Skipped};
 use cloud_harness_fs::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fs;
@@ -58,6 +58,10 @@ pub struct BundleRecord {
     /// How the commit was chosen: a commit id, a tag, or the default branch head.
     pub requested: String,
     pub warnings: Vec<String>,
+    /// The skill folders the normalizer left out, each with its reason (a bad `SKILL.md`, an
+    /// exclude pattern): shown where the toolkit's skills are listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<Skipped>,
     /// Seconds since the Unix epoch.
     pub acquired_at: u64,
 }

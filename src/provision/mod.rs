@@ -479,6 +479,7 @@ impl Provisioner {
             object_format,
             requested: index::describe(&toolkit.revision),
             warnings: bundle.warnings,
+            skipped: bundle.skipped,
             acquired_at: SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),

@@ -62,6 +62,7 @@ pub struct Bundle {
     pub manifest: Digest,
     pub skills: usize,
     pub warnings: Vec<String>,
+    pub skipped: Vec<Skipped>,
 }
 
 /// The layout a plugin manifest declares, if the toolkit has one that lists skills.
@@ -233,5 +234,6 @@ pub fn normalize(
         manifest: manifest_digest,
         skills: found.skills.len(),
         warnings,
+        skipped: found.skipped,
     })
 }

@@ -447,6 +447,7 @@ pub fn warm_toolkit(store: &Store, src: &Path, name: &str) -> ToolkitSpec {
             object_format: "sha1".into(),
             requested: "commit".into(),
             warnings: vec![],
+            skipped: vec![],
             acquired_at: 0,
         })
         .unwrap();
