@@ -421,6 +421,9 @@ impl Provisioner {
                 &fetch::Ceiling {
                     max_bytes: self.limits.max_bytes.saturating_mul(2),
                     setting: "twice CLOUD_HARNESS_MAX_BYTES",
+                    // As the host indexes a helper's pack (`pack::index_pack_from`).
+                    max_object: self.limits.max_file_bytes.saturating_mul(2),
+                    object_setting: "twice CLOUD_HARNESS_MAX_FILE_BYTES",
                 },
                 observer,
             )
