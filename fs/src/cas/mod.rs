@@ -14,4 +14,7 @@ pub use digest::{Digest, Hasher};
 pub use import::{import_dir, import_fd, materialize, open_dir, Imported, Limits};
 pub(crate) use store::read_whole;
 pub use store::{ObjectKind, Store, Writer};
-pub use tree::{canonical_order, check_name, Entry, Kind, Tree, MAX_ENTRIES as MAX_TREE_ENTRIES};
+pub use tree::{
+    canonical_order, check_name, Entry, Kind, Tree, MAX_BYTES as MAX_TREE_BYTES,
+    MAX_ENTRIES as MAX_TREE_ENTRIES,
+};

@@ -20,8 +20,11 @@ const HEADER: &[u8] = b"cloud-harness tree 1\n";
 
 /// The most entries one tree may have: a folder of more is refused when a tree is made, and a
 /// tree object claiming more (from object storage, say) when it is read. Far beyond any skill
-/// folder, and it bounds what one tree costs to decode (at most 344 bytes of encoding an entry).
+/// folder, and it bounds what one tree costs to decode.
 pub const MAX_ENTRIES: usize = 1 << 16;
+/// The longest encoding of a tree: [`MAX_ENTRIES`] entries of the longest line (a kind, a
+/// 20-digit size, a digest, a 255-byte name, three spaces and a NUL: 344 bytes).
+pub const MAX_BYTES: u64 = HEADER.len() as u64 + MAX_ENTRIES as u64 * 344;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
