@@ -460,6 +460,17 @@ mod tests {
         let cases = [
             ("alias bomb", laughs(9, 9), Some("nodes")),
             ("wide alias bomb", laughs(3, 1000), Some("nodes")),
+            (
+                // 40,000 copies of a long string in few alias jumps (what once aborted).
+                "long strings aliased",
+                format!(
+                    "a0: &a0 {}\na1: &a1 [{}]\na2: [{}]\n",
+                    "x".repeat(MAX_STRING_BYTES - 100),
+                    vec!["*a0"; 200].join(", "),
+                    vec!["*a1"; 200].join(", ")
+                ),
+                Some("text_bytes"),
+            ),
             ("flow openings", fill("["), Some("flow_openings")),
             ("mapping openings", fill("{a: "), Some("flow_openings")),
             ("hidden closings", fill("[\"]\""), Some("flow_openings")),
