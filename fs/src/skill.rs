@@ -143,10 +143,10 @@ pub fn frontmatter_json(bytes: &[u8]) -> Option<serde_json::Value> {
     }
     let text = std::str::from_utf8(bytes).ok()?;
     let (front, _) = split_front_matter(text).ok()?;
-    let value = front_matter::parse(front).ok()?;
-    if !value.is_mapping() {
+    // A mapping as written: not a tagged one (`!tag` before it), which `parse` refuses too.
+    let value @ yaml_serde::Value::Mapping(_) = front_matter::parse(front).ok()? else {
         return None;
-    }
+    };
     serde_json::to_value(&value).ok().filter(|v| v.is_object())
 }
 
@@ -396,6 +396,18 @@ mod tests {
         assert_eq!(frontmatter_json(md.as_bytes()), None);
         let err = parse("x", b"---\ndescription: [unclosed\n---\n").unwrap_err();
         assert_eq!(err.details["file"], "SKILL.md", "{err}");
+    }
+
+    /// Found by fuzzing (`fuzz/fuzz_targets/front_matter.rs`): a tagged mapping was a
+    /// `frontmatter` (`{"!tag": {…}}`) of a SKILL.md that `parse` refuses as not a mapping.
+    #[test]
+    fn a_tagged_mapping_is_no_front_matter() {
+        let md = b"---\n!xom@t\n k: +xTqR\\e\"UEdo\n---\n";
+        assert!(parse("x", md)
+            .unwrap_err()
+            .message
+            .contains("not a mapping"));
+        assert_eq!(frontmatter_json(md), None);
     }
 
     /// The MCP Skills extension's front matter is what reading the YAML as JSON gave before

@@ -22,9 +22,10 @@
 //! larger than it may be, and only then enters the whole bundle in one batch; the local bundle
 //! index learns of the bundle after that. A refusal names the record or the object.
 
+mod download;
 mod gc;
+mod publish;
 mod start;
-mod transfer;
 
 pub use gc::FleetGcReport;
 
@@ -48,8 +49,7 @@ const AT_ONCE: usize = 64;
 /// The settings this module reads.
 pub const URL_VAR: &str = "TOOLKIT_STORE_URL";
 
-/// The largest bundle record read (its warnings and skipped folders make most of it).
-pub const MAX_RECORD: u64 = 4 << 20;
+pub use super::index::MAX_RECORD;
 /// The largest tag record read.
 const MAX_TAG_RECORD: u64 = 64 << 10;
 
@@ -254,12 +254,12 @@ impl RemoteStore {
         let Some(bytes) = self.get(path.clone(), MAX_RECORD)? else {
             return Ok(None);
         };
-        let record: BundleRecord = serde_json::from_slice(&bytes).map_err(|e| {
+        let record = BundleRecord::decode(&bytes).map_err(|e| {
             bad_record(
                 &self.url,
                 &path,
                 Code::Upstream,
-                &format!("not a bundle record of {}: {e}", key.url),
+                &format!("of {}: {}", key.url, e.message),
             )
         })?;
         // A record is found by a digest of its key; one naming another key is not this one.

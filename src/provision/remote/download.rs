@@ -1,89 +1,17 @@
-//! Moving a bundle between the local store and the store of record: publication (leaves
-//! first, the record last) and download (every object bounded and verified, the whole bundle
-//! checked, then entered in one batch).
+//! Download of a bundle from the store of record, which is not trusted: every object bounded
+//! and verified, the whole bundle checked against its record and a toolkit's ceilings, and
+//! only then entered into the local store, in one batch.
 
-use super::{get, put_new, unreachable, wait, Got, Moved, RemoteStore, AT_ONCE};
+use super::{get, unreachable, wait, Got, Moved, RemoteStore, AT_ONCE};
 use crate::provision::index::BundleRecord;
 use crate::provision::staging::Limits;
 use cloud_harness_fs::cas::{Digest, Kind, ObjectKind, Store, Tree, MAX_TREE_BYTES};
 use cloud_harness_fs::{Code, Error, Result};
-use futures_util::stream::{self, FuturesUnordered};
-use futures_util::{StreamExt, TryStreamExt};
-use object_store::path::Path as ObjectPath;
+use futures_util::stream::FuturesUnordered;
+use futures_util::StreamExt;
 use std::collections::{HashMap, HashSet, VecDeque};
 
 impl RemoteStore {
-    /// Publishes a bundle that is whole in `store`: its blobs, its trees from the deepest up,
-    /// its manifest, then its record. Safe to repeat and to run on two runners at once.
-    pub fn publish(&self, store: &Store, record: &BundleRecord) -> Result<Moved> {
-        // Every object is sent even when the record is there already: a put of an object
-        // present costs one refused request, and it restores one an operator deleted.
-        let record_path = self.record_path(&record.key);
-        let (blobs, levels) = layout(store, &record.bundle)?;
-        let mut moved = Moved::default();
-        let mut send = |kind: ObjectKind, digests: Vec<Digest>| -> Result<()> {
-            let m = self.put_objects(store, kind, digests)?;
-            moved.objects += m.objects;
-            moved.bytes += m.bytes;
-            moved.present += m.present;
-            Ok(())
-        };
-        send(ObjectKind::Blob, blobs)?;
-        for level in levels.into_iter().rev() {
-            send(ObjectKind::Tree, level)?;
-        }
-        send(ObjectKind::Blob, vec![record.manifest])?;
-        let json = serde_json::to_vec_pretty(record).map_err(|e| Error::internal(e.to_string()))?;
-        let objects = self.objects.clone();
-        let url = self.url.clone();
-        wait(async move {
-            put_new(&objects, &record_path, json)
-                .await
-                .map_err(|e| unreachable(&url, e))
-        })?;
-        Ok(moved)
-    }
-
-    /// Sends objects of `store`, read (and so verified) from it, a few at a time.
-    fn put_objects(&self, store: &Store, kind: ObjectKind, digests: Vec<Digest>) -> Result<Moved> {
-        let objects = self.objects.clone();
-        let url = self.url.clone();
-        let paths: Vec<ObjectPath> = digests.iter().map(|d| self.object_path(kind, d)).collect();
-        let store = store.clone();
-        wait(async move {
-            let results: Vec<(bool, u64)> = stream::iter(digests.into_iter().zip(paths))
-                .map(|(digest, path)| {
-                    let objects = objects.clone();
-                    let store = store.clone();
-                    let url = url.clone();
-                    async move {
-                        let bytes = match kind {
-                            ObjectKind::Blob => store.blob(&digest)?,
-                            ObjectKind::Tree => store.tree(&digest)?.encode(),
-                        };
-                        let len = bytes.len() as u64;
-                        let created = put_new(&objects, &path, bytes)
-                            .await
-                            .map_err(|e| unreachable(&url, e))?;
-                        Ok::<_, Error>((created, len))
-                    }
-                })
-                .buffer_unordered(AT_ONCE)
-                .try_collect()
-                .await?;
-            let mut moved = Moved::default();
-            for (created, len) in results {
-                if created {
-                    moved.objects += 1;
-                    moved.bytes += len;
-                } else {
-                    moved.present += 1;
-                }
-            }
-            Ok(moved)
-        })
-    }
-
     /// Brings every object of `record` that `store` lacks from object storage into it, within
     /// the ceilings `limits` puts on a toolkit fetched from git. Every object is checked (its
     /// bytes against its name, a blob's length against its tree's word, a tree's entries and
@@ -514,29 +442,4 @@ fn refused(url: &str, kind: ObjectKind, digest: &Digest, why: &str) -> Error {
         "object": digest.to_string(),
         "kind": kind.dir_name(),
     }))
-}
-
-/// The bundle's blobs (the manifest aside) and its trees by depth, each object once.
-fn layout(store: &Store, bundle: &Digest) -> Result<(Vec<Digest>, Vec<Vec<Digest>>)> {
-    let mut blobs = Vec::new();
-    let mut levels: Vec<Vec<Digest>> = Vec::new();
-    let mut seen = HashSet::new();
-    let mut level = vec![*bundle];
-    seen.insert((true, *bundle));
-    while !level.is_empty() {
-        let mut next = Vec::new();
-        for digest in &level {
-            for e in store.tree(digest)?.entries() {
-                if !seen.insert((e.kind == Kind::Tree, e.digest)) {
-                    continue;
-                }
-                match e.kind {
-                    Kind::Tree => next.push(e.digest),
-                    _ => blobs.push(e.digest),
-                }
-            }
-        }
-        levels.push(std::mem::replace(&mut level, next));
-    }
-    Ok((blobs, levels))
 }
