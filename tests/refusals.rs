@@ -538,9 +538,16 @@ fn noise(len: usize) -> Vec<u8> {
 fn an_in_process_download_stops_at_twice_the_byte_ceiling() {
     let w = world();
     let name = "noise.git";
+    // 6 MiB in files each under the per-file limit (one larger would be refused unpacked):
+    // the download's ceiling is what stops it.
+    let blobs = noise(6 << 20)
+        .chunks(1000 << 10)
+        .enumerate()
+        .map(|(i, c)| (format!("blob{i}.bin").into_bytes(), Node::File(c.to_vec())))
+        .collect();
     let commit = Repo::create(&w.repos, name, false).commit(dir(vec![
         ("skills", dir(vec![("a", skill("a", "A."))])),
-        ("blob.bin", Node::File(noise(6 << 20))),
+        ("blobs", Node::Dir(blobs)),
     ]));
     let before = w.snapshot();
     let mut p = w.provisioner("");

@@ -47,7 +47,7 @@ pub fn run(_args: &FetchPackArgs) -> Result<u8> {
         setting: "twice CLOUD_HARNESS_MAX_BYTES",
         // The host indexes the pack itself, within its own per-object limit.
         max_object: job.max_bytes.saturating_mul(2),
-        object_setting: "twice CLOUD_HARNESS_MAX_BYTES",
+        object_setting: "per file (twice CLOUD_HARNESS_MAX_BYTES)",
     };
     let transport = Transport {
         extra_ca: job.extra_ca.map(String::into_bytes),

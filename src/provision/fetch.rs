@@ -52,7 +52,8 @@ impl CloneLimits {
 
 /// What a download may not pass: the bytes under `pack_dir`, named by `setting` in the error;
 /// and the largest object it may decode (`gitoxide.objects.allocLimit`), so that a small,
-/// highly compressed object cannot make the fetch allocate more than that.
+/// highly compressed object cannot make the fetch allocate more than that (`object_setting`
+/// completes "larger than the limit of N bytes …").
 pub struct Ceiling<'a> {
     pub max_bytes: u64,
     pub setting: &'a str,
@@ -149,10 +150,11 @@ pub(crate) fn past_alloc_limit(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// The refusal of an object past `limit` bytes, met while `doing`.
+/// The refusal of an object past `limit` bytes (`setting` says which limit), met while
+/// `doing`.
 pub(crate) fn object_too_large(doing: &str, limit: u64, setting: &str) -> Error {
     Error::too_large(format!(
-        "{doing}: an object is larger than the limit of {limit} bytes per file ({setting}); it was not unpacked"
+        "{doing}: an object is larger than the limit of {limit} bytes {setting}; it was not unpacked"
     ))
     .with_details(serde_json::json!({ "limit": limit }))
 }
@@ -476,7 +478,7 @@ pub fn clone_worktree(
         max_bytes: limits.max_bytes,
         setting: "CLOUD_HARNESS_PROJECT_MAX_BYTES",
         max_object: limits.max_bytes,
-        object_setting: "CLOUD_HARNESS_PROJECT_MAX_BYTES",
+        object_setting: "of the whole checkout (CLOUD_HARNESS_PROJECT_MAX_BYTES)",
     };
     let pack_dir = dir.join(".git/objects/pack");
     let observer = Observer::default();

@@ -423,7 +423,7 @@ impl Provisioner {
                     setting: "twice CLOUD_HARNESS_MAX_BYTES",
                     // As the host indexes a helper's pack (`pack::index_pack_from`).
                     max_object: self.limits.max_file_bytes.saturating_mul(2),
-                    object_setting: "twice CLOUD_HARNESS_MAX_FILE_BYTES",
+                    object_setting: "per file (twice CLOUD_HARNESS_MAX_FILE_BYTES)",
                 },
                 observer,
             )

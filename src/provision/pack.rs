@@ -76,7 +76,7 @@ pub fn index_pack_from(
         true => object_too_large(
             "indexing the helper's pack",
             max_object,
-            "twice CLOUD_HARNESS_MAX_FILE_BYTES",
+            "per file (twice CLOUD_HARNESS_MAX_FILE_BYTES)",
         ),
         false => Error::new(Code::Upstream, format!("indexing the helper's pack: {e}")),
     })?;
