@@ -104,7 +104,7 @@ struct Fixture {
     server: Server,
     env: Vec<(&'static str, String)>,
     project: String,
-    kit: Value,
+    kits: Vec<Value>,
     _git: GitServer,
     _certs: Certs,
 }
@@ -157,7 +157,20 @@ fn fixture() -> Fixture {
             )]),
         ),
     ]));
+    // A toolkit fetched from git: its normalizer leaves the bad skill out of the bundle.
+    let kit_repo = Repo::create(&repos, "team/kit.git", false);
+    let kit_commit = kit_repo.commit(dir(vec![(
+        "skills",
+        dir(vec![
+            ("git-good", skill("git-good", "Served as well.")),
+            (
+                "git-laughs",
+                dir(vec![("SKILL.md", file(&wide_laughs("git-laughs", 16_000)))]),
+            ),
+        ]),
+    )]));
     let git = GitServer::start(&repos, &certs);
+    let git_kit = json!({ "kind": "git", "instanceId": "gitkit", "url": git.url("team/kit.git"), "ref": kit_commit });
     let env = vec![
         ("CLOUD_HARNESS_CONTAINERS", "off".to_owned()),
         (
@@ -172,7 +185,7 @@ fn fixture() -> Fixture {
         server,
         env,
         project: git.url("team/project.git"),
-        kit,
+        kits: vec![kit, git_kit],
         _git: git,
         _certs: certs,
     }
@@ -183,8 +196,9 @@ fn start(tmp: tempfile::TempDir, env: &[(&'static str, String)]) -> Server {
     server_in(tmp, &["--auth", "none"], &env)
 }
 
-const EXPECTED: [(&str, &str); 5] = [
+const EXPECTED: [(&str, &str); 6] = [
     ("kit-laughs", "text_bytes"),
+    ("skills/git-laughs", "text_bytes"),
     ("proj-deep", "flow_openings"),
     ("proj-deeper", "front_matter_bytes"),
     ("proj-laughs", "nodes"),
@@ -207,7 +221,7 @@ fn expanding_and_deep_front_matters_skip_their_skill_and_the_server_goes_on() {
     let opened = tool(
         addr,
         "workspace_open",
-        json!({ "idempotencyKey": "hostile-parsers", "repositoryUrl": f.project, "toolkits": [f.kit] }),
+        json!({ "idempotencyKey": "hostile-parsers", "repositoryUrl": f.project, "toolkits": f.kits }),
     );
     let workspace = opened["workspace"].as_str().unwrap().to_owned();
     let served: Vec<&str> = opened["skills"]
@@ -216,7 +230,7 @@ fn expanding_and_deep_front_matters_skip_their_skill_and_the_server_goes_on() {
         .iter()
         .map(|s| s["name"].as_str().unwrap())
         .collect();
-    for good in ["kit-good", "proj-good"] {
+    for good in ["kit-good", "git-good", "proj-good"] {
         assert!(served.contains(&good), "{good} is served: {opened}");
     }
     for bad in [
@@ -229,6 +243,13 @@ fn expanding_and_deep_front_matters_skip_their_skill_and_the_server_goes_on() {
         assert!(!served.contains(&bad), "{bad} is not served: {opened}");
     }
     assert_eq!(skipped_bounds(&opened), expected(), "{opened}");
+    // The fetched toolkit's own list names it too.
+    let fetched = &opened["toolkits"][1];
+    assert_eq!(fetched["skillCount"], 1, "{opened}");
+    assert_eq!(
+        fetched["skipped"][0]["path"], "skills/git-laughs",
+        "{opened}"
+    );
 
     let listed = tool(addr, "skills_list", json!({ "workspace": workspace }));
     assert_eq!(skipped_bounds(&listed), expected(), "{listed}");
