@@ -6,7 +6,7 @@
 
 mod support;
 
-use cloud_harness::provision::index::BundleRecord;
+use cloud_harness::provision::index::{BundleKey, BundleRecord};
 use cloud_harness::provision::{Acquired, Provisioner};
 use cloud_harness_fs::cas::{materialize, Digest, Kind, Store, Tree};
 use std::fs;
@@ -511,4 +511,218 @@ fn a_tag_one_runner_resolved_starts_from_the_bucket_on_another() {
         (got_b.mode, got_b.record.bundle),
         ("remote", got_a.record.bundle)
     );
+}
+
+/// What a crafted bundle is made of: files by path below the bundle (`skill/ref.md`), with the
+/// size its tree gives each (None: its true size).
+type Crafted<'a> = &'a [(&'a str, &'a [u8], Option<u64>)];
+
+impl Fleet {
+    /// Publishes to the bucket, under the key runner `p` computes for `url` at `commit`, a
+    /// bundle built from `files` in a scratch store, whatever it holds (the record says
+    /// `skills` skills); returns the record.
+    fn publish_crafted(
+        &self,
+        p: &Provisioner,
+        url: &str,
+        commit: &str,
+        files: Crafted,
+        skills: usize,
+    ) -> BundleRecord {
+        let spec = cloud_harness::toolkit::ToolkitSpec::Git(git(url.into(), "team", Some(commit)));
+        let key = BundleKey::new(&spec.resolve(p.hosts()).unwrap(), commit);
+        let craft = Store::open(self.w.tmp.path().join(format!("craft-{}", key.id()))).unwrap();
+        let mut writer = craft.writer().unwrap();
+        let bundle = crafted_tree(&mut writer, files, "");
+        let manifest = writer.put_blob(b"{\"crafted\":true}").unwrap();
+        writer.commit().unwrap();
+        let record = BundleRecord {
+            key,
+            bundle,
+            manifest,
+            skills,
+            instance_id: "team".into(),
+            preset: None,
+            fetched_url: url.into(),
+            object_format: "sha1".into(),
+            requested: "commit".into(),
+            warnings: vec![],
+            skipped: vec![],
+            acquired_at: 0,
+        };
+        self.s3.remote(PREFIX).publish(&craft, &record).unwrap();
+        record
+    }
+
+    /// Where the bucket keeps the record of `record`'s key.
+    fn record_file(&self, record: &BundleRecord) -> std::path::PathBuf {
+        self.s3
+            .file(&format!("{PREFIX}/index/bundles/{}.json", record.key.id()))
+    }
+}
+
+/// The tree of the files below `prefix`, written bottom up.
+fn crafted_tree(
+    writer: &mut cloud_harness_fs::cas::Writer<'_>,
+    files: Crafted,
+    prefix: &str,
+) -> Digest {
+    use cloud_harness_fs::cas::Entry;
+    let mut entries = Vec::new();
+    let mut folders = std::collections::BTreeSet::new();
+    for (path, bytes, size) in files {
+        let Some(rest) = path.strip_prefix(prefix) else {
+            continue;
+        };
+        match rest.split_once('/') {
+            Some((folder, _)) => {
+                folders.insert(folder.to_owned());
+            }
+            None => entries.push(Entry {
+                name: rest.into(),
+                kind: Kind::File,
+                size: size.unwrap_or(bytes.len() as u64),
+                digest: writer.put_blob(bytes).unwrap(),
+            }),
+        }
+    }
+    for folder in folders {
+        entries.push(Entry {
+            name: folder.clone(),
+            kind: Kind::Tree,
+            size: 0,
+            digest: crafted_tree(writer, files, &format!("{prefix}{folder}/")),
+        });
+    }
+    writer.put_tree(&Tree::new(entries).unwrap()).unwrap()
+}
+
+/// Runner B asks for a bundle the bucket holds badly, with no git to stand in (the repository
+/// is not on the git server): the refusal is the answer, naming what was refused, and B's store
+/// and index are as they were: empty.
+fn refused_by_b(f: &Fleet, b: &Provisioner, url: &str, commit: &str) -> cloud_harness_fs::Error {
+    let err = acquire(b, url, commit).unwrap_err();
+    assert!(err.message.contains("refused"), "{err}");
+    assert!(
+        err.details["git"].is_string(),
+        "git was tried: {}",
+        err.details
+    );
+    assert!(
+        err.details["object"].is_string() || err.details["record"].is_string(),
+        "the refusal names what it refused: {}",
+        err.details
+    );
+    assert_eq!(
+        object_files(&b.store),
+        0,
+        "nothing entered B's store: {err}"
+    );
+    assert!(
+        b.index().list().unwrap().is_empty(),
+        "B's index is as it was"
+    );
+    assert!(b.store.verify().unwrap().problems.is_empty());
+    let _ = f;
+    eprintln!("refused: {err}");
+    err
+}
+
+const SKILL: &[u8] = b"---\nname: a\ndescription: A.\n---\nbody\n";
+
+#[test]
+fn a_bad_record_in_the_bucket_is_refused_and_named() {
+    let Some(f) = fleet() else { return };
+    let url = f.w.server.url("team/absent.git");
+    let b = f.runner("store-b");
+    let good = f.publish_crafted(&b, &url, &"a".repeat(40), &[("a/SKILL.md", SKILL, None)], 1);
+    // Not a record.
+    fs::write(f.record_file(&good), b"{ not json").unwrap();
+    let err = refused_by_b(&f, &b, &url, &"a".repeat(40));
+    assert_eq!(err.code, cloud_harness_fs::Code::Upstream, "{err}");
+    assert!(err.message.contains("not a bundle record"), "{err}");
+    assert!(err.details["record"].as_str().unwrap().ends_with(".json"));
+    // A record of 5 MiB (its warnings): refused unread past 4 MiB.
+    let mut huge = good.clone();
+    huge.warnings = vec!["w".repeat(1 << 20); 5];
+    fs::write(f.record_file(&good), serde_json::to_vec(&huge).unwrap()).unwrap();
+    let err = refused_by_b(&f, &b, &url, &"a".repeat(40));
+    assert_eq!(err.code, cloud_harness_fs::Code::TooLarge, "{err}");
+    assert!(err.message.contains("a record may have"), "{err}");
+    // A record counting skills its bundle does not hold.
+    let mut lying = good.clone();
+    lying.skills = 7;
+    fs::write(f.record_file(&good), serde_json::to_vec(&lying).unwrap()).unwrap();
+    let err = refused_by_b(&f, &b, &url, &"a".repeat(40));
+    assert!(
+        err.message.contains("not the bundle its record says"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_bundle_past_its_ceilings_in_the_bucket_is_refused_before_anything_is_written() {
+    let Some(f) = fleet() else { return };
+    let url = f.w.server.url("team/absent.git");
+    let mut b = f.runner("store-b");
+    b.limits.max_files = 6;
+    b.limits.max_depth = 2;
+    b.limits.max_file_bytes = 1024;
+    let commit = |c: char| c.to_string().repeat(40);
+
+    // More files than a toolkit may have.
+    let many: Vec<(String, Vec<u8>)> = (0..8)
+        .map(|i| (format!("a/ref-{i}.md"), format!("ref {i}").into_bytes()))
+        .collect();
+    let mut files: Vec<(&str, &[u8], Option<u64>)> = many
+        .iter()
+        .map(|(p, b)| (p.as_str(), b.as_slice(), None))
+        .collect();
+    files.push(("a/SKILL.md", SKILL, None));
+    f.publish_crafted(&b, &url, &commit('b'), &files, 1);
+    let err = refused_by_b(&f, &b, &url, &commit('b'));
+    assert_eq!(err.code, cloud_harness_fs::Code::TooLarge, "{err}");
+    assert!(
+        err.message.contains("more than the limit of 6 files"),
+        "{err}"
+    );
+    assert_eq!(err.details["limit"], 6);
+
+    // Deeper than a toolkit may nest (2, and two for the bundle and its skill folder).
+    let deep: &[(&str, &[u8], Option<u64>)] = &[
+        ("a/SKILL.md", SKILL, None),
+        ("a/1/2/3/4/x.md", b"deep", None),
+    ];
+    f.publish_crafted(&b, &url, &commit('c'), deep, 1);
+    let err = refused_by_b(&f, &b, &url, &commit('c'));
+    assert_eq!(err.code, cloud_harness_fs::Code::TooLarge, "{err}");
+    assert!(
+        err.message.contains("nests deeper than the limit of 4"),
+        "{err}"
+    );
+
+    // A file larger than a toolkit's may be, as its tree says.
+    let big = vec![b'x'; 2048];
+    let large: &[(&str, &[u8], Option<u64>)] =
+        &[("a/SKILL.md", SKILL, None), ("a/big.bin", &big, None)];
+    f.publish_crafted(&b, &url, &commit('d'), large, 1);
+    let err = refused_by_b(&f, &b, &url, &commit('d'));
+    assert_eq!(err.code, cloud_harness_fs::Code::TooLarge, "{err}");
+    assert!(err.message.contains("bytes per file"), "{err}");
+
+    // A tree that gives a blob a smaller size than it has: the blob is read no further.
+    let lying: &[(&str, &[u8], Option<u64>)] = &[
+        ("a/SKILL.md", SKILL, None),
+        ("a/ref.md", b"twelve bytes", Some(5)),
+    ];
+    f.publish_crafted(&b, &url, &commit('e'), lying, 1);
+    let err = refused_by_b(&f, &b, &url, &commit('e'));
+    assert!(err.message.contains("more than the 5 it may have"), "{err}");
+
+    // Within the ceilings, the same runner takes a bundle from the bucket.
+    let fine: &[(&str, &[u8], Option<u64>)] =
+        &[("a/SKILL.md", SKILL, None), ("a/1/2/x.md", b"ok", None)];
+    f.publish_crafted(&b, &url, &commit('f'), fine, 1);
+    let got = acquire(&b, &url, &commit('f')).unwrap();
+    assert_eq!((got.mode, got.record.skills), ("remote", 1));
 }

@@ -457,27 +457,48 @@ fn a_project_clone_stays_under_its_ceilings() {
     };
     w.workspaces = serve(&w.tmp, &w.server, &w.certs, limits);
     let mut x = 1u32;
-    let noise: Vec<u8> = (0..3 << 20)
-        .map(|_| {
-            x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-            (x >> 16) as u8
-        })
-        .collect();
+    let mut noise = |len: usize| -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                (x >> 16) as u8
+            })
+            .collect()
+    };
+    // Each object under the ceiling, all of them over it.
+    let noisy = Node::Dir(
+        (0..4)
+            .map(|i| {
+                (
+                    format!("blob{i}").into_bytes(),
+                    Node::File(noise(768 << 10)),
+                )
+            })
+            .collect(),
+    );
+    let zeros = Node::Dir(
+        (0..8)
+            .map(|i| {
+                (
+                    format!("zeros{i}").into_bytes(),
+                    Node::File(vec![0; (512 << 10) + i]),
+                )
+            })
+            .collect(),
+    );
     let many = Node::Dir(
         (0..60)
             .map(|i| (format!("f{i}").into_bytes(), Node::File(vec![b'x'; i])))
             .collect(),
     );
     for (name, root, needle) in [
+        ("noisy", noisy, "the download passed 1048576 bytes"),
+        ("zeros", zeros, "more than 50 files or 1048576 bytes"),
+        // One object larger than the whole checkout may be: a few KiB of pack, not unpacked.
         (
-            "noisy",
-            dir(vec![("blob", Node::File(noise))]),
-            "the download passed 1048576 bytes",
-        ),
-        (
-            "zeros",
+            "bomb",
             dir(vec![("blob", Node::File(vec![0; 8 << 20]))]),
-            "more than 50 files or 1048576 bytes",
+            "larger than the limit of 1048576 bytes",
         ),
         ("many", dir(vec![("src", many)]), "more than 50 files"),
     ] {

@@ -103,12 +103,39 @@ pub struct Found {
     pub info: Arc<SkillInfo>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Skipped {
     pub path: String,
     /// A stable code: an error code (INVALID_ARGUMENT, TOO_LARGE, …), EXCLUDED or NOT_INCLUDED.
     pub code: String,
     pub reason: String,
+    /// What the refusal names, for programs: the file (`<path>/SKILL.md`) and, for a bound of
+    /// its front matter, the bound and its limit (`bound`, `limit`).
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub details: serde_json::Value,
+}
+
+impl Skipped {
+    /// The skill folder at `path`, skipped for `error`.
+    fn refused(path: &str, error: &Error) -> Skipped {
+        let mut details = match &error.details {
+            serde_json::Value::Object(map) => map.clone(),
+            _ => serde_json::Map::new(),
+        };
+        if details.contains_key("file") {
+            details.insert("file".into(), relpath::join(path, skill::SKILL_MD).into());
+        }
+        Skipped {
+            path: path.to_owned(),
+            code: error.code.as_str().into(),
+            reason: error.message.clone(),
+            details: if details.is_empty() {
+                serde_json::Value::Null
+            } else {
+                details.into()
+            },
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -119,7 +146,7 @@ pub struct Discovery {
 }
 
 /// A parsed skill folder, or why it was skipped.
-type SkillRead = std::result::Result<Arc<SkillInfo>, (Code, String)>;
+type SkillRead = std::result::Result<Arc<SkillInfo>, Error>;
 
 /// Parsed skill folders by digest, shared between discoveries (a live tier that changes one
 /// skill re-reads only that skill). Bounded: the least recently used go first.
@@ -248,6 +275,7 @@ pub fn discover(
             path: s.path,
             code: code.into(),
             reason,
+            details: serde_json::Value::Null,
         });
     }
     out.skills = kept;
@@ -323,24 +351,19 @@ impl Walk<'_> {
                         path: path.to_owned(),
                         info,
                     }),
-                    Some(Err(reason)) => self.out.skipped.push(Skipped {
-                        path: path.to_owned(),
-                        code: Code::InvalidArgument.as_str().into(),
-                        reason,
-                    }),
-                    None => self.out.skipped.push(Skipped {
-                        path: path.to_owned(),
-                        code: Code::InvalidArgument.as_str().into(),
-                        reason: "a skill at the toolkit's top needs a `name` in its front matter"
-                            .into(),
-                    }),
+                    Some(Err(reason)) => self
+                        .out
+                        .skipped
+                        .push(Skipped::refused(path, &Error::invalid(reason))),
+                    None => self.out.skipped.push(Skipped::refused(
+                        path,
+                        &Error::invalid(
+                            "a skill at the toolkit's top needs a `name` in its front matter",
+                        ),
+                    )),
                 }
             }
-            Err((code, reason)) => self.out.skipped.push(Skipped {
-                path: path.to_owned(),
-                code: code.as_str().into(),
-                reason,
-            }),
+            Err(e) => self.out.skipped.push(Skipped::refused(path, &e)),
         }
         Ok(())
     }
@@ -350,41 +373,30 @@ impl Walk<'_> {
 /// store failures (a missing or corrupt object) are hard errors, and those are reported as a
 /// skip too so one bad folder never hides the rest.
 fn read_skill(store: &Store, folder_name: Option<&str>, digest: &Digest) -> SkillRead {
-    let fail = |e: Error| (e.code, e.message);
-    let tree = store.tree(digest).map_err(fail)?;
+    let tree = store.tree(digest)?;
     let entry = tree
-        .get("SKILL.md")
-        .ok_or((Code::InvalidArgument, "no SKILL.md".to_owned()))?;
+        .get(skill::SKILL_MD)
+        .ok_or_else(|| Error::invalid("no SKILL.md"))?;
     if entry.kind == Kind::Tree || entry.kind == Kind::Symlink {
-        return Err((
-            Code::InvalidArgument,
-            "SKILL.md is not a regular file".to_owned(),
-        ));
+        return Err(Error::invalid("SKILL.md is not a regular file"));
     }
     let bytes = store
         .blob_up_to(&entry.digest, skill::MAX_SKILL_MD as u64)
         .map_err(|e| match e.code {
-            Code::TooLarge => (
-                Code::TooLarge,
-                format!(
-                    "SKILL.md is {} bytes, more than the {} a skill may have",
-                    entry.size,
-                    skill::MAX_SKILL_MD
-                ),
-            ),
-            _ => fail(e),
+            Code::TooLarge => skill::too_large(entry.size),
+            _ => e,
         })?;
     let folder = folder_name.unwrap_or_default();
-    let parsed = skill::parse(folder, &bytes).map_err(fail)?;
+    let parsed = skill::parse(folder, &bytes)?;
     let mut links = BTreeSet::new();
-    collect_links(store, &tree, &mut links).map_err(fail)?;
+    collect_links(store, &tree, &mut links)?;
     // Served at the top of a view whatever its place in the source: links that would lead
     // out of that view are dropped (the served tree is the one without them).
     let served_as = folder_name
         .map(str::to_owned)
         .or_else(|| parsed.meta.declared_name.clone())
         .unwrap_or_default();
-    let (digest, dropped) = crate::links::contain(store, digest, &served_as).map_err(fail)?;
+    let (digest, dropped) = crate::links::contain(store, digest, &served_as)?;
     let mut warnings = parsed.warnings;
     warnings.extend(dropped.iter().map(|path| {
         format!("the link {path} leads outside the skills it is served with; it is not served")

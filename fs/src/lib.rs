@@ -6,6 +6,7 @@ pub mod error;
 
 pub use error::{Code, Error, Result};
 pub mod discovery;
+pub mod front_matter;
 pub mod fuse;
 pub mod generation;
 pub mod guard;

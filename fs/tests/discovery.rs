@@ -140,6 +140,56 @@ fn include_and_exclude_take_names_and_globs() {
         .starts_with("layout.skillRoots"));
 }
 
+/// A front matter that expands through aliases of aliases (40,000 copies of a 16 KB string:
+/// what once made the server allocate 640 MB and more), and one of nothing but brackets: each
+/// skips its own skill, naming the file and the bound, and the rest is found.
+#[test]
+fn expanding_and_deep_front_matters_skip_their_skill_naming_the_bound() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("repo");
+    write(&root, "skills/good/SKILL.md", skill_md("good"));
+    let laughs = format!(
+        "---\nname: laughs\ndescription: x\na0: &a0 {}\na1: &a1 [{}]\na2: [{}]\n---\nbody\n",
+        "x".repeat(16_000),
+        vec!["*a0"; 200].join(", "),
+        vec!["*a1"; 200].join(", ")
+    );
+    write(&root, "skills/laughs/SKILL.md", laughs);
+    write(
+        &root,
+        "skills/brackets/SKILL.md",
+        format!("---\ndescription: {}\n---\n", "[".repeat(300 << 10)),
+    );
+    let d = run(&root, &Layout::default());
+    assert_eq!(names(&d), [("good", "skills/good")]);
+    let skipped: std::collections::BTreeMap<_, _> =
+        d.skipped.iter().map(|s| (s.path.as_str(), s)).collect();
+    for (path, bound) in [
+        ("skills/laughs", "text_bytes"),
+        ("skills/brackets", "front_matter_bytes"),
+    ] {
+        let s = skipped[path];
+        assert_eq!(s.code, "TOO_LARGE", "{s:?}");
+        assert_eq!(s.details["bound"], bound, "{s:?}");
+        assert!(s.details["limit"].as_u64().unwrap() > 0, "{s:?}");
+        assert_eq!(s.details["file"], format!("{path}/SKILL.md"), "{s:?}");
+        assert!(s.reason.contains(bound), "{s:?}");
+    }
+    // Within the size bound, the brackets are refused before the YAML parser sees them.
+    write(
+        &root,
+        "skills/brackets/SKILL.md",
+        format!("---\ndescription: {}\n---\n", "[".repeat(60 << 10)),
+    );
+    let d = run(&root, &Layout::default());
+    let s = d
+        .skipped
+        .iter()
+        .find(|s| s.path == "skills/brackets")
+        .unwrap();
+    assert_eq!(s.details["bound"], "flow_openings", "{s:?}");
+}
+
 #[test]
 fn bad_skills_are_skipped_with_typed_reasons_and_never_panic() {
     let tmp = tempfile::tempdir().unwrap();

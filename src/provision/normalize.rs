@@ -17,6 +17,10 @@ const PLUGIN_MANIFESTS: [&str; 2] = [
     ".claude-plugin/marketplace.json",
     ".claude-plugin/plugin.json",
 ];
+/// The largest plugin manifest read, and the most skill paths taken from one: past either it
+/// is left aside with a warning, as one that is not JSON is.
+const MAX_PLUGIN_MANIFEST: u64 = 1 << 20;
+const MAX_PLUGIN_PATHS: usize = 4096;
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -62,13 +66,16 @@ pub struct Bundle {
     pub manifest: Digest,
     pub skills: usize,
     pub warnings: Vec<String>,
+    pub skipped: Vec<Skipped>,
 }
 
-/// The layout a plugin manifest declares, if the toolkit has one that lists skills.
+/// The layout a plugin manifest declares, if the toolkit has one that lists skills. One that
+/// cannot be used (too large, too many paths) is a warning.
 fn plugin_layout(
     store: &Store,
     root: &Tree,
     base: &Layout,
+    warnings: &mut Vec<String>,
 ) -> Result<Option<(Layout, &'static str)>> {
     for manifest in PLUGIN_MANIFESTS {
         let (dir, file) = manifest.split_once('/').expect("a folder and a file");
@@ -81,9 +88,17 @@ fn plugin_layout(
         if entry.kind != Kind::File {
             continue;
         }
-        let Ok(json) =
-            serde_json::from_slice::<serde_json::Value>(&store.blob_up_to(&entry.digest, 1 << 20)?)
-        else {
+        if entry.size > MAX_PLUGIN_MANIFEST {
+            warnings.push(format!(
+                "{manifest} is {} bytes, more than the {MAX_PLUGIN_MANIFEST} read; it is not used",
+                entry.size
+            ));
+            continue;
+        }
+        // JSON nested deeper than serde_json's recursion limit (128) is an error like any.
+        let Ok(json) = serde_json::from_slice::<serde_json::Value>(
+            &store.blob_up_to(&entry.digest, MAX_PLUGIN_MANIFEST)?,
+        ) else {
             continue;
         };
         let mut paths = Vec::new();
@@ -99,6 +114,13 @@ fn plugin_layout(
             for p in plugins {
                 collect(&p["skills"]);
             }
+        }
+        if paths.len() > MAX_PLUGIN_PATHS {
+            warnings.push(format!(
+                "{manifest} lists {} skill paths, more than the {MAX_PLUGIN_PATHS} taken; it is not used",
+                paths.len()
+            ));
+            continue;
         }
         let roots: Vec<String> = paths
             .iter()
@@ -153,7 +175,7 @@ pub fn normalize(
 ) -> Result<Bundle> {
     let root = store.tree(&staged)?;
     let mut layout = toolkit.layout.clone();
-    let manifest = plugin_layout(store, &root, &layout)?;
+    let manifest = plugin_layout(store, &root, &layout, &mut warnings)?;
     let mut unused_manifest = None;
     match manifest {
         Some((declared, file)) if toolkit.plugin_manifest => {
@@ -233,5 +255,6 @@ pub fn normalize(
         manifest: manifest_digest,
         skills: found.skills.len(),
         warnings,
+        skipped: found.skipped,
     })
 }

@@ -80,6 +80,9 @@ struct Stager<'r, 'w, 's> {
     limits: Limits,
     deadline: Instant,
     files: u64,
+    /// Folders met, each counted as often as the trees name it: a tree of many entries naming
+    /// one folder that names another such tree is walked as many times as it is named.
+    folders: u64,
     bytes: u64,
     warnings: Vec<String>,
 }
@@ -134,6 +137,7 @@ pub fn stage(
         limits,
         deadline,
         files: 0,
+        folders: 0,
         bytes: 0,
         warnings: Vec::new(),
     };
@@ -182,6 +186,16 @@ impl Stager<'_, '_, '_> {
             let entry = entry.map_err(|e| {
                 refuse(Code::InvalidArgument, shown, format!("malformed tree: {e}"))
             })?;
+            if entries.len() == cloud_harness_fs::cas::MAX_TREE_ENTRIES {
+                return Err(refuse(
+                    Code::TooLarge,
+                    shown,
+                    format!(
+                        "a folder of more than the limit of {} entries",
+                        cloud_harness_fs::cas::MAX_TREE_ENTRIES
+                    ),
+                ));
+            }
             let raw = entry.filename();
             let lossy = String::from_utf8_lossy(raw);
             let child = join(path, &lossy);
@@ -220,12 +234,15 @@ impl Stager<'_, '_, '_> {
             }
             let oid = entry.oid().to_owned();
             let staged = match kind {
-                EntryKind::Tree => Entry {
-                    name: name.to_owned(),
-                    kind: Kind::Tree,
-                    size: 0,
-                    digest: self.tree(oid, &child, depth + 1)?,
-                },
+                EntryKind::Tree => {
+                    self.folder(&child)?;
+                    Entry {
+                        name: name.to_owned(),
+                        kind: Kind::Tree,
+                        size: 0,
+                        digest: self.tree(oid, &child, depth + 1)?,
+                    }
+                }
                 EntryKind::Blob | EntryKind::BlobExecutable | EntryKind::Link => {
                     let data = self.read_blob(oid, &child)?;
                     let kind = match kind {
@@ -244,6 +261,8 @@ impl Stager<'_, '_, '_> {
                     }
                 }
                 EntryKind::Commit => {
+                    // Counted as a file: each one is a warning kept.
+                    self.count(&child, 0)?;
                     self.warnings.push(format!("{child}: a submodule; skipped"));
                     continue;
                 }
@@ -253,6 +272,22 @@ impl Stager<'_, '_, '_> {
         let tree =
             Tree::new(entries).map_err(|e| refuse(Code::InvalidArgument, shown, e.message))?;
         self.writer.put_tree(&tree)
+    }
+
+    /// A folder more: at most as many as files are allowed.
+    fn folder(&mut self, path: &str) -> Result<()> {
+        self.folders += 1;
+        if self.folders > self.limits.max_files {
+            return Err(refuse(
+                Code::TooLarge,
+                path,
+                format!(
+                    "more than the limit of {} folders (CLOUD_HARNESS_MAX_FILES)",
+                    self.limits.max_files
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn count(&mut self, path: &str, size: u64) -> Result<()> {

@@ -543,6 +543,7 @@ impl Workspaces {
                     "manifest": a.record.manifest,
                     "skillCount": a.record.skills,
                     "warnings": a.record.warnings,
+                    "skipped": a.record.skipped,
                     "warm": a.warm,
                     "mode": a.mode,
                 })
@@ -585,6 +586,7 @@ impl Workspaces {
             "skills": skills,
             "shadowed": shadowed,
             "conflicts": settled,
+            "skipped": super::listing::skipped(&json!(toolkits), index, None),
             "sessionStart": if session_start.is_empty() { Value::Null } else { json!(session_start) },
             "warnings": warnings,
         })

@@ -6,6 +6,8 @@
 mod support;
 
 mod ownership;
+mod parsers;
 mod quotas;
 mod session;
+mod store_of_record;
 mod walks;

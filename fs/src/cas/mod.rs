@@ -14,7 +14,10 @@ pub use digest::{Digest, Hasher};
 pub use import::{import_dir, import_fd, materialize, open_dir, Imported, Limits};
 pub(crate) use store::read_whole;
 pub use store::{ObjectKind, Store, Writer};
-pub use tree::{canonical_order, check_name, Entry, Kind, Tree};
+pub use tree::{
+    canonical_order, check_name, Entry, Kind, Tree, MAX_BYTES as MAX_TREE_BYTES,
+    MAX_ENTRIES as MAX_TREE_ENTRIES,
+};
 
 /// How deep trees in the store may nest. Every producer holds its trees to it (an import, a
 /// staged toolkit), so the walks over stored trees (discovery, links, listings) stay shallow

@@ -8,10 +8,10 @@
 //! database, which the fleet does not have yet; so today what is collected is what
 //! interrupted publications and deleted records left.
 
-use super::{get, put_new, unreachable, wait, RemoteStore, AT_ONCE};
+use super::{get, put_new, unreachable, wait, Got, RemoteStore, AT_ONCE, MAX_RECORD};
 use crate::provision::index::BundleRecord;
 use crate::state::now_ms;
-use cloud_harness_fs::cas::{Digest, Kind, Tree};
+use cloud_harness_fs::cas::{Digest, Kind, Tree, MAX_TREE_BYTES};
 use cloud_harness_fs::{Code, Error, Result};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{StreamExt, TryStreamExt};
@@ -25,6 +25,8 @@ use std::time::Duration;
 const LEASE_FOR: Duration = Duration::from_secs(600);
 /// The margin before the lease's end after which nothing more is deleted.
 const LEASE_MARGIN: Duration = Duration::from_secs(60);
+/// The largest lease read (one is a few dozen bytes).
+const MAX_LEASE: u64 = 64 << 10;
 
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -87,8 +89,11 @@ impl RemoteStore {
                 e_tag: current.meta.e_tag.clone(),
                 version: current.meta.version.clone(),
             };
-            let held: Option<LeaseBody> =
-                serde_json::from_slice(&current.bytes().await.map_err(fail)?).ok();
+            // A lease too large to be one is not one: it is taken over as run out.
+            let held: Option<LeaseBody> = match current.meta.size <= MAX_LEASE {
+                true => serde_json::from_slice(&current.bytes().await.map_err(fail)?).ok(),
+                false => None,
+            };
             if let Some(held) = held.filter(|h| h.expires_at_ms > now_ms()) {
                 return Err(busy(&url, Some(&held)));
             }
@@ -112,7 +117,7 @@ impl RemoteStore {
     fn release_lease(&self, holder: &str) {
         let (objects, path, holder) = (self.objects.clone(), self.lease_path(), holder.to_owned());
         wait(async move {
-            let Ok(Some(bytes)) = get(&objects, &path).await else {
+            let Ok(Got::Bytes(bytes)) = get(&objects, &path, MAX_LEASE).await else {
                 return;
             };
             let held: Option<LeaseBody> = serde_json::from_slice(&bytes).ok();
@@ -146,8 +151,21 @@ impl RemoteStore {
         let mut marked: HashSet<(bool, Digest)> = HashSet::new();
         let mut trees = Vec::new();
         for meta in &records {
-            let Some(bytes) = get(&self.objects, &meta.location).await.map_err(fail)? else {
-                continue;
+            let bytes = match get(&self.objects, &meta.location, MAX_RECORD)
+                .await
+                .map_err(fail)?
+            {
+                Got::Bytes(bytes) => bytes,
+                Got::Missing => continue,
+                Got::TooLarge(size) => {
+                    return Err(Error::new(
+                        Code::Upstream,
+                        format!(
+                            "the record {} is {size} bytes or more, more than the {MAX_RECORD} a record may have; nothing was collected",
+                            meta.location
+                        ),
+                    ))
+                }
             };
             let record: BundleRecord = serde_json::from_slice(&bytes).map_err(|e| {
                 Error::new(
@@ -212,9 +230,13 @@ impl RemoteStore {
                 let Some(digest) = queue.pop() else { break };
                 under_way.push(async move {
                     let path = self.object_path(cloud_harness_fs::cas::ObjectKind::Tree, &digest);
-                    let bytes = get(&self.objects, &path)
+                    let bytes = match get(&self.objects, &path, MAX_TREE_BYTES)
                         .await
-                        .map_err(|e| unreachable(&self.url, e))?;
+                        .map_err(|e| unreachable(&self.url, e))?
+                    {
+                        Got::Bytes(bytes) => Some(bytes),
+                        Got::Missing | Got::TooLarge(_) => None,
+                    };
                     let tree = bytes
                         .filter(|b| Digest::of(b) == digest)
                         .and_then(|b| Tree::decode(&b).ok())

@@ -12,13 +12,20 @@
 //! Objects are immutable and named by digest, so every put is create-only (`If-None-Match: *`)
 //! and "already there" is success, the retry of one's own first attempt included. Publication
 //! goes leaves first — blobs, trees from the deepest up, the manifest — and the index record
-//! last, so a record found names only objects that are there. A download checks every
-//! object's bytes against its name before anything enters the local store, and enters the
-//! whole bundle in one batch or nothing.
+//! last, so a record found names only objects that are there.
+//!
+//! What the bucket holds is not trusted: anyone who can write to it could have put anything
+//! there. A record is read only up to [`MAX_RECORD`] bytes and must name the key it was found
+//! by; a download holds a bundle to the ceilings a toolkit fetched from git is held to (its
+//! objects, bytes, file sizes and depth: `CLOUD_HARNESS_MAX_*`), checks every object's bytes
+//! against its name and every blob's length against what its tree says, reads no object
+//! larger than it may be, and only then enters the whole bundle in one batch; the local bundle
+//! index learns of the bundle after that. A refusal names the record or the object.
 
+mod download;
 mod gc;
+mod publish;
 mod start;
-mod transfer;
 
 pub use gc::FleetGcReport;
 
@@ -41,6 +48,10 @@ const AT_ONCE: usize = 64;
 
 /// The settings this module reads.
 pub const URL_VAR: &str = "TOOLKIT_STORE_URL";
+
+pub use super::index::MAX_RECORD;
+/// The largest tag record read.
+const MAX_TAG_RECORD: u64 = 64 << 10;
 
 #[derive(Clone)]
 pub struct RemoteStore {
@@ -89,6 +100,16 @@ fn wait<T: Send + 'static>(future: impl Future<Output = T> + Send + 'static) -> 
         let _ = tx.send(future.await);
     });
     rx.recv().expect("the object-storage runtime answers")
+}
+
+/// A record of the store of record that is not used: too large, or not a record.
+fn bad_record(url: &str, path: &ObjectPath, code: Code, why: &str) -> Error {
+    crate::metrics::remote("refused");
+    Error::new(
+        code,
+        format!("object storage {url} has a bad record {path} ({why}); it was refused"),
+    )
+    .with_details(serde_json::json!({ "store": url, "record": path.as_ref() }))
 }
 
 fn unreachable(url: &str, e: object_store::Error) -> Error {
@@ -206,25 +227,39 @@ impl RemoteStore {
         self.path(&format!("index/tags/{}.json", index::tag_id(url, tag)))
     }
 
-    /// The bytes at `path`, or None when there is nothing there.
-    fn get(&self, path: ObjectPath) -> Result<Option<Vec<u8>>> {
+    /// The bytes at `path` (at most `max`, else a refusal naming it), or None when there is
+    /// nothing there.
+    fn get(&self, path: ObjectPath, max: u64) -> Result<Option<Vec<u8>>> {
         let objects = self.objects.clone();
         let url = self.url.clone();
-        wait(async move { get(&objects, &path).await.map_err(|e| unreachable(&url, e)) })
+        wait(async move {
+            match get(&objects, &path, max).await {
+                Ok(Got::Bytes(bytes)) => Ok(Some(bytes)),
+                Ok(Got::Missing) => Ok(None),
+                Ok(Got::TooLarge(size)) => Err(bad_record(
+                    &url,
+                    &path,
+                    Code::TooLarge,
+                    &format!("{size} bytes or more, more than the {max} a record may have"),
+                )),
+                Err(e) => Err(unreachable(&url, e)),
+            }
+        })
     }
 
-    /// The record of `key` in the store of record, if one was published.
+    /// The record of `key` in the store of record, if one was published. One that is too
+    /// large or is not a record is refused, named.
     pub fn record(&self, key: &BundleKey) -> Result<Option<BundleRecord>> {
-        let Some(bytes) = self.get(self.record_path(key))? else {
+        let path = self.record_path(key);
+        let Some(bytes) = self.get(path.clone(), MAX_RECORD)? else {
             return Ok(None);
         };
-        let record: BundleRecord = serde_json::from_slice(&bytes).map_err(|e| {
-            Error::new(
+        let record = BundleRecord::decode(&bytes).map_err(|e| {
+            bad_record(
+                &self.url,
+                &path,
                 Code::Upstream,
-                format!(
-                    "object storage holds an unreadable record for {}: {e}",
-                    key.url
-                ),
+                &format!("of {}: {}", key.url, e.message),
             )
         })?;
         // A record is found by a digest of its key; one naming another key is not this one.
@@ -234,7 +269,7 @@ impl RemoteStore {
     /// The commit a tag was resolved to by any runner, if one was published.
     pub fn tag(&self, url: &str, tag: &str) -> Result<Option<String>> {
         Ok(self
-            .get(self.tag_path(url, tag))?
+            .get(self.tag_path(url, tag), MAX_TAG_RECORD)?
             .and_then(|bytes| index::commit_of_tag(&bytes, url, tag)))
     }
 
@@ -263,15 +298,40 @@ fn defaults() -> AmazonS3Builder {
         .with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), "60s")
 }
 
+/// What a bounded read of one object found.
+enum Got {
+    Missing,
+    /// At least this many bytes, more than allowed: not read (or not read on).
+    TooLarge(u64),
+    Bytes(Vec<u8>),
+}
+
+/// The object at `path`, read only if it is at most `max` bytes: the size the server gives
+/// is checked before the body is read, and the body as it comes (a server may say less).
 async fn get(
     objects: &Arc<dyn ObjectStore>,
     path: &ObjectPath,
-) -> object_store::Result<Option<Vec<u8>>> {
-    match objects.get(path).await {
-        Ok(result) => Ok(Some(result.bytes().await?.to_vec())),
-        Err(object_store::Error::NotFound { .. }) => Ok(None),
-        Err(e) => Err(e),
+    max: u64,
+) -> object_store::Result<Got> {
+    use futures_util::StreamExt;
+    let result = match objects.get(path).await {
+        Ok(result) => result,
+        Err(object_store::Error::NotFound { .. }) => return Ok(Got::Missing),
+        Err(e) => return Err(e),
+    };
+    if result.meta.size > max {
+        return Ok(Got::TooLarge(result.meta.size));
     }
+    let mut bytes = Vec::with_capacity(result.meta.size as usize);
+    let mut body = result.into_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk?;
+        if (bytes.len() + chunk.len()) as u64 > max {
+            return Ok(Got::TooLarge((bytes.len() + chunk.len()) as u64));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(Got::Bytes(bytes))
 }
 
 /// A create-only put: true when this call created the object, false when it was there.
