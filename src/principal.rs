@@ -22,15 +22,26 @@ impl Principal {
     }
 
     /// The local user who started this process (stdio, the CLI): an operator, since the
-    /// process's home and store are theirs already.
+    /// process's home and store are theirs already. Named from the user database, not the
+    /// environment, so the name (and with it the idempotency keys) stays the same under a
+    /// service manager that sets no `USER`.
     pub fn local() -> Principal {
-        let user = std::env::var("USER")
+        let uid = nix::unistd::getuid();
+        let user = nix::unistd::User::from_uid(uid)
             .ok()
-            .filter(|u| !u.is_empty())
-            .unwrap_or_else(|| nix::unistd::getuid().to_string());
+            .flatten()
+            .map_or_else(|| uid.to_string(), |u| u.name);
         Principal {
             name: format!("local:{user}"),
             role: Role::Operator,
+        }
+    }
+
+    /// A caller no one vouched for: a client that owns and reaches nothing.
+    pub fn nobody() -> Principal {
+        Principal {
+            name: String::new(),
+            role: Role::Client,
         }
     }
 

@@ -71,6 +71,7 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     let provisioner = Provisioner::from_env(store.clone())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .max_blocking_threads(crate::limits::BLOCKING_THREADS)
         .build()
         .map_err(|e| Error::internal(format!("starting the runtime: {e}")))?;
     let mounting = !args.no_mount;

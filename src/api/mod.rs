@@ -130,10 +130,7 @@ async fn whoami(
     if let Some(csrf) = &id.csrf {
         v["csrfToken"] = json!(csrf);
     }
-    let principal = id.actor();
-    let usage = api.workspaces.usage();
-    let mine = usage.iter().find(|(who, _)| *who == principal);
-    v["usage"] = usage_json(mine.map_or(&[][..], |(_, used)| used.as_slice()));
+    v["usage"] = usage_json(&api.workspaces.usage_of(&id.actor()));
     answer(StatusCode::OK, Ok(v))
 }
 

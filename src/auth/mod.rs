@@ -300,6 +300,23 @@ pub fn redeem(db: &Db, code: &str) -> Result<BrowserSession> {
         csrf: state::secret(),
         max_age_secs: SESSION_MS / 1000,
     };
+    // A code is a secret as `state::secret` makes them; anything else, and a code no one
+    // made, is refused by a read, without taking the writer.
+    let shaped = code.len() == 43
+        && code
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    let known = shaped
+        && db.with(|c| {
+            c.query_row(
+                "SELECT EXISTS (SELECT 1 FROM login_codes WHERE hash = $1)",
+                params![hash(code)],
+                |r| r.get(0),
+            )
+        })?;
+    if !known {
+        return Err(refused());
+    }
     db.write(|tx| {
         let now = state::now_ms();
         // Used up by this attempt whether or not it is still valid.

@@ -8,6 +8,9 @@ use axum::response::Response;
 use cloud_harness_fs::{Code, Error};
 use std::sync::Arc;
 
+/// Login links redeemed at once (by anyone: the page needs no credentials).
+const LOGINS_AT_ONCE: usize = 2;
+
 #[derive(serde::Deserialize)]
 pub struct LoginQuery {
     code: Option<String>,
@@ -20,6 +23,17 @@ pub async fn login(State(auth): State<Arc<Auth>>, Query(q): Query<LoginQuery>) -
             Code::InvalidArgument,
             "code",
             "a login link carries `code`",
+        ));
+    };
+    // Anyone may knock here: a few redemptions at once, the rest told to come back, so a
+    // flood of made-up codes cannot fill the blocking pool or queue on the database's writer.
+    static REDEEMING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(LOGINS_AT_ONCE);
+    let Ok(_turn) = REDEEMING.try_acquire() else {
+        return error_response(&crate::limits::exceeded(
+            "logins_at_once",
+            LOGINS_AT_ONCE as u64,
+            std::time::Duration::from_secs(1),
+            "the server is redeeming other login links",
         ));
     };
     let db = auth.db().clone();

@@ -423,9 +423,7 @@ impl Executor {
                 let argv = bwrap::argv(&self.places, &self.spec, argv, &env, command.limits);
                 process::spawn_local(&argv, None, &[], None).map_err(bwrap::explain)
             }
-            Kind::Host => {
-                process::spawn_local(argv, Some(&self.places.repo), &env, command.limits)
-            }
+            Kind::Host => process::spawn_local(argv, Some(&self.places.repo), &env, command.limits),
         }
     }
 

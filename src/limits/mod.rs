@@ -101,6 +101,9 @@ pub const NAMES: &[(&str, &str)] = &[
     ("request_millis", "CLOUD_HARNESS_LIMIT_REQUEST_MILLIS"),
 ];
 
+/// The largest value a limit takes.
+const MOST: u64 = u32::MAX as u64;
+
 impl Limits {
     fn field(&mut self, name: &str) -> &mut u64 {
         match name {
@@ -134,7 +137,8 @@ impl Limits {
         for (name, var) in NAMES {
             let field = limits.field(name);
             let least = u64::from(*name != "queued_runs");
-            *field = env_number(var, *field)?.max(least);
+            // At most 2^32: past it a count is no bound at all, and a slot table cannot hold it.
+            *field = env_number(var, *field)?.clamp(least, MOST);
         }
         // The older setting, per client address then, still read when the new one is unset.
         if std::env::var_os("CLOUD_HARNESS_LIMIT_SESSIONS").is_none() {
@@ -142,7 +146,7 @@ impl Limits {
                 "CLOUD_HARNESS_HTTP_MAX_SESSIONS_PER_CLIENT",
                 limits.sessions,
             )?
-            .max(1);
+            .clamp(1, MOST);
         }
         Ok(limits)
     }
@@ -176,7 +180,20 @@ pub struct Quotas {
     runs: Slots,
     blocking: Slots,
     in_flight: Slots,
+    /// MCP calls being handled (a call outlives its HTTP request: the SDK runs it on a task
+    /// of its own, and keeps its answer for a late resume).
+    calls: Slots,
+    /// Blocking work of all principals together: the pool keeps [`RESERVED_BLOCKING`]
+    /// threads for the server's own (token checks, probes, restores).
+    all_blocking: Arc<tokio::sync::Semaphore>,
 }
+
+/// Threads of the blocking pool (`serve` builds its runtime with this many).
+pub const BLOCKING_THREADS: usize = 512;
+/// Of those, how many principals' work never takes.
+pub const RESERVED_BLOCKING: usize = 64;
+/// Blocking work of one principal waiting for a slot, per slot; more is refused.
+const BLOCKING_QUEUE_PER_SLOT: usize = 4;
 
 impl Quotas {
     pub fn new(limits: Limits) -> Quotas {
@@ -196,8 +213,15 @@ impl Quotas {
                 limits.imports_per_hour as f64,
             ),
             runs: Slots::new(limits.runs as usize, limits.queued_runs as usize),
-            blocking: Slots::new(limits.blocking as usize, usize::MAX),
+            blocking: Slots::new(
+                limits.blocking as usize,
+                (limits.blocking as usize).saturating_mul(BLOCKING_QUEUE_PER_SLOT),
+            ),
             in_flight: Slots::new(limits.requests_in_flight as usize, 0),
+            calls: Slots::new(limits.requests_in_flight as usize, 0),
+            all_blocking: Arc::new(tokio::sync::Semaphore::new(
+                BLOCKING_THREADS - RESERVED_BLOCKING,
+            )),
         }
     }
 
@@ -221,6 +245,19 @@ impl Quotas {
                 self.limits.requests_in_flight,
                 Duration::from_secs(1),
                 "too many requests at once",
+            )
+        })
+    }
+
+    /// An MCP call of `who` being handled while the returned slot lives (the same limit as
+    /// requests in flight, counted apart).
+    pub fn call(&self, who: &str) -> Result<Held> {
+        self.calls.try_hold(who).ok_or_else(|| {
+            exceeded(
+                "requests_in_flight",
+                self.limits.requests_in_flight,
+                Duration::from_secs(1),
+                "too many MCP calls at once",
             )
         })
     }
@@ -271,7 +308,10 @@ impl Quotas {
         vec![
             ("runs", self.runs.held(who) as u64),
             ("queued_runs", self.runs.waiting(who) as u64),
-            ("requests_in_flight", self.in_flight.held(who) as u64),
+            (
+                "requests_in_flight",
+                (self.in_flight.held(who) + self.calls.held(who)) as u64,
+            ),
             ("blocking", self.blocking.held(who) as u64),
             (
                 "acquisitions_per_hour",
@@ -285,6 +325,7 @@ impl Quotas {
     pub fn principals(&self) -> Vec<String> {
         let mut all = self.runs.keys();
         all.extend(self.in_flight.keys());
+        all.extend(self.calls.keys());
         all.extend(self.blocking.keys());
         all.extend(self.acquisitions.keys());
         all.extend(self.imports.keys());
@@ -317,45 +358,38 @@ pub async fn acting_as<F: Future>(who: &str, work: F) -> F::Output {
 }
 
 /// `work` on the blocking pool, in the caller's span, within the share of the principal the
-/// task acts for (one principal waits for its own slots; the others' work goes on). Work of
-/// no principal (the server's own) takes no slot.
-pub async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> std::result::Result<T, tokio::task::JoinError> {
+/// task acts for (one principal waits for its own slots, and is refused RESOURCE_EXHAUSTED
+/// when too many of its tasks wait; the others' work goes on), and never in the threads kept
+/// for the server's own work. Work of no principal (the server's own) takes no slot. The slots
+/// go with the work: a caller that goes away does not free them while the work runs.
+pub async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T> {
     let who = CURRENT.try_with(|w| w.clone()).ok();
-    let _slot = match &who {
-        Some(who) => quotas().blocking.hold(who).await,
+    let quotas = quotas();
+    let slots = match &who {
+        Some(who) => {
+            let mine = quotas.blocking.hold(who).await.ok_or_else(|| {
+                exceeded(
+                    "blocking",
+                    quotas.limits.blocking,
+                    Duration::from_secs(1),
+                    "too much work waiting",
+                )
+            })?;
+            let all = quotas
+                .all_blocking
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|_| Error::internal("the blocking pool is closed"))?;
+            Some((mine, all))
+        }
         None => None,
     };
     let span = tracing::Span::current();
-    tokio::task::spawn_blocking(move || span.in_scope(work)).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_limit_has_a_setting_with_its_default() {
-        let d = Limits::default();
-        for (name, var) in NAMES {
-            let setting = crate::config::SETTINGS
-                .iter()
-                .find(|s| s.key == format!("limits.{name}"))
-                .unwrap_or_else(|| panic!("no setting limits.{name}"));
-            assert_eq!(setting.env, *var);
-            assert_eq!(setting.default, d.get(name).to_string(), "limits.{name}");
-        }
-    }
-
-    #[test]
-    fn a_refusal_names_the_limit_its_value_and_when_to_retry() {
-        let e = exceeded("workspaces", 3, Duration::from_millis(1500), "too many");
-        assert_eq!(e.code, Code::ResourceExhausted);
-        assert_eq!(e.status, 429);
-        assert_eq!(e.details["limit"], "workspaces");
-        assert_eq!(e.details["value"], 3);
-        assert_eq!(retry_after(&e), Some(2));
-        assert!(e.message.contains("`workspaces` is 3"), "{}", e.message);
-    }
+    tokio::task::spawn_blocking(move || {
+        let _slots = slots;
+        span.in_scope(work)
+    })
+    .await
+    .map_err(|e| Error::internal(format!("the task failed: {e}")))
 }

@@ -37,6 +37,19 @@ async fn guard(State(sessions): State<Arc<Sessions>>, request: Request, next: Ne
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
+    let caller = request
+        .extensions()
+        .get::<crate::auth::Identity>()
+        .map_or_else(String::new, |i| i.actor());
+    if let Some(id) = request
+        .headers()
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+    {
+        if sessions.someone_elses(id, &caller) {
+            return not_found_session();
+        }
+    }
     if request.method() != Method::POST || !is_json {
         // A GET stream may resume a POST's: its answer may carry placeholders too.
         return prewritten::filling(next.run(request).await).await;
@@ -60,15 +73,16 @@ async fn guard(State(sessions): State<Arc<Sessions>>, request: Request, next: Ne
     if !starts_session {
         return answer(next.run(request).await).await;
     }
-    if let Err(full) = sessions.admit(&client).await {
-        return busy(full, sessions.limits().max_per_principal);
-    }
+    let admission = match sessions.admit(&client).await {
+        Ok(admission) => admission,
+        Err(full) => return busy(full, sessions.limits().max_per_principal),
+    };
     let response = answer(next.run(request).await).await;
     let session = response
         .headers()
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok());
-    sessions.answered(&client, session);
+    admission.answered(session);
     response
 }
 
@@ -84,6 +98,14 @@ fn is_initialize(bytes: &[u8]) -> bool {
         method: Option<&'a str>,
     }
     serde_json::from_slice::<Method>(bytes).is_ok_and(|m| m.method == Some("initialize"))
+}
+
+/// A session another principal started, answered as the SDK answers an unknown one.
+fn not_found_session() -> Response {
+    json_response(
+        StatusCode::NOT_FOUND,
+        &json!({ "jsonrpc": "2.0", "id": null, "error": { "code": -32001, "message": "session not found" } }),
+    )
 }
 
 fn json_response(status: StatusCode, body: &serde_json::Value) -> Response {

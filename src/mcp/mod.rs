@@ -126,11 +126,30 @@ fn failure(error: Error) -> CallToolResult {
 /// Who made a request: the principal of the token an HTTP request was authenticated with,
 /// else (stdio) the local user who started the process.
 fn principal(context: &RequestContext<RoleServer>) -> Principal {
-    context
-        .extensions
-        .get::<axum::http::request::Parts>()
-        .and_then(|p| p.extensions.get::<crate::auth::Identity>())
-        .map_or_else(Principal::local, Principal::of)
+    match context.extensions.get::<axum::http::request::Parts>() {
+        None => Principal::local(),
+        // Over HTTP the guard names every caller; one it did not reaches nothing.
+        Some(parts) => parts
+            .extensions
+            .get::<crate::auth::Identity>()
+            .map_or_else(Principal::nobody, Principal::of),
+    }
+}
+
+/// A slot of `who`'s calls, or the quota's refusal as a JSON-RPC error (its `data` as a tool's
+/// error carries it: the code and the details, with `retryAfter`).
+fn call_slot(who: &Principal) -> Result<crate::limits::Held, McpError> {
+    crate::limits::quotas()
+        .call(&who.name)
+        .map_err(|e| rpc_error(&e))
+}
+
+fn rpc_error(e: &Error) -> McpError {
+    McpError::new(
+        rmcp::model::ErrorCode(-32000),
+        e.message.clone(),
+        Some(json!({ "code": e.code, "details": e.details })),
+    )
 }
 
 /// `work` off the async threads, for the protocol's own methods (their errors are JSON-RPC
@@ -354,8 +373,15 @@ impl ServerHandler for HarnessServer {
         // executors): `--log-format json` shows it as `span.request_id`.
         let span = tracing::info_span!("mcp_call", request_id = %crate::state::new_id("req"), tool = %tool);
         let who = principal(&context);
-        let call = crate::limits::acting_as(&who.name, self.dispatch(&who, request, context));
-        let done = tracing::Instrument::instrument(call, span.clone()).await;
+        // Held for the whole call, which outlives its HTTP request.
+        let done = match crate::limits::quotas().call(&who.name) {
+            Ok(_call) => {
+                let call =
+                    crate::limits::acting_as(&who.name, self.dispatch(&who, request, context));
+                tracing::Instrument::instrument(call, span.clone()).await
+            }
+            Err(e) => Err(e),
+        };
         let code = done.as_ref().map_or_else(|e| e.code.as_str(), |_| "OK");
         let took = started.elapsed();
         crate::metrics::call(&tool, code, took);
@@ -375,6 +401,7 @@ impl ServerHandler for HarnessServer {
         let ws = self.workspaces.clone();
         let cursor = request.and_then(|r| r.cursor);
         let who = principal(&context);
+        let _call = call_slot(&who)?;
         let name = who.name.clone();
         let listed = blocking_rpc(move || skills::resources(&ws, &who, cursor.as_deref()));
         let (items, next) = crate::limits::acting_as(&name, listed).await?;
@@ -404,6 +431,7 @@ impl ServerHandler for HarnessServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
         let who = principal(&context);
+        let _call = call_slot(&who)?;
         if let Some((workspace, _, _)) = skills::parse(&request.uri) {
             self.bind(&who, &workspace, &context);
         }
@@ -426,6 +454,7 @@ impl ServerHandler for HarnessServer {
         let ws = self.workspaces.clone();
         let cursor = request.and_then(|r| r.cursor);
         let who = principal(&context);
+        let _call = call_slot(&who)?;
         let name = who.name.clone();
         let listed = blocking_rpc(move || skills::list(&ws, &who, cursor.as_deref()));
         crate::limits::acting_as(&name, listed).await
@@ -438,6 +467,7 @@ impl ServerHandler for HarnessServer {
     ) -> Result<GetSkillResult, McpError> {
         let ws = self.workspaces.clone();
         let who = principal(&context);
+        let _call = call_slot(&who)?;
         let name = who.name.clone();
         let got = blocking_rpc(move || skills::get(&ws, &who, &request.uri));
         crate::limits::acting_as(&name, got).await
@@ -460,6 +490,8 @@ impl ServerHandler for HarnessServer {
     async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
         use tokio::sync::broadcast::error::RecvError;
         let who = principal(context.request_context());
+        // A listener lives as long as its client keeps it: it counts as a call the while.
+        let _call = call_slot(&who)?;
         let mut changes = self.workspaces.catalogue_changes();
         loop {
             tokio::select! {

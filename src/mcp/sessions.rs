@@ -85,6 +85,9 @@ impl Sessions {
     pub fn new(limits: Limits) -> Arc<Sessions> {
         let mut manager = LocalSessionManager::default();
         manager.session_config.keep_alive = Some(limits.idle);
+        // A finished call's answer (up to a MiB) is kept for a late resume this long, not the
+        // SDK's minute: a client dropping its calls as it makes them cannot pile answers up.
+        manager.session_config.completed_cache_ttl = Duration::from_secs(5);
         let sessions = Arc::new(Sessions {
             manager: Arc::new(manager),
             owners: Mutex::new(Owners::default()),
@@ -94,9 +97,10 @@ impl Sessions {
         sessions
     }
 
-    /// Admits a new session of the principal `who`, or says why not. An admitted one must be
-    /// followed by [`Sessions::answered`].
-    pub async fn admit(&self, who: &str) -> Result<(), Full> {
+    /// Admits a new session of the principal `who`, or says why not. The admission counts
+    /// against `who` until it is [`Admission::answered`] or dropped (a client gone before the
+    /// answer leaves nothing counted).
+    pub async fn admit(self: &Arc<Self>, who: &str) -> Result<Admission, Full> {
         let live: Vec<String> = {
             let sessions = self.manager.sessions.read().await;
             sessions.keys().map(|id| id.to_string()).collect()
@@ -122,11 +126,20 @@ impl Sessions {
             });
         }
         *owners.pending.entry(who.to_owned()).or_default() += 1;
-        Ok(())
+        Ok(Admission {
+            sessions: self.clone(),
+            who: who.to_owned(),
+        })
     }
 
-    /// The admitted `initialize` of `who` was answered, with a session or without one.
-    pub fn answered(&self, who: &str, session: Option<&str>) {
+    /// Whether the session `id` is one a principal other than `who` started (a session is
+    /// its starter's: another caller holding its id is answered as if it did not exist).
+    pub fn someone_elses(&self, id: &str, who: &str) -> bool {
+        let owners = self.owners.lock().expect("session owners");
+        owners.by_id.get(id).is_some_and(|owner| owner != who)
+    }
+
+    fn settle(&self, who: &str, session: Option<&str>) {
         let mut owners = self.owners.lock().expect("session owners");
         if let Some(n) = owners.pending.get_mut(who) {
             *n -= 1;
@@ -141,5 +154,25 @@ impl Sessions {
 
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+}
+
+/// An `initialize` admitted and not answered yet.
+pub struct Admission {
+    sessions: Arc<Sessions>,
+    who: String,
+}
+
+impl Admission {
+    /// It was answered, with a session or without one.
+    pub fn answered(self, session: Option<&str>) {
+        self.sessions.settle(&self.who, session);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.sessions.settle(&self.who, None);
     }
 }

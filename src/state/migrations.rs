@@ -306,6 +306,17 @@ CREATE UNIQUE INDEX workspaces_owner_key ON workspaces (owner, idempotency_key);
             ),
         ],
     },
+    Migration {
+        version: 8,
+        description: "a launch conflict is recorded per principal that met it",
+        parts: &[Both(
+            r#"
+DROP INDEX launch_conflicts_open;
+CREATE UNIQUE INDEX launch_conflicts_open ON launch_conflicts (conflict_key, actor) WHERE settled_at IS NULL;
+CREATE INDEX launch_conflicts_actor ON launch_conflicts (actor, last_at);
+"#,
+        )],
+    },
 ];
 
 /// The newest version this binary knows.

@@ -361,6 +361,20 @@ impl Workspaces {
             .collect()
     }
 
+    /// What the principal `who` uses of its limits now.
+    pub fn usage_of(&self, who: &str) -> Vec<(&'static str, u64)> {
+        let open = self.open.lock().expect("workspaces lock");
+        let workspaces = open.values().filter(|w| w.owner() == who).count() as u64;
+        drop(open);
+        let sessions = crate::mcp::sessions::per_principal();
+        let mut used = vec![
+            ("workspaces", workspaces),
+            ("sessions", sessions.get(who).copied().unwrap_or(0) as u64),
+        ];
+        used.extend(crate::limits::quotas().usage(who));
+        used
+    }
+
     /// `workspace_close` asked by `who`: NOT_FOUND for a workspace they may not reach.
     pub fn close_as(&self, who: &Principal, id: &str) -> Result<Value> {
         let owner = match (self.get(id), self.failure(id)) {

@@ -320,7 +320,16 @@ impl Workspaces {
                 return self.replay(&key, bound, digest);
             }
         }
-        let opened = self.open_new(request, asked, repo_url, digest, &id);
+        // A panic is an error like another: the half-made workspace is removed as it unwinds,
+        // and the key and its count against the owner's limit are freed here.
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.open_new(request, asked, repo_url, digest, &id)
+        }))
+        .unwrap_or_else(|_| {
+            Err(Error::internal(
+                "the open stopped unexpectedly (the server's log says where)",
+            ))
+        });
         match &opened {
             Ok(_) => keys::opened(&self.db, &id)?,
             Err(_) => keys::release(&self.db, &id)?,
@@ -401,6 +410,8 @@ impl Workspaces {
         let mut repository = Value::Null;
         match repo_url {
             Some(fetched) => {
+                // A project's clone always goes to the network: one of the opener's budget.
+                crate::limits::quotas().acquisition(actor)?;
                 let started = Instant::now();
                 let deadline = started + Duration::from_secs(self.provisioner.limits.max_seconds);
                 let commit = fetch::clone_worktree(

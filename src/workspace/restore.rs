@@ -172,12 +172,14 @@ impl Workspaces {
                 home: self.home.clone(),
             };
             let act = self.activator();
+            // Kept for a failure to name its owner.
+            let kept = record.clone();
             let spawned = std::thread::Builder::new()
                 .name("restore".into())
                 .spawn(move || shared.restore(&act, record, dir, overrides));
             match spawned {
                 Ok(_) => started += 1,
-                Err(e) => self.fail(&id, None, format!("no thread to restore it on ({e})")),
+                Err(e) => self.fail(&id, Some(kept), format!("no thread to restore it on ({e})")),
             }
         }
         // A row whose workspace has no record (an open cut short, its folder swept above):
@@ -189,7 +191,9 @@ impl Workspaces {
                 }
             }
         }
-        let deadline = Instant::now() + self.restore_timeout;
+        let deadline = Instant::now()
+            .checked_add(self.restore_timeout)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
         let (count, bell) = &*ended;
         let mut done = count.lock().expect("restore count lock");
         while *done < started {

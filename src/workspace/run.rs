@@ -51,9 +51,7 @@ pub struct RunRequest {
 pub async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    crate::limits::blocking(work)
-        .await
-        .unwrap_or_else(|e| Err(Error::internal(format!("the task failed: {e}"))))
+    crate::limits::blocking(work).await.and_then(|r| r)
 }
 
 impl Workspace {

@@ -383,3 +383,78 @@ fn run_owned(
         json!({"workspace": ws["workspace"], "skill": "busy", "script": script}),
     )
 }
+
+/// MCP calls outlive their HTTP requests (the SDK runs each on a task of its own): each one
+/// holds a slot of its principal's `requests_in_flight` until it ends.
+#[test]
+fn calls_in_flight_are_bounded_per_principal() {
+    if !crate::support::executor_backend("bwrap") {
+        assert!(std::env::var_os("CI").is_none(), "bubblewrap is missing");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let kit = busy_toolkit(&tmp);
+    let w = world_with(
+        tmp,
+        &[
+            ("CLOUD_HARNESS_EXECUTOR", "bwrap"),
+            ("CLOUD_HARNESS_CONTAINERS", "off"),
+            ("ALLOWED_GIT_HOSTS", crate::support::WARM_HOST),
+            ("CLOUD_HARNESS_LIMIT_REQUESTS_IN_FLIGHT", "2"),
+        ],
+    );
+    let (alice, bob) = (client(&w, "alice"), client(&w, "bob"));
+    let addr = w.server.addr;
+    let (sa, sb) = (mcp_session(addr, &alice), mcp_session(addr, &bob));
+    let open = |token: &str, session: &str| {
+        ok(&tool(
+            addr,
+            token,
+            session,
+            "workspace_open",
+            json!({"idempotencyKey": "calls", "toolkits": [kit]}),
+        ))
+        .clone()
+    };
+    let (wa, wb) = (open(&alice, &sa), open(&bob, &sb));
+    let digest = crate::support::skill_digest(&wa, "busy");
+    w.op(
+        "POST",
+        "/api/v1/approvals",
+        Some(json!({"digest": digest, "skill": "busy"})),
+    );
+    let slow: Vec<_> = (0..2)
+        .map(|_| {
+            let (alice, wa) = (alice.clone(), wa.clone());
+            let session = mcp_session(addr, &alice);
+            std::thread::spawn(move || run_owned(addr, &alice, &session, &wa, "scripts/slow.sh"))
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let usage = w.call("GET", "/api/v1/whoami", Some(&alice), None).1;
+        if usage["usage"]["runs"]["used"] == 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slow runs never started: {usage}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let list = |token: &str, session: &str, ws: &Value| {
+        tool(
+            addr,
+            token,
+            session,
+            "skills_list",
+            json!({"workspace": ws["workspace"]}),
+        )
+    };
+    exhausted(&list(&alice, &sa, &wa), "requests_in_flight", 2);
+    ok(&list(&bob, &sb, &wb));
+    for run in slow {
+        ok(&run.join().unwrap());
+    }
+    ok(&list(&alice, &sa, &wa));
+}
