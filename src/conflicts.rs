@@ -95,7 +95,7 @@ pub fn record(
             let existing: Option<String> = tx
                 .query_row(
                     "UPDATE launch_conflicts SET last_at = $1, refusals = refusals + 1, request = $2
-                     WHERE conflict_key = $4 AND actor = $3 AND settled_at IS NULL RETURNING id",
+                     WHERE actor = $3 AND conflict_key = $4 AND settled_at IS NULL RETURNING id",
                     params![now, request.to_string(), actor, key],
                     |r| r.get(0),
                 )

@@ -2,7 +2,8 @@
 //! default (shared by `serve` and the CLI of one machine), or PostgreSQL at
 //! `CLOUD_HARNESS_DATABASE_URL` for a fleet of runners sharing one database. Every query of
 //! the control plane goes through [`Db`], written once in the SQL both engines accept
-//! (numbered `$n` parameters, `ON CONFLICT`, partial unique indexes, `RETURNING`; a parameter
+//! (numbered `$n` parameters, first used in their order: SQLite numbers `$n` by where it
+//! first appears, `ON CONFLICT`, partial unique indexes, `RETURNING`; a parameter
 //! that is only tested for NULL is cast, `CAST($1 AS TEXT) IS NULL`, so PostgreSQL knows its
 //! type), with the same versioned migrations on both.
 //!
@@ -221,3 +222,51 @@ fn hex_of(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod parameters {
+    /// SQLite takes `$n` as a name and numbers names as they first appear: a statement whose
+    /// `$2` comes before its `$1` binds them the other way round there (and right on
+    /// PostgreSQL). Every statement of the harness uses its parameters first in order.
+    #[test]
+    fn every_statement_uses_its_parameters_first_in_order() {
+        let mut stack = vec![std::path::PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src"
+        ))];
+        let mut wrong = Vec::new();
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                if path.extension().is_none_or(|e| e != "rs") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                for literal in text.split('"').skip(1).step_by(2) {
+                    let sql = ["SELECT ", "UPDATE ", "INSERT ", "DELETE "];
+                    if !sql.iter().any(|k| literal.contains(k)) {
+                        continue;
+                    }
+                    let mut seen: Vec<u32> = Vec::new();
+                    for part in literal.split('$').skip(1) {
+                        let digits: String =
+                            part.chars().take_while(char::is_ascii_digit).collect();
+                        if let Ok(n) = digits.parse() {
+                            if !seen.contains(&n) {
+                                seen.push(n);
+                            }
+                        }
+                    }
+                    if seen.iter().enumerate().any(|(i, n)| *n as usize != i + 1) {
+                        wrong.push(format!("{}: {}", path.display(), literal.trim()));
+                    }
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
+}

@@ -139,8 +139,9 @@ pub fn adopt(
         )
         .map_err(state::internal)?;
         tx.execute(
-            "UPDATE workspaces SET state = 'open', runner = $2 WHERE id = $1",
-            params![id, db.runner()],
+            // Parameters numbered in the order they appear: SQLite numbers `$n` by appearance.
+            "UPDATE workspaces SET state = 'open', runner = $1 WHERE id = $2",
+            params![db.runner(), id],
         )
         .map_err(state::internal)?;
         let holder: String = tx
