@@ -4,8 +4,9 @@
 //! A secret's check is kept for [`CACHE_TTL`] (one it refused, [`REFUSED_TTL`]); one check
 //! per secret runs at a time, on the blocking pool, and callers of that secret share its
 //! answer. Secrets seen before (a caller at work) are checked again under their own bound
-//! ([`KNOWN_CHECKS`]), apart from secrets never seen ([`UNKNOWN_CHECKS`]): a flood of made-up
-//! tokens waits on its own bound and never delays the callers already let in. When the
+//! ([`KNOWN_CHECKS`]), apart from secrets never seen ([`UNKNOWN_CHECKS`]); a secret no one
+//! made is refused from the set of those that exist (`known`) without asking the database, so
+//! a flood of made-up tokens never delays callers, new or already let in. When the
 //! database does not answer in time, a caller checked within [`STALE_GRACE`] is let in as it
 //! was; anyone else gets a retryable TIMEOUT. A revocation in this process voids every kept
 //! check at once ([`forget_cached`]); one made elsewhere takes effect here within
@@ -45,6 +46,7 @@ static REVOKED: AtomicU64 = AtomicU64::new(0);
 /// Voids every kept check (a token was revoked, a session ended).
 pub fn forget_cached() {
     REVOKED.fetch_add(1, Ordering::SeqCst);
+    super::known::changed();
 }
 
 /// What a secret is.
@@ -60,6 +62,8 @@ type Answer = Result<Option<Identity>, Error>;
 
 pub struct Checks {
     db: Db,
+    /// The secrets that exist: one no one made is refused without queuing for the database.
+    exist: super::known::Known,
     known: Arc<Semaphore>,
     unknown: Arc<Semaphore>,
     kept: Mutex<Kept>,
@@ -92,6 +96,7 @@ impl Checks {
     pub fn new(db: Db) -> Arc<Checks> {
         Arc::new(Checks {
             db,
+            exist: Default::default(),
             known: Arc::new(Semaphore::new(KNOWN_CHECKS)),
             unknown: Arc::new(Semaphore::new(UNKNOWN_CHECKS)),
             kept: Mutex::default(),
@@ -104,8 +109,18 @@ impl Checks {
             return Ok(None);
         }
         // Kept by hash: the secrets themselves stay in no table of this process.
-        let key = format!("{kind:?}:{}", super::hash(secret));
+        let hashed = super::hash(secret);
+        let key = format!("{kind:?}:{hashed}");
         let generation = REVOKED.load(Ordering::SeqCst);
+        let seen = self
+            .kept
+            .lock()
+            .expect("token checks")
+            .found
+            .contains_key(&key);
+        if !seen && self.exist.exists(&self.db, kind, &hashed).await == Some(false) {
+            return Ok(None);
+        }
         let (found, flight) = {
             let mut kept = self.kept.lock().expect("token checks");
             // Let in before, even if a revocation since voids that check: its next check
@@ -346,24 +361,17 @@ mod tests {
         // The real caller is served meanwhile (the flood waits on its own bound).
         let id = checks.identify(&made.token, Kind::Token).await.unwrap();
         assert_eq!(id.unwrap().name, "agent");
+        // Each is refused from the set of the secrets that exist: none waits, none asks the
+        // database.
         for f in flood {
-            match f.await.unwrap() {
-                Ok(None) => {}
-                Err(e) => assert_eq!(e.code, Code::Timeout, "{e}"),
-                Ok(Some(id)) => panic!("a made-up token was let in as {id:?}"),
-            }
+            assert_eq!(f.await.unwrap().unwrap(), None);
         }
         assert_eq!(checks.in_flight(), 0);
-        assert!(checks.kept.lock().unwrap().refused.len() <= MAX_REFUSED);
-        // A secret refused is kept as refused.
-        let again = made_up();
-        assert_eq!(checks.identify(&again, Kind::Token).await.unwrap(), None);
-        assert!(checks
-            .kept
-            .lock()
-            .unwrap()
-            .refused
-            .contains_key(&format!("Token:{}", super::super::hash(&again))));
+        assert!(checks.kept.lock().unwrap().refused.is_empty());
+        // A token made meanwhile (here, or within a second elsewhere) is let in at once.
+        let new = crate::auth::create(&db, "newcomer", Role::Client, "test").unwrap();
+        let id = checks.identify(&new.token, Kind::Token).await.unwrap();
+        assert_eq!(id.unwrap().name, "newcomer");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -397,8 +405,10 @@ mod tests {
             .insert(key.clone(), flight.clone());
         let id = checks.identify(&made.token, Kind::Token).await.unwrap();
         assert_eq!(id.unwrap().name, "agent");
-        // One never seen gets the retryable error instead.
-        let other = made_up();
+        // A real one never seen gets the retryable error instead.
+        let other = crate::auth::create(&db, "other", Role::Client, "test")
+            .unwrap()
+            .token;
         let key = format!("Token:{}", super::super::hash(&other));
         checks.kept.lock().unwrap().flights.insert(key, flight);
         let e = checks.identify(&other, Kind::Token).await.unwrap_err();

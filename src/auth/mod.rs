@@ -4,6 +4,7 @@
 
 mod checks;
 pub mod http;
+mod known;
 pub mod pages;
 
 use crate::audit;
@@ -165,6 +166,7 @@ pub fn create(db: &Db, name: &str, role: Role, actor: &str) -> Result<NewToken> 
         })?;
         audit::record(tx, actor, "token.create", &format!("token:{name}"), &json!({ "role": role, "id": info.id }))
     })?;
+    known::changed();
     Ok(NewToken {
         info,
         token: secret,
@@ -352,6 +354,7 @@ pub fn redeem(db: &Db, code: &str) -> Result<BrowserSession> {
             .map_err(state::internal)?;
         audit::record(tx, &format!("token:{name}"), "login", &format!("token:{name}"), &json!({ "via": "browser" }))
     })?;
+    known::changed();
     Ok(session)
 }
 

@@ -50,10 +50,17 @@ impl Buckets {
                 b.tokens < burst
             });
         }
-        let bucket = all.entry(who.to_owned()).or_insert(Bucket {
-            tokens: self.burst,
-            at: now,
-        });
+        // Looked up first: a name is copied only the first time it is seen.
+        if !all.contains_key(who) {
+            all.insert(
+                who.to_owned(),
+                Bucket {
+                    tokens: self.burst,
+                    at: now,
+                },
+            );
+        }
+        let bucket = all.get_mut(who).expect("just inserted");
         bucket.refill(self.rate, self.burst, now);
         if bucket.tokens >= 1.0 {
             bucket.tokens -= 1.0;

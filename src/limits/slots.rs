@@ -54,14 +54,15 @@ impl Slots {
                     || s.waiting.load(Ordering::SeqCst) > 0
             });
         }
-        all.entry(who.to_owned())
-            .or_insert_with(|| {
-                Arc::new(Share {
-                    free: Arc::new(Semaphore::new(self.size)),
-                    waiting: AtomicUsize::new(0),
-                })
-            })
-            .clone()
+        if let Some(share) = all.get(who) {
+            return share.clone();
+        }
+        let share = Arc::new(Share {
+            free: Arc::new(Semaphore::new(self.size)),
+            waiting: AtomicUsize::new(0),
+        });
+        all.insert(who.to_owned(), share.clone());
+        share
     }
 
     /// A slot of `who`'s if one is free now.

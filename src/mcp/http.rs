@@ -55,11 +55,33 @@ async fn guard(State(sessions): State<Arc<Sessions>>, request: Request, next: Ne
         return prewritten::filling(next.run(request).await).await;
     }
     let (mut parts, body) = request.into_parts();
-    let bytes = match axum::body::to_bytes(body, malformed::MAX_MESSAGE).await {
+    // Bodies held at once are bounded in bytes, server-wide: a message may be 16 MiB, and
+    // many of them at once would be memory no quota counts.
+    let claimed = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .map_or(malformed::MAX_MESSAGE, |n| n.min(malformed::MAX_MESSAGE));
+    let _held = match held_bytes(claimed).await {
+        Some(held) => held,
+        None => return server_busy(),
+    };
+    let bytes = match axum::body::to_bytes(body, claimed.max(1)).await {
         Ok(bytes) => bytes,
         Err(_) => return refused(malformed::too_large()),
     };
-    if let Some(r) = malformed::check(&bytes) {
+    // A large message's check is work: off the threads that serve every connection.
+    let checked = if bytes.len() > 256 << 10 {
+        let b = bytes.clone();
+        match crate::limits::blocking(move || malformed::check(&b)).await {
+            Ok(checked) => checked,
+            Err(e) => return crate::limits::http::refusal(&e, true),
+        }
+    } else {
+        malformed::check(&bytes)
+    };
+    if let Some(r) = checked {
         return refused(r);
     }
     let starts_session = !parts.headers.contains_key(SESSION_HEADER) && is_initialize(&bytes);
@@ -98,6 +120,35 @@ fn is_initialize(bytes: &[u8]) -> bool {
         method: Option<&'a str>,
     }
     serde_json::from_slice::<Method>(bytes).is_ok_and(|m| m.method == Some("initialize"))
+}
+
+/// Bytes of request bodies held at once, in KiB.
+const BODY_BUDGET_KIB: u32 = 256 << 10;
+
+/// A share of [`BODY_BUDGET_KIB`] for a body of `bytes`, waited for at most 10 s.
+async fn held_bytes(bytes: usize) -> Option<tokio::sync::SemaphorePermit<'static>> {
+    static BUDGET: tokio::sync::Semaphore =
+        tokio::sync::Semaphore::const_new(BODY_BUDGET_KIB as usize);
+    let kib = u32::try_from(bytes.div_ceil(1024))
+        .unwrap_or(u32::MAX)
+        .max(1);
+    let wait = BUDGET.acquire_many(kib.min(BODY_BUDGET_KIB));
+    tokio::time::timeout(std::time::Duration::from_secs(10), wait)
+        .await
+        .ok()?
+        .ok()
+}
+
+/// The server holds as many request bodies as it takes: try again shortly.
+fn server_busy() -> Response {
+    let mut response = json_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &json!({ "jsonrpc": "2.0", "id": null, "error": { "code": -32000, "message": "the server holds as many requests as it takes; try again shortly" } }),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(1));
+    response
 }
 
 /// A session another principal started, answered as the SDK answers an unknown one.

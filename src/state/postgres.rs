@@ -65,6 +65,18 @@ impl Target {
     }
 }
 
+/// Rolls a transaction back if dropped while a panic unwinds.
+struct RollbackOnPanic<'a>(&'a Pg);
+
+impl Drop for RollbackOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.lost.set(true);
+            let _ = self.0.batch("ROLLBACK");
+        }
+    }
+}
+
 pub struct Pg {
     target: Target,
     client: tokio_postgres::Client,
@@ -114,7 +126,11 @@ impl Pg {
             r => r?,
         }
         self.failed.set(false);
+        // A panic in `f` leaves no transaction open, and so no fleet-wide lock held: it is
+        // rolled back as the panic goes by, and the connection made again before its next use.
+        let guard = RollbackOnPanic(self);
         let value = f(self);
+        std::mem::forget(guard);
         match value {
             Ok(v) if !self.failed.get() => {
                 self.batch("COMMIT")?;
@@ -243,7 +259,9 @@ fn open(config: &tokio_postgres::Config, shown: &str) -> DbResult<tokio_postgres
     let config = config.clone();
     let tls = tls().map_err(|e| DbError::other(format!("TLS for the state database: {e}")))?;
     let settings = session_settings(&config);
-    let connected = runtime()?.spawn(async move {
+    // The whole of it bounded: `connect_timeout` covers the TCP connect only, and a server
+    // (or a balancer) that accepts and then says nothing would hold the caller forever.
+    let connecting = async move {
         let (client, connection) = config.connect(tls).await?;
         // The connection's own task does the reading and writing for every query.
         tokio::spawn(async move {
@@ -255,9 +273,19 @@ fn open(config: &tokio_postgres::Config, shown: &str) -> DbResult<tokio_postgres
             client.batch_execute(&settings).await?;
         }
         Ok::<_, tokio_postgres::Error>(client)
-    });
+    };
+    // (The timer is made on the runtime: it needs its clock.)
+    let connected =
+        runtime()?.spawn(async move { tokio::time::timeout(ANSWER_TIMEOUT, connecting).await });
     match futures_executor::block_on(connected) {
-        Ok(r) => r.map_err(|e| error(e, shown)),
+        Ok(Ok(r)) => r.map_err(|e| error(e, shown)),
+        Ok(Err(_)) => Err(DbError {
+            kind: ErrorKind::Timeout,
+            message: format!(
+                "connecting to the state database at {shown} took more than {} s",
+                ANSWER_TIMEOUT.as_secs()
+            ),
+        }),
         Err(e) => Err(DbError::other(format!(
             "connecting to the state database: {e}"
         ))),
