@@ -19,8 +19,11 @@
 //! by; a download holds a bundle to the ceilings a toolkit fetched from git is held to (its
 //! objects, bytes, file sizes and depth: `CLOUD_HARNESS_MAX_*`), checks every object's bytes
 //! against its name and every blob's length against what its tree says, reads no object
-//! larger than it may be, and only then enters the whole bundle in one batch; the local bundle
-//! index learns of the bundle after that. A refusal names the record or the object.
+//! larger than it may be, counts the bundle's files, folders and bytes by path as staging
+//! would, and only then enters the whole bundle in one batch; the local bundle index learns of
+//! the bundle after that. A refusal names the record or the object. A download ends within the
+//! fetch timeout (`CLOUD_HARNESS_FETCH_TIMEOUT`), two run at once in the process, and at most
+//! 64 MiB of objects are on their way in at once.
 
 mod download;
 mod gc;
