@@ -4,9 +4,9 @@
 //! object storage or a runner killed mid-publication loses nothing and never leaves a record
 //! naming a missing object.
 
-mod support;
 #[path = "fleet/bucket.rs"]
 mod bucket;
+mod support;
 
 use cloud_harness::provision::index::{BundleKey, BundleRecord};
 use cloud_harness::provision::{Acquired, Provisioner};
@@ -769,9 +769,8 @@ fn a_bundle_of_few_objects_and_many_paths_in_the_bucket_is_refused() {
         size: bytes.len() as u64,
         digest: w.put_blob(bytes).unwrap(),
     };
-    let folder = |w: &mut Writer<'_>, entries: Vec<Entry>| {
-        w.put_tree(&Tree::new(entries).unwrap()).unwrap()
-    };
+    let folder =
+        |w: &mut Writer<'_>, entries: Vec<Entry>| w.put_tree(&Tree::new(entries).unwrap()).unwrap();
     let sub = |name: &str, digest: Digest| Entry {
         name: name.into(),
         kind: Kind::Tree,

@@ -63,7 +63,7 @@ fn collect(
                 let sub = budget.tree(store, &entry.digest)?;
                 collect(store, &sub, at, out, budget)?
             }
-            Kind::Symlink => out.push((at.clone(), link_target(store, &entry)?)),
+            Kind::Symlink => out.push((at.clone(), link_target(store, entry)?)),
             _ => {}
         }
         at.pop();
@@ -102,11 +102,7 @@ impl Trees<'_> {
 }
 
 /// The entry at `path` within the skill, if any.
-fn entry_at(
-    trees: &mut Trees,
-    root: &Tree,
-    path: &[String],
-) -> Result<Option<crate::cas::Entry>> {
+fn entry_at(trees: &mut Trees, root: &Tree, path: &[String]) -> Result<Option<crate::cas::Entry>> {
     let mut folder: Option<Digest> = None;
     for (i, part) in path.iter().enumerate() {
         let tree = match folder {

@@ -400,14 +400,26 @@ fn folders_named_over_and_over_stop_the_walk_at_its_budget() {
         .unwrap();
     w.commit().unwrap();
 
-    let found = discover(&store, &with_skill, &Layout::default(), &SkillCache::default()).unwrap();
+    let found = discover(
+        &store,
+        &with_skill,
+        &Layout::default(),
+        &SkillCache::default(),
+    )
+    .unwrap();
     assert_eq!(names(&found), [("good", "skills/good")]);
     assert_eq!(found.skipped.len(), 1, "{:?}", found.skipped);
     assert_eq!(found.skipped[0].path, "skills/vast");
     assert_eq!(found.skipped[0].code, "TOO_LARGE");
     assert_eq!(found.skipped[0].details["limit"], MAX_WALK_ENTRIES);
 
-    let e = discover(&store, &categories, &Layout::default(), &SkillCache::default()).unwrap_err();
+    let e = discover(
+        &store,
+        &categories,
+        &Layout::default(),
+        &SkillCache::default(),
+    )
+    .unwrap_err();
     assert_eq!(e.code, Code::TooLarge, "{e}");
     assert!(e.message.starts_with("`skills/d"), "{e}");
     assert_eq!(e.details["bound"], "walk_entries");

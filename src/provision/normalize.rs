@@ -2,7 +2,7 @@
 //! entries are the skill folders, side by side — and a manifest of where they came from.
 
 use crate::toolkit::{Toolkit, MAX_PATH, MAX_ROOTS};
-use cloud_harness_fs::cas::{Digest, Entry, Kind, Store, Tree};
+use cloud_harness_fs::cas::{Digest, Entry, Kind, Store, Tree, WalkBudget};
 use cloud_harness_fs::discovery::{discover, Layout, SkillCache, Skipped};
 use cloud_harness_fs::{Code, Error, Result};
 use serde::Serialize;
@@ -181,15 +181,16 @@ fn files_of(
     digest: &Digest,
     prefix: &str,
     out: &mut Vec<ManifestFile>,
+    budget: &mut WalkBudget,
 ) -> Result<()> {
-    for e in store.tree(digest)?.entries() {
+    for e in budget.tree(store, digest)?.entries() {
         let path = if prefix.is_empty() {
             e.name.clone()
         } else {
             format!("{prefix}/{}", e.name)
         };
         if e.kind == Kind::Tree {
-            files_of(store, &e.digest, &path, out)?;
+            files_of(store, &e.digest, &path, out, budget)?;
         } else {
             out.push(ManifestFile {
                 path,
@@ -242,6 +243,8 @@ pub fn normalize(
         }
     }
 
+    // The manifest lists every file of every skill, by path: one walk, one budget.
+    let mut budget = WalkBudget::default();
     let mut by_name: BTreeMap<&str, &str> = BTreeMap::new();
     let mut entries = Vec::new();
     let mut skills = Vec::new();
@@ -260,7 +263,7 @@ pub fn normalize(
             warnings.push(format!("{}: {w}", s.name));
         }
         let mut files = Vec::new();
-        files_of(store, &s.info.digest, "", &mut files)?;
+        files_of(store, &s.info.digest, "", &mut files, &mut budget)?;
         skills.push(ManifestSkill {
             name: s.name.to_string(),
             path: s.path.clone(),
@@ -315,7 +318,14 @@ mod tests {
         tops.extend(["./", ""]);
         assert_eq!(roots(&tops, true), (vec![".".to_owned()], vec![]));
         let (taken, warned) = roots(
-            &["skills", "./skills/", "skills/cat", "skills-extra", "../up", "/abs"],
+            &[
+                "skills",
+                "./skills/",
+                "skills/cat",
+                "skills-extra",
+                "../up",
+                "/abs",
+            ],
             true,
         );
         assert_eq!(taken, ["skills", "skills-extra"]);
@@ -328,7 +338,10 @@ mod tests {
         let (taken, warned) = roots(&many, true);
         assert_eq!(taken.len(), MAX_ROOTS);
         assert_eq!(taken[0], "kit-00/skills");
-        assert!(warned[0].contains("lists 40 skill roots, more than the 16 taken"), "{warned:?}");
+        assert!(
+            warned[0].contains("lists 40 skill roots, more than the 16 taken"),
+            "{warned:?}"
+        );
     }
 
     /// A toolkit whose plugin manifest lists its top 4096 times: each skill once, whether or

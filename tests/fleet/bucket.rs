@@ -149,7 +149,11 @@ fn hold(mut conn: TcpStream, seen: &Mutex<Seen>, stop: &AtomicBool) {
         match conn.read(&mut buf) {
             Ok(0) => break,
             Ok(_) => {}
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
             Err(_) => break,
         }
     }

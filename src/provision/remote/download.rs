@@ -252,7 +252,9 @@ fn look(store: &Store, url: &str, want: Want) -> Result<Came> {
                     url,
                     kind,
                     &digest,
-                    &format!("its tree says {size} bytes, and the copy in the local store has {local}"),
+                    &format!(
+                        "its tree says {size} bytes, and the copy in the local store has {local}"
+                    ),
                 ));
             }
             Ok(Came::Present(want, None))
@@ -517,13 +519,7 @@ impl Walked {
             None
         };
         match past_one {
-            Some((what, limit)) => Err(past(
-                named,
-                ObjectKind::Tree,
-                &record.bundle,
-                &what,
-                limit,
-            )),
+            Some((what, limit)) => Err(past(named, ObjectKind::Tree, &record.bundle, &what, limit)),
             None => Ok(()),
         }
     }
@@ -559,7 +555,9 @@ impl Walked {
                     let below = shapes[&e.digest];
                     shape.height = shape.height.max(below.height + 1);
                     shape.files = shape.files.saturating_add(below.files);
-                    shape.folders = shape.folders.saturating_add(below.folders.saturating_add(1));
+                    shape.folders = shape
+                        .folders
+                        .saturating_add(below.folders.saturating_add(1));
                     shape.bytes = shape.bytes.saturating_add(below.bytes);
                 } else {
                     shape.files = shape.files.saturating_add(1);
@@ -716,8 +714,14 @@ mod tests {
         // 64 × 64 files by path, 4 distinct objects.
         let e = walked.check_bundle(&named, &record, limits).unwrap_err();
         assert_eq!(e.code, Code::TooLarge, "{e}");
-        assert!(e.message.contains("holds 4096 files counted by path"), "{e}");
-        assert!(e.message.contains("more than the limit of 4000 files"), "{e}");
+        assert!(
+            e.message.contains("holds 4096 files counted by path"),
+            "{e}"
+        );
+        assert!(
+            e.message.contains("more than the limit of 4000 files"),
+            "{e}"
+        );
         assert_eq!(e.details["record"], "p/index/bundles/k.json");
         assert_eq!(e.details["limit"], 4000);
         let fits = Limits {
@@ -730,6 +734,9 @@ mod tests {
             ..fits
         };
         let e = walked.check_bundle(&named, &record, bytes).unwrap_err();
-        assert!(e.message.contains("holds 40960 bytes counted by path"), "{e}");
+        assert!(
+            e.message.contains("holds 40960 bytes counted by path"),
+            "{e}"
+        );
     }
 }

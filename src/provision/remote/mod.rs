@@ -114,10 +114,14 @@ fn wait<T: Send + 'static>(future: impl Future<Output = Result<T>> + Send + 'sta
 
 /// Runs `work` on a blocking thread of the object-storage runtime (hashing, decoding, the
 /// local store), not on one of its two workers.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .unwrap_or_else(|e| Err(Error::internal(format!("a blocking step of a download failed: {e}"))))
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        Err(Error::internal(format!(
+            "a blocking step of a download failed: {e}"
+        )))
+    })
 }
 
 /// A record of the store of record that is not used: too large, or not a record.
@@ -331,7 +335,9 @@ async fn get(
     path: &ObjectPath,
     max: u64,
 ) -> object_store::Result<Got> {
-    get_held(objects, path, max, false).await.map(|(got, _)| got)
+    get_held(objects, path, max, false)
+        .await
+        .map(|(got, _)| got)
 }
 
 /// Bytes of objects on their way in (asked for, arriving, being verified) at once, all
