@@ -25,6 +25,7 @@
 //! fetch timeout (`CLOUD_HARNESS_FETCH_TIMEOUT`), two run at once in the process, and at most
 //! 64 MiB of objects are on their way in at once.
 
+mod ceilings;
 mod download;
 mod gc;
 mod publish;
@@ -132,6 +133,23 @@ fn bad_record(url: &str, path: &ObjectPath, code: Code, why: &str) -> Error {
         format!("object storage {url} has a bad record {path} ({why}); it was refused"),
     )
     .with_details(serde_json::json!({ "store": url, "record": path.as_ref() }))
+}
+
+/// An object of the store of record that may not enter the local store.
+fn refused(url: &str, kind: ObjectKind, digest: &Digest, why: &str) -> Error {
+    crate::metrics::remote("refused");
+    Error::new(
+        Code::Upstream,
+        format!(
+            "object storage {url} has a bad {} {digest} ({why}); it was refused and nothing of its bundle entered the store",
+            kind.dir_name()
+        ),
+    )
+    .with_details(serde_json::json!({
+        "store": url,
+        "object": digest.to_string(),
+        "kind": kind.dir_name(),
+    }))
 }
 
 fn unreachable(url: &str, e: object_store::Error) -> Error {
