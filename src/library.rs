@@ -301,13 +301,15 @@ pub fn used_by(
         .collect()
 }
 
-/// Every file of the skill folder `digest`: path, size and digest, in path order.
+/// Every file of the skill folder `digest`: path, size and digest, in path order. The
+/// folders listed count against a walk's entry budget.
 pub fn files(store: &Store, digest: &Digest) -> Result<Vec<Value>> {
     use cloud_harness_fs::cas::Kind;
     let mut out = Vec::new();
+    let mut budget = cloud_harness_fs::cas::WalkBudget::default();
     let mut pending = vec![(String::new(), *digest)];
     while let Some((dir, tree)) = pending.pop() {
-        for e in store.tree(&tree)?.entries() {
+        for e in budget.tree(store, &tree)?.entries() {
             let path = cloud_harness_fs::relpath::join(&dir, &e.name);
             match e.kind {
                 Kind::Tree => pending.push((path, e.digest)),

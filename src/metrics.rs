@@ -179,7 +179,7 @@ fn metrics() -> &'static Metrics {
         );
         registry.register(
             "cloud_harness_store_of_record",
-            "What the store of record on object storage did, by event (hit, miss, unreachable, refused: a bad object, published, publish_failed)",
+            "What the store of record on object storage did, by event (hit, miss, unreachable, refused: a bad object, timeout: a download past the fetch timeout, published, publish_failed)",
             m.remote.clone(),
         );
         registry.register(

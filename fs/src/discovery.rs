@@ -5,12 +5,12 @@
 //! such as `skills/<bucket>/<name>/`. A skill's own subfolders are never searched: they are
 //! its scripts and references. `include` and `exclude` take skill names or glob patterns.
 
-use crate::cas::{Digest, Kind, Store, Tree};
+use crate::cas::{Digest, Kind, Store, Tree, WalkBudget};
 use crate::error::{Code, Error, Result};
 use crate::relpath;
 use crate::skill::{self, SkillMeta};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 
 /// How far category folders may nest below a skill root.
@@ -205,11 +205,18 @@ pub fn discover(
         store,
         cache,
         recursive: layout.recursive,
+        budget: WalkBudget::default(),
+        seen: HashSet::new(),
         out: Discovery::default(),
     };
-    let top = store.tree(root)?;
+    let top = walk.budget.tree(store, root)?;
+    // A root named twice (`skills` and `./skills/`) is searched once.
+    let mut searched = BTreeSet::new();
     for skill_root in &layout.skill_roots {
         let segments = root_segments(skill_root)?;
+        if !searched.insert(segments.clone()) {
+            continue;
+        }
         let mut digest = *root;
         let mut tree = top.clone();
         let mut found = true;
@@ -217,7 +224,7 @@ pub fn discover(
             match tree.get(seg) {
                 Some(e) if e.kind == Kind::Tree => {
                     digest = e.digest;
-                    tree = store.tree(&digest)?;
+                    tree = walk.budget.tree(store, &digest)?;
                 }
                 _ => {
                     found = false;
@@ -288,6 +295,11 @@ struct Walk<'a> {
     store: &'a Store,
     cache: &'a SkillCache,
     recursive: bool,
+    /// Entries listed by the search for skill folders, in all.
+    budget: WalkBudget,
+    /// The skill folders met (found or skipped), by path: each is taken once, whatever
+    /// roots lead to it.
+    seen: HashSet<String>,
     out: Discovery,
 }
 
@@ -299,7 +311,10 @@ impl Walk<'_> {
                 continue;
             }
             let child_path = relpath::join(path, &entry.name);
-            let child = self.store.tree(&entry.digest)?;
+            let child = self
+                .budget
+                .tree(self.store, &entry.digest)
+                .map_err(|e| at_path(e, &child_path))?;
             if child.get("SKILL.md").is_some() {
                 self.skill(&child_path, Some(entry.name.clone()), entry.digest)?;
             } else if self.recursive {
@@ -316,6 +331,9 @@ impl Walk<'_> {
     }
 
     fn skill(&mut self, path: &str, folder_name: Option<String>, digest: Digest) -> Result<()> {
+        if !self.seen.insert(path.to_owned()) {
+            return Ok(());
+        }
         let parsed = {
             let cached = self
                 .cache
@@ -373,7 +391,10 @@ impl Walk<'_> {
 /// store failures (a missing or corrupt object) are hard errors, and those are reported as a
 /// skip too so one bad folder never hides the rest.
 fn read_skill(store: &Store, folder_name: Option<&str>, digest: &Digest) -> SkillRead {
-    let tree = store.tree(digest)?;
+    // Every walk of the skill's folders below (its links, gathered and checked) counts
+    // against one budget.
+    let mut budget = WalkBudget::default();
+    let tree = budget.tree(store, digest)?;
     let entry = tree
         .get(skill::SKILL_MD)
         .ok_or_else(|| Error::invalid("no SKILL.md"))?;
@@ -389,14 +410,14 @@ fn read_skill(store: &Store, folder_name: Option<&str>, digest: &Digest) -> Skil
     let folder = folder_name.unwrap_or_default();
     let parsed = skill::parse(folder, &bytes)?;
     let mut links = BTreeSet::new();
-    collect_links(store, &tree, &mut links)?;
+    collect_links(store, &tree, &mut links, &mut HashSet::new(), &mut budget)?;
     // Served at the top of a view whatever its place in the source: links that would lead
     // out of that view are dropped (the served tree is the one without them).
     let served_as = folder_name
         .map(str::to_owned)
         .or_else(|| parsed.meta.declared_name.clone())
         .unwrap_or_default();
-    let (digest, dropped) = crate::links::contain(store, digest, &served_as)?;
+    let (digest, dropped) = crate::links::contain(store, digest, &served_as, &mut budget)?;
     let mut warnings = parsed.warnings;
     warnings.extend(dropped.iter().map(|path| {
         format!("the link {path} leads outside the skills it is served with; it is not served")
@@ -409,11 +430,25 @@ fn read_skill(store: &Store, folder_name: Option<&str>, digest: &Digest) -> Skil
     }))
 }
 
-/// Gathers the `X` of every `../X/` in the skill's text files and symlink targets.
-fn collect_links(store: &Store, tree: &Tree, links: &mut BTreeSet<String>) -> Result<()> {
+/// Gathers the `X` of every `../X/` in the skill's text files and symlink targets. What a
+/// folder or file holds depends on its digest alone, so each is read once (`seen`), however
+/// many times the trees name it.
+fn collect_links(
+    store: &Store,
+    tree: &Tree,
+    links: &mut BTreeSet<String>,
+    seen: &mut HashSet<Digest>,
+    budget: &mut WalkBudget,
+) -> Result<()> {
     for entry in tree.entries() {
+        if !seen.insert(entry.digest) {
+            continue;
+        }
         match entry.kind {
-            Kind::Tree => collect_links(store, &store.tree(&entry.digest)?, links)?,
+            Kind::Tree => {
+                let sub = budget.tree(store, &entry.digest)?;
+                collect_links(store, &sub, links, seen, budget)?
+            }
             _ if entry.size <= MAX_SCANNED_FILE => {
                 let bytes = store.blob(&entry.digest)?;
                 scan_links(&bytes, links);
@@ -422,6 +457,16 @@ fn collect_links(store: &Store, tree: &Tree, links: &mut BTreeSet<String>) -> Re
         }
     }
     Ok(())
+}
+
+/// `e` with the folder of the tree it was met at named.
+fn at_path(e: Error, path: &str) -> Error {
+    let mut details = match e.details {
+        serde_json::Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    };
+    details.insert("path".into(), path.into());
+    Error::new(e.code, format!("`{path}`: {}", e.message)).with_details(details.into())
 }
 
 /// Finds `../NAME/` (NAME of letters, digits, `.`, `_`, `-`) in text; `../../` is not a sibling.

@@ -49,8 +49,18 @@ impl Limits {
                 "CLOUD_HARNESS_MAX_DEPTH: {max_depth} is more than the {ceiling} levels a tree in the store may nest"
             )));
         }
+        // A toolkit's files and folders, counted by path, are walked again on every open (its
+        // skills, their links): within the entry budget of such a walk, several times over.
+        let max_files = var("CLOUD_HARNESS_MAX_FILES", d.max_files)?;
+        let most_files = cloud_harness_fs::cas::MAX_WALK_ENTRIES / 8;
+        if max_files > most_files {
+            return Err(Error::invalid(format!(
+                "CLOUD_HARNESS_MAX_FILES: {max_files} is more than the {most_files} files a toolkit may hold (an eighth of the {} entries a walk over stored trees may list)",
+                cloud_harness_fs::cas::MAX_WALK_ENTRIES
+            )));
+        }
         Ok(Limits {
-            max_files: var("CLOUD_HARNESS_MAX_FILES", d.max_files)?,
+            max_files,
             max_bytes: var("CLOUD_HARNESS_MAX_BYTES", d.max_bytes)?,
             max_file_bytes: var("CLOUD_HARNESS_MAX_FILE_BYTES", d.max_file_bytes)?,
             max_depth: max_depth as usize,

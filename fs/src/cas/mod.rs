@@ -1,6 +1,7 @@
 //! The content-addressed store: blobs and canonical trees named by SHA-256, published
 //! atomically, verified on read, collected from roots.
 
+mod budget;
 mod check;
 mod digest;
 mod import;
@@ -9,6 +10,7 @@ mod store;
 mod tree;
 pub(crate) mod verified;
 
+pub use budget::{WalkBudget, MAX_WALK_ENTRIES};
 pub use check::{GcReport, Problem, ProblemKind, VerifyReport};
 pub use digest::{Digest, Hasher};
 pub use import::{import_dir, import_fd, materialize, open_dir, Imported, Limits};

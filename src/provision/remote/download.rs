@@ -1,32 +1,67 @@
 //! Download of a bundle from the store of record, which is not trusted: every object bounded
 //! and verified, the whole bundle checked against its record and a toolkit's ceilings, and
 //! only then entered into the local store, in one batch.
+//!
+//! A tree names its folders by digest, so a few distinct objects can stand for a vast tree
+//! (a tree of 65,536 entries all naming a second such tree, and so on). What is fetched is
+//! bounded by distinct objects (memory); what the bundle holds is counted by path, as staging
+//! counts a toolkit, before anything is written: every later walk of the bundle goes by path.
 
-use super::{get, unreachable, wait, Got, Moved, RemoteStore, AT_ONCE};
+use super::ceilings::{check_bundle, Budget, Named};
+use super::{
+    blocking, get_held, hold, refused, unreachable, wait, Got, Moved, RemoteStore, AT_ONCE,
+};
 use crate::provision::index::BundleRecord;
 use crate::provision::staging::Limits;
-use cloud_harness_fs::cas::{Digest, Kind, ObjectKind, Store, Tree, MAX_TREE_BYTES};
+use cloud_harness_fs::cas::{Digest, ObjectKind, Store, Tree};
 use cloud_harness_fs::{Code, Error, Result};
 use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// Downloads under way at once in the process: each holds up to twice
+/// `CLOUD_HARNESS_MAX_BYTES` in memory until it is written; more wait their turn (within their
+/// own deadline).
+const DOWNLOADS_AT_ONCE: usize = 2;
+static DOWNLOADS: Semaphore = Semaphore::const_new(DOWNLOADS_AT_ONCE);
 
 impl RemoteStore {
     /// Brings every object of `record` that `store` lacks from object storage into it, within
-    /// the ceilings `limits` puts on a toolkit fetched from git. Every object is checked (its
-    /// bytes against its name, a blob's length against its tree's word, a tree's entries and
-    /// depth, the counts and bytes of the whole bundle) before any is written; then all of
-    /// them enter, in one batch, or none does.
+    /// the ceilings `limits` puts on a toolkit fetched from git and within its fetch timeout.
+    /// Every object is checked (its bytes against its name, a blob's length against its
+    /// tree's word, a tree's entries and depth, the files, folders and bytes of the whole
+    /// bundle counted by path) before any is written; then all of them enter, in one batch, or
+    /// none does.
     pub fn download(&self, store: &Store, record: &BundleRecord, limits: Limits) -> Result<Moved> {
+        let named = Named {
+            url: self.url.clone(),
+            toolkit: record.key.url.clone(),
+            record: self.record_path(&record.key).to_string(),
+        };
         let fetch = Fetch {
             remote: self.clone(),
             store: store.clone(),
             max_manifest: limits.max_file_bytes,
         };
-        let budget = Budget::new(limits, &record.key.url);
+        let budget = Budget::new(limits, named.clone());
         let (bundle, manifest) = (record.bundle, record.manifest);
-        let (walked, moved) = wait(async move { fetch.all(bundle, manifest, budget).await })?;
-        walked.check_bundle(&self.url, record, limits)?;
+        let seconds = limits.max_seconds;
+        let late = named.clone();
+        let (walked, moved) = wait(async move {
+            let whole = async {
+                let _turn = DOWNLOADS
+                    .acquire()
+                    .await
+                    .map_err(|_| Error::internal("the downloads' semaphore was closed"))?;
+                fetch.all(bundle, manifest, budget).await
+            };
+            tokio::time::timeout(Duration::from_secs(seconds), whole)
+                .await
+                .unwrap_or_else(|_| Err(timed_out(&late, seconds)))
+        })?;
+        check_bundle(&walked.trees, &named, record, limits)?;
         let mut writer = store.writer()?;
         for bytes in &walked.blobs {
             writer.put_blob(bytes)?;
@@ -59,9 +94,24 @@ struct Fetch {
 /// An object to fetch: a tree at a depth (the bundle's own tree is 1), or a blob of the size
 /// its tree gives (none for the manifest, which no tree names).
 #[derive(Clone, Copy)]
-enum Want {
+pub(super) enum Want {
     Tree(Digest, usize),
     Blob(Digest, Option<u64>),
+}
+
+/// A step of the walk: whether the local store has an object, or the object from the bucket
+/// (at most that many bytes).
+enum Step {
+    Look(Want),
+    Get(Want, u64),
+}
+
+/// What a step came back with: an object the local store has (a tree read from it), one it
+/// lacks, or one fetched and verified (a tree decoded).
+enum Came {
+    Present(Want, Option<Tree>),
+    Absent(Want),
+    Fetched(Want, Vec<u8>, Option<Tree>),
 }
 
 /// What a download found: the blobs and trees it fetched (trees in the order they came) and
@@ -76,7 +126,7 @@ struct Walked {
 impl Fetch {
     /// Every object below the bundle and the manifest that the local store lacks, fetched,
     /// verified and counted. The walk does not wait level by level: a tree's children are
-    /// asked for as soon as it arrives, with up to [`AT_ONCE`] requests under way, since object
+    /// looked for as soon as it arrives, with up to [`AT_ONCE`] steps under way, since object
     /// storage answers each request after a round trip whatever its size.
     async fn all(
         &self,
@@ -87,102 +137,164 @@ impl Fetch {
         let mut moved = Moved::default();
         let mut walked = Walked::default();
         let mut queue = VecDeque::from([Want::Tree(bundle, 1), Want::Blob(manifest, None)]);
-        budget.tree(&self.remote.url, &bundle)?;
+        let mut absent = VecDeque::new();
+        budget.tree(&bundle)?;
         let mut under_way = FuturesUnordered::new();
         loop {
             while under_way.len() < AT_ONCE {
-                let Some(want) = queue.pop_front() else {
+                // What the local store lacks is asked for first, its bytes reserved.
+                let step = if let Some(want) = absent.pop_front() {
+                    Step::Get(want, budget.reserve(&want, self.max_manifest)?)
+                } else if let Some(want) = queue.pop_front() {
+                    Step::Look(want)
+                } else {
                     break;
                 };
-                let (kind, digest) = want.name();
-                if self.store.contains(kind, &digest) {
-                    moved.present += 1;
-                    if let Want::Tree(_, depth) = want {
-                        let tree = self.store.tree(&digest)?;
-                        budget.children(&self.remote.url, &tree, depth, &mut queue)?;
-                        walked.trees.insert(digest, tree);
-                    }
-                    continue;
-                }
-                under_way.push(self.one(want));
+                under_way.push(self.step(step));
             }
-            let Some(result) = under_way.next().await else {
+            let Some(came) = under_way.next().await else {
                 break;
             };
-            let (want, bytes) = result?;
-            budget.fetched(&self.remote.url, &want, bytes.len())?;
-            moved.objects += 1;
-            moved.bytes += bytes.len() as u64;
-            match want {
-                Want::Tree(digest, depth) => {
-                    let tree = Tree::decode(&bytes).map_err(|e| {
-                        refused(
-                            &self.remote.url,
-                            ObjectKind::Tree,
-                            &digest,
-                            &format!("not a tree: {}", e.message),
-                        )
-                    })?;
-                    budget.children(&self.remote.url, &tree, depth, &mut queue)?;
-                    walked.trees.insert(digest, tree);
-                    walked.fetched_trees.push(digest);
+            match came? {
+                Came::Present(want, tree) => {
+                    moved.present += 1;
+                    if let (Want::Tree(digest, depth), Some(tree)) = (want, tree) {
+                        budget.children(&tree, depth, &mut queue)?;
+                        walked.trees.insert(digest, tree);
+                    }
                 }
-                Want::Blob(..) => walked.blobs.push(bytes),
+                Came::Absent(want) => absent.push_back(want),
+                Came::Fetched(want, bytes, tree) => {
+                    budget.arrived(&want, bytes.len())?;
+                    moved.objects += 1;
+                    moved.bytes += bytes.len() as u64;
+                    match (want, tree) {
+                        (Want::Tree(digest, depth), Some(tree)) => {
+                            budget.children(&tree, depth, &mut queue)?;
+                            walked.trees.insert(digest, tree);
+                            walked.fetched_trees.push(digest);
+                        }
+                        _ => walked.blobs.push(bytes),
+                    }
+                }
             }
         }
         Ok((walked, moved))
     }
 
-    /// One object, no larger than it may be, verified against its digest.
-    async fn one(&self, want: Want) -> Result<(Want, Vec<u8>)> {
-        let (kind, digest) = want.name();
-        let max = match want {
-            Want::Tree(..) => MAX_TREE_BYTES,
-            Want::Blob(_, Some(size)) => size,
-            Want::Blob(_, None) => self.max_manifest,
-        };
-        let path = self.remote.object_path(kind, &digest);
-        let url = &self.remote.url;
-        let bytes = match get(&self.remote.objects, &path, max)
-            .await
-            .map_err(|e| unreachable(url, e))?
-        {
-            Got::Bytes(bytes) => bytes,
-            Got::Missing => return Err(refused(url, kind, &digest, "missing from object storage")),
-            Got::TooLarge(size) => {
-                return Err(refused(
-                    url,
-                    kind,
-                    &digest,
-                    &format!("{size} bytes or more, more than the {max} it may have"),
-                ))
+    /// One step; reading the local store, hashing and decoding run on blocking threads, not
+    /// on the object-storage runtime's workers.
+    async fn step(&self, step: Step) -> Result<Came> {
+        let url = self.remote.url.clone();
+        match step {
+            Step::Look(want) => {
+                let store = self.store.clone();
+                blocking(move || look(&store, &url, want)).await
             }
-        };
-        let got = Digest::of(&bytes);
-        if got != digest {
-            return Err(refused(
-                url,
-                kind,
-                &digest,
-                &format!("its bytes hash to {got}"),
-            ));
+            Step::Get(want, max) => {
+                // A blob's bytes are known before it is asked for; a tree's once the server
+                // says, before its body is read.
+                let early = match want {
+                    Want::Blob(_, Some(size)) => {
+                        Some(hold(size).await.map_err(|e| unreachable(&url, e))?)
+                    }
+                    _ => None,
+                };
+                let (kind, digest) = want.name();
+                let path = self.remote.object_path(kind, &digest);
+                let (got, _late) = get_held(&self.remote.objects, &path, max, early.is_none())
+                    .await
+                    .map_err(|e| unreachable(&url, e))?;
+                let bytes = match got {
+                    Got::Bytes(bytes) => bytes,
+                    Got::Missing => {
+                        return Err(refused(&url, kind, &digest, "missing from object storage"))
+                    }
+                    Got::TooLarge(size) => {
+                        return Err(refused(
+                            &url,
+                            kind,
+                            &digest,
+                            &format!("{size} bytes or more, more than the {max} it may have"),
+                        ))
+                    }
+                };
+                let came = blocking(move || verify(&url, want, bytes)).await;
+                drop(early);
+                came
+            }
         }
-        if let Want::Blob(_, Some(size)) = want {
-            if bytes.len() as u64 != size {
+    }
+}
+
+/// Whether the local store has the object `want` names: a tree is read from it; a blob's
+/// size is checked against what the bucket's tree says (the local copy is verified, so a
+/// different size is the bucket's tree lying).
+fn look(store: &Store, url: &str, want: Want) -> Result<Came> {
+    let (kind, digest) = want.name();
+    if !store.contains(kind, &digest) {
+        return Ok(Came::Absent(want));
+    }
+    match want {
+        Want::Tree(..) => Ok(Came::Present(want, Some(store.tree(&digest)?))),
+        Want::Blob(_, Some(size)) => {
+            let path = store.object_path(ObjectKind::Blob, &digest);
+            let local = std::fs::metadata(&path)
+                .map_err(|e| Error::io(&path, e))?
+                .len();
+            if local != size {
                 return Err(refused(
                     url,
                     kind,
                     &digest,
-                    &format!("{} bytes where its tree says {size}", bytes.len()),
+                    &format!(
+                        "its tree says {size} bytes, and the copy in the local store has {local}"
+                    ),
                 ));
             }
+            Ok(Came::Present(want, None))
         }
-        Ok((want, bytes))
+        Want::Blob(_, None) => Ok(Came::Present(want, None)),
+    }
+}
+
+/// An object's bytes checked against its digest (and a blob's against its tree's size), a
+/// tree decoded.
+fn verify(url: &str, want: Want, bytes: Vec<u8>) -> Result<Came> {
+    let (kind, digest) = want.name();
+    let got = Digest::of(&bytes);
+    if got != digest {
+        return Err(refused(
+            url,
+            kind,
+            &digest,
+            &format!("its bytes hash to {got}"),
+        ));
+    }
+    match want {
+        Want::Blob(_, Some(size)) if bytes.len() as u64 != size => Err(refused(
+            url,
+            kind,
+            &digest,
+            &format!("{} bytes where its tree says {size}", bytes.len()),
+        )),
+        Want::Blob(..) => Ok(Came::Fetched(want, bytes, None)),
+        Want::Tree(..) => {
+            let tree = Tree::decode(&bytes).map_err(|e| {
+                refused(
+                    url,
+                    ObjectKind::Tree,
+                    &digest,
+                    &format!("not a tree: {}", e.message),
+                )
+            })?;
+            Ok(Came::Fetched(want, bytes, Some(tree)))
+        }
     }
 }
 
 impl Want {
-    fn name(&self) -> (ObjectKind, Digest) {
+    pub(super) fn name(&self) -> (ObjectKind, Digest) {
         match *self {
             Want::Tree(d, _) => (ObjectKind::Tree, d),
             Want::Blob(d, _) => (ObjectKind::Blob, d),
@@ -190,256 +302,19 @@ impl Want {
     }
 }
 
-/// What one bundle may hold: what staging lets a toolkit fetched from git hold (files, bytes,
-/// bytes per file, depth below the bundle and its skill folder), and what it holds so far.
-struct Budget {
-    limits: Limits,
-    /// The toolkit, for the errors.
-    toolkit: String,
-    blob_sizes: HashMap<Digest, u64>,
-    trees: HashSet<Digest>,
-    declared_bytes: u64,
-    fetched_bytes: u64,
-}
-
-impl Budget {
-    fn new(limits: Limits, toolkit: &str) -> Budget {
-        Budget {
-            limits,
-            toolkit: toolkit.to_owned(),
-            blob_sizes: HashMap::new(),
-            trees: HashSet::new(),
-            declared_bytes: 0,
-            fetched_bytes: 0,
-        }
-    }
-
-    /// How deep the bundle's trees may nest: the bundle, a skill folder at a toolkit's top,
-    /// and the depth a toolkit's tree may have.
-    fn max_depth(&self) -> usize {
-        self.limits.max_depth + 2
-    }
-
-    /// The refusal of a bundle past one of its ceilings, naming the object that passed it.
-    fn past(
-        &self,
-        url: &str,
-        kind: ObjectKind,
-        digest: &Digest,
-        what: String,
-        limit: u64,
-    ) -> Error {
-        past(url, &self.toolkit, kind, digest, &what, limit)
-    }
-
-    /// A tree more (at most as many as files, as staging counts folders).
-    fn tree(&mut self, url: &str, digest: &Digest) -> Result<()> {
-        self.trees.insert(*digest);
-        let limit = self.limits.max_files + 1;
-        if self.trees.len() as u64 > limit {
-            let what =
-                format!("holds more than the limit of {limit} folders (CLOUD_HARNESS_MAX_FILES)");
-            return Err(self.past(url, ObjectKind::Tree, digest, what, limit));
-        }
-        Ok(())
-    }
-
-    /// Queues the entries of `tree` (at `depth`) not seen before, each counted first.
-    fn children(
-        &mut self,
-        url: &str,
-        tree: &Tree,
-        depth: usize,
-        queue: &mut VecDeque<Want>,
-    ) -> Result<()> {
-        for e in tree.entries() {
-            if e.kind == Kind::Tree {
-                if self.trees.contains(&e.digest) {
-                    continue;
-                }
-                if depth + 1 > self.max_depth() {
-                    let what = format!(
-                        "nests deeper than the limit of {} folders (CLOUD_HARNESS_MAX_DEPTH, and two for the bundle)",
-                        self.max_depth()
-                    );
-                    return Err(self.past(
-                        url,
-                        ObjectKind::Tree,
-                        &e.digest,
-                        what,
-                        self.max_depth() as u64,
-                    ));
-                }
-                self.tree(url, &e.digest)?;
-                queue.push_back(Want::Tree(e.digest, depth + 1));
-                continue;
-            }
-            match self.blob_sizes.get(&e.digest) {
-                Some(&size) if size == e.size => continue,
-                Some(&size) => {
-                    return Err(refused(
-                        url,
-                        ObjectKind::Blob,
-                        &e.digest,
-                        &format!("two trees give it two sizes, {size} and {}", e.size),
-                    ))
-                }
-                None => {}
-            }
-            let limits = self.limits;
-            if e.size > limits.max_file_bytes {
-                let what = format!(
-                    "holds a file of {} bytes, more than the limit of {} bytes per file (CLOUD_HARNESS_MAX_FILE_BYTES)",
-                    e.size, limits.max_file_bytes
-                );
-                return Err(self.past(
-                    url,
-                    ObjectKind::Blob,
-                    &e.digest,
-                    what,
-                    limits.max_file_bytes,
-                ));
-            }
-            self.blob_sizes.insert(e.digest, e.size);
-            self.declared_bytes += e.size;
-            if self.blob_sizes.len() as u64 > limits.max_files {
-                let what = format!(
-                    "holds more than the limit of {} files (CLOUD_HARNESS_MAX_FILES)",
-                    limits.max_files
-                );
-                return Err(self.past(url, ObjectKind::Blob, &e.digest, what, limits.max_files));
-            }
-            if self.declared_bytes > limits.max_bytes {
-                let what = format!(
-                    "holds more than the limit of {} bytes in all (CLOUD_HARNESS_MAX_BYTES)",
-                    limits.max_bytes
-                );
-                return Err(self.past(url, ObjectKind::Blob, &e.digest, what, limits.max_bytes));
-            }
-            queue.push_back(Want::Blob(e.digest, Some(e.size)));
-        }
-        Ok(())
-    }
-
-    /// An object fetched: what a download holds in memory until it is written is bounded
-    /// (the files' bytes, the trees' and the manifest's: twice CLOUD_HARNESS_MAX_BYTES).
-    fn fetched(&mut self, url: &str, want: &Want, len: usize) -> Result<()> {
-        self.fetched_bytes += len as u64;
-        let limit = self.limits.max_bytes.saturating_mul(2);
-        if self.fetched_bytes > limit {
-            let (kind, digest) = want.name();
-            let what =
-                format!("is more than {limit} bytes to download (twice CLOUD_HARNESS_MAX_BYTES)");
-            return Err(self.past(url, kind, &digest, what, limit));
-        }
-        Ok(())
-    }
-}
-
-impl Walked {
-    /// The bundle as its record describes it: one skill folder per entry of its tree, as many
-    /// as the record counts, and no path through its trees longer than they may nest (the walk
-    /// meets each tree once, at its shallowest; a tree two folders name is as deep as the
-    /// deeper of them).
-    fn check_bundle(&self, url: &str, record: &BundleRecord, limits: Limits) -> Result<()> {
-        let root = &self.trees[&record.bundle];
-        let folders = root
-            .entries()
-            .iter()
-            .filter(|e| e.kind == Kind::Tree)
-            .count();
-        if folders != root.entries().len() || folders != record.skills {
-            return Err(refused(
-                url,
-                ObjectKind::Tree,
-                &record.bundle,
-                &format!(
-                    "not the bundle its record says: {} entries, {folders} of them folders, where the record counts {} skills",
-                    root.entries().len(),
-                    record.skills
-                ),
-            ));
-        }
-        let max = limits.max_depth + 2;
-        let height = self.height(record.bundle);
-        if height > max {
-            let what = format!("nests {height} folders deep, more than the limit of {max} (CLOUD_HARNESS_MAX_DEPTH, and two for the bundle)");
-            return Err(past(
-                url,
-                &record.key.url,
-                ObjectKind::Tree,
-                &record.bundle,
-                &what,
-                max as u64,
-            ));
-        }
-        Ok(())
-    }
-
-    /// The most trees on one path down from `root` (1 for a tree of files), without recursion.
-    fn height(&self, root: Digest) -> usize {
-        let mut heights: HashMap<Digest, usize> = HashMap::new();
-        let mut stack = vec![(root, false)];
-        while let Some((digest, children_done)) = stack.pop() {
-            if heights.contains_key(&digest) {
-                continue;
-            }
-            let subtrees = self.trees[&digest]
-                .entries()
-                .iter()
-                .filter(|e| e.kind == Kind::Tree)
-                .map(|e| e.digest);
-            if children_done {
-                let below = subtrees.filter_map(|d| heights.get(&d)).max().copied();
-                heights.insert(digest, 1 + below.unwrap_or(0));
-            } else {
-                stack.push((digest, true));
-                stack.extend(
-                    subtrees
-                        .filter(|d| !heights.contains_key(d))
-                        .map(|d| (d, false)),
-                );
-            }
-        }
-        heights[&root]
-    }
-}
-
-/// A bundle of the store of record past a ceiling: TOO_LARGE, naming the object that passed it.
-fn past(
-    url: &str,
-    toolkit: &str,
-    kind: ObjectKind,
-    digest: &Digest,
-    what: &str,
-    limit: u64,
-) -> Error {
-    crate::metrics::remote("refused");
-    Error::too_large(format!(
-        "object storage {url}: the bundle of {toolkit} {what}, at {} {digest}; it was refused and nothing of it entered the store",
-        kind.dir_name()
-    ))
-    .with_details(serde_json::json!({
-        "store": url,
-        "object": digest.to_string(),
-        "kind": kind.dir_name(),
-        "limit": limit,
-    }))
-}
-
-/// An object of the store of record that may not enter the local store.
-fn refused(url: &str, kind: ObjectKind, digest: &Digest, why: &str) -> Error {
-    crate::metrics::remote("refused");
+/// A download that did not end within the fetch timeout: TIMEOUT, naming the record.
+fn timed_out(named: &Named, seconds: u64) -> Error {
+    crate::metrics::remote("timeout");
     Error::new(
-        Code::Upstream,
+        Code::Timeout,
         format!(
-            "object storage {url} has a bad {} {digest} ({why}); it was refused and nothing of its bundle entered the store",
-            kind.dir_name()
+            "object storage {}: the download of the bundle of {} (record {}) took longer than the limit of {seconds} s (CLOUD_HARNESS_FETCH_TIMEOUT); nothing of it entered the store",
+            named.url, named.toolkit, named.record
         ),
     )
     .with_details(serde_json::json!({
-        "store": url,
-        "object": digest.to_string(),
-        "kind": kind.dir_name(),
+        "store": named.url,
+        "record": named.record,
+        "limit": seconds,
     }))
 }

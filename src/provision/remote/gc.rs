@@ -37,6 +37,18 @@ pub struct FleetGcReport {
     pub young: usize,
     pub removed: usize,
     pub removed_bytes: u64,
+    /// Records that are not bundle records this collector can read: skipped, each named
+    /// with why. What one names (a `bundle` and a `manifest` it gives, however bad the rest)
+    /// is kept all the same.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<SkippedRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SkippedRecord {
+    /// Its key in the bucket.
+    pub record: String,
+    pub reason: String,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -116,14 +128,15 @@ impl RemoteStore {
     /// took over is left alone).
     fn release_lease(&self, holder: &str) {
         let (objects, path, holder) = (self.objects.clone(), self.lease_path(), holder.to_owned());
-        wait(async move {
+        let _ = wait(async move {
             let Ok(Got::Bytes(bytes)) = get(&objects, &path, MAX_LEASE).await else {
-                return;
+                return Ok(());
             };
             let held: Option<LeaseBody> = serde_json::from_slice(&bytes).ok();
             if held.is_some_and(|h| h.holder == holder) {
                 let _ = objects.delete(&path).await;
             }
+            Ok(())
         });
     }
 
@@ -146,10 +159,13 @@ impl RemoteStore {
     async fn collect_async(&self, grace_ms: i64, deadline_ms: i64) -> Result<FleetGcReport> {
         let fail = |e| unreachable(&self.url, e);
         let mut report = FleetGcReport::default();
-        // Mark: every record's manifest and everything below its bundle.
+        // Mark: every record's manifest and everything below its bundle. A record that is
+        // not one (unreadable, or past a record's bounds) cannot be used by any runner; it is
+        // skipped, and what it names is kept anyway. Only a record too large to read at all
+        // stops the collection: what it names cannot be known, so a sweep could remove it.
         let records = self.list("index/bundles").await?;
-        let mut marked: HashSet<(bool, Digest)> = HashSet::new();
-        let mut trees = Vec::new();
+        let mut roots = Vec::new();
+        let mut named_by_skipped = Vec::new();
         for meta in &records {
             let bytes = match get(&self.objects, &meta.location, MAX_RECORD)
                 .await
@@ -161,28 +177,46 @@ impl RemoteStore {
                     return Err(Error::new(
                         Code::Upstream,
                         format!(
-                            "the record {} is {size} bytes or more, more than the {MAX_RECORD} a record may have; nothing was collected",
+                            "the record {} is {size} bytes or more, more than the {MAX_RECORD} a record may have: what it names cannot be read, so nothing was collected (remove the record, then collect again)",
                             meta.location
                         ),
-                    ))
+                    )
+                    .with_details(serde_json::json!({
+                        "store": self.url,
+                        "record": meta.location.as_ref(),
+                        "limit": MAX_RECORD,
+                    })))
                 }
             };
-            let record: BundleRecord = serde_json::from_slice(&bytes).map_err(|e| {
-                Error::new(
-                    Code::Upstream,
-                    format!(
-                        "the record {} is unreadable ({e}); nothing was collected",
-                        meta.location
-                    ),
-                )
-            })?;
-            report.records += 1;
-            marked.insert((false, record.manifest));
-            if marked.insert((true, record.bundle)) {
-                trees.push(record.bundle);
+            match BundleRecord::decode(&bytes) {
+                Ok(record) => roots.push((record.bundle, record.manifest)),
+                Err(e) => {
+                    tracing::warn!(store = %self.url, record = %meta.location, error = %e.message, "the collector skipped a record that is not one; what it names is kept");
+                    named_by_skipped.extend(named_by(&bytes));
+                    report.skipped.push(SkippedRecord {
+                        record: meta.location.to_string(),
+                        reason: e.message,
+                    });
+                }
             }
         }
-        self.mark_trees(trees, &mut marked).await?;
+        report.records = roots.len();
+        let mut marked: HashSet<(bool, Digest)> = HashSet::new();
+        let mut trees = Vec::new();
+        for (bundle, manifest) in roots {
+            marked.insert((false, manifest));
+            if marked.insert((true, bundle)) {
+                trees.push(bundle);
+            }
+        }
+        self.mark_trees(trees, &mut marked, true).await?;
+        let mut trees = Vec::new();
+        for (is_tree, digest) in named_by_skipped {
+            if marked.insert((is_tree, digest)) && is_tree {
+                trees.push(digest);
+            }
+        }
+        self.mark_trees(trees, &mut marked, false).await?;
 
         // Sweep: what no record reaches and the grace period no longer covers.
         let objects = self.list("objects").await?;
@@ -216,13 +250,15 @@ impl RemoteStore {
         Ok(report)
     }
 
-    /// Marks every object below `trees`, reading each tree from the bucket (verified). A tree
-    /// that cannot be read stops the collection: a sweep after an incomplete mark could
-    /// remove what a record needs.
+    /// Marks every object below `trees`, reading each tree from the bucket (verified). With
+    /// `strict`, a tree that cannot be read stops the collection: a sweep after an incomplete
+    /// mark could remove what a record needs. Below what skipped records name, one that
+    /// cannot be read is left aside (no runner can use it).
     async fn mark_trees(
         &self,
         mut queue: Vec<Digest>,
         marked: &mut HashSet<(bool, Digest)>,
+        strict: bool,
     ) -> Result<()> {
         let mut under_way = FuturesUnordered::new();
         loop {
@@ -256,7 +292,13 @@ impl RemoteStore {
             let Some(tree) = under_way.next().await else {
                 return Ok(());
             };
-            for e in tree?.entries() {
+            let tree = match tree {
+                Ok(tree) => tree,
+                // An outage stops it either way (the tree may be fine).
+                Err(e) if strict || e.details.get("retryable").is_some() => return Err(e),
+                Err(_) => continue,
+            };
+            for e in tree.entries() {
                 let is_tree = e.kind == Kind::Tree;
                 if marked.insert((is_tree, e.digest)) && is_tree {
                     queue.push(e.digest);
@@ -280,6 +322,23 @@ impl RemoteStore {
         let hex = format!("{}{}", parts[n - 2].as_ref(), parts[n - 1].as_ref());
         Digest::parse(&hex).ok().map(|d| (is_tree, d))
     }
+}
+
+/// The objects a record that is not one still names: the `bundle` tree and the `manifest`
+/// blob it gives, if it is JSON that gives them.
+fn named_by(bytes: &[u8]) -> Vec<(bool, Digest)> {
+    let Ok(json) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+        return Vec::new();
+    };
+    let digest = |field: &str| {
+        json.get(field)
+            .and_then(serde_json::Value::as_str)
+            .and_then(|text| Digest::parse(text).ok())
+    };
+    let mut named = Vec::new();
+    named.extend(digest("bundle").map(|d| (true, d)));
+    named.extend(digest("manifest").map(|d| (false, d)));
+    named
 }
 
 fn busy(url: &str, held: Option<&LeaseBody>) -> Error {

@@ -19,15 +19,19 @@
 //! by; a download holds a bundle to the ceilings a toolkit fetched from git is held to (its
 //! objects, bytes, file sizes and depth: `CLOUD_HARNESS_MAX_*`), checks every object's bytes
 //! against its name and every blob's length against what its tree says, reads no object
-//! larger than it may be, and only then enters the whole bundle in one batch; the local bundle
-//! index learns of the bundle after that. A refusal names the record or the object.
+//! larger than it may be, counts the bundle's files, folders and bytes by path as staging
+//! would, and only then enters the whole bundle in one batch; the local bundle index learns of
+//! the bundle after that. A refusal names the record or the object. A download ends within the
+//! fetch timeout (`CLOUD_HARNESS_FETCH_TIMEOUT`), two run at once in the process, and at most
+//! 64 MiB of objects are on their way in at once.
 
+mod ceilings;
 mod download;
 mod gc;
 mod publish;
 mod start;
 
-pub use gc::FleetGcReport;
+pub use gc::{FleetGcReport, SkippedRecord};
 
 use super::index::{self, BundleKey, BundleRecord};
 use cloud_harness_fs::cas::{Digest, ObjectKind};
@@ -86,6 +90,8 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     RUNTIME.get_or_init(|| {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
+            // Hashing, decoding and reading the local store for downloads.
+            .max_blocking_threads(2)
             .thread_name("object-store")
             .enable_all()
             .build()
@@ -93,13 +99,30 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
-/// Runs `future` on the object-storage runtime and waits for it.
-fn wait<T: Send + 'static>(future: impl Future<Output = T> + Send + 'static) -> T {
+/// Runs `future` on the object-storage runtime and waits for it. A future that panicked is
+/// an INTERNAL error of its own, not a panic of the caller.
+fn wait<T: Send + 'static>(future: impl Future<Output = Result<T>> + Send + 'static) -> Result<T> {
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     runtime().spawn(async move {
         let _ = tx.send(future.await);
     });
-    rx.recv().expect("the object-storage runtime answers")
+    rx.recv().unwrap_or_else(|_| {
+        Err(Error::internal(
+            "a request to object storage failed unexpectedly (its task panicked; see the log)",
+        ))
+    })
+}
+
+/// Runs `work` on a blocking thread of the object-storage runtime (hashing, decoding, the
+/// local store), not on one of its two workers.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        Err(Error::internal(format!(
+            "a blocking step of a download failed: {e}"
+        )))
+    })
 }
 
 /// A record of the store of record that is not used: too large, or not a record.
@@ -110,6 +133,23 @@ fn bad_record(url: &str, path: &ObjectPath, code: Code, why: &str) -> Error {
         format!("object storage {url} has a bad record {path} ({why}); it was refused"),
     )
     .with_details(serde_json::json!({ "store": url, "record": path.as_ref() }))
+}
+
+/// An object of the store of record that may not enter the local store.
+fn refused(url: &str, kind: ObjectKind, digest: &Digest, why: &str) -> Error {
+    crate::metrics::remote("refused");
+    Error::new(
+        Code::Upstream,
+        format!(
+            "object storage {url} has a bad {} {digest} ({why}); it was refused and nothing of its bundle entered the store",
+            kind.dir_name()
+        ),
+    )
+    .with_details(serde_json::json!({
+        "store": url,
+        "object": digest.to_string(),
+        "kind": kind.dir_name(),
+    }))
 }
 
 fn unreachable(url: &str, e: object_store::Error) -> Error {
@@ -313,25 +353,68 @@ async fn get(
     path: &ObjectPath,
     max: u64,
 ) -> object_store::Result<Got> {
+    get_held(objects, path, max, false)
+        .await
+        .map(|(got, _)| got)
+}
+
+/// Bytes of objects on their way in (asked for, arriving, being verified) at once, all
+/// downloads together.
+const IN_FLIGHT_BYTES: u64 = 64 << 20;
+static IN_FLIGHT: tokio::sync::Semaphore =
+    tokio::sync::Semaphore::const_new(IN_FLIGHT_BYTES as usize);
+
+/// A share of the bytes in flight for an object of `size` bytes (all of them, for a larger
+/// one), waited for.
+async fn hold(size: u64) -> object_store::Result<tokio::sync::SemaphorePermit<'static>> {
+    IN_FLIGHT
+        .acquire_many(size.min(IN_FLIGHT_BYTES) as u32)
+        .await
+        .map_err(|e| object_store::Error::Generic {
+            store: "in-flight bytes",
+            source: Box::new(e),
+        })
+}
+
+/// [`get`], and with `held`, a share of the bytes in flight ([`hold`]) taken once the server
+/// says the size and before the body is read, kept by the caller until it is done with the
+/// bytes. The buffer grows as bytes arrive, never past `max`: what the server says is no
+/// reason to allocate.
+async fn get_held(
+    objects: &Arc<dyn ObjectStore>,
+    path: &ObjectPath,
+    max: u64,
+    held: bool,
+) -> object_store::Result<(Got, Option<tokio::sync::SemaphorePermit<'static>>)> {
     use futures_util::StreamExt;
     let result = match objects.get(path).await {
         Ok(result) => result,
-        Err(object_store::Error::NotFound { .. }) => return Ok(Got::Missing),
+        Err(object_store::Error::NotFound { .. }) => return Ok((Got::Missing, None)),
         Err(e) => return Err(e),
     };
-    if result.meta.size > max {
-        return Ok(Got::TooLarge(result.meta.size));
+    let said = result.meta.size;
+    if said > max {
+        return Ok((Got::TooLarge(said), None));
     }
-    let mut bytes = Vec::with_capacity(result.meta.size as usize);
+    let permit = match held {
+        true => Some(hold(said).await?),
+        false => None,
+    };
+    let mut bytes: Vec<u8> = Vec::new();
     let mut body = result.into_stream();
     while let Some(chunk) = body.next().await {
         let chunk = chunk?;
-        if (bytes.len() + chunk.len()) as u64 > max {
-            return Ok(Got::TooLarge((bytes.len() + chunk.len()) as u64));
+        let len = bytes.len() + chunk.len();
+        if len as u64 > max {
+            return Ok((Got::TooLarge(len as u64), None));
+        }
+        if len > bytes.capacity() {
+            let grown = len.max(bytes.capacity() * 2).min(max as usize);
+            bytes.reserve_exact(grown - bytes.len());
         }
         bytes.extend_from_slice(&chunk);
     }
-    Ok(Got::Bytes(bytes))
+    Ok((Got::Bytes(bytes), permit))
 }
 
 /// A create-only put: true when this call created the object, false when it was there.
@@ -378,6 +461,21 @@ mod tests {
             store.object_path(ObjectKind::Blob, &digest).as_ref(),
             format!("team/skills/objects/blob/{}/{}", &hex[..2], &hex[2..])
         );
+    }
+
+    #[test]
+    fn a_request_that_panics_is_an_internal_error_not_a_panic_of_its_caller() {
+        let e = wait(async {
+            if true {
+                panic!("a bug in a request to object storage");
+            }
+            Ok(())
+        })
+        .unwrap_err();
+        assert_eq!(e.code, Code::Internal, "{e}");
+        assert!(e.message.contains("panicked"), "{e}");
+        // The runtime goes on answering.
+        assert_eq!(wait(async { Ok(7) }).unwrap(), 7);
     }
 
     #[test]
