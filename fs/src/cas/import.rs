@@ -4,12 +4,13 @@ use super::digest::Digest;
 use super::store::{ObjectKind, Store, Writer};
 use super::tree::{Entry, Kind, Tree};
 use crate::error::{Error, Result};
+use crate::walk::{Listing, Place};
 use nix::dir::Type;
 use nix::errno::Errno;
 use nix::fcntl::{openat, readlinkat, OFlag};
-use nix::sys::stat::{fstat, Mode};
+use nix::sys::stat::Mode;
 use serde::Serialize;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::OwnedFd;
@@ -20,7 +21,8 @@ use std::path::{Path, PathBuf};
 /// Ceilings for one import. A breach is a TOO_LARGE error naming the path and the limit.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Files, links and folders, in all.
+    /// Entries (files, links, folders, and what a lenient import leaves out), in all: each
+    /// counted as the kernel lists it.
     pub max_files: u64,
     pub max_bytes: u64,
     pub max_file_bytes: u64,
@@ -62,9 +64,21 @@ pub struct Imported {
     pub digest: Digest,
     pub files: u64,
     pub bytes: u64,
-    /// What a lenient import left out: each path (from the imported folder) and why.
+    /// What a lenient import left out: each path (from the imported folder) and why, the
+    /// first [`MAX_LEFT_OUT`] of them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub left_out: Vec<(PathBuf, String)>,
+    /// How many more it left out.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub left_out_more: u64,
+}
+
+/// Parts left out that an import names (each becomes a warning kept with a generation);
+/// past these, it counts them.
+pub const MAX_LEFT_OUT: usize = 100;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Store {
@@ -114,16 +128,17 @@ pub fn import_fd(
     shown: &Path,
     limits: &Limits,
 ) -> Result<Imported> {
-    let device = fstat(&dir).map_err(|e| Error::io(shown, e.into()))?.st_dev;
+    let home = Place::of(&dir).map_err(|e| Error::io(shown, e.into()))?;
     let mut walk = Walk {
         writer,
         limits,
         root: shown,
-        device,
+        home,
         files: 0,
         entries: 0,
         bytes: 0,
         left_out: Vec::new(),
+        left_out_more: 0,
     };
     let digest = walk.tree(dir)?;
     Ok(Imported {
@@ -131,6 +146,7 @@ pub fn import_fd(
         files: walk.files,
         bytes: walk.bytes,
         left_out: walk.left_out,
+        left_out_more: walk.left_out_more,
     })
 }
 
@@ -138,11 +154,13 @@ struct Walk<'w, 's> {
     writer: &'w mut Writer<'s>,
     limits: &'w Limits,
     root: &'w Path,
-    device: u64,
+    /// Where the imported folder is: a folder elsewhere is a mount inside it.
+    home: Place,
     files: u64,
     entries: u64,
     bytes: u64,
     left_out: Vec<(PathBuf, String)>,
+    left_out_more: u64,
 }
 
 /// A step of the walk found something other than what the listing said.
@@ -158,7 +176,8 @@ struct Level {
     depth: usize,
     /// Its name in the level below (none for the root).
     name: Option<String>,
-    pending: std::vec::IntoIter<(OsString, Type)>,
+    /// What is left of its listing, read from the kernel as the walk goes.
+    pending: Listing,
     entries: Vec<Entry>,
 }
 
@@ -176,7 +195,12 @@ impl Walk<'_, '_> {
         }];
         loop {
             let level = stack.last_mut().expect("a level");
-            let Some((raw, ftype)) = level.pending.next() else {
+            let next = level
+                .pending
+                .next_in(&level.fd)
+                .transpose()
+                .map_err(|e| Error::io(&level.path, e.into()))?;
+            let Some((raw, ftype)) = next else {
                 let done = stack.pop().expect("a level");
                 let digest = self.writer.put_tree(&Tree::new(done.entries)?)?;
                 match stack.last_mut() {
@@ -191,6 +215,9 @@ impl Walk<'_, '_> {
                 continue;
             };
             let child = level.path.join(&raw);
+            // Every entry listed counts, what is left out too: a folder of a million FIFOs
+            // is refused at the limit, never walked (nor said) whole.
+            self.count(&child)?;
             let name = entry_name(&raw, &child)?;
             let entry = match ftype {
                 Type::Directory => {
@@ -206,15 +233,14 @@ impl Walk<'_, '_> {
                             child.display(),
                         )));
                     }
-                    self.count(&child, 0, false)?;
                     let sub = match crate::walk::open_folder(&level.fd, &raw) {
                         Ok(sub) => sub,
                         Err(Errno::ELOOP | Errno::ENOTDIR) => return Err(changed(&child)),
                         Err(e) => return Err(Error::io(&child, e.into())),
                     };
                     if self.limits.lenient {
-                        let st = fstat(&sub).map_err(|e| Error::io(&child, e.into()))?;
-                        if st.st_dev != self.device {
+                        let place = Place::of(&sub).map_err(|e| Error::io(&child, e.into()))?;
+                        if place != self.home {
                             self.leave_out(&child, "another file system is mounted there".into());
                             continue;
                         }
@@ -237,7 +263,7 @@ impl Walk<'_, '_> {
                         Err(e) => return Err(Error::io(&child, e.into())),
                     };
                     let bytes = target.as_bytes();
-                    self.count(&child, bytes.len() as u64, true)?;
+                    self.add(&child, bytes.len() as u64)?;
                     let digest = self.writer.put_blob(bytes)?;
                     Entry {
                         name,
@@ -268,17 +294,18 @@ impl Walk<'_, '_> {
         if !self.limits.lenient {
             return false;
         }
+        if self.left_out.len() >= MAX_LEFT_OUT {
+            self.left_out_more += 1;
+            return true;
+        }
         let from_root = path.strip_prefix(self.root).unwrap_or(path).to_path_buf();
         self.left_out.push((from_root, why));
         true
     }
 
-    /// The entries of the folder `fd` (at `path`), with their types.
-    fn list(&self, fd: &OwnedFd, path: &Path) -> Result<std::vec::IntoIter<(OsString, Type)>> {
-        match crate::walk::list(fd) {
-            Ok(entries) => Ok(entries.into_iter()),
-            Err(e) => Err(Error::io(path, e.into())),
-        }
+    /// The entries of the folder `fd` (at `path`), with their types, as they are read.
+    fn list(&self, fd: &OwnedFd, path: &Path) -> Result<Listing> {
+        Listing::of(fd).map_err(|e| Error::io(path, e.into()))
     }
 
     fn file(&mut self, dir: &OwnedFd, raw: &OsStr, path: &Path, name: String) -> Result<Entry> {
@@ -297,7 +324,7 @@ impl Walk<'_, '_> {
         if meta.len() > self.limits.max_file_bytes {
             return Err(self.file_too_large(path));
         }
-        self.count(path, meta.len(), true)?;
+        self.add(path, meta.len())?;
         let (digest, size) = self
             .writer
             .put_blob_from(file, meta.len(), self.limits.max_file_bytes)
@@ -333,18 +360,27 @@ impl Walk<'_, '_> {
         }))
     }
 
-    /// Counts one entry of `bytes`: a file or link, or a folder.
-    fn count(&mut self, path: &Path, bytes: u64, file: bool) -> Result<()> {
+    /// Counts one entry listed, whatever it is and whether it is kept.
+    fn count(&mut self, path: &Path) -> Result<()> {
         self.entries += 1;
-        self.files += u64::from(file);
-        self.bytes += bytes;
         if self.entries > self.limits.max_files {
             return Err(Error::too_large(format!(
                 "{}: more than the limit of {} files and folders",
                 path.display(),
                 self.limits.max_files
-            )));
+            ))
+            .with_details(serde_json::json!({
+                "path": path.to_string_lossy(),
+                "limit": self.limits.max_files,
+            })));
         }
+        Ok(())
+    }
+
+    /// Counts a file or link kept, of `bytes`.
+    fn add(&mut self, path: &Path, bytes: u64) -> Result<()> {
+        self.files += 1;
+        self.bytes += bytes;
         if self.bytes > self.limits.max_bytes {
             return Err(Error::too_large(format!(
                 "{}: more than the limit of {} bytes in all",

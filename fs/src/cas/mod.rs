@@ -11,7 +11,7 @@ pub(crate) mod verified;
 
 pub use check::{GcReport, Problem, ProblemKind, VerifyReport};
 pub use digest::{Digest, Hasher};
-pub use import::{import_dir, import_fd, materialize, open_dir, Imported, Limits};
+pub use import::{import_dir, import_fd, materialize, open_dir, Imported, Limits, MAX_LEFT_OUT};
 pub(crate) use store::read_whole;
 pub use store::{ObjectKind, Store, Writer};
 pub use tree::{
