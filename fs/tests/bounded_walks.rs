@@ -102,6 +102,11 @@ fn fifos_count_against_a_projects_limit_and_are_never_held_whole() {
     let store = Store::open(tmp.path().join("store")).unwrap();
     let (project, skills) = fifo_project(tmp.path(), Limits::PROJECT.max_files as usize + 10);
     let cache = SkillCache::default();
+    // The process's caches made first (each takes what it may hold at once).
+    let warm = tmp.path().join("warm");
+    std::fs::create_dir_all(&warm).unwrap();
+    std::fs::write(warm.join("f"), "x").unwrap();
+    store.import_dir(&warm, &Limits::PROJECT).unwrap();
     let (made, peak) =
         peak_of(|| dir_source(&store, &cache, Tier::Repository, &skills, Some(&project)));
     let err = made.err().expect("more entries than the limit are refused");

@@ -1,7 +1,8 @@
-//! Importing a directory into the store, and materializing a tree back into one.
+//! Importing a directory into the store.
 
 use super::digest::Digest;
-use super::store::{ObjectKind, Store, Writer};
+use super::hashed;
+use super::store::{Store, Writer};
 use super::tree::{Entry, Kind, Tree};
 use crate::error::{Error, Result};
 use crate::walk::{Listing, Place};
@@ -11,12 +12,12 @@ use nix::fcntl::{openat, readlinkat, OFlag};
 use nix::sys::stat::Mode;
 use serde::Serialize;
 use std::ffi::OsStr;
-use std::fs::{self, File};
-use std::io;
+use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 /// Ceilings for one import. A breach is a TOO_LARGE error naming the path and the limit.
 #[derive(Debug, Clone, Copy)]
@@ -71,6 +72,9 @@ pub struct Imported {
     /// How many more it left out.
     #[serde(skip_serializing_if = "is_zero")]
     pub left_out_more: u64,
+    /// Files not read again: unchanged since an earlier import read them.
+    #[serde(skip)]
+    pub unchanged: u64,
 }
 
 /// Parts left out that an import names (each becomes a warning kept with a generation);
@@ -139,6 +143,7 @@ pub fn import_fd(
         bytes: 0,
         left_out: Vec::new(),
         left_out_more: 0,
+        unchanged: 0,
     };
     let digest = walk.tree(dir)?;
     Ok(Imported {
@@ -147,6 +152,7 @@ pub fn import_fd(
         bytes: walk.bytes,
         left_out: walk.left_out,
         left_out_more: walk.left_out_more,
+        unchanged: walk.unchanged,
     })
 }
 
@@ -161,6 +167,7 @@ struct Walk<'w, 's> {
     bytes: u64,
     left_out: Vec<(PathBuf, String)>,
     left_out_more: u64,
+    unchanged: u64,
 }
 
 /// A step of the walk found something other than what the listing said.
@@ -325,6 +332,22 @@ impl Walk<'_, '_> {
             return Err(self.file_too_large(path));
         }
         self.add(path, meta.len())?;
+        let kind = if meta.permissions().mode() & 0o111 != 0 {
+            Kind::Executable
+        } else {
+            Kind::File
+        };
+        // Unchanged since an import read it, and its blob still stored: not read again.
+        if let Some(digest) = hashed::digest_of(&meta).filter(|d| self.writer.has_blob(d)) {
+            self.unchanged += 1;
+            return Ok(Entry {
+                name,
+                kind,
+                size: meta.len(),
+                digest,
+            });
+        }
+        let read_at = SystemTime::now();
         let (digest, size) = self
             .writer
             .put_blob_from(file, meta.len(), self.limits.max_file_bytes)
@@ -332,14 +355,11 @@ impl Walk<'_, '_> {
                 crate::error::Code::TooLarge => self.file_too_large(path),
                 _ => Error::new(e.code, format!("{}: {}", path.display(), e.message)),
             })?;
-        if size != meta.len() {
+        if size == meta.len() {
+            hashed::record(&meta, digest, read_at);
+        } else {
             self.bytes = self.bytes - meta.len() + size;
         }
-        let kind = if meta.permissions().mode() & 0o111 != 0 {
-            Kind::Executable
-        } else {
-            Kind::File
-        };
         Ok(Entry {
             name,
             kind,
@@ -407,107 +427,4 @@ fn describe(ftype: Type) -> &'static str {
         Type::CharacterDevice => "character device",
         _ => "special file",
     }
-}
-
-/// Writes the tree `digest` to `dest`, which must not exist. Everything is written under a
-/// temporary sibling and renamed into place at the end, so `dest` is either complete or
-/// absent. Every blob is checked against its digest on the way.
-pub fn materialize(store: &Store, digest: &Digest, dest: &Path) -> Result<()> {
-    if fs::symlink_metadata(dest).is_ok() {
-        return Err(Error::conflict(format!(
-            "{} already exists",
-            dest.display()
-        )));
-    }
-    let parent = dest
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let staging = tempdir_in(parent, dest)?;
-    let result = write_tree(store, digest, &staging)
-        .and_then(|()| {
-            fs::set_permissions(&staging, fs::Permissions::from_mode(Kind::Tree.mode()))
-                .map_err(|e| Error::io(&staging, e))
-        })
-        .and_then(|()| {
-            nix::fcntl::renameat2(
-                nix::fcntl::AT_FDCWD,
-                &staging,
-                nix::fcntl::AT_FDCWD,
-                dest,
-                nix::fcntl::RenameFlags::RENAME_NOREPLACE,
-            )
-            .map_err(|errno| Error::io(dest, io::Error::from_raw_os_error(errno as i32)))
-        });
-    if result.is_err() {
-        let _ = crate::removal::remove_tree(&staging);
-    }
-    result
-}
-
-fn tempdir_in(parent: &Path, dest: &Path) -> Result<PathBuf> {
-    let base = dest
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    for attempt in 0..100u32 {
-        let candidate = parent.join(format!(".{base}.partial-{}-{attempt}", std::process::id()));
-        match fs::create_dir(&candidate) {
-            Ok(()) => return Ok(candidate),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(Error::io(&candidate, e)),
-        }
-    }
-    Err(Error::internal(format!(
-        "no free temporary name next to {}",
-        dest.display()
-    )))
-}
-
-/// Writes the tree `digest` into the empty folder `dir`, folder by folder from a stack of
-/// its own (no recursion, whatever the depth of the tree).
-fn write_tree(store: &Store, digest: &Digest, dir: &Path) -> Result<()> {
-    let mut pending = vec![(*digest, dir.to_path_buf())];
-    while let Some((digest, dir)) = pending.pop() {
-        let tree = store.tree(&digest)?;
-        for entry in tree.entries() {
-            let path = dir.join(&entry.name);
-            match entry.kind {
-                Kind::Tree => {
-                    fs::create_dir(&path).map_err(|e| Error::io(&path, e))?;
-                    // Whatever the umask: a materialized tree looks the same everywhere.
-                    fs::set_permissions(&path, fs::Permissions::from_mode(Kind::Tree.mode()))
-                        .map_err(|e| Error::io(&path, e))?;
-                    pending.push((entry.digest, path));
-                }
-                Kind::Symlink => {
-                    let target = store.blob(&entry.digest)?;
-                    std::os::unix::fs::symlink(OsStr::from_bytes(&target), &path)
-                        .map_err(|e| Error::io(&path, e))?;
-                }
-                Kind::File | Kind::Executable => {
-                    copy_verified(store, &entry.digest, &path)?;
-                    fs::set_permissions(&path, fs::Permissions::from_mode(entry.kind.mode()))
-                        .map_err(|e| Error::io(&path, e))?;
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Copies a blob to `path`, hashing on the way; a mismatch is an error (the caller removes
-/// the partial output).
-fn copy_verified(store: &Store, digest: &Digest, path: &Path) -> Result<()> {
-    let src_path = store.object_path(ObjectKind::Blob, digest);
-    let mut src = File::open(&src_path).map_err(|e| Error::io(&src_path, e))?;
-    let mut dst = File::create(path).map_err(|e| Error::io(path, e))?;
-    let (copied, _) = Digest::of_stream(&mut src, &mut dst).map_err(|e| Error::io(path, e))?;
-    if copied != *digest {
-        tracing::error!(object = %digest, "corrupt object");
-        return Err(Error::internal(format!(
-            "object {digest} is corrupt: its content does not match its digest"
-        )));
-    }
-    Ok(())
 }

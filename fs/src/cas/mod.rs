@@ -3,7 +3,9 @@
 
 mod check;
 mod digest;
+mod hashed;
 mod import;
+mod materialize;
 mod roots;
 mod store;
 mod tree;
@@ -11,7 +13,8 @@ pub(crate) mod verified;
 
 pub use check::{GcReport, Problem, ProblemKind, VerifyReport};
 pub use digest::{Digest, Hasher};
-pub use import::{import_dir, import_fd, materialize, open_dir, Imported, Limits, MAX_LEFT_OUT};
+pub use import::{import_dir, import_fd, open_dir, Imported, Limits, MAX_LEFT_OUT};
+pub use materialize::materialize;
 pub(crate) use store::read_whole;
 pub use store::{ObjectKind, Store, Writer};
 pub use tree::{
