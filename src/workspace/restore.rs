@@ -2,9 +2,9 @@
 //! background on a bounded pool of threads, and start-up waits for them at most
 //! `CLOUD_HARNESS_RESTORE_TIMEOUT` (the database and the container engine included): one that
 //! fails (its project now leads outside itself, its record is unreadable, its key cannot be
-//! bound, a panic) or does not finish in time never keeps the server from starting. It is kept as a [`Failure`] with its
-//! reason — calls on it say so, the API lists it — until it is closed; one that finishes late
-//! is served then.
+//! bound, a panic) or does not finish in time never keeps the server from starting. It is
+//! kept as a [`Failure`] with its reason — calls on it say so, the API lists it — until it is
+//! closed; one that finishes late is served then.
 
 use super::failure::{without_host_paths, Failure};
 use super::open::Activator;
