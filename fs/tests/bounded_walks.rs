@@ -109,7 +109,7 @@ fn fifos_count_against_a_projects_limit_and_are_never_held_whole() {
     store.import_dir(&warm, &Limits::PROJECT).unwrap();
     let (made, peak) =
         peak_of(|| dir_source(&store, &cache, Tier::Repository, &skills, Some(&project)));
-    let err = made.err().expect("more entries than the limit are refused");
+    let err = made.expect_err("more entries than the limit are refused");
     assert_eq!(err.code, Code::TooLarge, "{err}");
     assert!(
         err.message
