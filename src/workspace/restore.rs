@@ -37,22 +37,24 @@ struct Shared {
     act: Activator,
     open: Arc<Mutex<HashMap<String, Arc<Workspace>>>>,
     failed: Arc<Mutex<HashMap<String, Failure>>>,
-    /// Restores ended (served, failed, or dropped as closed meanwhile), and a bell for each.
+    /// Steps of the start-up ended (a restore served, failed, or dropped as closed meanwhile;
+    /// a half-made workspace removed; the stale keys freed), and a bell for each.
     ended: Arc<(Mutex<usize>, Condvar)>,
     home: PathBuf,
 }
 
 impl Workspaces {
-    /// Serves again the workspaces left open by a previous run; returns when all are served
-    /// or have failed, or at the restore timeout, whichever is first.
+    /// Serves again the workspaces left open by a previous run and removes what opens cut
+    /// short left; returns when all that is done, or at the restore timeout, whichever is
+    /// first.
     ///
-    /// Start-up reads only the workspaces' folders and records before it returns: each found
-    /// is `restoring` from then on, and holds its idempotency key (see
-    /// [`Workspaces::holding_key`]) until it is served, fails or is closed. Everything that
-    /// may wait — the database (the operator's decisions, each key adopted), the container
-    /// engine and removals of half-made workspaces, the restores themselves on at most
-    /// [`THREADS`] threads — runs in the background, so a locked database or a slow engine
-    /// never holds the start past its timeout.
+    /// Itself it reads only the workspaces' folders and records: each found is `restoring`
+    /// from then on, and holds its idempotency key (see [`Workspaces::holding_key`]) until it
+    /// is served, fails or is closed. Everything that may wait — the database (the
+    /// operator's decisions, each key adopted), the container engine and removals of
+    /// half-made workspaces, the restores themselves on at most [`THREADS`] threads — runs in
+    /// the background, so a locked database or a slow engine never holds the start past its
+    /// timeout; what is not done by then goes on.
     pub(super) fn restore(&self) {
         let deadline = Instant::now()
             .checked_add(self.restore_timeout)
@@ -113,7 +115,8 @@ impl Workspaces {
             ended: Arc::new((Mutex::new(0usize), Condvar::new())),
             home: self.home.clone(),
         };
-        let started = jobs.len();
+        // Each restore, each half-made workspace's removal, and the keys freed, all rung.
+        let started = jobs.len() + half_made.len() + 1;
         let background = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("restore".into())
@@ -303,6 +306,7 @@ impl Shared {
         }
         for dir in half_made {
             sweep(&self.act, &dir);
+            self.ring();
         }
         for id in keys::mine(&self.act.db).unwrap_or_default() {
             if !on_disk.contains(&id) {
@@ -311,6 +315,7 @@ impl Shared {
                 }
             }
         }
+        self.ring();
         for w in workers {
             let _ = w.join();
         }
