@@ -186,7 +186,7 @@ fn empty(root: OwnedFd) -> io::Result<()> {
             }
         };
         match Place::of(&fd) {
-            Ok(place) if place == home => {}
+            Ok(place) if place.same_mount(&home) => {}
             Ok(_) => {
                 fail(io::Error::new(
                     io::ErrorKind::ResourceBusy,
@@ -347,10 +347,13 @@ mod tests {
         }
         let err = level.again("x".into(), Type::File, RETRIES).unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::ResourceBusy);
+        let typed = crate::Error::io(Path::new("tree"), err);
+        assert_eq!(typed.code, crate::Code::Conflict, "{typed}");
         assert!(
-            err.to_string()
-                .contains("x turned from a file into a folder or back 4 times"),
-            "{err}"
+            typed
+                .message
+                .contains("tree: x turned from a file into a folder or back 4 times"),
+            "{typed}"
         );
     }
 

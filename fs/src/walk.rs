@@ -160,7 +160,7 @@ pub fn folders(root: OwnedFd, bounds: Bounds, mut visit: impl FnMut(&Folder) -> 
         }
         match open_folder(&level.fd, &name) {
             Ok(fd) => match Place::of(&fd) {
-                Ok(place) if place != home => cuts.push(Cut::Mount(path)),
+                Ok(place) if !place.same_mount(&home) => cuts.push(Cut::Mount(path)),
                 Ok(_) => next = Some((fd, path, depth)),
                 Err(e) => cuts.push(Cut::Unreadable(path, e)),
             },
@@ -218,13 +218,23 @@ impl Cuts {
 /// Where a folder is: its file system and its mount. Two folders at one place are on one
 /// mount; a bind mount of the same file system is another place (its mount id differs where
 /// the kernel says it, Linux 5.8 and later; before, only the file system is compared).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct Place {
     dev: u64,
     mount: Option<u64>,
 }
 
 impl Place {
+    /// Whether `self` and `other` are on one mount: one file system, and one mount where the
+    /// kernel named both.
+    pub fn same_mount(&self, other: &Place) -> bool {
+        self.dev == other.dev
+            && match (self.mount, other.mount) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            }
+    }
+
     pub fn of(fd: &impl AsFd) -> nix::Result<Place> {
         let dev = fstat(fd.as_fd())?.st_dev;
         Ok(Place {

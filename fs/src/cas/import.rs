@@ -247,7 +247,7 @@ impl Walk<'_, '_> {
                     };
                     if self.limits.lenient {
                         let place = Place::of(&sub).map_err(|e| Error::io(&child, e.into()))?;
-                        if place != self.home {
+                        if !place.same_mount(&self.home) {
                             self.leave_out(&child, "another file system is mounted there".into());
                             continue;
                         }
