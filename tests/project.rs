@@ -206,6 +206,43 @@ fn workspace_scope_toolkits_never_write_through_a_link() {
     }
 }
 
+/// A skill folder the project already has where a workspace-scope toolkit writes one is read
+/// with the project's ceilings (32 MiB a file), not those of an operator's own folder.
+#[test]
+fn a_workspace_scope_skill_already_in_the_project_is_read_within_the_project_ceilings() {
+    let w = world();
+    let kit = Repo::create(&w.repos, "kit.git", false);
+    let commit = kit.commit(dir(vec![(
+        "skills",
+        dir(vec![("wsx", skill("wsx", "Ws."))]),
+    )]));
+    let spec = toolkit::parse_spec(&format!(
+        r#"{{"kind":"git","instanceId":"kit","url":"{}","ref":"{commit}","scope":"workspace"}}"#,
+        w.server.url("kit.git")
+    ))
+    .unwrap();
+    // 40 MiB of zeros: a few kilobytes in git.
+    let big = Node::File(vec![0u8; 40 << 20]);
+    let url = w.project(
+        "big",
+        dir(vec![(
+            ".cloud-harness",
+            dir(vec![(
+                "skills",
+                dir(vec![("wsx", dir(vec![("big.bin", big)]))]),
+            )]),
+        )]),
+    );
+    let err = w.open("big", &url, vec![spec]).unwrap_err();
+    assert_eq!(err.code, Code::TooLarge, "{err}");
+    assert!(
+        err.message
+            .contains("larger than the limit of 33554432 bytes per file"),
+        "{err}"
+    );
+    assert_eq!(w.workspaces_left(), 0, "a workspace was left behind");
+}
+
 #[test]
 fn a_live_tier_turned_into_a_link_out_keeps_the_last_good_generation() {
     let w = world();

@@ -146,6 +146,9 @@ impl Error {
         let code = match err.kind() {
             std::io::ErrorKind::NotFound => Code::NotFound,
             std::io::ErrorKind::PermissionDenied => Code::Forbidden,
+            // In use or being changed meanwhile (a mount inside a tree being removed, a writer
+            // racing the removal): the state of the thing, not the server, stands in the way.
+            std::io::ErrorKind::ResourceBusy => Code::Conflict,
             _ => match err.raw_os_error() {
                 Some(libc_eloop) if libc_eloop == nix::libc::ELOOP => Code::InvalidArgument,
                 Some(e) if e == nix::libc::ENAMETOOLONG || e == nix::libc::ENOTDIR => {

@@ -7,13 +7,15 @@
 //! stack of its own and holds at most [`HELD`] levels open: a folder found deeper than that is
 //! first moved up to the top of the tree (a rename within one file system, which costs
 //! nothing), and emptied from there later. Links are removed, never followed; a folder on
-//! another file system (a mount point) is not entered, and is reported.
+//! another file system or mount (a mount point, a bind mount) is not entered, and is
+//! reported. Each folder is listed as it is emptied, never held in memory whole; an entry a
+//! racing writer keeps turning from a file into a folder and back is given up on, and said.
 
-use crate::walk::{list, open_folder};
+use crate::walk::{open_folder, Listing, Place};
 use nix::dir::Type;
 use nix::errno::Errno;
 use nix::fcntl::{renameat2, OFlag, RenameFlags};
-use nix::sys::stat::{fstat, Mode};
+use nix::sys::stat::Mode;
 use nix::unistd::{unlinkat, UnlinkatFlags};
 use std::ffi::OsString;
 use std::io;
@@ -25,6 +27,9 @@ const HELD: usize = 64;
 /// Listings of one folder that still found something after it was emptied (a writer adding
 /// entries meanwhile): past this many, the folder is left.
 const PASSES: u32 = 4;
+/// Times one entry is looked at again because it turned from a file into a folder or back
+/// since it was listed (a writer racing the removal): past this many, it is left, and said.
+const RETRIES: u8 = 4;
 
 /// Removes `path` and everything below it; a link or file at `path` is removed itself.
 /// Everything removable is removed even when a part fails; the first failure is returned.
@@ -47,40 +52,90 @@ struct Level {
     fd: OwnedFd,
     /// Its name in the level below (none for the root).
     name: Option<OsString>,
-    pending: Vec<(OsString, Type)>,
+    /// What is left of its listing, read from the kernel as it goes (a folder of millions of
+    /// entries is never held in memory whole).
+    listing: Listing,
+    /// Entries to look at again, with the times they were.
+    again: Vec<(OsString, Type, u8)>,
     passes: u32,
+}
+
+impl Level {
+    fn new(fd: OwnedFd, name: Option<OsString>) -> io::Result<Level> {
+        let listing = Listing::of(&fd)?;
+        Ok(Level {
+            fd,
+            name,
+            listing,
+            again: Vec::new(),
+            passes: 1,
+        })
+    }
+
+    /// The next entry to remove: one to look at again, else the next of the listing.
+    fn next(&mut self) -> Option<nix::Result<(OsString, Type, u8)>> {
+        if let Some(entry) = self.again.pop() {
+            return Some(Ok(entry));
+        }
+        let entry = self.listing.next_in(&self.fd)?;
+        Some(entry.map(|(name, kind)| (name, kind, 0)))
+    }
+
+    /// `name` turned from a file into a folder or back: looked at again as `kind`, unless
+    /// it did so too often.
+    fn again(&mut self, name: OsString, kind: Type, tries: u8) -> io::Result<()> {
+        if tries >= RETRIES {
+            return Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                format!(
+                    "{} turned from a file into a folder or back {RETRIES} times while it was being removed (something is writing there); it is left",
+                    name.to_string_lossy()
+                ),
+            ));
+        }
+        self.again.push((name, kind, tries + 1));
+        Ok(())
+    }
 }
 
 /// Removes everything inside the folder open at `root`.
 fn empty(root: OwnedFd) -> io::Result<()> {
-    let device = fstat(&root)?.st_dev;
+    let home = Place::of(&root)?;
     let mut failed: Option<io::Error> = None;
     let mut fail = |e: io::Error| {
         failed.get_or_insert(e);
     };
     let mut moved = 0u64;
-    let pending = list(&root)?;
-    let mut stack = vec![Level {
-        fd: root,
-        name: None,
-        pending,
-        passes: 1,
-    }];
+    let mut stack = vec![Level::new(root, None)?];
     loop {
         let depth = stack.len();
         let Some(level) = stack.last_mut() else {
             break;
         };
-        let Some((name, kind)) = level.pending.pop() else {
+        let next = match level.next() {
+            Some(Ok(entry)) => Some(entry),
+            Some(Err(e)) => {
+                // Unreadable from here on: the folder is left with what it still holds.
+                fail(e.into());
+                level.passes = PASSES;
+                None
+            }
+            None => None,
+        };
+        let Some((name, kind, tries)) = next else {
             // Emptied: once more in case something was added meanwhile, then removed.
             if level.passes < PASSES {
                 level.passes += 1;
-                match list(&level.fd) {
-                    Ok(more) if !more.is_empty() => {
-                        level.pending = more;
-                        continue;
-                    }
-                    Ok(_) => {}
+                match Listing::of(&level.fd) {
+                    Ok(mut listing) => match listing.next_in(&level.fd) {
+                        Some(Ok((name, kind))) => {
+                            level.again.push((name, kind, 0));
+                            level.listing = listing;
+                            continue;
+                        }
+                        Some(Err(e)) => fail(e.into()),
+                        None => {}
+                    },
                     Err(e) => fail(e.into()),
                 }
             }
@@ -97,7 +152,11 @@ fn empty(root: OwnedFd) -> io::Result<()> {
             match unlinkat(&level.fd, name.as_os_str(), UnlinkatFlags::NoRemoveDir) {
                 Ok(()) | Err(Errno::ENOENT) => {}
                 // Replaced by a folder since it was listed: looked at again as one.
-                Err(Errno::EISDIR) => level.pending.push((name, Type::Directory)),
+                Err(Errno::EISDIR) => {
+                    if let Err(e) = level.again(name, Type::Directory, tries) {
+                        fail(e);
+                    }
+                }
                 Err(e) => fail(e.into()),
             }
             continue;
@@ -106,7 +165,7 @@ fn empty(root: OwnedFd) -> io::Result<()> {
             let (top, rest) = stack.split_at_mut(1);
             let parent = &rest[rest.len() - 1].fd;
             match move_to_top(&top[0].fd, parent, &name, &mut moved) {
-                Ok(moved_to) => top[0].pending.push((moved_to, Type::Directory)),
+                Ok(moved_to) => top[0].again.push((moved_to, Type::Directory, 0)),
                 Err(e) => fail(e.into()),
             }
             continue;
@@ -116,7 +175,9 @@ fn empty(root: OwnedFd) -> io::Result<()> {
             Err(Errno::ENOENT) => continue,
             // Replaced by a link or a file since it was listed: removed as one.
             Err(Errno::ELOOP | Errno::ENOTDIR) => {
-                level.pending.push((name, Type::File));
+                if let Err(e) = level.again(name, Type::File, tries) {
+                    fail(e);
+                }
                 continue;
             }
             Err(e) => {
@@ -124,13 +185,13 @@ fn empty(root: OwnedFd) -> io::Result<()> {
                 continue;
             }
         };
-        match fstat(&fd) {
-            Ok(st) if st.st_dev == device => {}
+        match Place::of(&fd) {
+            Ok(place) if place.same_mount(&home) => {}
             Ok(_) => {
                 fail(io::Error::new(
                     io::ErrorKind::ResourceBusy,
                     format!(
-                        "{} is another file system mounted inside; not removed",
+                        "{} is another file system or mount inside; not removed",
                         name.to_string_lossy()
                     ),
                 ));
@@ -141,14 +202,9 @@ fn empty(root: OwnedFd) -> io::Result<()> {
                 continue;
             }
         }
-        match list(&fd) {
-            Ok(pending) => stack.push(Level {
-                fd,
-                name: Some(name),
-                pending,
-                passes: 1,
-            }),
-            Err(e) => fail(e.into()),
+        match Level::new(fd, Some(name)) {
+            Ok(level) => stack.push(level),
+            Err(e) => fail(e),
         }
     }
     match failed {
@@ -251,5 +307,93 @@ mod tests {
         }
         remove_tree(&root).unwrap();
         assert!(!root.exists());
+    }
+
+    #[test]
+    fn a_bind_mount_inside_is_not_emptied() {
+        let tmp = tempfile::tempdir().unwrap();
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::fs::write(elsewhere.join("keep"), "mine").unwrap();
+        let root = tmp.path().join("tree");
+        std::fs::create_dir_all(root.join("bound")).unwrap();
+        std::fs::write(root.join("other"), "x").unwrap();
+        let Some(bound) = crate::walk::BindMount::new(&elsewhere, &root.join("bound")) else {
+            return;
+        };
+        let err = remove_tree(&root).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::ResourceBusy, "{err}");
+        assert!(
+            err.to_string()
+                .contains("bound is another file system or mount"),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(elsewhere.join("keep")).unwrap(),
+            "mine"
+        );
+        assert!(!root.join("other").exists());
+        drop(bound);
+        remove_tree(&root).unwrap();
+    }
+
+    #[test]
+    fn an_entry_that_keeps_changing_kind_is_given_up_on_typed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fd = crate::cas::open_dir(tmp.path()).unwrap();
+        let mut level = Level::new(fd, None).unwrap();
+        for tries in 0..RETRIES {
+            level.again("x".into(), Type::Directory, tries).unwrap();
+        }
+        let err = level.again("x".into(), Type::File, RETRIES).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::ResourceBusy);
+        let typed = crate::Error::io(Path::new("tree"), err);
+        assert_eq!(typed.code, crate::Code::Conflict, "{typed}");
+        assert!(
+            typed
+                .message
+                .contains("tree: x turned from a file into a folder or back 4 times"),
+            "{typed}"
+        );
+    }
+
+    #[test]
+    fn a_writer_swapping_an_entry_never_keeps_a_removal_going() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("tree");
+        let parked = tmp.path().join("parked");
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        // `tree/x` turns from a file into a folder and back, as fast as the kernel goes.
+        let swapper = {
+            let (stop, x, parked) = (stop.clone(), root.join("x"), parked.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = renameat2(
+                        nix::fcntl::AT_FDCWD,
+                        &x,
+                        nix::fcntl::AT_FDCWD,
+                        &parked,
+                        RenameFlags::RENAME_EXCHANGE,
+                    );
+                }
+            })
+        };
+        for _ in 0..300 {
+            std::fs::create_dir_all(&root).unwrap();
+            let _ = std::fs::write(root.join("x"), "file");
+            let _ = std::fs::create_dir(&parked);
+            // Every removal ends, whatever the race; one that loses it says why.
+            if let Err(e) = remove_tree(&root) {
+                let known = [nix::libc::ENOTEMPTY, nix::libc::ENOTDIR, nix::libc::ENOENT];
+                assert!(
+                    e.kind() == io::ErrorKind::ResourceBusy
+                        || e.raw_os_error().is_some_and(|n| known.contains(&n)),
+                    "{e}"
+                );
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        swapper.join().unwrap();
     }
 }

@@ -86,12 +86,21 @@ pub fn dir_source(
         Some(_) => format!("the project's {}", named.display()),
         None => named.display().to_string(),
     };
+    // At most `MAX_LEFT_OUT` named, then how many more: they are kept with the generation
+    // and sent in every listing.
     source.discovery.warnings.extend(
         imported
             .left_out
             .iter()
             .map(|(at, why)| format!("{shown}/{}: {why}; it is left out", at.display())),
     );
+    if imported.left_out_more > 0 {
+        source.discovery.warnings.push(format!(
+            "{shown}: {} more entries no skill can hold are left out (the first {} are named)",
+            imported.left_out_more,
+            crate::cas::MAX_LEFT_OUT
+        ));
+    }
     Ok(source)
 }
 

@@ -4,8 +4,10 @@
 //! into, and a tree that changes meanwhile cannot lead the walk anywhere else. A folder on
 //! another file system (a mount point) is not entered either. The walk keeps a stack of its
 //! own instead of recursing (a chain of 10,000 folders costs no call stack), holds one
-//! descriptor per level, and stops at a depth bound and at an entry budget; each part left
-//! out is said as a [`Cut`].
+//! descriptor per level, and stops at a depth bound and at an entry budget, counted as
+//! the kernel lists each folder (a folder of ten million entries is never read whole); each
+//! part left out is said as a [`Cut`]. A bind mount counts as a mount where the kernel names
+//! mounts (`statx`'s mount id).
 
 use nix::dir::{Dir, Type};
 use nix::errno::Errno;
@@ -36,6 +38,8 @@ pub enum Cut {
     Mount(PathBuf),
     /// This folder could not be opened or listed.
     Unreadable(PathBuf, Errno),
+    /// This many more parts, past the first [`MAX_CUTS`].
+    More(u64),
 }
 
 impl Cut {
@@ -65,6 +69,9 @@ impl Cut {
                 at(p)
             ),
             Cut::Unreadable(p, e) => format!("{} cannot be read ({e}); it is left out", at(p)),
+            Cut::More(n) => {
+                format!("{n} more parts of {root} are left out (the first {MAX_CUTS} are named)")
+            }
         }
     }
 }
@@ -98,11 +105,12 @@ struct Level {
 }
 
 /// Walks the folders of the tree open at `root`, each before what it holds (the root first);
-/// `visit` says for each whether to go in. Returns the parts left out.
+/// `visit` says for each whether to go in. Returns the parts left out: at most [`MAX_CUTS`]
+/// of them by name, then how many more.
 pub fn folders(root: OwnedFd, bounds: Bounds, mut visit: impl FnMut(&Folder) -> Step) -> Vec<Cut> {
-    let mut cuts = Vec::new();
-    let device = match fstat(&root) {
-        Ok(st) => st.st_dev,
+    let mut cuts = Cuts::default();
+    let home = match Place::of(&root) {
+        Ok(place) => place,
         Err(e) => return vec![Cut::Unreadable(PathBuf::new(), e)],
     };
     let mut listed = 0u64;
@@ -116,20 +124,10 @@ pub fn folders(root: OwnedFd, bounds: Bounds, mut visit: impl FnMut(&Folder) -> 
                 depth,
             });
             match step {
-                Step::Stop => return cuts,
+                Step::Stop => return cuts.done(),
                 Step::Skip => {}
-                Step::Enter => match list(&fd) {
-                    Ok(entries) => {
-                        listed += entries.len() as u64;
-                        if listed > bounds.entries {
-                            cuts.push(Cut::TooMany(path));
-                            return cuts;
-                        }
-                        let mut folders: Vec<OsString> = entries
-                            .into_iter()
-                            .filter(|(_, kind)| *kind == Type::Directory)
-                            .map(|(name, _)| name)
-                            .collect();
+                Step::Enter => match folders_in(&fd, &mut listed, bounds.entries) {
+                    Ok(Some(mut folders)) => {
                         // Taken from the end: in name order.
                         folders.sort_unstable_by(|a, b| b.cmp(a));
                         stack.push(Level {
@@ -139,12 +137,16 @@ pub fn folders(root: OwnedFd, bounds: Bounds, mut visit: impl FnMut(&Folder) -> 
                             folders,
                         });
                     }
+                    Ok(None) => {
+                        cuts.push(Cut::TooMany(path));
+                        return cuts.done();
+                    }
                     Err(e) => cuts.push(Cut::Unreadable(path, e)),
                 },
             }
         }
         let Some(level) = stack.last_mut() else {
-            return cuts;
+            return cuts.done();
         };
         let Some(name) = level.folders.pop() else {
             stack.pop();
@@ -157,8 +159,8 @@ pub fn folders(root: OwnedFd, bounds: Bounds, mut visit: impl FnMut(&Folder) -> 
             continue;
         }
         match open_folder(&level.fd, &name) {
-            Ok(fd) => match fstat(&fd) {
-                Ok(st) if st.st_dev != device => cuts.push(Cut::Mount(path)),
+            Ok(fd) => match Place::of(&fd) {
+                Ok(place) if !place.same_mount(&home) => cuts.push(Cut::Mount(path)),
                 Ok(_) => next = Some((fd, path, depth)),
                 Err(e) => cuts.push(Cut::Unreadable(path, e)),
             },
@@ -167,6 +169,103 @@ pub fn folders(root: OwnedFd, bounds: Bounds, mut visit: impl FnMut(&Folder) -> 
             Err(e) => cuts.push(Cut::Unreadable(path, e)),
         }
     }
+}
+
+/// The folders in the folder `fd`, each of its entries counted in `listed`; none when
+/// `listed` passes `budget` (the listing stops there).
+fn folders_in(fd: &OwnedFd, listed: &mut u64, budget: u64) -> nix::Result<Option<Vec<OsString>>> {
+    let mut listing = Listing::of(fd)?;
+    let mut folders = Vec::new();
+    while let Some(entry) = listing.next_in(fd) {
+        let (name, kind) = entry?;
+        *listed += 1;
+        if *listed > budget {
+            return Ok(None);
+        }
+        if kind == Type::Directory {
+            folders.push(name);
+        }
+    }
+    Ok(Some(folders))
+}
+
+/// Parts left out said by name, at most this many (a tree of many small cuts would make as
+/// many warnings); the rest are counted.
+pub const MAX_CUTS: usize = 100;
+
+#[derive(Default)]
+struct Cuts {
+    named: Vec<Cut>,
+    more: u64,
+}
+
+impl Cuts {
+    fn push(&mut self, cut: Cut) {
+        match self.named.len() < MAX_CUTS {
+            true => self.named.push(cut),
+            false => self.more += 1,
+        }
+    }
+
+    fn done(mut self) -> Vec<Cut> {
+        if self.more > 0 {
+            self.named.push(Cut::More(self.more));
+        }
+        self.named
+    }
+}
+
+/// Where a folder is: its file system and its mount. Two folders at one place are on one
+/// mount; a bind mount of the same file system is another place (its mount id differs where
+/// the kernel says it, Linux 5.8 and later; before, only the file system is compared).
+#[derive(Debug, Clone, Copy)]
+pub struct Place {
+    dev: u64,
+    mount: Option<u64>,
+}
+
+impl Place {
+    /// Whether `self` and `other` are on one mount: one file system, and one mount where the
+    /// kernel named both.
+    pub fn same_mount(&self, other: &Place) -> bool {
+        self.dev == other.dev
+            && match (self.mount, other.mount) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            }
+    }
+
+    pub fn of(fd: &impl AsFd) -> nix::Result<Place> {
+        let dev = fstat(fd.as_fd())?.st_dev;
+        Ok(Place {
+            dev,
+            mount: mount_id(fd),
+        })
+    }
+}
+
+/// The mount id of what `fd` is open at (`statx`, `STATX_MNT_ID`), when the kernel says it.
+fn mount_id(fd: &impl AsFd) -> Option<u64> {
+    use nix::libc;
+    use std::os::fd::AsRawFd;
+    let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: an empty path with AT_EMPTY_PATH names the open descriptor itself; `buf` is
+    // a `statx` the kernel fills (zeroed first, so it is initialized whatever it fills).
+    let done = unsafe {
+        libc::statx(
+            fd.as_fd().as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_MNT_ID,
+            buf.as_mut_ptr(),
+        )
+    };
+    if done != 0 {
+        return None;
+    }
+    // SAFETY: zeroed above, then filled by the kernel.
+    let buf = unsafe { buf.assume_init() };
+    (buf.stx_mask & libc::STATX_MNT_ID != 0).then_some(buf.stx_mnt_id)
 }
 
 /// Opens the folder `name` of `parent`, never through a link.
@@ -179,30 +278,49 @@ pub fn open_folder(parent: &impl AsFd, name: &OsStr) -> nix::Result<OwnedFd> {
     )
 }
 
-/// The entries of the open folder `fd` (without `.` and `..`) and their types, as the
-/// listing says or, where it does not, as `fstatat` without following links says.
-pub fn list(fd: &OwnedFd) -> nix::Result<Vec<(OsString, Type)>> {
-    let mut dir = Dir::from_fd(fd.try_clone().map_err(|_| Errno::EMFILE)?)?;
-    let mut out = Vec::new();
-    for item in dir.iter() {
-        let item = item?;
-        let name = item.file_name().to_bytes();
-        if name == b"." || name == b".." {
-            continue;
-        }
-        let name = OsStr::from_bytes(name).to_owned();
-        let kind = match item.file_type() {
-            Some(kind) => kind,
-            None => match type_at(fd, &name) {
-                Ok(kind) => kind,
-                // Gone since it was listed.
-                Err(Errno::ENOENT) => continue,
-                Err(e) => return Err(e),
-            },
-        };
-        out.push((name, kind));
+/// The entries of an open folder (without `.` and `..`), read from the kernel as they are
+/// asked for: a folder of ten million entries costs what is taken of it, never a list of them
+/// all. Each has its type as the listing says or, where it does not, as `fstatat` without
+/// following links says.
+pub struct Listing {
+    entries: nix::dir::OwningIter,
+}
+
+impl Listing {
+    /// The entries of the folder open at `fd`, from its first.
+    pub fn of(fd: &OwnedFd) -> nix::Result<Listing> {
+        let dup = fd.try_clone().map_err(|_| Errno::EMFILE)?;
+        // A duplicate shares its position with `fd` (and with earlier listings of it).
+        nix::unistd::lseek(&dup, 0, nix::unistd::Whence::SeekSet)?;
+        Ok(Listing {
+            entries: Dir::from_fd(dup)?.into_iter(),
+        })
     }
-    Ok(out)
+
+    /// The next entry of the folder `fd` (the one this listing is of), none at its end.
+    pub fn next_in(&mut self, fd: &OwnedFd) -> Option<nix::Result<(OsString, Type)>> {
+        loop {
+            let item = match self.entries.next()? {
+                Ok(item) => item,
+                Err(e) => return Some(Err(e)),
+            };
+            let name = item.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let name = OsStr::from_bytes(name).to_owned();
+            let kind = match item.file_type() {
+                Some(kind) => kind,
+                None => match type_at(fd, &name) {
+                    Ok(kind) => kind,
+                    // Gone since it was listed.
+                    Err(Errno::ENOENT) => continue,
+                    Err(e) => return Some(Err(e)),
+                },
+            };
+            return Some(Ok((name, kind)));
+        }
+    }
 }
 
 /// The type of `name` in `dir`, the link itself for a link.
@@ -235,6 +353,41 @@ pub fn make_chain(dir: &Path, name: &str, levels: usize) -> nix::Result<()> {
         fd = open_folder(&fd, OsStr::new(name))?;
     }
     Ok(())
+}
+
+/// A bind mount for tests, undone when dropped.
+#[cfg(test)]
+pub(crate) struct BindMount(PathBuf);
+
+#[cfg(test)]
+impl BindMount {
+    /// `source` mounted at `target` (a folder). None where mounting is not allowed (not
+    /// root, no CAP_SYS_ADMIN): the test is skipped then on a developer's machine, and fails
+    /// under CI.
+    pub(crate) fn new(source: &Path, target: &Path) -> Option<BindMount> {
+        use nix::mount::{mount, MsFlags};
+        match mount(
+            Some(source),
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        ) {
+            Ok(()) => Some(BindMount(target.to_path_buf())),
+            Err(e) if std::env::var_os("CI").is_none() => {
+                eprintln!("skipped: no bind mount here ({e})");
+                None
+            }
+            Err(e) => panic!("a bind mount is needed for this test: {e}"),
+        }
+    }
+}
+
+#[cfg(test)]
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
 }
 
 #[cfg(test)]
@@ -333,5 +486,42 @@ mod tests {
             }
         });
         assert_eq!(seen, [PathBuf::new(), "a".into(), "b".into()]);
+    }
+
+    #[test]
+    fn a_bind_mount_of_the_same_file_system_is_not_entered() {
+        let tmp = tempfile::tempdir().unwrap();
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir_all(elsewhere.join("inner")).unwrap();
+        let root = tmp.path().join("root");
+        std::fs::create_dir_all(root.join("bound")).unwrap();
+        std::fs::create_dir_all(root.join("plain")).unwrap();
+        let Some(_bound) = BindMount::new(&elsewhere, &root.join("bound")) else {
+            return;
+        };
+        let (seen, cuts) = walked(&root, WIDE);
+        assert_eq!(seen, [PathBuf::new(), PathBuf::from("plain")]);
+        assert_eq!(cuts, [Cut::Mount("bound".into())]);
+    }
+
+    #[test]
+    fn past_a_hundred_cuts_the_rest_are_counted() {
+        let tmp = tempfile::tempdir().unwrap();
+        for i in 0..150 {
+            std::fs::create_dir_all(tmp.path().join(format!("d{i:03}/deeper"))).unwrap();
+        }
+        let bounds = Bounds {
+            depth: 1,
+            entries: 10_000,
+        };
+        let (seen, cuts) = walked(tmp.path(), bounds);
+        assert_eq!(seen.len(), 151);
+        assert_eq!(cuts.len(), MAX_CUTS + 1);
+        assert_eq!(cuts[MAX_CUTS], Cut::More(50));
+        let said = cuts[MAX_CUTS].describe("skills", &bounds);
+        assert_eq!(
+            said,
+            "50 more parts of skills are left out (the first 100 are named)"
+        );
     }
 }

@@ -120,6 +120,19 @@ pub fn release(db: &Db, id: &str) -> Result<()> {
     })
 }
 
+/// Frees the key of the workspace `id` if its row was made before `before_ms` (a half-made
+/// workspace found at start-up; an open made since then is left alone).
+pub fn release_stale(db: &Db, id: &str, before_ms: i64) -> Result<()> {
+    db.write(|tx| {
+        tx.execute(
+            "DELETE FROM workspaces WHERE id = $1 AND created_at < $2",
+            params![id, before_ms],
+        )
+        .map_err(state::internal)?;
+        Ok(())
+    })
+}
+
 /// A workspace found on disk at start-up (its record written before the database held keys,
 /// or the row is there already): its key bound to it. An error when the key is bound to
 /// another workspace.

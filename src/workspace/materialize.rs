@@ -62,7 +62,9 @@ pub fn workspace_scope(
         let dest = target.join(name);
         refuse_link(repo, &format!("{WORKSPACE_SKILLS}/{name}"))?;
         if fs::symlink_metadata(&dest).is_ok() {
-            let existing = store.import_dir(&dest, &Limits::default())?.digest;
+            // The project's own folder, hostile like any: its ceilings, and what no skill can hold
+            // left out.
+            let existing = store.import_dir(&dest, &Limits::PROJECT)?.digest;
             if existing != *digest {
                 return Err(Error::conflict(format!(
                     "skill `{name}` is already in {WORKSPACE_SKILLS} with other content ({existing}); toolkit `{toolkit}` brings {digest}; nothing was written"

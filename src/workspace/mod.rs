@@ -21,6 +21,7 @@
 
 mod acquire;
 mod catalog;
+mod failure;
 mod keys;
 mod listing;
 pub use catalog::SkillFile;
@@ -36,10 +37,10 @@ mod restore;
 mod roots;
 mod run;
 
+pub use failure::Failure;
 pub use read::{check_skill_path, Page, MAX_SKILL_PATH};
 pub use record::Record;
 pub use request::OpenRequest;
-pub use restore::Failure;
 pub use run::blocking;
 pub use run::RunRequest;
 

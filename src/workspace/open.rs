@@ -295,6 +295,10 @@ impl Workspaces {
     ) -> Result<Value> {
         let key = request.idempotency_key.clone();
         let owner = asked.actor;
+        // A workspace being restored holds its key before the database may say so.
+        if let Some(holder) = self.holding_key(owner, &key) {
+            return Err(holder.key_taken(&key, &digest));
+        }
         if let Some(bound) = keys::find(&self.db, owner, &key)? {
             return self.replay(&key, bound, digest);
         }

@@ -5,7 +5,9 @@
 //! throughout. A restart on the same home with such a workspace, and with one whose restore
 //! fails, starts, answers `/healthz`, serves the first again and reports the second with its
 //! reason until it is closed. A project nesting more folders than any checkout can hold is
-//! refused before anything is written.
+//! refused before anything is written. A flood of FIFOs in a skills folder counts against the
+//! project's entry limit (refused typed, live and at restart) rather than being kept as one
+//! warning each.
 
 use crate::support::api::{mcp_session, tool, world_with, World};
 use crate::support::http::server_in;
@@ -469,4 +471,82 @@ fn a_restore_past_its_bound_does_not_hold_the_start() {
     );
     let closed = call(&w, &session, "workspace_close", json!({"workspace": id}));
     assert_eq!(closed["isError"], false, "{closed}");
+}
+
+/// A script making FIFOs in a loop in a project's skills folder (as an executor could): each
+/// counts against the project's limit of 20,000 entries, what no skill can hold included, so
+/// the live tier refuses the folder with a typed error (the last good generation stays
+/// served) instead of keeping a warning for each, and a restart reports the workspace failed
+/// with that reason instead of holding them all. The server serves throughout, and the
+/// workspace closes.
+#[test]
+fn a_flood_of_fifos_counts_against_the_project_limit() {
+    let git = git();
+    let plain = git.plain_project("plain");
+    let env = git.env(&[]);
+    let pairs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let w = world_with(tempfile::tempdir().unwrap(), &pairs);
+    let home = w.home();
+    let session = mcp_session(w.server.addr, &w.operator);
+    let opened = call(
+        &w,
+        &session,
+        "workspace_open",
+        json!({"repositoryUrl": plain, "idempotencyKey": "fifos"}),
+    );
+    assert_eq!(opened["isError"], false, "{opened}");
+    let id = opened["structuredContent"]["workspace"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // Made beside the skills folder, then moved in whole: the live tier sees them at once.
+    let repo = home.join("workspaces").join(&id).join("repo");
+    let x = repo.join("made");
+    std::fs::create_dir_all(&x).unwrap();
+    std::fs::write(
+        x.join("SKILL.md"),
+        "---\nname: x\ndescription: Among FIFOs.\n---\n",
+    )
+    .unwrap();
+    for i in 0..20_010 {
+        nix::unistd::mkfifo(&x.join(format!("p{i}")), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    }
+    std::fs::rename(&x, repo.join(".agents/skills/x")).unwrap();
+    let limit = "more than the limit of 20000 files and folders";
+    waited_for("the live tier refuses the folder", || {
+        let log = w.server.log.lock().unwrap().clone();
+        log.contains(limit).then_some(())
+    });
+    let log = w.server.log.lock().unwrap().clone();
+    assert!(!log.contains("a FIFO is not"), "FIFOs were said one by one");
+    let listing = call(&w, &session, "skills_list", json!({"workspace": id}));
+    let names = skill_names(&listing);
+    assert!(
+        names.contains(&"plain".to_owned()) && !names.contains(&"x".to_owned()),
+        "{names:?}"
+    );
+    healthy(&w);
+
+    let operator = w.operator.clone();
+    let tmp = stop(w);
+    let w = restart(tmp, &env, operator);
+    healthy(&w);
+    let all = listed(&w);
+    let failed = all
+        .iter()
+        .find(|v| v["workspace"] == id.as_str())
+        .unwrap_or_else(|| panic!("{id} is not listed: {all:?}"));
+    assert_eq!(failed["state"], "failed", "{failed}");
+    let reason = failed["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("TOO_LARGE") && reason.contains(limit),
+        "{reason}"
+    );
+    assert!(!reason.contains(home.to_str().unwrap()), "{reason}");
+    let session = mcp_session(w.server.addr, &w.operator);
+    let closed = call(&w, &session, "workspace_close", json!({"workspace": id}));
+    assert_eq!(closed["isError"], false, "{closed}");
+    assert!(!home.join("workspaces").join(&id).exists());
+    healthy(&w);
 }

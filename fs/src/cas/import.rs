@@ -1,26 +1,29 @@
-//! Importing a directory into the store, and materializing a tree back into one.
+//! Importing a directory into the store.
 
 use super::digest::Digest;
-use super::store::{ObjectKind, Store, Writer};
+use super::hashed;
+use super::store::{Store, Writer};
 use super::tree::{Entry, Kind, Tree};
 use crate::error::{Error, Result};
+use crate::walk::{Listing, Place};
 use nix::dir::Type;
 use nix::errno::Errno;
 use nix::fcntl::{openat, readlinkat, OFlag};
-use nix::sys::stat::{fstat, Mode};
+use nix::sys::stat::Mode;
 use serde::Serialize;
-use std::ffi::{OsStr, OsString};
-use std::fs::{self, File};
-use std::io;
+use std::ffi::OsStr;
+use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 /// Ceilings for one import. A breach is a TOO_LARGE error naming the path and the limit.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Files, links and folders, in all.
+    /// Entries (files, links, folders, and what a lenient import leaves out), in all: each
+    /// counted as the kernel lists it.
     pub max_files: u64,
     pub max_bytes: u64,
     pub max_file_bytes: u64,
@@ -62,9 +65,24 @@ pub struct Imported {
     pub digest: Digest,
     pub files: u64,
     pub bytes: u64,
-    /// What a lenient import left out: each path (from the imported folder) and why.
+    /// What a lenient import left out: each path (from the imported folder) and why, the
+    /// first [`MAX_LEFT_OUT`] of them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub left_out: Vec<(PathBuf, String)>,
+    /// How many more it left out.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub left_out_more: u64,
+    /// Files not read again: unchanged since an earlier import read them.
+    #[serde(skip)]
+    pub unchanged: u64,
+}
+
+/// Parts left out that an import names (each becomes a warning kept with a generation);
+/// past these, it counts them.
+pub const MAX_LEFT_OUT: usize = 100;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Store {
@@ -114,16 +132,18 @@ pub fn import_fd(
     shown: &Path,
     limits: &Limits,
 ) -> Result<Imported> {
-    let device = fstat(&dir).map_err(|e| Error::io(shown, e.into()))?.st_dev;
+    let home = Place::of(&dir).map_err(|e| Error::io(shown, e.into()))?;
     let mut walk = Walk {
         writer,
         limits,
         root: shown,
-        device,
+        home,
         files: 0,
         entries: 0,
         bytes: 0,
         left_out: Vec::new(),
+        left_out_more: 0,
+        unchanged: 0,
     };
     let digest = walk.tree(dir)?;
     Ok(Imported {
@@ -131,6 +151,8 @@ pub fn import_fd(
         files: walk.files,
         bytes: walk.bytes,
         left_out: walk.left_out,
+        left_out_more: walk.left_out_more,
+        unchanged: walk.unchanged,
     })
 }
 
@@ -138,11 +160,14 @@ struct Walk<'w, 's> {
     writer: &'w mut Writer<'s>,
     limits: &'w Limits,
     root: &'w Path,
-    device: u64,
+    /// Where the imported folder is: a folder elsewhere is a mount inside it.
+    home: Place,
     files: u64,
     entries: u64,
     bytes: u64,
     left_out: Vec<(PathBuf, String)>,
+    left_out_more: u64,
+    unchanged: u64,
 }
 
 /// A step of the walk found something other than what the listing said.
@@ -158,7 +183,8 @@ struct Level {
     depth: usize,
     /// Its name in the level below (none for the root).
     name: Option<String>,
-    pending: std::vec::IntoIter<(OsString, Type)>,
+    /// What is left of its listing, read from the kernel as the walk goes.
+    pending: Listing,
     entries: Vec<Entry>,
 }
 
@@ -176,7 +202,12 @@ impl Walk<'_, '_> {
         }];
         loop {
             let level = stack.last_mut().expect("a level");
-            let Some((raw, ftype)) = level.pending.next() else {
+            let next = level
+                .pending
+                .next_in(&level.fd)
+                .transpose()
+                .map_err(|e| Error::io(&level.path, e.into()))?;
+            let Some((raw, ftype)) = next else {
                 let done = stack.pop().expect("a level");
                 let digest = self.writer.put_tree(&Tree::new(done.entries)?)?;
                 match stack.last_mut() {
@@ -191,6 +222,9 @@ impl Walk<'_, '_> {
                 continue;
             };
             let child = level.path.join(&raw);
+            // Every entry listed counts, what is left out too: a folder of a million FIFOs
+            // is refused at the limit, never walked (nor said) whole.
+            self.count(&child)?;
             let name = entry_name(&raw, &child)?;
             let entry = match ftype {
                 Type::Directory => {
@@ -206,15 +240,14 @@ impl Walk<'_, '_> {
                             child.display(),
                         )));
                     }
-                    self.count(&child, 0, false)?;
                     let sub = match crate::walk::open_folder(&level.fd, &raw) {
                         Ok(sub) => sub,
                         Err(Errno::ELOOP | Errno::ENOTDIR) => return Err(changed(&child)),
                         Err(e) => return Err(Error::io(&child, e.into())),
                     };
                     if self.limits.lenient {
-                        let st = fstat(&sub).map_err(|e| Error::io(&child, e.into()))?;
-                        if st.st_dev != self.device {
+                        let place = Place::of(&sub).map_err(|e| Error::io(&child, e.into()))?;
+                        if !place.same_mount(&self.home) {
                             self.leave_out(&child, "another file system is mounted there".into());
                             continue;
                         }
@@ -237,7 +270,7 @@ impl Walk<'_, '_> {
                         Err(e) => return Err(Error::io(&child, e.into())),
                     };
                     let bytes = target.as_bytes();
-                    self.count(&child, bytes.len() as u64, true)?;
+                    self.add(&child, bytes.len() as u64)?;
                     let digest = self.writer.put_blob(bytes)?;
                     Entry {
                         name,
@@ -268,17 +301,18 @@ impl Walk<'_, '_> {
         if !self.limits.lenient {
             return false;
         }
+        if self.left_out.len() >= MAX_LEFT_OUT {
+            self.left_out_more += 1;
+            return true;
+        }
         let from_root = path.strip_prefix(self.root).unwrap_or(path).to_path_buf();
         self.left_out.push((from_root, why));
         true
     }
 
-    /// The entries of the folder `fd` (at `path`), with their types.
-    fn list(&self, fd: &OwnedFd, path: &Path) -> Result<std::vec::IntoIter<(OsString, Type)>> {
-        match crate::walk::list(fd) {
-            Ok(entries) => Ok(entries.into_iter()),
-            Err(e) => Err(Error::io(path, e.into())),
-        }
+    /// The entries of the folder `fd` (at `path`), with their types, as they are read.
+    fn list(&self, fd: &OwnedFd, path: &Path) -> Result<Listing> {
+        Listing::of(fd).map_err(|e| Error::io(path, e.into()))
     }
 
     fn file(&mut self, dir: &OwnedFd, raw: &OsStr, path: &Path, name: String) -> Result<Entry> {
@@ -297,7 +331,23 @@ impl Walk<'_, '_> {
         if meta.len() > self.limits.max_file_bytes {
             return Err(self.file_too_large(path));
         }
-        self.count(path, meta.len(), true)?;
+        self.add(path, meta.len())?;
+        let kind = if meta.permissions().mode() & 0o111 != 0 {
+            Kind::Executable
+        } else {
+            Kind::File
+        };
+        // Unchanged since an import read it, and its blob still stored: not read again.
+        if let Some(digest) = hashed::digest_of(&meta).filter(|d| self.writer.has_blob(d)) {
+            self.unchanged += 1;
+            return Ok(Entry {
+                name,
+                kind,
+                size: meta.len(),
+                digest,
+            });
+        }
+        let read_at = SystemTime::now();
         let (digest, size) = self
             .writer
             .put_blob_from(file, meta.len(), self.limits.max_file_bytes)
@@ -305,14 +355,11 @@ impl Walk<'_, '_> {
                 crate::error::Code::TooLarge => self.file_too_large(path),
                 _ => Error::new(e.code, format!("{}: {}", path.display(), e.message)),
             })?;
-        if size != meta.len() {
+        if size == meta.len() {
+            hashed::record(&meta, digest, read_at);
+        } else {
             self.bytes = self.bytes - meta.len() + size;
         }
-        let kind = if meta.permissions().mode() & 0o111 != 0 {
-            Kind::Executable
-        } else {
-            Kind::File
-        };
         Ok(Entry {
             name,
             kind,
@@ -333,18 +380,27 @@ impl Walk<'_, '_> {
         }))
     }
 
-    /// Counts one entry of `bytes`: a file or link, or a folder.
-    fn count(&mut self, path: &Path, bytes: u64, file: bool) -> Result<()> {
+    /// Counts one entry listed, whatever it is and whether it is kept.
+    fn count(&mut self, path: &Path) -> Result<()> {
         self.entries += 1;
-        self.files += u64::from(file);
-        self.bytes += bytes;
         if self.entries > self.limits.max_files {
             return Err(Error::too_large(format!(
                 "{}: more than the limit of {} files and folders",
                 path.display(),
                 self.limits.max_files
-            )));
+            ))
+            .with_details(serde_json::json!({
+                "path": path.to_string_lossy(),
+                "limit": self.limits.max_files,
+            })));
         }
+        Ok(())
+    }
+
+    /// Counts a file or link kept, of `bytes`.
+    fn add(&mut self, path: &Path, bytes: u64) -> Result<()> {
+        self.files += 1;
+        self.bytes += bytes;
         if self.bytes > self.limits.max_bytes {
             return Err(Error::too_large(format!(
                 "{}: more than the limit of {} bytes in all",
@@ -371,107 +427,4 @@ fn describe(ftype: Type) -> &'static str {
         Type::CharacterDevice => "character device",
         _ => "special file",
     }
-}
-
-/// Writes the tree `digest` to `dest`, which must not exist. Everything is written under a
-/// temporary sibling and renamed into place at the end, so `dest` is either complete or
-/// absent. Every blob is checked against its digest on the way.
-pub fn materialize(store: &Store, digest: &Digest, dest: &Path) -> Result<()> {
-    if fs::symlink_metadata(dest).is_ok() {
-        return Err(Error::conflict(format!(
-            "{} already exists",
-            dest.display()
-        )));
-    }
-    let parent = dest
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let staging = tempdir_in(parent, dest)?;
-    let result = write_tree(store, digest, &staging)
-        .and_then(|()| {
-            fs::set_permissions(&staging, fs::Permissions::from_mode(Kind::Tree.mode()))
-                .map_err(|e| Error::io(&staging, e))
-        })
-        .and_then(|()| {
-            nix::fcntl::renameat2(
-                nix::fcntl::AT_FDCWD,
-                &staging,
-                nix::fcntl::AT_FDCWD,
-                dest,
-                nix::fcntl::RenameFlags::RENAME_NOREPLACE,
-            )
-            .map_err(|errno| Error::io(dest, io::Error::from_raw_os_error(errno as i32)))
-        });
-    if result.is_err() {
-        let _ = crate::removal::remove_tree(&staging);
-    }
-    result
-}
-
-fn tempdir_in(parent: &Path, dest: &Path) -> Result<PathBuf> {
-    let base = dest
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    for attempt in 0..100u32 {
-        let candidate = parent.join(format!(".{base}.partial-{}-{attempt}", std::process::id()));
-        match fs::create_dir(&candidate) {
-            Ok(()) => return Ok(candidate),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(Error::io(&candidate, e)),
-        }
-    }
-    Err(Error::internal(format!(
-        "no free temporary name next to {}",
-        dest.display()
-    )))
-}
-
-/// Writes the tree `digest` into the empty folder `dir`, folder by folder from a stack of
-/// its own (no recursion, whatever the depth of the tree).
-fn write_tree(store: &Store, digest: &Digest, dir: &Path) -> Result<()> {
-    let mut pending = vec![(*digest, dir.to_path_buf())];
-    while let Some((digest, dir)) = pending.pop() {
-        let tree = store.tree(&digest)?;
-        for entry in tree.entries() {
-            let path = dir.join(&entry.name);
-            match entry.kind {
-                Kind::Tree => {
-                    fs::create_dir(&path).map_err(|e| Error::io(&path, e))?;
-                    // Whatever the umask: a materialized tree looks the same everywhere.
-                    fs::set_permissions(&path, fs::Permissions::from_mode(Kind::Tree.mode()))
-                        .map_err(|e| Error::io(&path, e))?;
-                    pending.push((entry.digest, path));
-                }
-                Kind::Symlink => {
-                    let target = store.blob(&entry.digest)?;
-                    std::os::unix::fs::symlink(OsStr::from_bytes(&target), &path)
-                        .map_err(|e| Error::io(&path, e))?;
-                }
-                Kind::File | Kind::Executable => {
-                    copy_verified(store, &entry.digest, &path)?;
-                    fs::set_permissions(&path, fs::Permissions::from_mode(entry.kind.mode()))
-                        .map_err(|e| Error::io(&path, e))?;
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Copies a blob to `path`, hashing on the way; a mismatch is an error (the caller removes
-/// the partial output).
-fn copy_verified(store: &Store, digest: &Digest, path: &Path) -> Result<()> {
-    let src_path = store.object_path(ObjectKind::Blob, digest);
-    let mut src = File::open(&src_path).map_err(|e| Error::io(&src_path, e))?;
-    let mut dst = File::create(path).map_err(|e| Error::io(path, e))?;
-    let (copied, _) = Digest::of_stream(&mut src, &mut dst).map_err(|e| Error::io(path, e))?;
-    if copied != *digest {
-        tracing::error!(object = %digest, "corrupt object");
-        return Err(Error::internal(format!(
-            "object {digest} is corrupt: its content does not match its digest"
-        )));
-    }
-    Ok(())
 }

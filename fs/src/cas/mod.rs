@@ -4,7 +4,9 @@
 mod budget;
 mod check;
 mod digest;
+mod hashed;
 mod import;
+mod materialize;
 mod roots;
 mod store;
 mod tree;
@@ -13,7 +15,8 @@ pub(crate) mod verified;
 pub use budget::{WalkBudget, MAX_WALK_ENTRIES};
 pub use check::{GcReport, Problem, ProblemKind, VerifyReport};
 pub use digest::{Digest, Hasher};
-pub use import::{import_dir, import_fd, materialize, open_dir, Imported, Limits};
+pub use import::{import_dir, import_fd, open_dir, Imported, Limits, MAX_LEFT_OUT};
+pub use materialize::materialize;
 pub(crate) use store::read_whole;
 pub use store::{ObjectKind, Store, Writer};
 pub use tree::{
