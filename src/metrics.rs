@@ -1,7 +1,7 @@
 //! The server's metrics, in the Prometheus text format at `/metrics` (operators only):
 //! acquisitions by mode and result with their durations, warm starts, bytes fetched, egress
 //! decisions by verdict, MCP tool calls by tool and code with their latency, executors made
-//! and scripts run, and — read when scraped — open workspaces and the file system's requests
+//! and scripts run, and — read when scraped — open workspaces, the runtime's tasks and the file system's requests
 //! and skill-cache hits. One registry per process: the work that moves a series records it
 //! where it happens.
 
@@ -61,6 +61,16 @@ impl Collector for Scraped {
             None,
             open.metric_type(),
         )?)?;
+        // Tasks that outlive their requests (a binding, a stream) show here first.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let tasks = ConstGauge::new(runtime.metrics().num_alive_tasks() as i64);
+            tasks.encode(encoder.encode_descriptor(
+                "cloud_harness_runtime_tasks",
+                "Tasks alive on the server's runtime",
+                None,
+                tasks.metric_type(),
+            )?)?;
+        }
         let limits = crate::limits::quotas().limits;
         let gauge = ConstGauge::new(0i64);
         let mut family = encoder.encode_descriptor(

@@ -45,6 +45,8 @@ pub struct HarnessServer {
     workspaces: Arc<Workspaces>,
     /// The workspaces this session opened or used (one server value per session).
     bound: bound::Bound,
+    /// Served over HTTP (each caller named by the guard), not stdio (the local user).
+    over_http: bool,
 }
 
 /// These lists come whole, in one page: a cursor is one this server never gave.
@@ -123,19 +125,6 @@ fn failure(error: Error) -> CallToolResult {
     result
 }
 
-/// Who made a request: the principal of the token an HTTP request was authenticated with,
-/// else (stdio) the local user who started the process.
-fn principal(context: &RequestContext<RoleServer>) -> Principal {
-    match context.extensions.get::<axum::http::request::Parts>() {
-        None => Principal::local(),
-        // Over HTTP the guard names every caller; one it did not reaches nothing.
-        Some(parts) => parts
-            .extensions
-            .get::<crate::auth::Identity>()
-            .map_or_else(Principal::nobody, Principal::of),
-    }
-}
-
 /// A slot of `who`'s calls, or the quota's refusal as a JSON-RPC error (its `data` as a tool's
 /// error carries it: the code and the details, with `retryAfter`).
 fn call_slot(who: &Principal) -> Result<crate::limits::Held, McpError> {
@@ -167,12 +156,31 @@ impl HarnessServer {
         HarnessServer {
             workspaces,
             bound: bound::Bound::default(),
+            over_http: false,
         }
     }
 
-    /// The server for a new session: the same workspaces, no bindings yet.
+    /// The server for a new HTTP session (or session-less request): the same workspaces, no
+    /// bindings yet.
     pub fn for_session(&self) -> HarnessServer {
-        HarnessServer::new(self.workspaces.clone())
+        HarnessServer {
+            over_http: true,
+            ..HarnessServer::new(self.workspaces.clone())
+        }
+    }
+
+    /// Who made a request: over stdio, the local user who started the process; over HTTP,
+    /// the principal of the token the guard authenticated (one it did not name reaches
+    /// nothing: a request that reached here some other way is nobody's, never an operator's).
+    fn principal(&self, context: &RequestContext<RoleServer>) -> Principal {
+        if !self.over_http {
+            return Principal::local();
+        }
+        context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<crate::auth::Identity>())
+            .map_or_else(Principal::nobody, Principal::of)
     }
 
     /// Binds this session to the workspace `id`, if it is open and `who` reaches it.
@@ -372,7 +380,7 @@ impl ServerHandler for HarnessServer {
         // One id per call, on every line logged while it is served (acquisitions, fetches,
         // executors): `--log-format json` shows it as `span.request_id`.
         let span = tracing::info_span!("mcp_call", request_id = %crate::state::new_id("req"), tool = %tool);
-        let who = principal(&context);
+        let who = self.principal(&context);
         // Held for the whole call, which outlives its HTTP request.
         let done = match crate::limits::quotas().call(&who.name) {
             Ok(_call) => {
@@ -400,7 +408,7 @@ impl ServerHandler for HarnessServer {
     ) -> Result<ListResourcesResult, McpError> {
         let ws = self.workspaces.clone();
         let cursor = request.and_then(|r| r.cursor);
-        let who = principal(&context);
+        let who = self.principal(&context);
         let _call = call_slot(&who)?;
         let name = who.name.clone();
         let listed = blocking_rpc(move || skills::resources(&ws, &who, cursor.as_deref()));
@@ -430,7 +438,7 @@ impl ServerHandler for HarnessServer {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
-        let who = principal(&context);
+        let who = self.principal(&context);
         let _call = call_slot(&who)?;
         if let Some((workspace, _, _)) = skills::parse(&request.uri) {
             self.bind(&who, &workspace, &context);
@@ -453,7 +461,7 @@ impl ServerHandler for HarnessServer {
     ) -> Result<ListSkillsResult, McpError> {
         let ws = self.workspaces.clone();
         let cursor = request.and_then(|r| r.cursor);
-        let who = principal(&context);
+        let who = self.principal(&context);
         let _call = call_slot(&who)?;
         let name = who.name.clone();
         let listed = blocking_rpc(move || skills::list(&ws, &who, cursor.as_deref()));
@@ -466,7 +474,7 @@ impl ServerHandler for HarnessServer {
         context: RequestContext<RoleServer>,
     ) -> Result<GetSkillResult, McpError> {
         let ws = self.workspaces.clone();
-        let who = principal(&context);
+        let who = self.principal(&context);
         let _call = call_slot(&who)?;
         let name = who.name.clone();
         let got = blocking_rpc(move || skills::get(&ws, &who, &request.uri));
@@ -489,7 +497,7 @@ impl ServerHandler for HarnessServer {
     /// listener fell behind and cannot know).
     async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
         use tokio::sync::broadcast::error::RecvError;
-        let who = principal(context.request_context());
+        let who = self.principal(context.request_context());
         // A listener lives as long as its client keeps it: it counts as a call the while.
         let _call = call_slot(&who)?;
         let mut changes = self.workspaces.catalogue_changes();
@@ -545,7 +553,7 @@ impl ServerHandler for HarnessServer {
             .ok_or_else(|| McpError::invalid_params("the workspace argument is required", None))?;
         let ws = self
             .workspaces
-            .get_as(&principal(&context), id, "prompts/get")
+            .get_as(&self.principal(&context), id, "prompts/get")
             .map_err(|e| McpError::invalid_params(e.message, None))?;
         let text = if ws.session_start().is_empty() {
             "No toolkit of this workspace defines session-start instructions.".to_owned()

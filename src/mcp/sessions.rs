@@ -6,6 +6,7 @@
 //! `Retry-After`, and idle sessions close after a minute instead of the SDK's five.
 
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::session::SessionManager;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -130,6 +131,29 @@ impl Sessions {
             sessions: self.clone(),
             who: who.to_owned(),
         })
+    }
+
+    /// Counts a session the SDK made for `who` without an admission (a message it read as
+    /// `initialize` that the guard did not); over the caps, the session is closed again.
+    pub async fn adopt(self: &Arc<Self>, who: &str, id: &str) -> Result<(), Full> {
+        if self
+            .owners
+            .lock()
+            .expect("session owners")
+            .by_id
+            .contains_key(id)
+        {
+            return Ok(());
+        }
+        let admission = match self.admit(who).await {
+            Ok(admission) => admission,
+            Err(full) => {
+                let _ = self.manager.close_session(&Arc::from(id)).await;
+                return Err(full);
+            }
+        };
+        admission.answered(Some(id));
+        Ok(())
     }
 
     /// Whether the session `id` is one a principal other than `who` started (a session is

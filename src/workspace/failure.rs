@@ -16,6 +16,9 @@ pub struct Failure {
     /// Its restore is still running, past the time start-up waited: it is served if that
     /// ends well.
     pub restoring: bool,
+    /// It was being closed, and that did not finish (its tree or key could not be removed):
+    /// a second close finishes the work.
+    pub closing: bool,
     /// Its record, when it could be read.
     pub record: Option<Record>,
 }
@@ -37,6 +40,10 @@ impl Failure {
     /// What a call on the workspace gets.
     pub fn error(&self) -> Error {
         let message = match self.restoring {
+            false if self.closing => format!(
+                "workspace {} was being closed and that did not finish: {}; close it again with workspace_close",
+                self.id, self.reason
+            ),
             true => format!(
                 "workspace {} is still being restored after the server restarted ({}); ask again later, or close it with workspace_close",
                 self.id, self.reason
@@ -69,6 +76,10 @@ impl Failure {
             .with_details(details);
         }
         let message = match self.restoring {
+            false if self.closing => format!(
+                "workspace {} was being closed and that did not finish: {}; close it again with workspace_close",
+                self.id, self.reason
+            ),
             true => format!(
                 "idempotencyKey {key:?} belongs to workspace {}, which is still being restored after the server restarted; ask again later",
                 self.id
@@ -134,6 +145,7 @@ mod tests {
             id: "ws_0123".into(),
             reason: "FORBIDDEN: the project's .agents/skills is a link".into(),
             restoring: false,
+            closing: false,
             record: None,
         };
         let e = f.error();

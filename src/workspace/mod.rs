@@ -311,13 +311,14 @@ impl Workspaces {
     /// names nothing (a client learns nothing of others' workspaces). An operator's `action`
     /// on another principal's workspace is audited with both names.
     pub fn get_as(&self, who: &Principal, id: &str, action: &str) -> Result<Arc<Workspace>> {
-        let ws = match self.get(id) {
-            Ok(ws) => ws,
-            // One a restart could not serve again says why, to those who reach it only.
-            Err(e) => match self.failure(id) {
-                Some(f) if !who.reaches(f.owner()) => return Err(record::not_found(id)),
-                _ => return Err(e),
-            },
+        let open = self.open.lock().expect("workspaces lock").get(id).cloned();
+        let Some(ws) = open else {
+            // One a restart could not serve again says why, to those who reach it only (one
+            // look: a restore ending between two looks must not tell a stranger).
+            return Err(match self.failure(id) {
+                Some(f) if who.reaches(f.owner()) => f.error(),
+                _ => record::not_found(id),
+            });
         };
         if !who.reaches(ws.owner()) {
             return Err(record::not_found(id));
@@ -411,8 +412,26 @@ impl Workspaces {
         roots::unpin(self.store(), id)?;
         self.open.lock().expect("workspaces lock").remove(id);
         self.catalogue_changed(ws.owner());
-        cloud_harness_fs::removal::remove_tree(&ws.dir).map_err(|e| Error::io(&ws.dir, e))?;
-        keys::release(&self.db, id)?;
+        let finished = cloud_harness_fs::removal::remove_tree(&ws.dir)
+            .map_err(|e| Error::io(&ws.dir, e))
+            .and_then(|()| keys::release(&self.db, id));
+        if let Err(e) = finished {
+            // Still on disk and still counted against its owner: kept as a failure, so its
+            // owner sees it and a second close finishes the work.
+            let reason = failure::without_host_paths(&e, &ws.dir, &self.home, self.store().root());
+            let failure = Failure {
+                id: id.to_owned(),
+                reason,
+                restoring: false,
+                closing: true,
+                record: Some(ws.record.clone()),
+            };
+            self.failed
+                .lock()
+                .expect("failed lock")
+                .insert(id.to_owned(), failure);
+            return Err(e);
+        }
         Ok(json!({ "workspace": id, "closed": true }))
     }
 

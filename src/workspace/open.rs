@@ -335,7 +335,16 @@ impl Workspaces {
             ))
         });
         match &opened {
-            Ok(_) => keys::opened(&self.db, &id)?,
+            Ok(_) => {
+                if let Err(e) = keys::opened(&self.db, &id) {
+                    // Not served half: an open the database did not record is undone (a
+                    // close that cannot finish keeps it as failed, for a second close).
+                    if let Err(closing) = self.close(&id) {
+                        tracing::error!(workspace = %id, error = %closing, "undoing an open failed");
+                    }
+                    return Err(e);
+                }
+            }
             Err(_) => keys::release(&self.db, &id)?,
         }
         opened

@@ -103,6 +103,7 @@ impl Workspaces {
                     id: id.clone(),
                     reason: "it is being restored".into(),
                     restoring: true,
+                    closing: false,
                     record: Some(record.clone()),
                 },
             );
@@ -184,6 +185,7 @@ impl Workspaces {
                 id: id.to_owned(),
                 reason,
                 restoring: false,
+                closing: false,
                 record,
             },
         );

@@ -3,7 +3,7 @@
 //! other principal's calls go through at once.
 
 use crate::support::api::{mcp_session, tool, world_with, World};
-use crate::support::http::raw;
+use crate::support::http::{raw, raw_as};
 use crate::support::{dir, file, skill, warm_toolkit, Certs, GitServer, Node, Repo};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -159,6 +159,36 @@ fn workspaces_sessions_requests_acquisitions_and_imports_are_bounded_per_princip
     assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
     assert_eq!(header(&refused, "retry-after"), Some("5"), "{refused}");
     assert!(refused.contains(r#""limit":"sessions""#), "{refused}");
+    // Nor does an initialize the guard could misread: another spelling of the content type,
+    // an escaped method name, a method named twice (whatever the SDK makes of that, no
+    // session beyond the cap is left).
+    let escaped = init.replace(r#""initialize""#, r#""initializ\u0065""#);
+    let twice = init.replacen(r#""method""#, r#""method":"ping","method""#, 1);
+    for (content_type, body) in [
+        ("Application/JSON ; charset=utf-8", init),
+        ("application/json", escaped.as_str()),
+        ("application/json", twice.as_str()),
+    ] {
+        let answer = raw_as(
+            addr,
+            content_type,
+            "2025-11-25",
+            body,
+            &[("Authorization", &as_alice)],
+        );
+        assert!(
+            header(&answer, "mcp-session-id").is_none(),
+            "{content_type} {body}: {answer}"
+        );
+    }
+    let answer = raw_as(
+        addr,
+        "text/plain",
+        "2025-11-25",
+        init,
+        &[("Authorization", &as_alice)],
+    );
+    assert!(answer.starts_with("HTTP/1.1 415"), "{answer}");
     mcp_session(addr, &bob);
 
     // Requests: twenty a second, bursts of forty. Alice's flood is refused in part, with
@@ -457,4 +487,181 @@ fn calls_in_flight_are_bounded_per_principal() {
         ok(&run.join().unwrap());
     }
     ok(&list(&alice, &sa, &wa));
+}
+
+/// Session-less calls (the 2026-07-28 protocol) are each served by a server made for the one
+/// request: a client calling in a loop leaves no task (a binding to its workspace's changes)
+/// or session behind.
+#[test]
+fn session_less_calls_leave_nothing_behind() {
+    let (w, warm) = warm_world(&[]);
+    let alice = client(&w, "alice");
+    let addr = w.server.addr;
+    let session = mcp_session(addr, &alice);
+    let ws = ok(&tool(
+        addr,
+        &alice,
+        &session,
+        "workspace_open",
+        json!({"idempotencyKey": "loop", "toolkits": [warm]}),
+    ))["workspace"]
+        .clone();
+    let tasks = || -> u64 {
+        let (status, text) = w.call("GET", "/metrics", Some(&w.operator), None);
+        assert_eq!(status, 200, "{text}");
+        let text = text.as_str().unwrap().to_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix("cloud_harness_runtime_tasks "))
+            .unwrap_or_else(|| panic!("{text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let auth = format!("Bearer {alice}");
+    let call = |name: &str| {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": name, "arguments": {"workspace": ws},
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {},
+                "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+            },
+        }});
+        let answer = raw_as(
+            addr,
+            "application/json",
+            "2026-07-28",
+            &body.to_string(),
+            &[
+                ("Authorization", &auth),
+                ("Mcp-Method", "tools/call"),
+                ("Mcp-Name", name),
+            ],
+        );
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(header(&answer, "mcp-session-id").is_none(), "{answer}");
+        assert!(answer.contains(r#""isError":false"#), "{answer}");
+    };
+    call("skills_list");
+    let before = tasks();
+    for _ in 0..300 {
+        call("skills_list");
+    }
+    // Tasks end as their requests do; a few may still be on their way out.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut after = tasks();
+    while after > before + 20 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        after = tasks();
+    }
+    assert!(
+        after <= before + 20,
+        "300 session-less calls left tasks behind: {before} before, {after} after"
+    );
+    let all = w.op("GET", "/api/v1/usage", None);
+    let sessions = all["principals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["principal"] == "token:alice")
+        .map(|p| p["usage"]["sessions"]["used"].clone());
+    assert_eq!(sessions, Some(json!(1)), "{all}");
+}
+
+/// A server without executors, and a warm toolkit of one skill.
+fn warm_world(env: &[(&str, &str)]) -> (World, Value) {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
+    let src = tmp.path().join("src/warm");
+    crate::support::materialize(&src, &dir(vec![("tidy", skill("tidy", "Tidy up."))]));
+    let warm = serde_json::to_value(warm_toolkit(&store, &src, "warm")).unwrap();
+    drop(store);
+    let mut all = vec![
+        ("CLOUD_HARNESS_EXECUTOR", "none"),
+        ("CLOUD_HARNESS_CONTAINERS", "off"),
+        ("ALLOWED_GIT_HOSTS", crate::support::WARM_HOST),
+    ];
+    all.extend_from_slice(env);
+    (world_with(tmp, &all), warm)
+}
+
+/// A close that cannot finish (a mount inside the workspace's tree, here) keeps counting
+/// against its owner and stays visible to the owner, as failed and saying why; a second close,
+/// once the obstacle is gone, frees it.
+#[test]
+fn a_close_that_cannot_finish_keeps_the_workspace_counted_and_closable() {
+    if !nix::unistd::Uid::effective().is_root() {
+        assert!(std::env::var_os("CI").is_none(), "mounting needs root");
+        return;
+    }
+    let (w, warm) = warm_world(&[("CLOUD_HARNESS_LIMIT_WORKSPACES", "1")]);
+    let alice = client(&w, "alice");
+    let addr = w.server.addr;
+    let session = mcp_session(addr, &alice);
+    let open = |key: &str| {
+        tool(
+            addr,
+            &alice,
+            &session,
+            "workspace_open",
+            json!({"idempotencyKey": key, "toolkits": [warm]}),
+        )
+    };
+    let close = |ws: &Value| {
+        tool(
+            addr,
+            &alice,
+            &session,
+            "workspace_close",
+            json!({"workspace": ws}),
+        )
+    };
+    let ws = ok(&open("first"))["workspace"].clone();
+    let inside = w
+        .home()
+        .join("workspaces")
+        .join(ws.as_str().unwrap())
+        .join("in-the-way");
+    std::fs::create_dir_all(&inside).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "in-the-way"])
+        .arg(&inside)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    let refused = close(&ws);
+    let unmounted = std::process::Command::new("umount")
+        .arg(&inside)
+        .status()
+        .unwrap();
+    assert!(unmounted.success());
+    assert_eq!(refused["isError"], true, "{refused}");
+    assert_eq!(
+        refused["structuredContent"]["code"], "CONFLICT",
+        "{refused}"
+    );
+
+    // Still Alice's, still counted, and saying why.
+    exhausted(&open("second"), "workspaces", 1);
+    let (status, mine) = w.call("GET", "/api/v1/workspaces", Some(&alice), None);
+    assert_eq!(status, 200, "{mine}");
+    assert!(mine.to_string().contains(r#""state":"failed""#), "{mine}");
+    let listed = tool(
+        addr,
+        &alice,
+        &session,
+        "skills_list",
+        json!({"workspace": ws}),
+    );
+    let message = listed["structuredContent"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains("did not finish"), "{listed}");
+    assert!(
+        !message.contains(&w.home().display().to_string()),
+        "{listed}"
+    );
+
+    ok(&close(&ws));
+    ok(&open("second"));
 }
