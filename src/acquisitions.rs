@@ -8,6 +8,7 @@ use crate::state::{self, Db};
 use crate::toolkit::Toolkit;
 use cloud_harness_fs::Result;
 use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -111,12 +112,30 @@ pub fn record(
             ],
         )
         .map_err(state::internal)?;
+        // Every so often the history is cut to its newest KEPT rows, so it cannot grow
+        // without end (opening and closing workspaces in a loop adds rows).
+        if RECORDED.fetch_add(1, Ordering::Relaxed) % PRUNE_EVERY == 0 {
+            // In steps of at most PRUNE_STEP rows: one statement stays short however far
+            // behind the history is (a statement has a time limit on PostgreSQL).
+            tx.execute(
+                "DELETE FROM acquisitions WHERE seq IN (SELECT seq FROM acquisitions
+                     WHERE seq <= (SELECT MAX(seq) FROM acquisitions) - $1 ORDER BY seq LIMIT $2)",
+                params![KEPT, PRUNE_STEP],
+            )
+            .map_err(state::internal)?;
+        }
         Ok(())
     });
     if let Err(e) = written {
         tracing::error!(error = %e, "cannot record an acquisition");
     }
 }
+
+/// The acquisition history keeps this many rows, the newest.
+pub const KEPT: i64 = 100_000;
+const PRUNE_EVERY: u64 = 1024;
+const PRUNE_STEP: i64 = 10_000;
+static RECORDED: AtomicU64 = AtomicU64::new(0);
 
 /// The history, newest first, before `before` (a `seq`), at most `limit`; the `seq` to go on
 /// from when there is more.

@@ -67,7 +67,8 @@ pub fn record(
         return Ok(Vec::new());
     }
     let mut ids = Vec::new();
-    for c in conflicts {
+    // One refused open records at most this many of its conflicts (it names them all).
+    for c in conflicts.iter().take(MAX_PER_OPEN) {
         let skill = c["skill"].as_str().unwrap_or_default().to_owned();
         let tier = c["tier"].as_str().unwrap_or_default().to_owned();
         let mut candidates = c["candidates"].as_array().cloned().unwrap_or_default();
@@ -93,8 +94,8 @@ pub fn record(
             let now = state::now_ms();
             let existing: Option<String> = tx
                 .query_row(
-                    "UPDATE launch_conflicts SET last_at = $1, refusals = refusals + 1, request = $2, actor = $3
-                     WHERE conflict_key = $4 AND settled_at IS NULL RETURNING id",
+                    "UPDATE launch_conflicts SET last_at = $1, refusals = refusals + 1, request = $2
+                     WHERE actor = $3 AND conflict_key = $4 AND settled_at IS NULL RETURNING id",
                     params![now, request.to_string(), actor, key],
                     |r| r.get(0),
                 )
@@ -110,7 +111,11 @@ pub fn record(
                 params![id, key, skill, tier, Value::Array(candidates.clone()).to_string(), request.to_string(), now, actor],
             )
             .map_err(state::internal)?;
-            audit::record(tx, actor, "conflict.recorded", &format!("skill:{skill}"), &json!({ "id": id, "tier": tier }))?;
+            // A caller can make many distinct conflicts: their rows are throttled like refusals.
+            let subject = format!("skill:{skill}");
+            if let Some(repeated) = audit::admit_refusal(actor, "conflict.recorded", &subject) {
+                audit::record(tx, actor, "conflict.recorded", &subject, &json!({ "id": id, "tier": tier, "repeated": repeated }))?;
+            }
             Ok(id)
         })?;
         ids.push(id);
@@ -139,14 +144,23 @@ fn row(r: &state::Row) -> state::DbResult<LaunchConflict> {
 
 const COLUMNS: &str = "id, skill, tier, candidates, request, first_at, last_at, refusals, actor, settled_at, settled_by, override_id";
 
+/// Conflicts one refused open records at most.
+pub const MAX_PER_OPEN: usize = 16;
+
 /// The records, unsettled first, latest first.
 pub fn list(db: &Db, include_settled: bool) -> Result<Vec<LaunchConflict>> {
+    list_of(db, include_settled, None)
+}
+
+/// The records the principal `actor` met (all when `None`), unsettled first, latest first.
+pub fn list_of(db: &Db, include_settled: bool, actor: Option<&str>) -> Result<Vec<LaunchConflict>> {
     db.with(|c| {
         c.prepare_cached(&format!(
             "SELECT {COLUMNS} FROM launch_conflicts WHERE ($1 OR settled_at IS NULL)
+               AND (CAST($2 AS TEXT) IS NULL OR actor = $2)
              ORDER BY settled_at IS NOT NULL, last_at DESC, id"
         ))?
-        .query_map(params![include_settled], row)?
+        .query_map(params![include_settled, actor], row)?
         .collect()
     })
 }
@@ -159,13 +173,15 @@ pub fn get(db: &Db, id: &str) -> Result<LaunchConflict> {
         .query_row(params![id], row)
         .optional()
     })?
-    .ok_or_else(|| {
-        Error::field(
-            Code::NotFound,
-            "id",
-            format!("no launch conflict {:?}", crate::input::shown(id)),
-        )
-    })
+    .ok_or_else(|| not_found(id))
+}
+
+pub fn not_found(id: &str) -> Error {
+    Error::field(
+        Code::NotFound,
+        "id",
+        format!("no launch conflict {:?}", crate::input::shown(id)),
+    )
 }
 
 /// Settles the conflict `id`: `source` (one of its candidates) serves the skill from now on.

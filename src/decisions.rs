@@ -434,13 +434,18 @@ pub fn refused_run(
             params![digest.to_string(), skill, script, workspace, now],
         )
         .map_err(state::internal)?;
-        audit::record(
-            tx,
-            actor,
-            "run.refused",
-            &format!("skill:{digest}"),
-            &json!({ "skill": skill, "script": script, "workspace": workspace }),
-        )
+        // The pending request counts every refusal; the audit log gets a row a minute.
+        let subject = format!("skill:{digest}");
+        match audit::admit_refusal(actor, "run.refused", &subject) {
+            Some(repeated) => audit::record(
+                tx,
+                actor,
+                "run.refused",
+                &subject,
+                &json!({ "skill": skill, "script": script, "workspace": workspace, "repeated": repeated }),
+            ),
+            None => Ok(()),
+        }
     })
 }
 

@@ -90,6 +90,7 @@ impl Imports {
     /// Queues the import of `spec` (a preset or a git toolkit, checked as `workspace_open`
     /// checks it).
     pub fn submit(&self, spec: Value, actor: &str) -> Result<Job> {
+        crate::limits::quotas().import(actor)?;
         let parsed = toolkit::spec_from_value(spec.clone())?;
         if matches!(parsed, ToolkitSpec::Set(_)) {
             return Err(Error::field(

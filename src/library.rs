@@ -1,7 +1,8 @@
 //! The library: every skill in the store (each bundle the index records) and in the built-in
 //! tier, searchable by name, description and toolkit, with where each is used — open
-//! workspaces, registry pins, set members. A bundle's skills are read from the store once and
-//! kept (a bundle never changes), so a query is a filter over what is in memory.
+//! workspaces, registry pins, set members — and the skill folders each toolkit left out, with
+//! why. A bundle's skills are read from the store once and kept (a bundle never changes), so a
+//! query is a filter over what is in memory.
 
 use crate::provision::index::{BundleIndex, BundleRecord};
 use crate::registry::Registry;
@@ -45,6 +46,29 @@ pub struct Skill {
     haystack: String,
 }
 
+/// A skill folder a toolkit left out (a bad `SKILL.md`, an exclude pattern), with why.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SkippedSkill {
+    pub toolkit: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    /// Where the folder sits in the toolkit's repository (or in its bundle).
+    pub path: String,
+    pub code: String,
+    pub reason: String,
+    #[serde(skip_serializing_if = "Value::is_null")]
+    pub details: Value,
+}
+
+/// What the library knows of one bundle.
+struct Bundle {
+    skills: Arc<Vec<Skill>>,
+    skipped: Arc<Vec<SkippedSkill>>,
+}
+
 /// What a search asks for.
 #[derive(Debug, Default, Clone)]
 pub struct Search {
@@ -65,7 +89,7 @@ pub struct Library {
     /// The built-in tier's tree (put into the store once).
     builtin: std::sync::OnceLock<Digest>,
     /// Each bundle's skills, by bundle digest.
-    bundles: Mutex<HashMap<Digest, Arc<Vec<Skill>>>>,
+    bundles: Mutex<HashMap<Digest, Arc<Bundle>>>,
 }
 
 impl Library {
@@ -75,7 +99,7 @@ impl Library {
         tier: Tier,
         record: Option<&BundleRecord>,
         tree: Digest,
-    ) -> Result<Arc<Vec<Skill>>> {
+    ) -> Result<Arc<Bundle>> {
         if let Some(done) = self.bundles.lock().expect("library lock").get(&tree) {
             return Ok(done.clone());
         }
@@ -124,16 +148,52 @@ impl Library {
                 }
             })
             .collect();
-        let skills = Arc::new(skills);
+        // Left out when the bundle was made, and left out of it now (a rule added since).
+        let skipped = record
+            .map(|r| r.skipped.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .chain(&source.discovery.skipped)
+            .map(|s| SkippedSkill {
+                toolkit: toolkit.clone(),
+                url: url.clone(),
+                commit: commit.clone(),
+                path: s.path.clone(),
+                code: s.code.clone(),
+                reason: s.reason.clone(),
+                details: s.details.clone(),
+            })
+            .collect();
+        let bundle = Arc::new(Bundle {
+            skills: Arc::new(skills),
+            skipped: Arc::new(skipped),
+        });
         self.bundles
             .lock()
             .expect("library lock")
-            .insert(tree, skills.clone());
-        Ok(skills)
+            .insert(tree, bundle.clone());
+        Ok(bundle)
     }
 
     /// Every skill: the built-in tier's, then each bundle's (newest bundle first).
     pub fn all(&self, store: &Store) -> Result<Vec<Arc<Vec<Skill>>>> {
+        Ok(self
+            .bundles(store)?
+            .iter()
+            .map(|b| b.skills.clone())
+            .collect())
+    }
+
+    /// Every skill folder the toolkits of the store left out, with why (newest bundle first).
+    pub fn skipped(&self, store: &Store) -> Result<Vec<SkippedSkill>> {
+        Ok(self
+            .bundles(store)?
+            .iter()
+            .flat_map(|b| b.skipped.iter().cloned())
+            .collect())
+    }
+
+    fn bundles(&self, store: &Store) -> Result<Vec<Arc<Bundle>>> {
         let builtin = match self.builtin.get() {
             Some(d) => *d,
             None => {
@@ -183,16 +243,17 @@ impl Library {
     }
 }
 
-/// Where each of `skills` is used: the open workspaces that serve its folder, the registry
-/// entries pinned at its bundle's commit, the sets with a member at it.
+/// Where each of `skills` is used: the open workspaces `who` reaches that serve its folder,
+/// the registry entries pinned at its bundle's commit, the sets with a member at it.
 pub fn used_by(
     workspaces: &Workspaces,
+    who: &crate::principal::Principal,
     registry: &Registry,
     sets: &[sets::Revision],
     skills: &[Skill],
 ) -> Vec<Value> {
     let mut serving: HashMap<Digest, Vec<String>> = HashMap::new();
-    for ws in workspaces.open_workspaces() {
+    for ws in workspaces.open_workspaces_of(who) {
         for c in ws.generation().index.winners() {
             serving.entry(c.digest()).or_default().push(ws.id.clone());
         }
@@ -240,13 +301,15 @@ pub fn used_by(
         .collect()
 }
 
-/// Every file of the skill folder `digest`: path, size and digest, in path order.
+/// Every file of the skill folder `digest`: path, size and digest, in path order. The
+/// folders listed count against a walk's entry budget.
 pub fn files(store: &Store, digest: &Digest) -> Result<Vec<Value>> {
     use cloud_harness_fs::cas::Kind;
     let mut out = Vec::new();
+    let mut budget = cloud_harness_fs::cas::WalkBudget::default();
     let mut pending = vec![(String::new(), *digest)];
     while let Some((dir, tree)) = pending.pop() {
-        for e in store.tree(&tree)?.entries() {
+        for e in budget.tree(store, &tree)?.entries() {
             let path = cloud_harness_fs::relpath::join(&dir, &e.name);
             match e.kind {
                 Kind::Tree => pending.push((path, e.digest)),

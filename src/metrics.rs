@@ -1,7 +1,7 @@
 //! The server's metrics, in the Prometheus text format at `/metrics` (operators only):
 //! acquisitions by mode and result with their durations, warm starts, bytes fetched, egress
 //! decisions by verdict, MCP tool calls by tool and code with their latency, executors made
-//! and scripts run, and — read when scraped — open workspaces and the file system's requests
+//! and scripts run, and — read when scraped — open workspaces, the runtime's tasks and the file system's requests
 //! and skill-cache hits. One registry per process: the work that moves a series records it
 //! where it happens.
 
@@ -38,6 +38,7 @@ struct Metrics {
     runs: Family<Labels, Counter>,
     remote: Family<Labels, Counter>,
     remote_bytes: Counter,
+    quota_refusals: Family<Labels, Counter>,
 }
 
 /// What is read when scraped rather than counted as it happens.
@@ -46,6 +47,10 @@ struct Scraped;
 
 /// Open workspaces, as the server last set them.
 static OPEN_WORKSPACES: AtomicI64 = AtomicI64::new(0);
+
+/// What each principal uses of each limit, as the server last counted it: (principal, limit,
+/// used).
+static USAGE: Mutex<Vec<(String, &'static str, u64)>> = Mutex::new(Vec::new());
 
 impl Collector for Scraped {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -56,6 +61,41 @@ impl Collector for Scraped {
             None,
             open.metric_type(),
         )?)?;
+        // Tasks that outlive their requests (a binding, a stream) show here first.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let tasks = ConstGauge::new(runtime.metrics().num_alive_tasks() as i64);
+            tasks.encode(encoder.encode_descriptor(
+                "cloud_harness_runtime_tasks",
+                "Tasks alive on the server's runtime",
+                None,
+                tasks.metric_type(),
+            )?)?;
+        }
+        let limits = crate::limits::quotas().limits;
+        let gauge = ConstGauge::new(0i64);
+        let mut family = encoder.encode_descriptor(
+            "cloud_harness_limit",
+            "Each quota's value per principal (the [limits] of the configuration)",
+            None,
+            gauge.metric_type(),
+        )?;
+        for (name, _) in crate::limits::NAMES {
+            let labels: Labels = vec![("limit", (*name).to_owned())];
+            ConstGauge::new(limits.get(name) as i64).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "cloud_harness_principal_usage",
+            "What each principal uses now of a quota (hourly budgets: what the last hour took)",
+            None,
+            gauge.metric_type(),
+        )?;
+        for (principal, limit, used) in USAGE.lock().expect("usage lock").iter() {
+            let labels: Labels = vec![
+                ("principal", principal.clone()),
+                ("limit", (*limit).to_owned()),
+            ];
+            ConstGauge::new(*used as i64).encode(family.encode_family(&labels)?)?;
+        }
         let ops = ConstCounter::new(0u64);
         let mut family = encoder.encode_descriptor(
             "cloud_harness_fuse_operations",
@@ -100,6 +140,7 @@ fn metrics() -> &'static Metrics {
             runs: Family::default(),
             remote: Family::default(),
             remote_bytes: Counter::default(),
+            quota_refusals: Family::default(),
         };
         registry.register(
             "cloud_harness_acquisitions",
@@ -148,13 +189,18 @@ fn metrics() -> &'static Metrics {
         );
         registry.register(
             "cloud_harness_store_of_record",
-            "What the store of record on object storage did, by event (hit, miss, unreachable, refused: a bad object, published, publish_failed)",
+            "What the store of record on object storage did, by event (hit, miss, unreachable, refused: a bad object, timeout: a download past the fetch timeout, published, publish_failed)",
             m.remote.clone(),
         );
         registry.register(
             "cloud_harness_store_of_record_bytes",
             "Bytes brought into the local store from the store of record",
             m.remote_bytes.clone(),
+        );
+        registry.register(
+            "cloud_harness_quota_refusals",
+            "Requests refused because a principal's quota was used up, by limit",
+            m.quota_refusals.clone(),
         );
         registry.register_collector(Box::new(Scraped));
         *m.registry.lock().expect("metrics lock") = registry;
@@ -230,6 +276,19 @@ pub fn run(kind: &str, result: &str) {
         .inc();
 }
 
+/// A request was refused at the quota `limit`.
+pub fn quota_refused(limit: &str) {
+    metrics()
+        .quota_refusals
+        .get_or_create(&vec![("limit", limit.to_owned())])
+        .inc();
+}
+
+/// What each principal uses now, counted by the caller (see `cloud_harness_principal_usage`).
+pub fn set_usage(usage: Vec<(String, &'static str, u64)>) {
+    *USAGE.lock().expect("usage lock") = usage;
+}
+
 pub fn set_open_workspaces(n: usize) {
     OPEN_WORKSPACES.store(n as i64, Ordering::Relaxed);
 }
@@ -251,6 +310,13 @@ pub async fn endpoint(
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     set_open_workspaces(workspaces.open_workspaces().len());
+    set_usage(
+        workspaces
+            .usage()
+            .into_iter()
+            .flat_map(|(who, used)| used.into_iter().map(move |(l, n)| (who.clone(), l, n)))
+            .collect(),
+    );
     let mut r = text().into_response();
     r.headers_mut().insert(
         axum::http::header::CONTENT_TYPE,

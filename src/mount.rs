@@ -66,7 +66,12 @@ pub fn run(store: &Store, args: &MountArgs) -> Result<u8> {
         .map_err(|e| Error::internal(format!("blocking signals: {e}")))?;
 
     let cache = Arc::new(SkillCache::default());
-    let watch = LiveTiers::watch(args.tiers.stack(store, &cache)?);
+    let pool = cloud_harness_fs::watch::Pool::new(cloud_harness_fs::watch::Pool::system_default());
+    let watch = LiveTiers::watch(args.tiers.stack(store, &cache)?, &pool, Default::default())
+        .map_err(|e| Error::internal(format!("watching the tiers' folders: {e}")))?;
+    for w in watch.warnings() {
+        eprintln!("cloud-harness: {w}");
+    }
     let generation = watch.spec().generation(store, &cache)?;
     let digest = generation.digest();
     let view = args.only.map_or(View::Merged, View::Tier);

@@ -10,7 +10,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// Output kept per stream; the rest is read and counted, not kept.
+/// Output kept per stream by default (`[limits] run_output`); the rest is read and counted,
+/// not kept.
 pub const OUTPUT_CAP: usize = 256 << 10;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(600);
@@ -87,32 +88,41 @@ pub fn command_for(script: &Path, run_as: &str) -> Result<Vec<String>> {
     .with_details(serde_json::json!({ "field": "script" })))
 }
 
-/// Output of one stream: at most `OUTPUT_CAP` bytes kept, all counted.
-#[derive(Default)]
+/// Output of one stream: at most `cap` bytes kept, all counted.
 struct Capped {
     kept: Vec<u8>,
     total: u64,
+    cap: usize,
 }
 
 impl Capped {
+    fn new(cap: usize) -> Capped {
+        Capped {
+            kept: Vec::new(),
+            total: 0,
+            cap,
+        }
+    }
+
     fn add(&mut self, bytes: &[u8]) {
         self.total += bytes.len() as u64;
-        let room = OUTPUT_CAP.saturating_sub(self.kept.len());
+        let room = self.cap.saturating_sub(self.kept.len());
         self.kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
     }
 }
 
-/// Supervises a started command until it ends; `progress(elapsed, output bytes)` is called
-/// about once a second.
+/// Supervises a started command until it ends, keeping at most `cap` bytes of each stream;
+/// `progress(elapsed, output bytes)` is called about once a second.
 pub async fn supervise(
     mut process: Process,
     command: Vec<String>,
     timeout: Duration,
+    cap: usize,
     cancel: CancellationToken,
     progress: impl Fn(Duration, u64),
 ) -> Outcome {
     let started = Instant::now();
-    let (mut out, mut err) = (Capped::default(), Capped::default());
+    let (mut out, mut err) = (Capped::new(cap), Capped::new(cap));
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
     let drain = tokio::time::sleep(Duration::MAX / 4);
@@ -202,8 +212,16 @@ mod tests {
     async fn supervised(argv: &[&str], timeout: Duration) -> Outcome {
         let argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
         let env = vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())];
-        let process = spawn_local(&argv, None, &env).unwrap();
-        supervise(process, argv, timeout, CancellationToken::new(), |_, _| {}).await
+        let process = spawn_local(&argv, None, &env, None).unwrap();
+        supervise(
+            process,
+            argv,
+            timeout,
+            OUTPUT_CAP,
+            CancellationToken::new(),
+            |_, _| {},
+        )
+        .await
     }
 
     #[tokio::test]

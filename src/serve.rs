@@ -10,7 +10,7 @@ use cloud_harness_fs::{Error, Result};
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::ServiceExt;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -63,9 +63,15 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
         let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
     }
     let home = args.home.clone().unwrap_or_else(home::default_home);
+    // The quotas, read now: a limit that is not a number stops the start, not a request.
+    let limits = crate::limits::Limits::from_env()?;
+    tracing::info!(?limits, "limits per principal");
+    // Checked before anything is restored or bound.
+    let public_origin = public_origin()?;
     let provisioner = Provisioner::from_env(store.clone())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .max_blocking_threads(crate::limits::BLOCKING_THREADS)
         .build()
         .map_err(|e| Error::internal(format!("starting the runtime: {e}")))?;
     let mounting = !args.no_mount;
@@ -98,7 +104,7 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     if let Some(max) = crate::provision::cache::max_bytes_from_env()? {
         keep_within(store.clone(), max);
     }
-    let result = runtime.block_on(serve(workspaces.clone(), args));
+    let result = runtime.block_on(serve(workspaces.clone(), args, public_origin));
     // Unmount before exiting (runs are killed first); the records stay, so the next start
     // restores the workspaces.
     workspaces.shutdown();
@@ -150,23 +156,74 @@ fn keep_within(store: Store, max: u64) {
     let _ = std::thread::Builder::new().name("cache".into()).spawn(trim);
 }
 
-/// On the first start (no token was ever made) an operator token, shown once, and a one-time
-/// login link for the browser.
-fn first_start(db: &crate::state::Db, bound: SocketAddr) -> Result<()> {
+/// Where the first start leaves the first operator token (its first line) and a one-time
+/// login link (its second), in the server's home: readable by the server's user alone.
+pub const FIRST_TOKEN_FILE: &str = "operator-token";
+
+/// On the first start (no token was ever made) an operator token and a one-time login link
+/// for the browser, written to [`FIRST_TOKEN_FILE`] and shown on the terminal when there is
+/// one; the log (a service's journal) names the file, never the secrets.
+fn first_start(db: &crate::state::Db, bound: SocketAddr, home: &Path) -> Result<()> {
     if crate::auth::any(db)? {
         return Ok(());
     }
     const NAME: &str = "operator";
     let token = crate::auth::create(db, NAME, crate::auth::Role::Operator, "system:first-start")?;
     let code = crate::auth::login_code(db, NAME, "system:first-start")?;
-    eprintln!(
-        "cloud-harness: first start: made the operator token {NAME:?} (shown only now; `cloud-harness token …` manages tokens):\n    {}\ncloud-harness: MCP clients send it as `Authorization: Bearer <token>`; open the dashboard in a browser with this one-time link (valid for a day):\n    http://{bound}/login?code={code}",
-        token.token
-    );
+    let link = format!("http://{bound}/login?code={code}");
+    let path = home.join(FIRST_TOKEN_FILE);
+    write_secret(&path, &format!("{}\n{link}\n", token.token))?;
+    use std::io::IsTerminal;
+    if std::io::stderr().is_terminal() {
+        eprintln!(
+            "cloud-harness: first start: made the operator token {NAME:?} (kept in {} for this user only; `cloud-harness token …` manages tokens):\n    {}\ncloud-harness: MCP clients send it as `Authorization: Bearer <token>`; open the dashboard in a browser with this one-time link (valid for a day):\n    {link}",
+            path.display(),
+            token.token
+        );
+    } else {
+        eprintln!(
+            "cloud-harness: first start: made the operator token {NAME:?}; it and a one-time login link for the dashboard (valid for a day) are in {} (this user only: the token on its first line, the link on its second). MCP clients send the token as `Authorization: Bearer <token>`; `cloud-harness token …` manages tokens.",
+            path.display()
+        );
+    }
     Ok(())
 }
 
-async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
+/// Writes `text` to `path` for this user alone: a new file made with mode 0600 and O_EXCL
+/// (never readable by anyone else, even for a moment), then renamed over whatever was there
+/// (a file left by an earlier database, or a link: replaced, never written through).
+fn write_secret(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut file = tempfile::Builder::new()
+        .prefix(".operator-token.")
+        .permissions(std::fs::Permissions::from_mode(0o600))
+        .tempfile_in(dir)
+        .map_err(|e| Error::io(dir, e))?;
+    file.write_all(text.as_bytes())
+        .and_then(|()| file.as_file().sync_all())
+        .map_err(|e| Error::io(file.path(), e))?;
+    file.persist(path).map_err(|e| Error::io(path, e.error))?;
+    Ok(())
+}
+
+/// Where browsers reach the dashboard through a proxy in front
+/// (`CLOUD_HARNESS_HTTP_PUBLIC_ORIGIN`, `http.public_origin`), when set.
+fn public_origin() -> Result<Option<String>> {
+    match std::env::var(PUBLIC_ORIGIN_VAR) {
+        Ok(v) if !v.is_empty() => crate::auth::http::parse_public_origin(&v).map(Some),
+        _ => Ok(None),
+    }
+}
+
+pub const PUBLIC_ORIGIN_VAR: &str = "CLOUD_HARNESS_HTTP_PUBLIC_ORIGIN";
+
+async fn serve(
+    workspaces: Arc<Workspaces>,
+    args: &ServeArgs,
+    public_origin: Option<String>,
+) -> Result<()> {
     let server = HarnessServer::new(workspaces.clone());
     let stop = CancellationToken::new();
     {
@@ -232,6 +289,17 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
                 hosts.push(addr.ip().to_string());
                 tracing::warn!(%addr, "serving MCP beyond loopback");
             }
+            // Behind a proxy, browsers reach the dashboard at its public origin: its host is
+            // one this server answers to, and the only origin a browser session writes from.
+            if let Some(host) = public_origin
+                .as_deref()
+                .and_then(|o| url::Url::parse(o).ok())
+                .and_then(|u| u.host_str().map(|h| h.trim_matches(['[', ']']).to_owned()))
+            {
+                if !hosts.contains(&host) {
+                    hosts.push(host);
+                }
+            }
             let config = StreamableHttpServerConfig::default()
                 .with_allowed_hosts(hosts.clone())
                 .with_allowed_origins(origins.clone())
@@ -249,8 +317,13 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
                 AuthMode::Token => crate::auth::http::Mode::Tokens,
                 AuthMode::None => crate::auth::http::Mode::None,
             };
-            let auth =
-                crate::auth::http::Auth::new(db.clone(), mode, origins.clone(), hosts.clone());
+            let auth = crate::auth::http::Auth::new(
+                db.clone(),
+                mode,
+                origins.clone(),
+                hosts.clone(),
+                public_origin,
+            );
             let api = Arc::new(crate::api::Api {
                 workspaces: workspaces.clone(),
                 imports: crate::imports::Imports::start(workspaces.clone())?,
@@ -261,6 +334,8 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
                 .merge(crate::dashboard::router(api))
                 .merge(crate::auth::pages::router(auth.clone()))
                 .merge(crate::health::router(workspaces.clone()))
+                // Quotas count per principal: they run once the caller is known.
+                .layer(axum::middleware::from_fn(crate::limits::http::guard))
                 .layer(axum::middleware::from_fn_with_state(
                     auth,
                     crate::auth::http::guard,
@@ -274,7 +349,7 @@ async fn serve(workspaces: Arc<Workspaces>, args: &ServeArgs) -> Result<()> {
             let limits = crate::listener::Limits::from_env()?;
             eprintln!("cloud-harness: MCP over Streamable HTTP at http://{bound}/mcp");
             if mode == crate::auth::http::Mode::Tokens {
-                first_start(&db, bound)?;
+                first_start(&db, bound, workspaces.home())?;
             }
             crate::notify::notify("READY=1");
             {

@@ -168,7 +168,12 @@ fn a_browser_session_writes_only_from_its_origin_with_its_csrf_token() {
         .unwrap()
         .to_owned();
     assert!(
-        set_cookie.contains("HttpOnly") && set_cookie.contains("SameSite=Strict"),
+        set_cookie.starts_with("__Host-")
+            && set_cookie.contains("HttpOnly")
+            && set_cookie.contains("Secure")
+            && set_cookie.contains("SameSite=Strict")
+            && set_cookie.contains("Path=/")
+            && !set_cookie.contains("Domain"),
         "{set_cookie}"
     );
     let cookie = set_cookie.split(';').next().unwrap().to_owned();
@@ -218,7 +223,7 @@ fn a_browser_session_writes_only_from_its_origin_with_its_csrf_token() {
         .header("X-CSRF-Token", &csrf)
         .send()
         .unwrap();
-    assert_eq!(out.status().as_u16(), 204);
+    assert_eq!(out.status().as_u16(), 303);
     assert_eq!(get("/api/v1/whoami").status().as_u16(), 401);
 }
 

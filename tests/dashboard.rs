@@ -286,7 +286,8 @@ fn pages_carry_the_csp_and_a_form_without_the_session_token_changes_nothing() {
         .op("GET", "/api/v1/registry", None)
         .to_string()
         .contains("forged"));
-    // A client token reads the pages without their forms, and cannot post one.
+    // The dashboard is for operators: a client token reads none of its pages (they show every
+    // principal's workspaces) and cannot post a form.
     let viewer = w.op(
         "POST",
         "/api/v1/tokens",
@@ -301,11 +302,14 @@ fn pages_carry_the_csp_and_a_form_without_the_session_token_changes_nothing() {
         "/registry",
         "/approvals",
         "/workspaces",
+        "/",
+        "/library",
+        "/conflicts",
     ] {
         let r = http.get(w.url(path)).bearer_auth(&viewer).send().unwrap();
-        assert_eq!(r.status().as_u16(), 200, "{path}");
+        assert_eq!(r.status().as_u16(), 403, "{path}");
         let body = r.text().unwrap();
-        assert!(!body.contains("<form"), "{path} shows a form to a client");
+        assert!(body.contains("FORBIDDEN"), "{path}: {body}");
     }
     let r = http
         .post(w.url("/sets/new"))

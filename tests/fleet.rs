@@ -4,9 +4,11 @@
 //! object storage or a runner killed mid-publication loses nothing and never leaves a record
 //! naming a missing object.
 
+#[path = "fleet/bucket.rs"]
+mod bucket;
 mod support;
 
-use cloud_harness::provision::index::BundleRecord;
+use cloud_harness::provision::index::{BundleKey, BundleRecord};
 use cloud_harness::provision::{Acquired, Provisioner};
 use cloud_harness_fs::cas::{materialize, Digest, Kind, Store, Tree};
 use std::fs;
@@ -511,4 +513,547 @@ fn a_tag_one_runner_resolved_starts_from_the_bucket_on_another() {
         (got_b.mode, got_b.record.bundle),
         ("remote", got_a.record.bundle)
     );
+}
+
+/// What a crafted bundle is made of: files by path below the bundle (`skill/ref.md`), with the
+/// size its tree gives each (None: its true size).
+type Crafted<'a> = &'a [(&'a str, &'a [u8], Option<u64>)];
+
+impl Fleet {
+    /// Publishes to the bucket, under the key runner `p` computes for `url` at `commit`, a
+    /// bundle built from `files` in a scratch store, whatever it holds (the record says
+    /// `skills` skills); returns the record.
+    fn publish_crafted(
+        &self,
+        p: &Provisioner,
+        url: &str,
+        commit: &str,
+        files: Crafted,
+        skills: usize,
+    ) -> BundleRecord {
+        self.publish_built(p, url, commit, skills, |w| crafted_tree(w, files, ""))
+    }
+
+    /// Publishes, as [`Fleet::publish_crafted`] does, the bundle tree `build` writes.
+    fn publish_built(
+        &self,
+        p: &Provisioner,
+        url: &str,
+        commit: &str,
+        skills: usize,
+        build: impl FnOnce(&mut cloud_harness_fs::cas::Writer<'_>) -> Digest,
+    ) -> BundleRecord {
+        let spec = cloud_harness::toolkit::ToolkitSpec::Git(git(url.into(), "team", Some(commit)));
+        let key = BundleKey::new(&spec.resolve(p.hosts()).unwrap(), commit);
+        let craft = Store::open(self.w.tmp.path().join(format!("craft-{}", key.id()))).unwrap();
+        let mut writer = craft.writer().unwrap();
+        let bundle = build(&mut writer);
+        let manifest = writer.put_blob(b"{\"crafted\":true}").unwrap();
+        writer.commit().unwrap();
+        let record = BundleRecord {
+            key,
+            bundle,
+            manifest,
+            skills,
+            instance_id: "team".into(),
+            preset: None,
+            fetched_url: url.into(),
+            object_format: "sha1".into(),
+            requested: "commit".into(),
+            warnings: vec![],
+            skipped: vec![],
+            acquired_at: 0,
+        };
+        self.s3.remote(PREFIX).publish(&craft, &record).unwrap();
+        record
+    }
+
+    /// Where the bucket keeps the record of `record`'s key.
+    fn record_file(&self, record: &BundleRecord) -> std::path::PathBuf {
+        self.s3
+            .file(&format!("{PREFIX}/index/bundles/{}.json", record.key.id()))
+    }
+}
+
+/// The tree of the files below `prefix`, written bottom up.
+fn crafted_tree(
+    writer: &mut cloud_harness_fs::cas::Writer<'_>,
+    files: Crafted,
+    prefix: &str,
+) -> Digest {
+    use cloud_harness_fs::cas::Entry;
+    let mut entries = Vec::new();
+    let mut folders = std::collections::BTreeSet::new();
+    for (path, bytes, size) in files {
+        let Some(rest) = path.strip_prefix(prefix) else {
+            continue;
+        };
+        match rest.split_once('/') {
+            Some((folder, _)) => {
+                folders.insert(folder.to_owned());
+            }
+            None => entries.push(Entry {
+                name: rest.into(),
+                kind: Kind::File,
+                size: size.unwrap_or(bytes.len() as u64),
+                digest: writer.put_blob(bytes).unwrap(),
+            }),
+        }
+    }
+    for folder in folders {
+        entries.push(Entry {
+            name: folder.clone(),
+            kind: Kind::Tree,
+            size: 0,
+            digest: crafted_tree(writer, files, &format!("{prefix}{folder}/")),
+        });
+    }
+    writer.put_tree(&Tree::new(entries).unwrap()).unwrap()
+}
+
+/// Runner B asks for a bundle the bucket holds badly, with no git to stand in (the repository
+/// is not on the git server): the refusal is the answer, naming what was refused, and B's store
+/// and index are as they were: empty.
+fn refused_by_b(f: &Fleet, b: &Provisioner, url: &str, commit: &str) -> cloud_harness_fs::Error {
+    let err = acquire(b, url, commit).unwrap_err();
+    assert!(err.message.contains("refused"), "{err}");
+    assert!(
+        err.details["git"].is_string(),
+        "git was tried: {}",
+        err.details
+    );
+    assert!(
+        err.details["object"].is_string() || err.details["record"].is_string(),
+        "the refusal names what it refused: {}",
+        err.details
+    );
+    assert_eq!(
+        object_files(&b.store),
+        0,
+        "nothing entered B's store: {err}"
+    );
+    assert!(
+        b.index().list().unwrap().is_empty(),
+        "B's index is as it was"
+    );
+    assert!(b.store.verify().unwrap().problems.is_empty());
+    let _ = f;
+    eprintln!("refused: {err}");
+    err
+}
+
+const SKILL: &[u8] = b"---\nname: a\ndescription: A.\n---\nbody\n";
+
+#[test]
+fn a_bad_record_in_the_bucket_is_refused_and_named() {
+    let Some(f) = fleet() else { return };
+    let url = f.w.server.url("team/absent.git");
+    let b = f.runner("store-b");
+    let good = f.publish_crafted(&b, &url, &"a".repeat(40), &[("a/SKILL.md", SKILL, None)], 1);
+    // Not a record.
+    fs::write(f.record_file(&good), b"{ not json").unwrap();
+    let err = refused_by_b(&f, &b, &url, &"a".repeat(40));
+    assert_eq!(err.code, cloud_harness_fs::Code::Upstream, "{err}");
+    assert!(err.message.contains("not a bundle record"), "{err}");
+    assert!(err.details["record"].as_str().unwrap().ends_with(".json"));
+    // A record of 5 MiB (its warnings): refused unread past 4 MiB.
+    let mut huge = good.clone();
+    huge.warnings = vec!["w".repeat(1 << 20); 5];
+    fs::write(f.record_file(&good), serde_json::to_vec(&huge).unwrap()).unwrap();
+    let err = refused_by_b(&f, &b, &url, &"a".repeat(40));
+    assert_eq!(err.code, cloud_harness_fs::Code::TooLarge, "{err}");
+    assert!(err.message.contains("a record may have"), "{err}");
+    // A record counting skills its bundle does not hold.
+    let mut lying = good.clone();
+    lying.skills = 7;
+    fs::write(f.record_file(&good), serde_json::to_vec(&lying).unwrap()).unwrap();
+    let err = refused_by_b(&f, &b, &url, &"a".repeat(40));
+    assert!(
+        err.message.contains("not the bundle its record says"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_bundle_past_its_ceilings_in_the_bucket_is_refused_before_anything_is_written() {
+    let Some(f) = fleet() else { return };
+    let url = f.w.server.url("team/absent.git");
+    let mut b = f.runner("store-b");
+    b.limits.max_files = 6;
+    b.limits.max_depth = 2;
+    b.limits.max_file_bytes = 1024;
+    let commit = |c: char| c.to_string().repeat(40);
+
+    // More files than a toolkit may have.
+    let many: Vec<(String, Vec<u8>)> = (0..8)
+        .map(|i| (format!("a/ref-{i}.md"), format!("ref {i}").into_bytes()))
+        .collect();
+    let mut files: Vec<(&str, &[u8], Option<u64>)> = many
+        .iter()
+        .map(|(p, b)| (p.as_str(), b.as_slice(), None))
+        .collect();
+    files.push(("a/SKILL.md", SKILL, None));
+    f.publish_crafted(&b, &url, &commit('b'), &files, 1);
+    let err = refused_by_b(&f, &b, &url, &commit('b'));
+    assert_eq!(err.code, cloud_harness_fs::Code::TooLarge, "{err}");
+    assert!(
+        err.message.contains("more than the limit of 6 files"),
+        "{err}"
+    );
+    assert_eq!(err.details["limit"], 6);
+
+    // Deeper than a toolkit may nest (2, and two for the bundle and its skill folder).
+    let deep: &[(&str, &[u8], Option<u64>)] = &[
+        ("a/SKILL.md", SKILL, None),
+        ("a/1/2/3/4/x.md", b"deep", None),
+    ];
+    f.publish_crafted(&b, &url, &commit('c'), deep, 1);
+    let err = refused_by_b(&f, &b, &url, &commit('c'));
+    assert_eq!(err.code, cloud_harness_fs::Code::TooLarge, "{err}");
+    assert!(
+        err.message.contains("nests deeper than the limit of 4"),
+        "{err}"
+    );
+
+    // A file larger than a toolkit's may be, as its tree says.
+    let big = vec![b'x'; 2048];
+    let large: &[(&str, &[u8], Option<u64>)] =
+        &[("a/SKILL.md", SKILL, None), ("a/big.bin", &big, None)];
+    f.publish_crafted(&b, &url, &commit('d'), large, 1);
+    let err = refused_by_b(&f, &b, &url, &commit('d'));
+    assert_eq!(err.code, cloud_harness_fs::Code::TooLarge, "{err}");
+    assert!(err.message.contains("bytes per file"), "{err}");
+
+    // A tree that gives a blob a smaller size than it has: the blob is read no further.
+    let lying: &[(&str, &[u8], Option<u64>)] = &[
+        ("a/SKILL.md", SKILL, None),
+        ("a/ref.md", b"twelve bytes", Some(5)),
+    ];
+    f.publish_crafted(&b, &url, &commit('e'), lying, 1);
+    let err = refused_by_b(&f, &b, &url, &commit('e'));
+    assert!(err.message.contains("more than the 5 it may have"), "{err}");
+
+    // Within the ceilings, the same runner takes a bundle from the bucket.
+    let fine: &[(&str, &[u8], Option<u64>)] =
+        &[("a/SKILL.md", SKILL, None), ("a/1/2/x.md", b"ok", None)];
+    f.publish_crafted(&b, &url, &commit('f'), fine, 1);
+    let got = acquire(&b, &url, &commit('f')).unwrap();
+    assert_eq!((got.mode, got.record.skills), ("remote", 1));
+}
+
+/// A bundle of a handful of objects that stands for a vast tree: its skill folder names a
+/// folder of 256 entries all naming one folder of 256 entries, all naming one file (65,536
+/// files by path, two distinct blobs). Counted by distinct objects it fits the ceilings;
+/// counted by path, as staging counts and as every walk of it would go, it does not: refused
+/// TOO_LARGE naming the record and the bound, before anything is written.
+#[test]
+fn a_bundle_of_few_objects_and_many_paths_in_the_bucket_is_refused() {
+    use cloud_harness_fs::cas::{Entry, Writer};
+    let Some(f) = fleet() else { return };
+    let url = f.w.server.url("team/absent.git");
+    let b = f.runner("store-b");
+    let fan = |w: &mut Writer<'_>, child: Digest| {
+        let entries = (0..256)
+            .map(|i| Entry {
+                name: format!("d{i:03}"),
+                kind: Kind::Tree,
+                size: 0,
+                digest: child,
+            })
+            .collect();
+        w.put_tree(&Tree::new(entries).unwrap()).unwrap()
+    };
+    let file = |w: &mut Writer<'_>, name: &str, bytes: &[u8]| Entry {
+        name: name.into(),
+        kind: Kind::File,
+        size: bytes.len() as u64,
+        digest: w.put_blob(bytes).unwrap(),
+    };
+    let folder =
+        |w: &mut Writer<'_>, entries: Vec<Entry>| w.put_tree(&Tree::new(entries).unwrap()).unwrap();
+    let sub = |name: &str, digest: Digest| Entry {
+        name: name.into(),
+        kind: Kind::Tree,
+        size: 0,
+        digest,
+    };
+    let record = f.publish_built(&b, &url, &"a".repeat(40), 1, |w| {
+        let note = file(w, "note.md", b"see ../a/SKILL.md\n");
+        let leaf = folder(w, vec![note]);
+        let middle = fan(w, leaf);
+        let top = fan(w, middle);
+        let md = file(w, "SKILL.md", SKILL);
+        let skill = folder(w, vec![md, sub("refs", top)]);
+        folder(w, vec![sub("a", skill)])
+    });
+    let err = refused_by_b(&f, &b, &url, &"a".repeat(40));
+    assert_eq!(err.code, cloud_harness_fs::Code::TooLarge, "{err}");
+    assert!(
+        err.message
+            .contains("holds 65537 files counted by path (a folder as often as trees name it"),
+        "{err}"
+    );
+    assert!(
+        err.message.contains("more than the limit of 20000 files"),
+        "{err}"
+    );
+    assert_eq!(err.details["limit"], 20000);
+    assert!(
+        err.details["record"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("{}.json", record.key.id())),
+        "{}",
+        err.details
+    );
+}
+
+/// A blob the runner already has, which the bucket's tree gives another size: the tree lies
+/// (the local copy is verified), so the bundle is refused naming the blob, and the local
+/// store keeps just what it had.
+#[test]
+fn a_tree_in_the_bucket_that_misstates_a_blob_the_runner_has_is_refused() {
+    let Some(f) = fleet() else { return };
+    let url = f.w.server.url("team/absent.git");
+    let b = f.runner("store-b");
+    let mut w = b.store.writer().unwrap();
+    let had = w.put_blob(b"twelve bytes").unwrap();
+    w.commit().unwrap();
+    let lying: &[(&str, &[u8], Option<u64>)] = &[
+        ("a/SKILL.md", SKILL, None),
+        ("a/ref.md", b"twelve bytes", Some(5)),
+    ];
+    f.publish_crafted(&b, &url, &"e".repeat(40), lying, 1);
+    let err = acquire(&b, &url, &"e".repeat(40)).unwrap_err();
+    assert_eq!(err.code, cloud_harness_fs::Code::Upstream, "{err}");
+    assert!(
+        err.message
+            .contains("its tree says 5 bytes, and the copy in the local store has 12"),
+        "{err}"
+    );
+    assert_eq!(err.details["object"], had.to_string(), "{}", err.details);
+    assert_eq!(object_files(&b.store), 1, "only the blob it had");
+    assert!(b.index().list().unwrap().is_empty());
+}
+
+/// Records that are not records do not stop the collector: one that is not JSON, and one
+/// that is JSON but no bundle record (what it names, a manifest here, is kept anyway), are
+/// skipped and named; an old orphan is removed. One too large to read at all stops it,
+/// naming the record (what it names cannot be known).
+#[test]
+fn fleet_gc_skips_a_record_that_is_not_one_and_keeps_what_it_names() {
+    let Some(f) = fleet() else { return };
+    let (url, commit) = f.repo("team/skills.git", toolkit(2, 1, "gc-bad"));
+    acquire(&f.runner("store-a"), &url, &commit).unwrap();
+    let old = orphan(&f, "an orphan\n", Duration::from_secs(7200));
+    let named = orphan(&f, "named by a bad record\n", Duration::from_secs(7200));
+    let records = f.s3.file(&format!("{PREFIX}/index/bundles"));
+    fs::write(records.join("garbage.json"), b"{ not json").unwrap();
+    let manifest = Digest::of(b"named by a bad record\n");
+    let absent = Digest::of(b"a tree nobody wrote");
+    fs::write(
+        records.join("partial.json"),
+        format!(r#"{{"bundle":"{absent}","manifest":"{manifest}"}}"#),
+    )
+    .unwrap();
+    let (code, out) = remote_gc(&f);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("1 records;"), "{out}");
+    assert!(out.contains("removed 1 objects"), "{out}");
+    assert!(
+        out.contains("garbage.json: not a bundle record") && out.contains("partial.json"),
+        "{out}"
+    );
+    assert!(!old.exists(), "the orphan was removed");
+    assert!(named.exists(), "what a skipped record names was kept");
+
+    fs::write(records.join("huge.json"), vec![b' '; 5 << 20]).unwrap();
+    let (code, out) = remote_gc(&f);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        out.contains("huge.json") && out.contains("nothing was collected"),
+        "{out}"
+    );
+    assert!(named.exists());
+    assert!(f.missing_from_bucket(&f.records_readable()[0]).is_empty());
+}
+
+impl Fleet {
+    /// The records in the bucket that are records.
+    fn records_readable(&self) -> Vec<BundleRecord> {
+        self.s3
+            .keys(&format!("{PREFIX}/index/bundles"))
+            .iter()
+            .filter_map(|k| BundleRecord::decode(&fs::read(self.s3.file(k)).unwrap()).ok())
+            .collect()
+    }
+}
+
+/// A bundle of one skill folder `a` (its SKILL.md, and blobs of `sizes` bytes that the
+/// bucket does not hold, so asking for one waits until the asker gives up), put in `bucket`
+/// below `prefix` with its manifest; returns its record and the keys of those blobs.
+fn stalled_bundle(
+    bucket: &bucket::Bucket,
+    prefix: &str,
+    name: &str,
+    sizes: &[u64],
+) -> (BundleRecord, Vec<String>) {
+    use cloud_harness_fs::cas::Entry;
+    let key = |kind: &str, d: &Digest| {
+        let hex = d.hex();
+        format!("{prefix}/objects/{kind}/{}/{}", &hex[..2], &hex[2..])
+    };
+    let put_tree = |entries: Vec<Entry>| {
+        let bytes = Tree::new(entries).unwrap().encode();
+        let digest = Digest::of(&bytes);
+        bucket.put(&key("tree", &digest), bytes);
+        digest
+    };
+    let mut entries = vec![Entry {
+        name: "SKILL.md".into(),
+        kind: Kind::File,
+        size: SKILL.len() as u64,
+        digest: Digest::of(SKILL),
+    }];
+    bucket.put(&key("blob", &Digest::of(SKILL)), SKILL.to_vec());
+    let mut stalled = Vec::new();
+    for (i, size) in sizes.iter().enumerate() {
+        let digest = Digest::of(format!("{name} {i}").as_bytes());
+        stalled.push(key("blob", &digest));
+        entries.push(Entry {
+            name: format!("big-{i}.bin"),
+            kind: Kind::File,
+            size: *size,
+            digest,
+        });
+    }
+    let folder = put_tree(entries);
+    let bundle = put_tree(vec![Entry {
+        name: "a".into(),
+        kind: Kind::Tree,
+        size: 0,
+        digest: folder,
+    }]);
+    let manifest = b"{}".to_vec();
+    bucket.put(&key("blob", &Digest::of(&manifest)), manifest.clone());
+    let url = format!("https://git.invalid/{name}.git");
+    let record = BundleRecord {
+        key: BundleKey {
+            url: url.clone(),
+            commit: "c".repeat(40),
+            subdirectory: String::new(),
+            layout: Default::default(),
+            plugin_manifest: false,
+            normalizer: cloud_harness::provision::normalize::NORMALIZER_VERSION,
+        },
+        bundle,
+        manifest: Digest::of(&manifest),
+        skills: 1,
+        instance_id: "team".into(),
+        preset: None,
+        fetched_url: url,
+        object_format: "sha1".into(),
+        requested: "commit".into(),
+        warnings: vec![],
+        skipped: vec![],
+        acquired_at: 0,
+    };
+    (record, stalled)
+}
+
+fn limits(seconds: u64) -> cloud_harness::provision::staging::Limits {
+    cloud_harness::provision::staging::Limits {
+        max_seconds: seconds,
+        ..Default::default()
+    }
+}
+
+/// Object storage that stops answering halfway through a bundle: the download ends at the
+/// fetch timeout (not at each request's own timeout, retried), TIMEOUT naming the record,
+/// and nothing of the bundle entered the local store.
+#[test]
+fn a_download_that_outlasts_the_fetch_timeout_ends_at_it_naming_the_record() {
+    let bucket = bucket::Bucket::start();
+    let (record, stalled) = stalled_bundle(&bucket, "slow", "slow", &[100]);
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path().join("store")).unwrap();
+    let err = bucket
+        .remote("slow")
+        .download(&store, &record, limits(2))
+        .unwrap_err();
+    assert_eq!(err.code, cloud_harness_fs::Code::Timeout, "{err}");
+    assert!(
+        err.message.contains("took longer than the limit of 2 s"),
+        "{err}"
+    );
+    assert!(
+        err.details["record"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("slow/index/bundles/{}.json", record.key.id())),
+        "{}",
+        err.details
+    );
+    assert!(bucket.asked(&stalled[0]));
+    assert_eq!(object_files(&store), 0);
+}
+
+/// Seven files of 32 MiB each, as the bundle's tree says: no more of them are asked for at
+/// once than 64 MiB in flight allows (two), where all seven at once would each have been
+/// ready to take 32 MiB.
+#[test]
+fn a_download_has_at_most_64_mib_on_its_way_in() {
+    let bucket = bucket::Bucket::start();
+    let (record, stalled) = stalled_bundle(&bucket, "wide", "wide", &[32 << 20; 7]);
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path().join("store")).unwrap();
+    let err = bucket
+        .remote("wide")
+        .download(&store, &record, limits(3))
+        .unwrap_err();
+    assert_eq!(err.code, cloud_harness_fs::Code::Timeout, "{err}");
+    let asked = stalled.iter().filter(|k| bucket.asked(k)).count();
+    assert!(
+        (1..=2).contains(&bucket.most_held()),
+        "{} requests were held at once",
+        bucket.most_held()
+    );
+    assert!((1..=2).contains(&asked), "{asked} files were asked for");
+}
+
+/// Two downloads at once in the process: a third waits its turn, within its own fetch
+/// timeout, and asks object storage for nothing meanwhile.
+#[test]
+fn two_downloads_run_at_once_and_a_third_waits_its_turn() {
+    let bucket = std::sync::Arc::new(bucket::Bucket::start());
+    let tmp = tempfile::tempdir().unwrap();
+    let mut first = Vec::new();
+    for name in ["one", "two"] {
+        let (record, stalled) = stalled_bundle(&bucket, "turns", name, &[10]);
+        let store = Store::open(tmp.path().join(name)).unwrap();
+        let remote = bucket.remote("turns");
+        let download = std::thread::spawn(move || remote.download(&store, &record, limits(8)));
+        first.push((download, stalled));
+    }
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while !first.iter().all(|(_, stalled)| bucket.asked(&stalled[0])) {
+        assert!(Instant::now() < deadline, "the first two did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (record, _) = stalled_bundle(&bucket, "turns", "three", &[10]);
+    let store = Store::open(tmp.path().join("three")).unwrap();
+    let err = bucket
+        .remote("turns")
+        .download(&store, &record, limits(1))
+        .unwrap_err();
+    assert_eq!(err.code, cloud_harness_fs::Code::Timeout, "{err}");
+    let hex = record.bundle.hex();
+    assert!(
+        !bucket.asked(&format!("turns/objects/tree/{}/{}", &hex[..2], &hex[2..])),
+        "the third asked for nothing while it waited"
+    );
+    for (download, _) in first {
+        let err = download.join().unwrap().unwrap_err();
+        assert_eq!(err.code, cloud_harness_fs::Code::Timeout, "{err}");
+    }
 }

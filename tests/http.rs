@@ -204,9 +204,9 @@ fn status(answer: &str) -> &str {
 }
 
 #[test]
-fn sessions_are_capped_per_client_and_in_all_and_idle_ones_expire() {
+fn sessions_are_capped_per_principal_and_in_all_and_idle_ones_expire() {
     let s = server(&[
-        ("CLOUD_HARNESS_HTTP_MAX_SESSIONS_PER_CLIENT", "3"),
+        ("CLOUD_HARNESS_LIMIT_SESSIONS", "3"),
         ("CLOUD_HARNESS_HTTP_SESSION_IDLE", "2"),
     ]);
     let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;

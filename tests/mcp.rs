@@ -337,16 +337,25 @@ impl World {
         };
         let token_file = self.tmp.path().join("token");
         if !token_file.exists() {
-            let token = loop {
+            // Its first start says so, and leaves the token in `<home>/operator-token`.
+            loop {
                 let line = lines
                     .next()
-                    .expect("a first start prints its token")
+                    .expect("a first start says where its token is")
                     .unwrap();
-                if let Some(t) = line.split_whitespace().find(|w| w.starts_with("cht_")) {
-                    break t.to_owned();
+                assert!(!line.contains("cht_"), "the token is in the log: {line}");
+                if line.contains("first start") {
+                    break;
                 }
-            };
-            std::fs::write(&token_file, token).unwrap();
+            }
+            let home = self
+                .env
+                .iter()
+                .find(|(k, _)| k == "CLOUD_HARNESS_HOME")
+                .map(|(_, v)| std::path::PathBuf::from(v))
+                .unwrap();
+            let text = std::fs::read_to_string(home.join("operator-token")).unwrap();
+            std::fs::write(&token_file, text.lines().next().unwrap()).unwrap();
         }
         // Keep draining its log so it never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});

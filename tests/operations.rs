@@ -338,9 +338,20 @@ fn readyz_turns_not_ready_when_a_workspace_mount_is_gone() {
         let status = r.status().as_u16();
         (status, r.text().unwrap())
     };
+    // Readiness is assessed in the background: what a probe sees follows within a round.
+    let settled = |want: u16| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        loop {
+            let (status, body) = probe("/readyz");
+            if status == want {
+                return body;
+            }
+            assert!(std::time::Instant::now() < deadline, "{status}: {body}");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
     assert_eq!(probe("/healthz").0, 200);
-    let (status, body) = probe("/readyz");
-    assert_eq!(status, 200, "{body}");
+    settled(200);
     let session = w.session();
     let opened = w.tool(
         &session,
@@ -351,9 +362,9 @@ fn readyz_turns_not_ready_when_a_workspace_mount_is_gone() {
         .as_str()
         .unwrap()
         .to_owned();
-    let (status, body) = probe("/readyz");
-    assert_eq!(status, 200, "{body}");
-    assert!(body.contains(&format!("workspace {ws} mounts")), "{body}");
+    std::thread::sleep(cloud_harness::health::READY_EVERY * 2);
+    let body = settled(200);
+    assert!(!body.contains(&ws), "{body}");
     // Its skills mount goes away under the server.
     let mount = w.home().join("workspaces").join(&ws).join("mounts/skills");
     let out = Command::new("umount")
@@ -366,8 +377,9 @@ fn readyz_turns_not_ready_when_a_workspace_mount_is_gone() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let (status, body) = probe("/readyz");
-    assert_eq!(status, 503, "{body}");
+    // Not ready, saying which kind of check failed and naming no workspace nor path (the log
+    // names them).
+    let body = settled(503);
     let v: Value = serde_json::from_str(&body).unwrap();
     let failed: Vec<&Value> = v["checks"]
         .as_array()
@@ -376,7 +388,23 @@ fn readyz_turns_not_ready_when_a_workspace_mount_is_gone() {
         .filter(|c| c["ok"] == false)
         .collect();
     assert_eq!(failed.len(), 1, "{body}");
-    assert_eq!(failed[0]["check"], format!("workspace {ws} mounts"));
+    assert_eq!(failed[0]["check"], "workspace mounts");
+    assert_eq!(failed[0]["error"], "a workspace's mount does not answer");
+    assert!(!body.contains(&ws) && !body.contains('/'), "{body}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !w
+        .server
+        .log
+        .lock()
+        .unwrap()
+        .contains(&format!("workspace {ws} mounts"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the log does not name the workspace"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     assert_eq!(probe("/healthz").0, 200);
     // Closing still works with a mount gone, and takes the other down: it stopped at the
     // missing one (INTERNAL, "Invalid argument"), and the owner-skills mount outlived the

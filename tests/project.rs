@@ -206,6 +206,43 @@ fn workspace_scope_toolkits_never_write_through_a_link() {
     }
 }
 
+/// A skill folder the project already has where a workspace-scope toolkit writes one is read
+/// with the project's ceilings (32 MiB a file), not those of an operator's own folder.
+#[test]
+fn a_workspace_scope_skill_already_in_the_project_is_read_within_the_project_ceilings() {
+    let w = world();
+    let kit = Repo::create(&w.repos, "kit.git", false);
+    let commit = kit.commit(dir(vec![(
+        "skills",
+        dir(vec![("wsx", skill("wsx", "Ws."))]),
+    )]));
+    let spec = toolkit::parse_spec(&format!(
+        r#"{{"kind":"git","instanceId":"kit","url":"{}","ref":"{commit}","scope":"workspace"}}"#,
+        w.server.url("kit.git")
+    ))
+    .unwrap();
+    // 40 MiB of zeros: a few kilobytes in git.
+    let big = Node::File(vec![0u8; 40 << 20]);
+    let url = w.project(
+        "big",
+        dir(vec![(
+            ".cloud-harness",
+            dir(vec![(
+                "skills",
+                dir(vec![("wsx", dir(vec![("big.bin", big)]))]),
+            )]),
+        )]),
+    );
+    let err = w.open("big", &url, vec![spec]).unwrap_err();
+    assert_eq!(err.code, Code::TooLarge, "{err}");
+    assert!(
+        err.message
+            .contains("larger than the limit of 33554432 bytes per file"),
+        "{err}"
+    );
+    assert_eq!(w.workspaces_left(), 0, "a workspace was left behind");
+}
+
 #[test]
 fn a_live_tier_turned_into_a_link_out_keeps_the_last_good_generation() {
     let w = world();
@@ -457,27 +494,48 @@ fn a_project_clone_stays_under_its_ceilings() {
     };
     w.workspaces = serve(&w.tmp, &w.server, &w.certs, limits);
     let mut x = 1u32;
-    let noise: Vec<u8> = (0..3 << 20)
-        .map(|_| {
-            x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-            (x >> 16) as u8
-        })
-        .collect();
+    let mut noise = |len: usize| -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                (x >> 16) as u8
+            })
+            .collect()
+    };
+    // Each object under the ceiling, all of them over it.
+    let noisy = Node::Dir(
+        (0..4)
+            .map(|i| {
+                (
+                    format!("blob{i}").into_bytes(),
+                    Node::File(noise(768 << 10)),
+                )
+            })
+            .collect(),
+    );
+    let zeros = Node::Dir(
+        (0..8)
+            .map(|i| {
+                (
+                    format!("zeros{i}").into_bytes(),
+                    Node::File(vec![0; (512 << 10) + i]),
+                )
+            })
+            .collect(),
+    );
     let many = Node::Dir(
         (0..60)
             .map(|i| (format!("f{i}").into_bytes(), Node::File(vec![b'x'; i])))
             .collect(),
     );
     for (name, root, needle) in [
+        ("noisy", noisy, "the download passed 1048576 bytes"),
+        ("zeros", zeros, "more than 50 files or 1048576 bytes"),
+        // One object larger than the whole checkout may be: a few KiB of pack, not unpacked.
         (
-            "noisy",
-            dir(vec![("blob", Node::File(noise))]),
-            "the download passed 1048576 bytes",
-        ),
-        (
-            "zeros",
+            "bomb",
             dir(vec![("blob", Node::File(vec![0; 8 << 20]))]),
-            "more than 50 files or 1048576 bytes",
+            "larger than the limit of 1048576 bytes",
         ),
         ("many", dir(vec![("src", many)]), "more than 50 files"),
     ] {

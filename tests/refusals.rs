@@ -475,6 +475,52 @@ fn links_escaping_the_served_bundle_are_dropped_with_a_warning() {
     }
 }
 
+/// A folder of 200 folders, each the same folder of 200, and so on: a small repository whose
+/// walk is 200^3 folders. Refused once it has met as many folders as a toolkit may have files,
+/// not walked until the deadline.
+#[test]
+fn a_tree_naming_one_folder_many_times_is_refused_not_walked() {
+    let w = world();
+    let name = "fanout.git";
+    let repo = Repo::create(&w.repos, name, false);
+    let mut level = repo.tree(&Node::Dir(vec![]));
+    for _ in 0..3 {
+        let many = (0..200)
+            .map(|i| (format!("d{i}").into_bytes(), Node::Tree(level.clone())))
+            .collect();
+        level = repo.tree(&Node::Dir(many));
+    }
+    let commit = repo.commit(dir(vec![
+        ("skills", dir(vec![("a", skill("a", "A."))])),
+        ("fan", Node::Tree(level)),
+    ]));
+    let before = w.snapshot();
+    let started = std::time::Instant::now();
+    let spec = ToolkitSpec::Git(git(w.server.url(name), "fanout", Some(&commit)));
+    let err = w.acquire(spec).unwrap_err();
+    eprintln!("refused in {:?}", started.elapsed());
+    assert_eq!(err.code, Code::TooLarge, "{err}");
+    assert!(err.message.contains("20000 folders"), "{err}");
+    assert_eq!(w.snapshot(), before, "the refusal changed the store");
+}
+
+/// A blob of 300 MiB of zeros is a pack of a few hundred KiB: it is refused before it is
+/// unpacked (gix's allocation limit), named as a file too large.
+#[test]
+fn a_highly_compressed_object_is_refused_unpacked() {
+    let w = world();
+    let name = "zeros.git";
+    let commit = Repo::create(&w.repos, name, false).commit(dir(vec![
+        ("skills", dir(vec![("a", skill("a", "A."))])),
+        ("zeros.bin", Node::File(vec![0u8; 300 << 20])),
+    ]));
+    let spec = ToolkitSpec::Git(git(w.server.url(name), "zeros", Some(&commit)));
+    let err = w.acquire(spec).unwrap_err();
+    assert_eq!(err.code, Code::TooLarge, "{err}");
+    assert!(err.message.contains("bytes per file"), "{err}");
+    assert_eq!(err.details["limit"], 64u64 << 20, "{err}");
+}
+
 /// Bytes that do not compress: a pack holding them is as large as they are.
 fn noise(len: usize) -> Vec<u8> {
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -492,9 +538,16 @@ fn noise(len: usize) -> Vec<u8> {
 fn an_in_process_download_stops_at_twice_the_byte_ceiling() {
     let w = world();
     let name = "noise.git";
+    // 6 MiB in files each under the per-file limit (one larger would be refused unpacked):
+    // the download's ceiling is what stops it.
+    let blobs = noise(6 << 20)
+        .chunks(1000 << 10)
+        .enumerate()
+        .map(|(i, c)| (format!("blob{i}.bin").into_bytes(), Node::File(c.to_vec())))
+        .collect();
     let commit = Repo::create(&w.repos, name, false).commit(dir(vec![
         ("skills", dir(vec![("a", skill("a", "A."))])),
-        ("blob.bin", Node::File(noise(6 << 20))),
+        ("blobs", Node::Dir(blobs)),
     ]));
     let before = w.snapshot();
     let mut p = w.provisioner("");

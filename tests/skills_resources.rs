@@ -195,3 +195,87 @@ fn a_live_change_is_announced_to_the_session_bound_to_the_workspace() {
         "{listed}"
     );
 }
+
+/// Bytes the process `pid` has asked the kernel to read, in all (`rchar`).
+fn bytes_read(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
+    io.lines()
+        .find_map(|l| l.strip_prefix("rchar:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+/// A skill holding a file of 1 MiB and ten links to it: its manifest in the skills extension
+/// gives each link the file's digest and size (what a read of it returns), taken from the
+/// trees; listing it reads none of the file (each link's listing once read and hashed the
+/// whole file it leads to: 20,000 links to one 32 MiB file made one listing read 640 GB).
+#[test]
+fn a_skill_s_links_are_listed_without_reading_what_they_lead_to() {
+    use coreutils::sha256_hex;
+    let tmp = tempfile::tempdir().unwrap();
+    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
+    let skill = tmp.path().join("src/kit/linked");
+    std::fs::create_dir_all(&skill).unwrap();
+    std::fs::write(
+        skill.join("SKILL.md"),
+        "---\nname: linked\ndescription: Links to one file.\n---\nbody\n",
+    )
+    .unwrap();
+    let big: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(skill.join("big.bin"), &big).unwrap();
+    for i in 0..10 {
+        std::os::unix::fs::symlink("big.bin", skill.join(format!("link-{i}.bin"))).unwrap();
+    }
+    let kit = support::warm_toolkit(&store, &tmp.path().join("src/kit"), "kit");
+    let s = support::http::server_in(
+        tmp,
+        &["--auth", "none"],
+        &[
+            ("ALLOWED_GIT_HOSTS", support::WARM_HOST),
+            ("CLOUD_HARNESS_CONTAINERS", "off"),
+        ],
+    );
+    let session = legacy_session(s.addr);
+    let call = |id: u32, method: &str, params: serde_json::Value| {
+        let body =
+            serde_json::json!({ "jsonrpc": "2.0", "id": id, "method": method, "params": params });
+        answer_of(&raw(
+            s.addr,
+            &body.to_string(),
+            &[("Mcp-Session-Id", &session)],
+        ))
+    };
+    let opened = call(
+        2,
+        "tools/call",
+        serde_json::json!({ "name": "workspace_open", "arguments": { "idempotencyKey": "links", "toolkits": [kit] } }),
+    );
+    assert_ne!(opened["result"]["isError"], true, "{opened}");
+    call(3, "skills/list", serde_json::json!({}));
+    let before = bytes_read(s.child.id());
+    let listed = call(4, "skills/list", serde_json::json!({}));
+    let read = bytes_read(s.child.id()) - before;
+    let entry = listed["result"]["skills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["frontmatter"]["name"] == "linked")
+        .unwrap_or_else(|| panic!("{listed}"))
+        .clone();
+    let digest = format!("sha256:{}", sha256_hex(&big));
+    let links: Vec<&serde_json::Value> = entry["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["uri"].as_str().unwrap().contains("/link-"))
+        .collect();
+    assert_eq!(links.len(), 10, "{entry}");
+    for link in links {
+        assert_eq!(link["digest"], digest.as_str(), "{link}");
+        assert_eq!(link["size"], big.len(), "{link}");
+    }
+    assert!(
+        read < big.len() as u64,
+        "listing read {read} bytes: the file a link leads to was read"
+    );
+}

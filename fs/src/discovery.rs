@@ -5,12 +5,12 @@
 //! such as `skills/<bucket>/<name>/`. A skill's own subfolders are never searched: they are
 //! its scripts and references. `include` and `exclude` take skill names or glob patterns.
 
-use crate::cas::{Digest, Kind, Store, Tree};
+use crate::cas::{Digest, Kind, Store, Tree, WalkBudget};
 use crate::error::{Code, Error, Result};
 use crate::relpath;
 use crate::skill::{self, SkillMeta};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 
 /// How far category folders may nest below a skill root.
@@ -103,12 +103,39 @@ pub struct Found {
     pub info: Arc<SkillInfo>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Skipped {
     pub path: String,
     /// A stable code: an error code (INVALID_ARGUMENT, TOO_LARGE, …), EXCLUDED or NOT_INCLUDED.
     pub code: String,
     pub reason: String,
+    /// What the refusal names, for programs: the file (`<path>/SKILL.md`) and, for a bound of
+    /// its front matter, the bound and its limit (`bound`, `limit`).
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub details: serde_json::Value,
+}
+
+impl Skipped {
+    /// The skill folder at `path`, skipped for `error`.
+    fn refused(path: &str, error: &Error) -> Skipped {
+        let mut details = match &error.details {
+            serde_json::Value::Object(map) => map.clone(),
+            _ => serde_json::Map::new(),
+        };
+        if details.contains_key("file") {
+            details.insert("file".into(), relpath::join(path, skill::SKILL_MD).into());
+        }
+        Skipped {
+            path: path.to_owned(),
+            code: error.code.as_str().into(),
+            reason: error.message.clone(),
+            details: if details.is_empty() {
+                serde_json::Value::Null
+            } else {
+                details.into()
+            },
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -119,7 +146,7 @@ pub struct Discovery {
 }
 
 /// A parsed skill folder, or why it was skipped.
-type SkillRead = std::result::Result<Arc<SkillInfo>, (Code, String)>;
+type SkillRead = std::result::Result<Arc<SkillInfo>, Error>;
 
 /// Parsed skill folders by digest, shared between discoveries (a live tier that changes one
 /// skill re-reads only that skill). Bounded: the least recently used go first.
@@ -178,11 +205,18 @@ pub fn discover(
         store,
         cache,
         recursive: layout.recursive,
+        budget: WalkBudget::default(),
+        seen: HashSet::new(),
         out: Discovery::default(),
     };
-    let top = store.tree(root)?;
+    let top = walk.budget.tree(store, root)?;
+    // A root named twice (`skills` and `./skills/`) is searched once.
+    let mut searched = BTreeSet::new();
     for skill_root in &layout.skill_roots {
         let segments = root_segments(skill_root)?;
+        if !searched.insert(segments.clone()) {
+            continue;
+        }
         let mut digest = *root;
         let mut tree = top.clone();
         let mut found = true;
@@ -190,7 +224,7 @@ pub fn discover(
             match tree.get(seg) {
                 Some(e) if e.kind == Kind::Tree => {
                     digest = e.digest;
-                    tree = store.tree(&digest)?;
+                    tree = walk.budget.tree(store, &digest)?;
                 }
                 _ => {
                     found = false;
@@ -248,6 +282,7 @@ pub fn discover(
             path: s.path,
             code: code.into(),
             reason,
+            details: serde_json::Value::Null,
         });
     }
     out.skills = kept;
@@ -260,6 +295,11 @@ struct Walk<'a> {
     store: &'a Store,
     cache: &'a SkillCache,
     recursive: bool,
+    /// Entries listed by the search for skill folders, in all.
+    budget: WalkBudget,
+    /// The skill folders met (found or skipped), by path: each is taken once, whatever
+    /// roots lead to it.
+    seen: HashSet<String>,
     out: Discovery,
 }
 
@@ -271,7 +311,10 @@ impl Walk<'_> {
                 continue;
             }
             let child_path = relpath::join(path, &entry.name);
-            let child = self.store.tree(&entry.digest)?;
+            let child = self
+                .budget
+                .tree(self.store, &entry.digest)
+                .map_err(|e| at_path(e, &child_path))?;
             if child.get("SKILL.md").is_some() {
                 self.skill(&child_path, Some(entry.name.clone()), entry.digest)?;
             } else if self.recursive {
@@ -288,6 +331,9 @@ impl Walk<'_> {
     }
 
     fn skill(&mut self, path: &str, folder_name: Option<String>, digest: Digest) -> Result<()> {
+        if !self.seen.insert(path.to_owned()) {
+            return Ok(());
+        }
         let parsed = {
             let cached = self
                 .cache
@@ -323,24 +369,19 @@ impl Walk<'_> {
                         path: path.to_owned(),
                         info,
                     }),
-                    Some(Err(reason)) => self.out.skipped.push(Skipped {
-                        path: path.to_owned(),
-                        code: Code::InvalidArgument.as_str().into(),
-                        reason,
-                    }),
-                    None => self.out.skipped.push(Skipped {
-                        path: path.to_owned(),
-                        code: Code::InvalidArgument.as_str().into(),
-                        reason: "a skill at the toolkit's top needs a `name` in its front matter"
-                            .into(),
-                    }),
+                    Some(Err(reason)) => self
+                        .out
+                        .skipped
+                        .push(Skipped::refused(path, &Error::invalid(reason))),
+                    None => self.out.skipped.push(Skipped::refused(
+                        path,
+                        &Error::invalid(
+                            "a skill at the toolkit's top needs a `name` in its front matter",
+                        ),
+                    )),
                 }
             }
-            Err((code, reason)) => self.out.skipped.push(Skipped {
-                path: path.to_owned(),
-                code: code.as_str().into(),
-                reason,
-            }),
+            Err(e) => self.out.skipped.push(Skipped::refused(path, &e)),
         }
         Ok(())
     }
@@ -350,41 +391,33 @@ impl Walk<'_> {
 /// store failures (a missing or corrupt object) are hard errors, and those are reported as a
 /// skip too so one bad folder never hides the rest.
 fn read_skill(store: &Store, folder_name: Option<&str>, digest: &Digest) -> SkillRead {
-    let fail = |e: Error| (e.code, e.message);
-    let tree = store.tree(digest).map_err(fail)?;
+    // Every walk of the skill's folders below (its links, gathered and checked) counts
+    // against one budget.
+    let mut budget = WalkBudget::default();
+    let tree = budget.tree(store, digest)?;
     let entry = tree
-        .get("SKILL.md")
-        .ok_or((Code::InvalidArgument, "no SKILL.md".to_owned()))?;
+        .get(skill::SKILL_MD)
+        .ok_or_else(|| Error::invalid("no SKILL.md"))?;
     if entry.kind == Kind::Tree || entry.kind == Kind::Symlink {
-        return Err((
-            Code::InvalidArgument,
-            "SKILL.md is not a regular file".to_owned(),
-        ));
+        return Err(Error::invalid("SKILL.md is not a regular file"));
     }
     let bytes = store
         .blob_up_to(&entry.digest, skill::MAX_SKILL_MD as u64)
         .map_err(|e| match e.code {
-            Code::TooLarge => (
-                Code::TooLarge,
-                format!(
-                    "SKILL.md is {} bytes, more than the {} a skill may have",
-                    entry.size,
-                    skill::MAX_SKILL_MD
-                ),
-            ),
-            _ => fail(e),
+            Code::TooLarge => skill::too_large(entry.size),
+            _ => e,
         })?;
     let folder = folder_name.unwrap_or_default();
-    let parsed = skill::parse(folder, &bytes).map_err(fail)?;
+    let parsed = skill::parse(folder, &bytes)?;
     let mut links = BTreeSet::new();
-    collect_links(store, &tree, &mut links).map_err(fail)?;
+    collect_links(store, &tree, &mut links, &mut HashSet::new(), &mut budget)?;
     // Served at the top of a view whatever its place in the source: links that would lead
     // out of that view are dropped (the served tree is the one without them).
     let served_as = folder_name
         .map(str::to_owned)
         .or_else(|| parsed.meta.declared_name.clone())
         .unwrap_or_default();
-    let (digest, dropped) = crate::links::contain(store, digest, &served_as).map_err(fail)?;
+    let (digest, dropped) = crate::links::contain(store, digest, &served_as, &mut budget)?;
     let mut warnings = parsed.warnings;
     warnings.extend(dropped.iter().map(|path| {
         format!("the link {path} leads outside the skills it is served with; it is not served")
@@ -397,11 +430,25 @@ fn read_skill(store: &Store, folder_name: Option<&str>, digest: &Digest) -> Skil
     }))
 }
 
-/// Gathers the `X` of every `../X/` in the skill's text files and symlink targets.
-fn collect_links(store: &Store, tree: &Tree, links: &mut BTreeSet<String>) -> Result<()> {
+/// Gathers the `X` of every `../X/` in the skill's text files and symlink targets. What a
+/// folder or file holds depends on its digest alone, so each is read once (`seen`), however
+/// many times the trees name it.
+fn collect_links(
+    store: &Store,
+    tree: &Tree,
+    links: &mut BTreeSet<String>,
+    seen: &mut HashSet<Digest>,
+    budget: &mut WalkBudget,
+) -> Result<()> {
     for entry in tree.entries() {
+        if !seen.insert(entry.digest) {
+            continue;
+        }
         match entry.kind {
-            Kind::Tree => collect_links(store, &store.tree(&entry.digest)?, links)?,
+            Kind::Tree => {
+                let sub = budget.tree(store, &entry.digest)?;
+                collect_links(store, &sub, links, seen, budget)?
+            }
             _ if entry.size <= MAX_SCANNED_FILE => {
                 let bytes = store.blob(&entry.digest)?;
                 scan_links(&bytes, links);
@@ -410,6 +457,16 @@ fn collect_links(store: &Store, tree: &Tree, links: &mut BTreeSet<String>) -> Re
         }
     }
     Ok(())
+}
+
+/// `e` with the folder of the tree it was met at named.
+fn at_path(e: Error, path: &str) -> Error {
+    let mut details = match e.details {
+        serde_json::Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    };
+    details.insert("path".into(), path.into());
+    Error::new(e.code, format!("`{path}`: {}", e.message)).with_details(details.into())
 }
 
 /// Finds `../NAME/` (NAME of letters, digits, `.`, `_`, `-`) in text; `../../` is not a sibling.

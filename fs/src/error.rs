@@ -21,10 +21,13 @@ pub enum Code {
     Timeout,
     /// Stopped because someone asked (an import job cancelled).
     Cancelled,
+    /// A quota of the caller's is used up: the details name the limit, its value and when
+    /// to try again.
+    ResourceExhausted,
 }
 
 impl Code {
-    pub const ALL: [Code; 10] = [
+    pub const ALL: [Code; 11] = [
         Code::InvalidArgument,
         Code::Unauthenticated,
         Code::Forbidden,
@@ -35,6 +38,7 @@ impl Code {
         Code::Upstream,
         Code::Timeout,
         Code::Cancelled,
+        Code::ResourceExhausted,
     ];
 
     /// The code named `name` (as [`Code::as_str`] writes it).
@@ -54,6 +58,7 @@ impl Code {
             Code::Upstream => "UPSTREAM",
             Code::Timeout => "TIMEOUT",
             Code::Cancelled => "CANCELLED",
+            Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
         }
     }
 
@@ -70,6 +75,7 @@ impl Code {
             Code::Timeout => 504,
             // As nginx answers a request its client gave up on.
             Code::Cancelled => 499,
+            Code::ResourceExhausted => 429,
         }
     }
 }
@@ -140,6 +146,9 @@ impl Error {
         let code = match err.kind() {
             std::io::ErrorKind::NotFound => Code::NotFound,
             std::io::ErrorKind::PermissionDenied => Code::Forbidden,
+            // In use or being changed meanwhile (a mount inside a tree being removed, a writer
+            // racing the removal): the state of the thing, not the server, stands in the way.
+            std::io::ErrorKind::ResourceBusy => Code::Conflict,
             _ => match err.raw_os_error() {
                 Some(libc_eloop) if libc_eloop == nix::libc::ELOOP => Code::InvalidArgument,
                 Some(e) if e == nix::libc::ENAMETOOLONG || e == nix::libc::ENOTDIR => {

@@ -6,6 +6,7 @@ pub mod error;
 
 pub use error::{Code, Error, Result};
 pub mod discovery;
+pub mod front_matter;
 pub mod fuse;
 pub mod generation;
 pub mod guard;
@@ -15,7 +16,10 @@ pub mod mount_table;
 pub mod namespace;
 pub mod prewarm;
 pub mod relpath;
+pub mod removal;
 pub mod resolver;
 pub mod skill;
 pub mod stack;
 pub mod stats;
+pub mod walk;
+pub mod watch;

@@ -5,26 +5,37 @@
 //! adds up to that — would let whoever follows it on the host out of the mount. Such links
 //! are dropped from the skill, each named in a warning; the skill keeps everything else.
 
-use crate::cas::{Digest, Kind, Store, Tree, Writer};
+use crate::cas::{Digest, Kind, Store, Tree, WalkBudget, Writer};
 use crate::error::Result;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 /// How many links one resolution may pass through (the kernel's own limit).
 const MAX_HOPS: usize = 40;
 
 /// The skill tree `skill` (served as the folder `name`) without the links that leave the
 /// view, and the paths (within the skill) of the links dropped. Unchanged, it is `skill`.
-pub fn contain(store: &Store, skill: &Digest, name: &str) -> Result<(Digest, Vec<String>)> {
-    let root = store.tree(skill)?;
+/// The folders listed, by path, count against `budget`.
+pub fn contain(
+    store: &Store,
+    skill: &Digest,
+    name: &str,
+    budget: &mut WalkBudget,
+) -> Result<(Digest, Vec<String>)> {
+    let root = budget.tree(store, skill)?;
     let mut links = Vec::new();
-    collect(store, &root, &mut Vec::new(), &mut links)?;
+    collect(store, &root, &mut Vec::new(), &mut links, budget)?;
     let mut dropped = BTreeSet::new();
+    let mut trees = Trees {
+        store,
+        read: HashMap::new(),
+        budget,
+    };
     for (path, target) in &links {
         let mut hops = 0;
         let start: Vec<String> = std::iter::once(name.to_owned())
             .chain(path[..path.len() - 1].iter().cloned())
             .collect();
-        if resolve(store, &root, name, start, target, &mut hops)?.is_none() {
+        if resolve(&mut trees, &root, name, start, target, &mut hops)?.is_none() {
             dropped.insert(path.join("/"));
         }
     }
@@ -43,12 +54,16 @@ fn collect(
     tree: &Tree,
     at: &mut Vec<String>,
     out: &mut Vec<(Vec<String>, Vec<u8>)>,
+    budget: &mut WalkBudget,
 ) -> Result<()> {
     for entry in tree.entries() {
         at.push(entry.name.clone());
         match entry.kind {
-            Kind::Tree => collect(store, &store.tree(&entry.digest)?, at, out)?,
-            Kind::Symlink => out.push((at.clone(), store.blob(&entry.digest)?)),
+            Kind::Tree => {
+                let sub = budget.tree(store, &entry.digest)?;
+                collect(store, &sub, at, out, budget)?
+            }
+            Kind::Symlink => out.push((at.clone(), link_target(store, entry)?)),
             _ => {}
         }
         at.pop();
@@ -56,10 +71,47 @@ fn collect(
     Ok(())
 }
 
+/// A link's target, as the kernel would take it: one longer than a path may be leads
+/// nowhere (ENAMETOOLONG), and is not read.
+fn link_target(store: &Store, entry: &crate::cas::Entry) -> Result<Vec<u8>> {
+    if entry.size > MAX_TARGET {
+        return Ok(Vec::new());
+    }
+    store.blob_up_to(&entry.digest, MAX_TARGET)
+}
+
+/// The longest link target followed (the kernel's PATH_MAX).
+const MAX_TARGET: u64 = 4096;
+
+/// The skill's folders as the resolution of its links reads them: each read once, counted
+/// against the walk's budget.
+struct Trees<'a> {
+    store: &'a Store,
+    read: HashMap<Digest, Tree>,
+    budget: &'a mut WalkBudget,
+}
+
+impl Trees<'_> {
+    fn load(&mut self, digest: &Digest) -> Result<()> {
+        if !self.read.contains_key(digest) {
+            let tree = self.budget.tree(self.store, digest)?;
+            self.read.insert(*digest, tree);
+        }
+        Ok(())
+    }
+}
+
 /// The entry at `path` within the skill, if any.
-fn entry_at(store: &Store, root: &Tree, path: &[String]) -> Result<Option<crate::cas::Entry>> {
-    let mut tree = root.clone();
+fn entry_at(trees: &mut Trees, root: &Tree, path: &[String]) -> Result<Option<crate::cas::Entry>> {
+    let mut folder: Option<Digest> = None;
     for (i, part) in path.iter().enumerate() {
+        let tree = match folder {
+            None => root,
+            Some(digest) => {
+                trees.load(&digest)?;
+                &trees.read[&digest]
+            }
+        };
         let Some(entry) = tree.get(part).cloned() else {
             return Ok(None);
         };
@@ -69,7 +121,7 @@ fn entry_at(store: &Store, root: &Tree, path: &[String]) -> Result<Option<crate:
         if entry.kind != Kind::Tree {
             return Ok(None);
         }
-        tree = store.tree(&entry.digest)?;
+        folder = Some(entry.digest);
     }
     Ok(None)
 }
@@ -78,7 +130,7 @@ fn entry_at(store: &Store, root: &Tree, path: &[String]) -> Result<Option<crate:
 /// `None` if it leaves the root. Links met inside the skill are followed (a chain adds up);
 /// a step into a sibling cannot be followed further here, but its `..` still counts.
 fn resolve(
-    store: &Store,
+    trees: &mut Trees,
     root: &Tree,
     name: &str,
     mut pos: Vec<String>,
@@ -104,7 +156,7 @@ fn resolve(
                 if pos[0] != name {
                     continue;
                 }
-                let Some(entry) = entry_at(store, root, &pos[1..])? else {
+                let Some(entry) = entry_at(trees, root, &pos[1..])? else {
                     continue;
                 };
                 if entry.kind == Kind::Symlink {
@@ -113,9 +165,9 @@ fn resolve(
                         // The kernel refuses such a chain (ELOOP) before it leads anywhere.
                         return Ok(Some(pos));
                     }
-                    let next = store.blob(&entry.digest)?;
+                    let next = link_target(trees.store, &entry)?;
                     pos.pop();
-                    match resolve(store, root, name, pos, &next, hops)? {
+                    match resolve(trees, root, name, pos, &next, hops)? {
                         Some(there) => pos = there,
                         None => return Ok(None),
                     }
@@ -145,7 +197,12 @@ fn without(
             continue;
         }
         let mut entry = entry.clone();
-        if entry.kind == Kind::Tree && dropped.iter().any(|d| d.starts_with(&format!("{path}/"))) {
+        let inside = format!("{path}/");
+        let holds_dropped = dropped
+            .range(inside.clone()..)
+            .next()
+            .is_some_and(|d| d.starts_with(&inside));
+        if entry.kind == Kind::Tree && holds_dropped {
             entry.digest = without(store, writer, &store.tree(&entry.digest)?, &path, dropped)?;
         }
         entries.push(entry);
@@ -205,7 +262,7 @@ mod tests {
         ];
         let skill = w.put_tree(&Tree::new(top).unwrap()).unwrap();
         w.commit().unwrap();
-        let (kept, dropped) = contain(&store, &skill, "a").unwrap();
+        let (kept, dropped) = contain(&store, &skill, "a", &mut WalkBudget::default()).unwrap();
         assert_eq!(dropped, ["abs", "refs/chain", "refs/escape"]);
         let tree = store.tree(&kept).unwrap();
         assert!(tree.get("self").is_some() && tree.get("abs").is_none());
@@ -215,7 +272,7 @@ mod tests {
         let names: Vec<&str> = refs.entries().iter().map(|e| e.name.as_str()).collect();
         assert_eq!(names, ["notes.md", "to-sibling", "up"]);
         // A clean skill is left as it is.
-        let (same, none) = contain(&store, &kept, "a").unwrap();
+        let (same, none) = contain(&store, &kept, "a", &mut WalkBudget::default()).unwrap();
         assert_eq!((same, none.len()), (kept, 0));
     }
 }

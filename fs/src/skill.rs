@@ -4,14 +4,19 @@
 //! folder or breaks the Agent Skills naming rules, and an over-long description are warnings
 //! kept with the skill. A skill is skipped, with the reason, only when its `SKILL.md` has no
 //! front matter, broken YAML, front matter that is not a mapping, no description, is not UTF-8
-//! text, or is too large to be a skill.
+//! text, or is too large to be a skill: the file, or its front matter past a bound of
+//! [`crate::front_matter`] (size, nesting, values and text with aliases expanded, keys, string
+//! length).
 
 use crate::error::{Error, Result};
+use crate::front_matter;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// A `SKILL.md` larger than this is not a skill an agent could load: TOO_LARGE.
 pub const MAX_SKILL_MD: usize = 1 << 20;
+/// The file that makes a folder a skill.
+pub const SKILL_MD: &str = "SKILL.md";
 const MAX_DESCRIPTION: usize = 1024;
 const MAX_NAME: usize = 64;
 
@@ -130,12 +135,19 @@ pub fn is_spec_name(name: &str) -> bool {
 }
 
 /// The front matter of a SKILL.md as JSON, every field as written (what the MCP Skills
-/// extension calls `frontmatter`); `None` when there is none or it is not a mapping.
+/// extension calls `frontmatter`); `None` when there is none, it is not a mapping, or it is
+/// past a bound (parsed as [`parse`] parses it).
 pub fn frontmatter_json(bytes: &[u8]) -> Option<serde_json::Value> {
+    if bytes.len() > MAX_SKILL_MD {
+        return None;
+    }
     let text = std::str::from_utf8(bytes).ok()?;
-    let (front, _) = split_front_matter(text.strip_prefix('\u{feff}').unwrap_or(text)).ok()?;
-    let value: serde_json::Value = yaml_serde::from_str(front).ok()?;
-    value.is_object().then_some(value)
+    let (front, _) = split_front_matter(text).ok()?;
+    // A mapping as written: not a tagged one (`!tag` before it), which `parse` refuses too.
+    let value @ yaml_serde::Value::Mapping(_) = front_matter::parse(front).ok()? else {
+        return None;
+    };
+    serde_json::to_value(&value).ok().filter(|v| v.is_object())
 }
 
 /// The body of a SKILL.md: what follows its front matter (all of it when there is none).
@@ -177,13 +189,35 @@ fn scalar_text(value: &yaml_serde::Value) -> Option<String> {
     }
 }
 
-/// Parses the `SKILL.md` of the folder `folder_name`. An error is the reason to skip the skill.
+/// The refusal of a `SKILL.md` of `size` bytes, more than [`MAX_SKILL_MD`].
+pub fn too_large(size: u64) -> Error {
+    Error::too_large(format!(
+        "SKILL.md is {size} bytes, more than the {MAX_SKILL_MD} a skill may have (bound `skill_md_bytes`)"
+    ))
+    .with_details(serde_json::json!({
+        "file": SKILL_MD,
+        "bound": "skill_md_bytes",
+        "limit": MAX_SKILL_MD,
+    }))
+}
+
+/// Parses the `SKILL.md` of the folder `folder_name`. An error is the reason to skip the skill;
+/// its details name the file (and the bound, for one).
 pub fn parse(folder_name: &str, bytes: &[u8]) -> Result<ParsedSkill> {
+    parse_file(folder_name, bytes).map_err(|mut e| {
+        match &mut e.details {
+            serde_json::Value::Object(details) => {
+                details.entry("file").or_insert(SKILL_MD.into());
+            }
+            details => *details = serde_json::json!({ "file": SKILL_MD }),
+        }
+        e
+    })
+}
+
+fn parse_file(folder_name: &str, bytes: &[u8]) -> Result<ParsedSkill> {
     if bytes.len() > MAX_SKILL_MD {
-        return Err(Error::too_large(format!(
-            "SKILL.md is {} bytes, more than the {MAX_SKILL_MD} a skill may have",
-            bytes.len()
-        )));
+        return Err(too_large(bytes.len() as u64));
     }
     let text = std::str::from_utf8(bytes)
         .map_err(|e| Error::invalid(format!("SKILL.md is not UTF-8 text ({e})")))?;
@@ -191,9 +225,7 @@ pub fn parse(folder_name: &str, bytes: &[u8]) -> Result<ParsedSkill> {
         return Err(Error::invalid("SKILL.md is binary (it holds NUL bytes)"));
     }
     let (front, _body) = split_front_matter(text)?;
-    let value: yaml_serde::Value = yaml_serde::from_str(front)
-        .map_err(|e| Error::invalid(format!("SKILL.md front matter is not valid YAML: {e}")))?;
-    let yaml_serde::Value::Mapping(map) = value else {
+    let yaml_serde::Value::Mapping(map) = front_matter::parse(front)? else {
         return Err(Error::invalid(
             "SKILL.md front matter is not a mapping of fields",
         ));
@@ -347,6 +379,70 @@ mod tests {
             parse("x", huge.as_bytes()).unwrap_err().code,
             Code::TooLarge
         );
+    }
+
+    #[test]
+    fn a_bound_skips_the_skill_naming_the_file_and_the_bound() {
+        let mut md = String::from("---\ndescription: x\na0: &a0 lol\n");
+        for level in 1..=9 {
+            let refs = vec![format!("*a{}", level - 1); 9].join(", ");
+            md += &format!("a{level}: &a{level} [{refs}]\n");
+        }
+        md += "---\n";
+        let err = parse("x", md.as_bytes()).unwrap_err();
+        assert_eq!(err.code, Code::TooLarge, "{err}");
+        assert_eq!(err.details["file"], "SKILL.md");
+        assert_eq!(err.details["bound"], "nodes");
+        assert_eq!(frontmatter_json(md.as_bytes()), None);
+        let err = parse("x", b"---\ndescription: [unclosed\n---\n").unwrap_err();
+        assert_eq!(err.details["file"], "SKILL.md", "{err}");
+    }
+
+    /// Found by fuzzing (`fuzz/fuzz_targets/front_matter.rs`): a tagged mapping was a
+    /// `frontmatter` (`{"!tag": {…}}`) of a SKILL.md that `parse` refuses as not a mapping.
+    #[test]
+    fn a_tagged_mapping_is_no_front_matter() {
+        let md = b"---\n!xom@t\n k: +xTqR\\e\"UEdo\n---\n";
+        assert!(parse("x", md)
+            .unwrap_err()
+            .message
+            .contains("not a mapping"));
+        assert_eq!(frontmatter_json(md), None);
+    }
+
+    /// The MCP Skills extension's front matter is what reading the YAML as JSON gave before
+    /// the bounds, for front matters as toolkits write them.
+    #[test]
+    fn frontmatter_json_is_the_front_matter_as_written() {
+        let cases = [
+            "name: tdd\ndescription: Test-driven development.\nlicense: MIT\n",
+            "name: a\ndescription: \"quoted: [x]\"\nallowed-tools: [Read, \"Bash(git:*)\"]\nversion: 1.2\nuser-invocable: false\n",
+            "description: >\n  folded\n  text\nmetadata:\n  tags: [a, b]\n  owner: {team: x, n: 3}\n  empty: ~\n",
+            "description: d\nhooks:\n  PreToolUse:\n    - matcher: Bash\n      hooks:\n        - type: command\n          command: ./check.sh\n",
+            "description: d\nbase: &b {a: 1}\nother: *b\nnumbers: [1, -2, 3.5, 0x10, 1e3]\n",
+            "description: d\n1: one\ntrue: yes\n",
+        ];
+        for front in cases {
+            let md = format!("---\n{front}---\nbody\n");
+            let before: serde_json::Value = yaml_serde::from_str(front).unwrap();
+            assert_eq!(frontmatter_json(md.as_bytes()), Some(before), "{front}");
+        }
+        for builtin in [
+            "cloud-harness-toolkits",
+            "cloud-harness-conflicts",
+            "cloud-harness-skills",
+        ] {
+            let path = format!(
+                "{}/../presets/builtin/{builtin}/SKILL.md",
+                env!("CARGO_MANIFEST_DIR")
+            );
+            let md = std::fs::read(&path).unwrap();
+            let text = std::str::from_utf8(&md).unwrap();
+            let (front, _) = split_front_matter(text).unwrap();
+            let before: serde_json::Value = yaml_serde::from_str(front).unwrap();
+            assert_eq!(frontmatter_json(&md), Some(before), "{path}");
+            assert!(parse(builtin, &md).is_ok(), "{path}");
+        }
     }
 
     #[test]

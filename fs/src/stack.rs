@@ -47,19 +47,30 @@ pub fn dir_source(
     dir: &Path,
     project: Option<&Path>,
 ) -> Result<Source> {
-    let (fd, abs, limits) = match project {
+    // A project's folder is named as the project names it, in errors and warnings: the
+    // host's own layout is nobody's business.
+    let (fd, abs, limits, named) = match project {
         Some(root) => {
             let (fd, real) = open_beneath(root, dir)?;
-            (fd, real, Limits::PROJECT)
+            let named = absolute(root)
+                .ok()
+                .and_then(|r| real.strip_prefix(r).ok().map(Path::to_path_buf))
+                .unwrap_or_else(|| dir.strip_prefix(root).unwrap_or(dir).to_path_buf());
+            (fd, real, Limits::PROJECT, named)
         }
         None => {
             let abs = absolute(dir)?;
-            (crate::cas::open_dir(&abs)?, abs, Limits::default())
+            (
+                crate::cas::open_dir(&abs)?,
+                abs.clone(),
+                Limits::default(),
+                abs,
+            )
         }
     };
-    let imported = store.import_fd(fd, &abs, &limits)?;
+    let imported = store.import_fd(fd, &named, &limits)?;
     let path = abs.to_string_lossy().into_owned();
-    tree_source(
+    let mut source = tree_source(
         store,
         cache,
         format!("{tier}:{path}"),
@@ -70,7 +81,27 @@ pub fn dir_source(
         },
         imported.digest,
         &Layout::folder(),
-    )
+    )?;
+    let shown = match project {
+        Some(_) => format!("the project's {}", named.display()),
+        None => named.display().to_string(),
+    };
+    // At most `MAX_LEFT_OUT` named, then how many more: they are kept with the generation
+    // and sent in every listing.
+    source.discovery.warnings.extend(
+        imported
+            .left_out
+            .iter()
+            .map(|(at, why)| format!("{shown}/{}: {why}; it is left out", at.display())),
+    );
+    if imported.left_out_more > 0 {
+        source.discovery.warnings.push(format!(
+            "{shown}: {} more entries no skill can hold are left out (the first {} are named)",
+            imported.left_out_more,
+            crate::cas::MAX_LEFT_OUT
+        ));
+    }
+    Ok(source)
 }
 
 /// The repository tier of the project at `root`: one source for each of its skill folders
@@ -219,22 +250,66 @@ impl StackSpec {
         ))
     }
 
-    /// The folders whose changes make a new generation, each with whether its whole subtree
-    /// counts: every skill folder (all of it), and the project folders where `.agents/skills`
-    /// or `.claude/skills` may appear (their own entries only).
-    pub fn live_paths(&self) -> Vec<(PathBuf, bool)> {
-        let mut out: Vec<(PathBuf, bool)> =
-            self.dirs.iter().map(|(_, d)| (d.clone(), true)).collect();
+    /// The folders whose changes make a new generation: every skill folder (all of it), and
+    /// the project folders where `.agents/skills` or `.claude/skills` may appear (their own
+    /// entries only). A project's folders are confined to the project.
+    pub fn live_paths(&self) -> Vec<LivePath> {
+        let mut out: Vec<LivePath> = self
+            .dirs
+            .iter()
+            .map(|(_, d)| LivePath {
+                path: d.clone(),
+                whole: true,
+                beneath: self.confine.clone(),
+            })
+            .collect();
         if let Some(root) = &self.repository {
-            out.push((root.clone(), false));
+            let at = |path: PathBuf, whole: bool| LivePath {
+                path,
+                whole,
+                beneath: Some(root.clone()),
+            };
+            out.push(at(root.clone(), false));
             for sub in REPOSITORY_SKILL_DIRS {
                 let dir = root.join(sub);
                 if let Some(parent) = dir.parent() {
-                    out.push((parent.to_path_buf(), false));
+                    out.push(at(parent.to_path_buf(), false));
                 }
-                out.push((dir, true));
+                out.push(at(dir, true));
             }
         }
         out
+    }
+}
+
+/// A folder whose changes make a new generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LivePath {
+    pub path: PathBuf,
+    /// Everything below it counts, not only its own entries.
+    pub whole: bool,
+    /// The project it belongs to: reached only beneath it, and named from it.
+    pub beneath: Option<PathBuf>,
+}
+
+impl LivePath {
+    /// Opens the folder, never leading outside its project.
+    pub(crate) fn open(&self) -> Result<OwnedFd> {
+        match &self.beneath {
+            Some(root) if root != &self.path => Ok(open_beneath(root, &self.path)?.0),
+            _ => crate::cas::open_dir(&self.path),
+        }
+    }
+
+    /// How warnings name it: from its project, else as it is.
+    pub fn shown(&self) -> String {
+        match &self.beneath {
+            Some(root) => match self.path.strip_prefix(root) {
+                Ok(rel) if rel.as_os_str().is_empty() => "the project".to_owned(),
+                Ok(rel) => format!("the project's {}", rel.display()),
+                Err(_) => "a folder of the project".to_owned(),
+            },
+            None => self.path.display().to_string(),
+        }
     }
 }

@@ -283,6 +283,24 @@ fn limits_are_typed_errors_naming_path_and_limit() {
 }
 
 #[test]
+fn folders_count_toward_the_entry_limit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = store(&tmp);
+    let src = tmp.path().join("src");
+    for i in 0..5 {
+        fs::create_dir_all(src.join(format!("empty{i}"))).unwrap();
+    }
+    let limits = Limits {
+        max_files: 3,
+        ..Limits::default()
+    };
+    let err = s.import_dir(&src, &limits).unwrap_err();
+    assert_eq!(err.code, Code::TooLarge, "{err}");
+    assert!(err.message.contains("3 files and folders"), "{err}");
+    assert_nothing_published(&s);
+}
+
+#[test]
 fn a_root_that_is_a_symlink_loop_is_a_typed_error() {
     let tmp = tempfile::tempdir().unwrap();
     let s = store(&tmp);

@@ -1,6 +1,6 @@
 //! Discovery of skills in trees, by layout, with the real-world shapes and bad input.
 
-use cloud_harness_fs::cas::{Limits, Store};
+use cloud_harness_fs::cas::{Digest, Entry, Kind, Limits, Store, Tree, MAX_WALK_ENTRIES};
 use cloud_harness_fs::discovery::{discover, Discovery, Layout, SkillCache};
 use cloud_harness_fs::resolver::{resolve, Tier};
 use cloud_harness_fs::{stack, Code};
@@ -140,6 +140,56 @@ fn include_and_exclude_take_names_and_globs() {
         .starts_with("layout.skillRoots"));
 }
 
+/// A front matter that expands through aliases of aliases (40,000 copies of a 16 KB string:
+/// what once made the server allocate 640 MB and more), and one of nothing but brackets: each
+/// skips its own skill, naming the file and the bound, and the rest is found.
+#[test]
+fn expanding_and_deep_front_matters_skip_their_skill_naming_the_bound() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("repo");
+    write(&root, "skills/good/SKILL.md", skill_md("good"));
+    let laughs = format!(
+        "---\nname: laughs\ndescription: x\na0: &a0 {}\na1: &a1 [{}]\na2: [{}]\n---\nbody\n",
+        "x".repeat(16_000),
+        vec!["*a0"; 200].join(", "),
+        vec!["*a1"; 200].join(", ")
+    );
+    write(&root, "skills/laughs/SKILL.md", laughs);
+    write(
+        &root,
+        "skills/brackets/SKILL.md",
+        format!("---\ndescription: {}\n---\n", "[".repeat(300 << 10)),
+    );
+    let d = run(&root, &Layout::default());
+    assert_eq!(names(&d), [("good", "skills/good")]);
+    let skipped: std::collections::BTreeMap<_, _> =
+        d.skipped.iter().map(|s| (s.path.as_str(), s)).collect();
+    for (path, bound) in [
+        ("skills/laughs", "text_bytes"),
+        ("skills/brackets", "front_matter_bytes"),
+    ] {
+        let s = skipped[path];
+        assert_eq!(s.code, "TOO_LARGE", "{s:?}");
+        assert_eq!(s.details["bound"], bound, "{s:?}");
+        assert!(s.details["limit"].as_u64().unwrap() > 0, "{s:?}");
+        assert_eq!(s.details["file"], format!("{path}/SKILL.md"), "{s:?}");
+        assert!(s.reason.contains(bound), "{s:?}");
+    }
+    // Within the size bound, the brackets are refused before the YAML parser sees them.
+    write(
+        &root,
+        "skills/brackets/SKILL.md",
+        format!("---\ndescription: {}\n---\n", "[".repeat(60 << 10)),
+    );
+    let d = run(&root, &Layout::default());
+    let s = d
+        .skipped
+        .iter()
+        .find(|s| s.path == "skills/brackets")
+        .unwrap();
+    assert_eq!(s.details["bound"], "flow_openings", "{s:?}");
+}
+
 #[test]
 fn bad_skills_are_skipped_with_typed_reasons_and_never_panic() {
     let tmp = tempfile::tempdir().unwrap();
@@ -273,4 +323,124 @@ fn the_skill_cache_is_bounded() {
     let again = discover(&store, &tree, &Layout::default(), &cache).unwrap();
     assert_eq!(again, first);
     assert_eq!(cache.len(), 5);
+}
+
+/// A tree of `width` entries, all naming `child` (a folder), written into `w`.
+fn fan(w: &mut cloud_harness_fs::cas::Writer<'_>, width: usize, child: Digest) -> Digest {
+    let entries = (0..width)
+        .map(|i| Entry {
+            name: format!("d{i:04}"),
+            kind: Kind::Tree,
+            size: 0,
+            digest: child,
+        })
+        .collect();
+    w.put_tree(&Tree::new(entries).unwrap()).unwrap()
+}
+
+fn entry(name: &str, kind: Kind, digest: Digest) -> Entry {
+    Entry {
+        name: name.into(),
+        kind,
+        size: 0,
+        digest,
+    }
+}
+
+/// Trees that name the same folders over and over (a handful of objects, 512^4 paths), as a
+/// tree that got into the store past its producer's count could be: the search for skill
+/// folders stops at its entry budget with TOO_LARGE naming where; a skill holding such a tree
+/// is skipped, naming the bound, and the skills beside it are found.
+#[test]
+fn folders_named_over_and_over_stop_the_walk_at_its_budget() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path().join("store")).unwrap();
+    let mut w = store.writer().unwrap();
+    let md = w.put_blob(skill_md("good").as_bytes()).unwrap();
+    let leaf = w.put_blob(b"see ../good/SKILL.md\n").unwrap();
+    let mut deep = w
+        .put_tree(&Tree::new(vec![entry("note.md", Kind::File, leaf)]).unwrap())
+        .unwrap();
+    for _ in 0..4 {
+        deep = fan(&mut w, 512, deep);
+    }
+    let good = w
+        .put_tree(&Tree::new(vec![entry("SKILL.md", Kind::File, md)]).unwrap())
+        .unwrap();
+    let bad_md = w.put_blob(skill_md("vast").as_bytes()).unwrap();
+    let vast = w
+        .put_tree(
+            &Tree::new(vec![
+                entry("SKILL.md", Kind::File, bad_md),
+                entry("refs", Kind::Tree, deep),
+            ])
+            .unwrap(),
+        )
+        .unwrap();
+    let skills = w
+        .put_tree(
+            &Tree::new(vec![
+                entry("good", Kind::Tree, good),
+                entry("vast", Kind::Tree, vast),
+            ])
+            .unwrap(),
+        )
+        .unwrap();
+    let with_skill = w
+        .put_tree(&Tree::new(vec![entry("skills", Kind::Tree, skills)]).unwrap())
+        .unwrap();
+    let categories = w
+        .put_tree(
+            &Tree::new(vec![
+                entry("skills", Kind::Tree, deep),
+                entry("other", Kind::Tree, skills),
+            ])
+            .unwrap(),
+        )
+        .unwrap();
+    w.commit().unwrap();
+
+    let found = discover(
+        &store,
+        &with_skill,
+        &Layout::default(),
+        &SkillCache::default(),
+    )
+    .unwrap();
+    assert_eq!(names(&found), [("good", "skills/good")]);
+    assert_eq!(found.skipped.len(), 1, "{:?}", found.skipped);
+    assert_eq!(found.skipped[0].path, "skills/vast");
+    assert_eq!(found.skipped[0].code, "TOO_LARGE");
+    assert_eq!(found.skipped[0].details["limit"], MAX_WALK_ENTRIES);
+
+    let e = discover(
+        &store,
+        &categories,
+        &Layout::default(),
+        &SkillCache::default(),
+    )
+    .unwrap_err();
+    assert_eq!(e.code, Code::TooLarge, "{e}");
+    assert!(e.message.starts_with("`skills/d"), "{e}");
+    assert_eq!(e.details["bound"], "walk_entries");
+}
+
+/// A root named twice, or inside another, finds each skill folder once.
+#[test]
+fn a_skill_folder_reached_by_two_roots_is_found_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("kit");
+    write(&root, "skills/a/SKILL.md", skill_md("a"));
+    write(&root, "skills/cat/b/SKILL.md", skill_md("b"));
+    let layout = Layout {
+        skill_roots: vec![
+            "skills".into(),
+            "./skills/".into(),
+            "skills/cat".into(),
+            ".".into(),
+        ],
+        ..Layout::default()
+    };
+    let found = run(&root, &layout);
+    assert_eq!(names(&found), [("a", "skills/a"), ("b", "skills/cat/b")]);
 }

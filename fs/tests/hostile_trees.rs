@@ -99,3 +99,44 @@ fn a_project_folder_swapped_for_a_link_out_is_refused_never_imported() {
         dir_source(store, &cache, Tier::Repository, &skills, Some(&r.project)).is_ok()
     });
 }
+
+/// What no skill can hold (a FIFO, a socket, folders nested past the project's depth) is left
+/// out of a project's folder, each said in a warning naming it from the project; the rest is
+/// served. Imported strictly (an operator's own folder), the FIFO is an error.
+#[test]
+fn what_no_skill_can_hold_is_left_out_of_a_project_and_said() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path().join("store")).unwrap();
+    let project = tmp.path().join("project");
+    let skills = project.join(".agents/skills");
+    let ok = skills.join("ok");
+    fs::create_dir_all(&ok).unwrap();
+    fs::write(ok.join("SKILL.md"), "---\ndescription: fine\n---\n").unwrap();
+    nix::unistd::mkfifo(&ok.join("pipe"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    let _socket = std::os::unix::net::UnixListener::bind(ok.join("sock")).unwrap();
+    cloud_harness_fs::walk::make_chain(&ok, "d", 100).unwrap();
+    let cache = SkillCache::default();
+    let source = dir_source(&store, &cache, Tier::Repository, &skills, Some(&project)).unwrap();
+    let names: Vec<&str> = source
+        .discovery
+        .skills
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(names, ["ok"]);
+    let said = source.discovery.warnings.join("\n");
+    for needle in [
+        "the project's .agents/skills/ok/pipe: a FIFO is not a regular file",
+        "the project's .agents/skills/ok/sock: a socket",
+        "nested deeper than 32 folders; it is left out",
+    ] {
+        assert!(said.contains(needle), "{needle:?} in {said}");
+    }
+    assert!(!said.contains(tmp.path().to_str().unwrap()), "{said}");
+    let served = store.tree(&source.discovery.skills[0].info.digest).unwrap();
+    assert!(served.get("pipe").is_none() && served.get("SKILL.md").is_some());
+
+    let err = store.import_dir(&skills, &Limits::default()).unwrap_err();
+    assert!(err.message.contains("FIFO"), "{err}");
+    cloud_harness_fs::removal::remove_tree(&project).unwrap();
+}

@@ -250,6 +250,39 @@ fn a_path_read_follows_links_inside_the_mount_and_remembers_nothing() {
     );
 }
 
+/// A file's digest and size come from the trees alone, links followed as a read follows
+/// them: the file's bytes are not read (its object may be gone, and it still answers), so a
+/// listing of many links to one large file costs no read of it.
+#[test]
+fn a_path_stat_follows_links_and_reads_no_file() {
+    use cloud_harness_fs::cas::{Digest, ObjectKind};
+    let s = setup();
+    let big = vec![b'x'; 1 << 20];
+    fs::write(s.owner.join("tdd/refs/big.bin"), &big).unwrap();
+    std::os::unix::fs::symlink("../refs/big.bin", s.owner.join("tdd/refs/link.bin")).unwrap();
+    std::os::unix::fs::symlink("loop.md", s.owner.join("tdd/loop.md")).unwrap();
+    let ns = Namespace::new(s.store.clone(), View::Merged, s.generation());
+    let digest = Digest::of(&big);
+    fs::remove_file(s.store.object_path(ObjectKind::Blob, &digest)).unwrap();
+    assert_eq!(
+        ns.stat_path(&["tdd", "refs", "link.bin"]),
+        Ok(Some((digest, big.len() as u64)))
+    );
+    assert_eq!(
+        ns.stat_path(&["tdd", "refs", "big.bin"]),
+        Ok(Some((digest, big.len() as u64)))
+    );
+    assert_eq!(
+        ns.read_path(&["tdd", "refs", "link.bin"], 0, 10),
+        Err(Errno::EIO),
+        "a read needs the object"
+    );
+    assert_eq!(ns.stat_path(&["tdd", "nope.md"]), Ok(None));
+    assert_eq!(ns.stat_path(&[RESOLUTION_FILE]), Ok(None));
+    assert_eq!(ns.stat_path(&["tdd", "refs"]), Err(Errno::EISDIR));
+    assert_eq!(ns.stat_path(&["tdd", "loop.md"]), Err(Errno::ELOOP));
+}
+
 #[test]
 fn a_readdir_offset_goes_on_in_its_own_listing_and_a_lost_one_is_estale() {
     let s = setup();

@@ -4,6 +4,7 @@ use super::{actor, answer, blocking, body, query, Query, State};
 use crate::auth::http::error_response;
 use crate::auth::Identity;
 use crate::conflicts;
+use crate::principal::Principal;
 use axum::body::Bytes;
 use axum::extract::Path;
 use axum::http::StatusCode;
@@ -28,19 +29,38 @@ struct Settle {
     reason: Option<String>,
 }
 
-pub async fn list(axum::extract::State(api): State, q: Query<ListQuery>) -> Response {
+/// Launch conflicts: a client sees those its own opens met last, an operator all.
+pub async fn list(
+    axum::extract::State(api): State,
+    Extension(who): Extension<Identity>,
+    q: Query<ListQuery>,
+) -> Response {
     let settled = match query(q) {
         Ok(q) => q.settled,
         Err(e) => return error_response(&e),
     };
     let db = api.workspaces.db().clone();
-    let all = blocking(move || conflicts::list(&db, settled)).await;
+    let who = Principal::of(&who);
+    let mine = (!who.is_operator()).then_some(who.name);
+    let all = blocking(move || conflicts::list_of(&db, settled, mine.as_deref())).await;
     answer(StatusCode::OK, all.map(|c| json!({ "conflicts": c })))
 }
 
-pub async fn get(axum::extract::State(api): State, Path(id): Path<String>) -> Response {
+pub async fn get(
+    axum::extract::State(api): State,
+    Extension(who): Extension<Identity>,
+    Path(id): Path<String>,
+) -> Response {
     let db = api.workspaces.db().clone();
-    let one = blocking(move || conflicts::get(&db, &id)).await;
+    let who = Principal::of(&who);
+    let one = blocking(move || {
+        let c = conflicts::get(&db, &id)?;
+        match who.reaches(&c.actor) {
+            true => Ok(c),
+            false => Err(conflicts::not_found(&id)),
+        }
+    })
+    .await;
     answer(StatusCode::OK, one.map(|c| json!(c)))
 }
 

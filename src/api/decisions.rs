@@ -80,16 +80,25 @@ pub async fn overrides(api: State, q: Query<ListQuery>) -> Response {
     }
 }
 
-pub async fn pending(axum::extract::State(api): State) -> Response {
+/// Runs waiting for an approval: a client sees those of its own workspaces, an operator all.
+pub async fn pending(
+    axum::extract::State(api): State,
+    Extension(who): Extension<Identity>,
+) -> Response {
     let (db, home) = (
         api.workspaces.db().clone(),
         api.workspaces.home().to_owned(),
     );
     let ws = api.workspaces.clone();
+    let who = crate::principal::Principal::of(&who);
     let pending = blocking(move || {
+        let mine = |workspace: &str| {
+            who.is_operator() || ws.get(workspace).is_ok_and(|w| who.reaches(w.owner()))
+        };
         // Each with the skill's files (the script among them), as the store has them.
         let all: Vec<_> = decisions::pending(&db, &home)?
             .into_iter()
+            .filter(|p| mine(&p.workspace))
             .map(|p| {
                 let files = Digest::parse(&p.digest)
                     .ok()

@@ -77,6 +77,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/api/v1/skills/{digest}", get(skills::get))
         .route("/api/v1/audit", get(audit))
         .route("/api/v1/workspaces", get(workspaces))
+        .route("/api/v1/usage", get(usage))
         .fallback(|| async {
             error_response(&Error::not_found(
                 "no such API path (see /api/v1/openapi.json)",
@@ -120,12 +121,43 @@ fn actor(identity: &Identity) -> String {
     identity.actor()
 }
 
-async fn whoami(axum::Extension(id): axum::Extension<Identity>) -> Response {
+/// Who the caller is, and what they use of their limits.
+async fn whoami(
+    axum::extract::State(api): State,
+    axum::Extension(id): axum::Extension<Identity>,
+) -> Response {
     let mut v = json!({ "name": id.name, "role": id.role, "actor": id.actor() });
     if let Some(csrf) = &id.csrf {
         v["csrfToken"] = json!(csrf);
     }
+    v["usage"] = usage_json(&api.workspaces.usage_of(&id.actor()));
     answer(StatusCode::OK, Ok(v))
+}
+
+/// `{limit: {used, limit}}` for each limit (every limit, those not counted as 0 used).
+fn usage_json(used: &[(&'static str, u64)]) -> Value {
+    let limits = crate::limits::quotas().limits;
+    let mut out = serde_json::Map::new();
+    for (name, _) in crate::limits::NAMES {
+        let n = used.iter().find(|(l, _)| l == name).map(|(_, n)| *n);
+        let mut entry = json!({ "limit": limits.get(name) });
+        if let Some(n) = n {
+            entry["used"] = json!(n);
+        }
+        out.insert((*name).to_owned(), entry);
+    }
+    Value::Object(out)
+}
+
+/// Every principal's usage against its limits (operators).
+async fn usage(axum::extract::State(api): State) -> Response {
+    let all: Vec<Value> = api
+        .workspaces
+        .usage()
+        .iter()
+        .map(|(who, used)| json!({ "principal": who, "usage": usage_json(used) }))
+        .collect();
+    answer(StatusCode::OK, Ok(json!({ "principals": all })))
 }
 
 /// A cursor: opaque to clients, the position a list continues after.
@@ -212,12 +244,26 @@ async fn audit(axum::extract::State(api): State, q: Query<AuditQuery>) -> Respon
     )
 }
 
-async fn workspaces(axum::extract::State(api): State) -> Response {
-    let open: Vec<Value> = api
+/// The workspaces the caller reaches (a client's own, every one for an operator): those open,
+/// and those a restart could not serve again, with why.
+async fn workspaces(
+    axum::extract::State(api): State,
+    axum::Extension(id): axum::Extension<Identity>,
+) -> Response {
+    let who = crate::principal::Principal::of(&id);
+    let mut all: Vec<Value> = api
         .workspaces
-        .open_workspaces()
+        .open_workspaces_of(&who)
         .iter()
         .map(|ws| ws.summary())
         .collect();
-    answer(StatusCode::OK, Ok(json!({ "workspaces": open })))
+    // Those a restart could not serve again, with why: they stay until closed.
+    all.extend(
+        api.workspaces
+            .failures()
+            .iter()
+            .filter(|f| who.reaches(f.owner()))
+            .map(|f| f.summary()),
+    );
+    answer(StatusCode::OK, Ok(json!({ "workspaces": all })))
 }

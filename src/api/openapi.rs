@@ -57,7 +57,7 @@ pub fn spec() -> Value {
         "servers": [{ "url": "/" }],
         "security": [{ "bearer": [] }],
         "paths": {
-            "/api/v1/whoami": { "get": op("who the caller is (and a browser session's CSRF token)", None, "200", &[]) },
+            "/api/v1/whoami": { "get": op("who the caller is (and a browser session's CSRF token), and what they use of each limit", None, "200", &[]) },
             "/api/v1/tokens": {
                 "get": op("every token (never a secret)", None, "200", &[]),
                 "post": op("make a token; its secret is in this answer only", Some("NewToken"), "201", &[]),
@@ -104,7 +104,8 @@ pub fn spec() -> Value {
             "/api/v1/skills": { "get": op("the library: every skill of the store and the built-in tier, searched (every word of q in the name, description or toolkit) and filtered, with where each is used", None, "200", &[("q", "string"), ("tier", "string"), ("toolkit", "string"), ("warnings", "boolean"), ("cursor", "string"), ("limit", "integer")]) },
             "/api/v1/skills/{digest}": { "get": op("one skill folder: every copy of it, its files, where it is used", None, "200", &[]) },
             "/api/v1/audit": { "get": op("the audit log, newest first, paged", None, "200", &[("actor", "string"), ("action", "string"), ("subject", "string"), ("cursor", "string"), ("limit", "integer")]) },
-            "/api/v1/workspaces": { "get": op("the open workspaces", None, "200", &[]) },
+            "/api/v1/workspaces": { "get": op("the open workspaces the caller reaches: a client's own, every one for an operator", None, "200", &[]) },
+            "/api/v1/usage": { "get": op("what each principal uses of each limit (operators)", None, "200", &[]) },
             "/api/v1/openapi.json": { "get": op("this document", None, "200", &[]) },
         },
         "components": {

@@ -2,7 +2,9 @@
 
 use super::{answer, blocking, cursor_of, cursor_value, query, Query, State};
 use crate::auth::http::error_response;
+use crate::auth::Identity;
 use crate::library::{self, Search};
+use crate::principal::Principal;
 use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -25,7 +27,12 @@ pub struct SkillsQuery {
 const PAGE: usize = 50;
 const MAX_PAGE: usize = 500;
 
-pub async fn list(axum::extract::State(api): State, q: Query<SkillsQuery>) -> Response {
+pub async fn list(
+    axum::extract::State(api): State,
+    axum::Extension(id): axum::Extension<Identity>,
+    q: Query<SkillsQuery>,
+) -> Response {
+    let who = Principal::of(&id);
     let asked = query(q).and_then(|q| {
         let limit = q.limit.unwrap_or(PAGE);
         if limit == 0 || limit > MAX_PAGE {
@@ -77,7 +84,7 @@ pub async fn list(axum::extract::State(api): State, q: Query<SkillsQuery>) -> Re
         let (page, total) = api2.library.search(ws.store(), &search)?;
         let registry = crate::registry::load(ws.db())?;
         let sets = crate::sets::list(ws.db())?;
-        let used = library::used_by(ws, &registry, &sets, &page);
+        let used = library::used_by(ws, &who, &registry, &sets, &page);
         let skills: Vec<_> = page
             .iter()
             .zip(used)
@@ -98,7 +105,12 @@ pub async fn list(axum::extract::State(api): State, q: Query<SkillsQuery>) -> Re
     answer(StatusCode::OK, found)
 }
 
-pub async fn get(axum::extract::State(api): State, Path(digest): Path<String>) -> Response {
+pub async fn get(
+    axum::extract::State(api): State,
+    axum::Extension(id): axum::Extension<Identity>,
+    Path(digest): Path<String>,
+) -> Response {
+    let who = Principal::of(&id);
     let found = blocking(move || {
         let digest = Digest::parse(&digest).map_err(|_| Error::field(Code::InvalidArgument, "digest", "must be sha256:<64 hex digits>"))?;
         let ws = &api.workspaces;
@@ -113,7 +125,7 @@ pub async fn get(axum::extract::State(api): State, Path(digest): Path<String>) -
         }
         let registry = crate::registry::load(ws.db())?;
         let sets = crate::sets::list(ws.db())?;
-        let used = library::used_by(ws, &registry, &sets, &copies);
+        let used = library::used_by(ws, &who, &registry, &sets, &copies);
         Ok(json!({
             "digest": digest,
             "copies": copies.iter().zip(used).map(|(s, u)| { let mut v = json!(s); v["usedBy"] = u; v }).collect::<Vec<_>>(),

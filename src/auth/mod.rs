@@ -2,7 +2,9 @@
 //! plain hash is enough: there is nothing to guess), each with a name and a role; one-time
 //! login codes that turn into a browser session (a cookie and its CSRF token).
 
+mod checks;
 pub mod http;
+mod known;
 pub mod pages;
 
 use crate::audit;
@@ -95,6 +97,13 @@ fn hash(secret: &str) -> String {
     Digest::of(secret.as_bytes()).hex()
 }
 
+/// Whether a secret sent (a CSRF token) is the one expected, in time that does not depend on
+/// where they differ.
+pub fn same_secret(sent: &str, expected: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    bool::from(sent.as_bytes().ct_eq(expected.as_bytes()))
+}
+
 /// A token name: 1-64 of letters, digits, `.`, `_`, `-` (it shows in logs and the audit log).
 pub fn check_name(name: &str) -> Result<()> {
     let ok = (1..=64).contains(&name.len())
@@ -157,6 +166,7 @@ pub fn create(db: &Db, name: &str, role: Role, actor: &str) -> Result<NewToken> 
         })?;
         audit::record(tx, actor, "token.create", &format!("token:{name}"), &json!({ "role": role, "id": info.id }))
     })?;
+    known::changed();
     Ok(NewToken {
         info,
         token: secret,
@@ -292,6 +302,23 @@ pub fn redeem(db: &Db, code: &str) -> Result<BrowserSession> {
         csrf: state::secret(),
         max_age_secs: SESSION_MS / 1000,
     };
+    // A code is a secret as `state::secret` makes them; anything else, and a code no one
+    // made, is refused by a read, without taking the writer.
+    let shaped = code.len() == 43
+        && code
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    let known = shaped
+        && db.with(|c| {
+            c.query_row(
+                "SELECT EXISTS (SELECT 1 FROM login_codes WHERE hash = $1)",
+                params![hash(code)],
+                |r| r.get(0),
+            )
+        })?;
+    if !known {
+        return Err(refused());
+    }
     db.write(|tx| {
         let now = state::now_ms();
         // Used up by this attempt whether or not it is still valid.
@@ -327,6 +354,7 @@ pub fn redeem(db: &Db, code: &str) -> Result<BrowserSession> {
             .map_err(state::internal)?;
         audit::record(tx, &format!("token:{name}"), "login", &format!("token:{name}"), &json!({ "via": "browser" }))
     })?;
+    known::changed();
     Ok(session)
 }
 
@@ -352,12 +380,13 @@ pub fn session(db: &Db, secret: &str) -> Result<Option<Identity>> {
 
 /// Ends a browser session.
 pub fn logout(db: &Db, secret: &str) -> Result<()> {
-    db.with(|c| {
-        c.execute(
+    db.write(|tx| {
+        tx.execute(
             "DELETE FROM browser_sessions WHERE hash = $1",
             params![hash(secret)],
         )
         .map(|_| ())
+        .map_err(state::internal)
     })?;
     http::forget_cached();
     Ok(())

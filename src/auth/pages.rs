@@ -8,6 +8,9 @@ use axum::response::Response;
 use cloud_harness_fs::{Code, Error};
 use std::sync::Arc;
 
+/// Login links redeemed at once (by anyone: the page needs no credentials).
+const LOGINS_AT_ONCE: usize = 2;
+
 #[derive(serde::Deserialize)]
 pub struct LoginQuery {
     code: Option<String>,
@@ -22,14 +25,27 @@ pub async fn login(State(auth): State<Arc<Auth>>, Query(q): Query<LoginQuery>) -
             "a login link carries `code`",
         ));
     };
+    // Anyone may knock here: a few redemptions at once, the rest told to come back, so a
+    // flood of made-up codes cannot fill the blocking pool or queue on the database's writer.
+    static REDEEMING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(LOGINS_AT_ONCE);
+    let Ok(_turn) = REDEEMING.try_acquire() else {
+        return error_response(&crate::limits::exceeded(
+            "logins_at_once",
+            LOGINS_AT_ONCE as u64,
+            std::time::Duration::from_secs(1),
+            "the server is redeeming other login links",
+        ));
+    };
     let db = auth.db().clone();
     let session = match tokio::task::spawn_blocking(move || super::redeem(&db, &code)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => return error_response(&e),
         Err(e) => return error_response(&Error::internal(e.to_string())),
     };
+    // Secure: browsers keep it from http://localhost and 127.0.0.1 too (loopback is a secure
+    // context); anywhere else the dashboard is served over HTTPS (a proxy in front).
     let cookie = format!(
-        "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+        "{COOKIE}={}; HttpOnly; Secure; SameSite=Strict; Path=/; Max-Age={}",
         session.secret, session.max_age_secs
     );
     Response::builder()
@@ -40,17 +56,24 @@ pub async fn login(State(auth): State<Arc<Auth>>, Query(q): Query<LoginQuery>) -
         .expect("a response")
 }
 
-/// `POST /logout`: ends the browser session (a write: origin and CSRF checked).
+/// `POST /logout`: ends the browser session (a write: the guard checked its origin and CSRF
+/// token) and goes back to the sign-in hint.
 pub async fn logout(State(auth): State<Arc<Auth>>, headers: HeaderMap) -> Response {
     if let Some(secret) = cookie(&headers, COOKIE) {
         let db = auth.db().clone();
-        let _ = tokio::task::spawn_blocking(move || super::logout(&db, &secret)).await;
+        let ended = tokio::task::spawn_blocking(move || super::logout(&db, &secret)).await;
+        match ended {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return error_response(&e),
+            Err(e) => return error_response(&Error::internal(e.to_string())),
+        }
     }
     Response::builder()
-        .status(StatusCode::NO_CONTENT)
+        .status(StatusCode::SEE_OTHER)
+        .header(header::LOCATION, "/")
         .header(
             header::SET_COOKIE,
-            format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
+            format!("{COOKIE}=; HttpOnly; Secure; SameSite=Strict; Path=/; Max-Age=0"),
         )
         .body(axum::body::Body::empty())
         .expect("a response")

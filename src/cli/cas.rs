@@ -98,6 +98,12 @@ pub fn run(store: &Store, cmd: CasCommand) -> Result<u8> {
                 report.removed,
                 report.removed_bytes
             );
+            for skipped in &report.skipped {
+                println!(
+                    "skipped {}: {} (what it names was kept)",
+                    skipped.record, skipped.reason
+                );
+            }
             Ok(0)
         }
         CasCommand::Gc { grace, .. } => {

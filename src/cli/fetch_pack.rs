@@ -45,6 +45,9 @@ pub fn run(_args: &FetchPackArgs) -> Result<u8> {
     let ceiling = fetch::Ceiling {
         max_bytes: job.max_bytes.saturating_mul(2),
         setting: "twice CLOUD_HARNESS_MAX_BYTES",
+        // The host indexes the pack itself, within its own per-object limit.
+        max_object: job.max_bytes.saturating_mul(2),
+        object_setting: "per file (twice CLOUD_HARNESS_MAX_BYTES)",
     };
     let transport = Transport {
         extra_ca: job.extra_ca.map(String::into_bytes),

@@ -13,6 +13,7 @@ use maud::{html, Markup};
 use serde_json::Value;
 use similar::{ChangeTag, TextDiff};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::layout::short;
 
@@ -35,23 +36,31 @@ pub async fn page(State(api): State<Arc<Api>>, Extension(who): Extension<Identit
 
 async fn render(api: &Arc<Api>, who: &Identity, notice: Markup) -> Response {
     let db = api.workspaces.db().clone();
-    let all = match blocking(move || conflicts::list(&db, true)).await {
-        Ok(c) => c,
-        Err(e) => return layout::error(who, &e),
-    };
+    // The diffs are work: made on the blocking pool, within the page's deadline.
+    let viewer = who.clone();
+    let body = blocking(move || {
+        let all = conflicts::list(&db, true)?;
+        let deadline =
+            Instant::now() + Duration::from_millis(crate::limits::quotas().limits.request_millis);
+        Ok(body(&viewer, notice, &all, deadline))
+    })
+    .await;
+    match body {
+        Ok(body) => layout::page("Conflicts", "/conflicts", who, body),
+        Err(e) => layout::error(who, &e),
+    }
+}
+
+fn body(who: &Identity, notice: Markup, all: &[LaunchConflict], deadline: Instant) -> Markup {
     let (open, settled): (Vec<&LaunchConflict>, Vec<&LaunchConflict>) =
         all.iter().partition(|c| c.settled_at.is_none());
-    layout::page(
-        "Conflicts",
-        "/conflicts",
-        who,
-        html! {
+    html! {
             (notice)
             p { "Two toolkits of one tier that bring the same skill name make a launch conflict: the workspace is refused rather than one copy guessed. Choose the copy that wins; the same request then opens." }
             @if open.is_empty() {
                 p.empty { "No launch conflict waits. One appears here when a workspace_open is refused for one." }
             }
-            @for c in &open { (conflict(who, c)) }
+            @for c in &open { (conflict(who, c, deadline)) }
             @if !settled.is_empty() {
                 h2 { "Settled" }
                 table { thead { tr { th { "Skill" } th { "Tier" } th { "Settled by" } th { "When" } th { "Override" } } }
@@ -63,11 +72,10 @@ async fn render(api: &Arc<Api>, who: &Identity, notice: Markup) -> Response {
                     } } }
                 }
             }
-        },
-    )
+    }
 }
 
-fn conflict(who: &Identity, c: &LaunchConflict) -> Markup {
+fn conflict(who: &Identity, c: &LaunchConflict, deadline: Instant) -> Markup {
     let candidates: Vec<&Value> = c
         .candidates
         .as_array()
@@ -120,16 +128,19 @@ fn conflict(who: &Identity, c: &LaunchConflict) -> Markup {
             @if let [first, rest @ ..] = candidates.as_slice() {
                 @for other in rest {
                     h3 { "SKILL.md: " (first["source"].as_str().unwrap_or("")) " → " (other["source"].as_str().unwrap_or("")) }
-                    (diff(&text(first), &text(other)))
+                    (diff(&text(first), &text(other), deadline))
                 }
             }
         }
     }
 }
 
-/// A line diff of two texts (hostile: every line escaped).
-fn diff(a: &str, b: &str) -> Markup {
-    let d = TextDiff::from_lines(a, b);
+/// A line diff of two texts (hostile: every line escaped). The page's diffs share one
+/// deadline, the `request_millis` limit from the page's start: past it, a diff is approximate
+/// (still correct, less minimal), so large, unlike SKILL.md files cannot hold a request for
+/// seconds.
+fn diff(a: &str, b: &str, deadline: Instant) -> Markup {
+    let d = TextDiff::configure().deadline(deadline).diff_lines(a, b);
     html! {
         pre.diff aria-label="SKILL.md diff" { @for change in d.iter_all_changes() {
             @let line = change.value().trim_end_matches('\n');

@@ -49,6 +49,12 @@ pub fn page(title: &str, current: &str, who: &Identity, body: Markup) -> Respons
                             }
                         }
                         span.who { (who.name) " (" (who.role.as_str()) ")" }
+                        @if who.csrf.is_some() {
+                            form.signout method="post" action="/logout" {
+                                (csrf(who))
+                                button type="submit" { "Sign out" }
+                            }
+                        }
                     }
                 }
                 main { h1 { (title) } (body) }

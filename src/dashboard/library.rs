@@ -1,5 +1,5 @@
 //! `/library`: every skill, searched (name, description, toolkit), filtered (tier, toolkit,
-//! warnings) and paged.
+//! warnings) and paged; below, the skill folders the toolkits left out, with why.
 
 use super::{blocking, layout};
 use crate::api::Api;
@@ -12,6 +12,8 @@ use maud::html;
 use std::sync::Arc;
 
 const PAGE: usize = 50;
+/// Skipped skill folders shown at most (the count says how many there are).
+const SKIPPED_SHOWN: usize = 50;
 
 #[derive(serde::Deserialize, Default)]
 pub struct Filters {
@@ -43,8 +45,13 @@ pub async fn list(
         limit: PAGE,
     };
     let a = api.clone();
-    let found = blocking(move || a.library.search(a.workspaces.store(), &search)).await;
-    let (skills, total) = match found {
+    let found = blocking(move || {
+        let store = a.workspaces.store();
+        let found = a.library.search(store, &search)?;
+        Ok((found, a.library.skipped(store)?))
+    })
+    .await;
+    let ((skills, total), skipped) = match found {
         Ok(v) => v,
         Err(e) => return layout::error(&who, &e),
     };
@@ -91,6 +98,19 @@ pub async fn list(
             nav aria-label="Pages" {
                 @if f.page > 0 { a href=(link(f.page - 1)) rel="prev" { "Previous" } " " }
                 @if (f.page + 1) * PAGE < total { a href=(link(f.page + 1)) rel="next" { "Next" } }
+            }
+            @if !skipped.is_empty() {
+                h2 id="skipped" { "Skipped" }
+                p { (skipped.len()) " skill folders of the toolkits were left out"
+                    @if skipped.len() > SKIPPED_SHOWN { ", the first " (SKIPPED_SHOWN) " shown" } "." }
+                table { thead { tr { th { "Toolkit" } th { "Folder" } th { "Code" } th { "Reason" } } }
+                    tbody { @for s in skipped.iter().take(SKIPPED_SHOWN) { tr {
+                        td { (s.toolkit) }
+                        td { code { (s.path) } }
+                        td { (s.code) }
+                        td { (s.reason) }
+                    } } }
+                }
             }
         },
     )

@@ -65,7 +65,7 @@ pub fn router(api: Arc<Api>) -> Router {
 /// steal: the guard's Origin check is what stands there).
 fn check_csrf(who: &Identity, sent: &str) -> Result<()> {
     match &who.csrf {
-        Some(csrf) if csrf != sent => Err(Error::new(
+        Some(csrf) if !crate::auth::same_secret(sent, csrf) => Err(Error::new(
             Code::Forbidden,
             "this form is stale or not ours: reload the page and try again",
         )),

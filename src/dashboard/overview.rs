@@ -20,7 +20,7 @@ pub async fn page(State(api): State<Arc<Api>>, who: Option<Extension<Identity>>)
                     head { meta charset="utf-8"; title { "Sign in · Cloud Harness" } link rel="stylesheet" href="/assets/app.css"; }
                     body { main {
                         h1 { "Cloud Harness" }
-                        p { "Not signed in. Open the login link " code { "cloud-harness serve --http" } " printed at its first start, or make one with " code { "cloud-harness token login-url" } "." }
+                        p { "Not signed in. Open the login link " code { "cloud-harness serve --http" } " left in " code { "<home>/operator-token" } " at its first start, or make one with " code { "cloud-harness token login-url" } "." }
                     } }
                 }
             },

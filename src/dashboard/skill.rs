@@ -72,6 +72,7 @@ pub async fn page(
     Path(digest): Path<String>,
 ) -> Response {
     let a = api.clone();
+    let viewer = crate::principal::Principal::of(&who);
     let found = blocking(move || {
         let digest = Digest::parse(&digest)
             .map_err(|_| Error::field(Code::InvalidArgument, "digest", "not a skill digest"))?;
@@ -99,9 +100,9 @@ pub async fn page(
         };
         let registry = crate::registry::load(ws.db())?;
         let sets = crate::sets::list(ws.db())?;
-        let used = crate::library::used_by(ws, &registry, &sets, &copies);
+        let used = crate::library::used_by(ws, &viewer, &registry, &sets, &copies);
         let winners: Vec<Winner> = ws
-            .open_workspaces()
+            .open_workspaces_of(&viewer)
             .iter()
             .filter_map(|w| {
                 let g = w.generation();

@@ -29,6 +29,8 @@ async fn render(api: &Arc<Api>, who: &Identity, notice: Markup) -> Response {
         Ok(t) => t,
         Err(e) => return layout::error(who, &e),
     };
+    let usage = api.workspaces.usage();
+    let limits = crate::limits::quotas().limits;
     let csrf = who.csrf.clone().unwrap_or_default();
     layout::page(
         "Tokens",
@@ -61,6 +63,21 @@ async fn render(api: &Arc<Api>, who: &Identity, notice: Markup) -> Response {
                         }
                     } }
                 } } }
+            }
+            h2 #usage { "Usage against limits" }
+            p { "What each principal holds now (hourly budgets: what the last hour took), against its limit ("
+                code { "[limits]" } " in the configuration)." }
+            @if usage.is_empty() { p.empty { "Nobody has used anything yet." } }
+            @else {
+                table aria-label="Usage against limits" {
+                    thead { tr { th scope="col" { "Principal" } @for (limit, _) in &usage[0].1 { th scope="col" { (limit) } } } }
+                    tbody { @for (principal, used) in &usage { tr {
+                        th scope="row" { (principal) }
+                        @for (limit, n) in used {
+                            td { (n) " / " (limits.get(limit)) }
+                        }
+                    } } }
+                }
             }
         },
     )

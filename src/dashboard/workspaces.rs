@@ -137,13 +137,14 @@ pub async fn close(
     }
     let (ws, actor) = (api.workspaces.clone(), who.actor());
     let done = blocking(move || {
+        let owner = ws.get(&id).map(|w| w.owner().to_owned()).ok();
         let closed = ws.close(&id)?;
         crate::audit::event(
             ws.db(),
             &actor,
             "workspace.close",
             &format!("workspace:{id}"),
-            &json!({}),
+            &json!({ "owner": owner }),
         )?;
         Ok(closed)
     })

@@ -44,12 +44,14 @@ pub fn explain(e: Error) -> Error {
     }
 }
 
-/// The command line running `command` in a sandbox of `places`, with exactly `env`.
+/// The command line running `command` in a sandbox of `places`, with exactly `env` and, if
+/// given, a run's limits (set by the `prlimit` that already bounds the processes).
 pub fn argv(
     places: &Places,
     spec: &Spec,
     command: &[String],
     env: &[(String, String)],
+    limits: Option<super::RunLimits>,
 ) -> Vec<String> {
     let mut a: Vec<String> = [
         "bwrap",
@@ -137,7 +139,14 @@ pub fn argv(
             "--",
         ]);
     }
-    push(&["/usr/bin/prlimit", &format!("--nproc={NPROC}"), "--"]);
+    push(&["/usr/bin/prlimit", &format!("--nproc={NPROC}")]);
+    if let Some(l) = limits {
+        push(&[
+            &format!("--cpu={}", l.cpu_seconds),
+            &format!("--data={}", l.memory),
+        ]);
+    }
+    push(&["--"]);
     a.extend(command.iter().cloned());
     a
 }

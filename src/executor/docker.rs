@@ -51,6 +51,20 @@ pub struct Made {
     pub egress: Option<Egress>,
 }
 
+/// The run limits as the container's ulimits, which every process `docker exec` starts
+/// inherits.
+fn ulimits(limits: super::RunLimits) -> Vec<bollard::models::ResourcesUlimits> {
+    let ulimit = |name: &str, value: u64| bollard::models::ResourcesUlimits {
+        name: Some(name.to_owned()),
+        soft: Some(value.min(i64::MAX as u64) as i64),
+        hard: Some(value.min(i64::MAX as u64) as i64),
+    };
+    vec![
+        ulimit("cpu", limits.cpu_seconds),
+        ulimit("data", limits.memory),
+    ]
+}
+
 /// The default image's root: mount points, and the identity files of `uid`.
 fn rootfs(uid: u32, gid: u32) -> Result<Vec<u8>> {
     let mut tar = RootFs::default();
@@ -210,6 +224,8 @@ async fn make(
         readonly_rootfs: Some(true),
         memory: Some(MEMORY),
         pids_limit: Some(PIDS),
+        // Each process's CPU time and memory, as bubblewrap's runs get them (`[limits]`).
+        ulimits: Some(ulimits(super::RunLimits::current())),
         init: Some(true),
         tmpfs: Some(tmpfs),
         ..Default::default()

@@ -259,6 +259,39 @@ pub struct Command {
     pub argv: Vec<String>,
     /// Besides the executor's own (`PATH`, `HOME`, `LANG`, the layout's paths).
     pub env: Vec<(String, String)>,
+    /// Resource limits of the command's processes, if any.
+    pub limits: Option<RunLimits>,
+}
+
+/// What one run's processes may use, as rlimits each process it starts inherits: CPU seconds
+/// (RLIMIT_CPU: SIGXCPU, then SIGKILL) and bytes of memory (RLIMIT_DATA: the heap and private
+/// writable mappings; an allocation past it fails). Per process, not per run: a run's whole
+/// tree is bounded by the executor's own limits (bubblewrap's process count, a container's
+/// memory). Set by the `prlimit` bubblewrap runs each command under (the host's), on the
+/// container (Docker: its ulimits), or by the harness as the command starts (host).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunLimits {
+    pub cpu_seconds: u64,
+    pub memory: u64,
+}
+
+impl RunLimits {
+    /// The limits every run gets now (`[limits]`).
+    pub fn current() -> RunLimits {
+        let limits = crate::limits::quotas().limits;
+        RunLimits {
+            cpu_seconds: limits.run_cpu_seconds,
+            memory: limits.run_memory,
+        }
+    }
+
+    /// Sets them on the calling process (a child before it execs).
+    pub fn apply(&self) -> std::io::Result<()> {
+        use nix::sys::resource::{setrlimit, Resource};
+        setrlimit(Resource::RLIMIT_CPU, self.cpu_seconds, self.cpu_seconds)?;
+        setrlimit(Resource::RLIMIT_DATA, self.memory, self.memory)?;
+        Ok(())
+    }
 }
 
 /// A workspace's executor.
@@ -380,22 +413,17 @@ impl Executor {
     /// Starts `command` with piped output (for `skills_run`).
     pub async fn spawn(&self, command: &Command) -> Result<Process> {
         let env = self.full_env(command);
+        let argv = &command.argv;
         match self.spec.kind {
+            // The container carries the limits (set when it was made).
             Kind::Docker => {
-                docker::spawn(
-                    self.container()?,
-                    &self.workspace,
-                    &self.spec,
-                    &command.argv,
-                    &env,
-                )
-                .await
+                docker::spawn(self.container()?, &self.workspace, &self.spec, argv, &env).await
             }
             Kind::Bwrap => {
-                let argv = bwrap::argv(&self.places, &self.spec, &command.argv, &env);
-                process::spawn_local(&argv, None, &[]).map_err(bwrap::explain)
+                let argv = bwrap::argv(&self.places, &self.spec, argv, &env, command.limits);
+                process::spawn_local(&argv, None, &[], None).map_err(bwrap::explain)
             }
-            Kind::Host => process::spawn_local(&command.argv, Some(&self.places.repo), &env),
+            Kind::Host => process::spawn_local(argv, Some(&self.places.repo), &env, command.limits),
         }
     }
 
@@ -404,6 +432,7 @@ impl Executor {
         let command = Command {
             argv: argv.to_vec(),
             env: Vec::new(),
+            limits: None,
         };
         let env = self.full_env(&command);
         match self.spec.kind {
@@ -417,7 +446,7 @@ impl Executor {
                 })
             }
             Kind::Bwrap => {
-                let argv = bwrap::argv(&self.places, &self.spec, argv, &env);
+                let argv = bwrap::argv(&self.places, &self.spec, argv, &env, None);
                 process::run_inherited(&argv, None, &[]).map_err(bwrap::explain)
             }
             Kind::Host => process::run_inherited(argv, Some(&self.places.repo), &env),

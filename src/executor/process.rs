@@ -103,6 +103,7 @@ pub fn spawn_local(
     argv: &[String],
     cwd: Option<&Path>,
     env: &[(String, String)],
+    limits: Option<super::RunLimits>,
 ) -> Result<Process> {
     let mut cmd = tokio::process::Command::new(absolute(&argv[0], &lookup_path(env)));
     cmd.args(&argv[1..])
@@ -115,6 +116,13 @@ pub fn spawn_local(
         .kill_on_drop(true);
     if let Some(dir) = cwd {
         cmd.current_dir(dir);
+    }
+    if let Some(limits) = limits {
+        // SAFETY: between fork and exec only setrlimit runs, which is async-signal-safe and
+        // touches no memory of the parent's.
+        unsafe {
+            cmd.pre_exec(move || limits.apply());
+        }
     }
     let mut child = cmd.spawn().map_err(|e| start_error(&argv[0], e))?;
     let pid = child.id().map_or(0, |p| p as i32);

@@ -17,6 +17,7 @@ pub mod skills;
 pub mod stdio;
 mod tools;
 
+use crate::principal::Principal;
 use crate::session_start;
 use crate::workspace::{blocking, ListPage, RunRequest, Workspaces};
 use call::Call;
@@ -44,6 +45,8 @@ pub struct HarnessServer {
     workspaces: Arc<Workspaces>,
     /// The workspaces this session opened or used (one server value per session).
     bound: bound::Bound,
+    /// Served over HTTP (each caller named by the guard), not stdio (the local user).
+    over_http: bool,
 }
 
 /// These lists come whole, in one page: a cursor is one this server never gave.
@@ -122,13 +125,20 @@ fn failure(error: Error) -> CallToolResult {
     result
 }
 
-/// Who made a request: the token an HTTP request was authenticated with, else stdio's user.
-fn actor(context: &RequestContext<RoleServer>) -> String {
-    context
-        .extensions
-        .get::<axum::http::request::Parts>()
-        .and_then(|p| p.extensions.get::<crate::auth::Identity>())
-        .map_or_else(|| "stdio".to_owned(), |i| i.actor())
+/// A slot of `who`'s calls, or the quota's refusal as a JSON-RPC error (its `data` as a tool's
+/// error carries it: the code and the details, with `retryAfter`).
+fn call_slot(who: &Principal) -> Result<crate::limits::Held, McpError> {
+    crate::limits::quotas()
+        .call(&who.name)
+        .map_err(|e| rpc_error(&e))
+}
+
+fn rpc_error(e: &Error) -> McpError {
+    McpError::new(
+        rmcp::model::ErrorCode(-32000),
+        e.message.clone(),
+        Some(json!({ "code": e.code, "details": e.details })),
+    )
 }
 
 /// `work` off the async threads, for the protocol's own methods (their errors are JSON-RPC
@@ -146,23 +156,45 @@ impl HarnessServer {
         HarnessServer {
             workspaces,
             bound: bound::Bound::default(),
+            over_http: false,
         }
     }
 
-    /// The server for a new session: the same workspaces, no bindings yet.
+    /// The server for a new HTTP session (or session-less request): the same workspaces, no
+    /// bindings yet.
     pub fn for_session(&self) -> HarnessServer {
-        HarnessServer::new(self.workspaces.clone())
+        HarnessServer {
+            over_http: true,
+            ..HarnessServer::new(self.workspaces.clone())
+        }
     }
 
-    /// Binds this session to the workspace `id`, if it is open.
-    fn bind(&self, id: &str, context: &RequestContext<RoleServer>) {
+    /// Who made a request: over stdio, the local user who started the process; over HTTP,
+    /// the principal of the token the guard authenticated (one it did not name reaches
+    /// nothing: a request that reached here some other way is nobody's, never an operator's).
+    fn principal(&self, context: &RequestContext<RoleServer>) -> Principal {
+        if !self.over_http {
+            return Principal::local();
+        }
+        context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<crate::auth::Identity>())
+            .map_or_else(Principal::nobody, Principal::of)
+    }
+
+    /// Binds this session to the workspace `id`, if it is open and `who` reaches it.
+    fn bind(&self, who: &Principal, id: &str, context: &RequestContext<RoleServer>) {
         if let Ok(ws) = self.workspaces.get(id) {
-            self.bound.bind(&ws, &context.peer);
+            if who.reaches(ws.owner()) {
+                self.bound.bind(&ws, &context.peer);
+            }
         }
     }
 
     async fn dispatch(
         &self,
+        who: &Principal,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<Answer, Error> {
@@ -171,34 +203,38 @@ impl HarnessServer {
         match &call {
             Call::List { workspace, .. }
             | Call::Read { workspace, .. }
-            | Call::Run { workspace, .. } => self.bind(workspace, &context),
+            | Call::Run { workspace, .. } => self.bind(who, workspace, &context),
             Call::Open(_) | Call::Close { .. } => {}
         }
         match call {
             Call::Open(request) => {
-                let actor = actor(&context);
+                let opener = who.clone();
                 let opened = blocking(move || {
+                    let (who, actor) = (&opener, &opener.name);
                     let asked = request.to_json();
-                    let opened = ws.open_as(request, &actor);
+                    let opened = ws.open_as(request, who);
                     if let Err(e) = &opened {
                         if let Err(not) =
-                            crate::conflicts::record(ws.db(), ws.store(), &asked, e, &actor)
+                            crate::conflicts::record(ws.db(), ws.store(), &asked, e, actor)
                         {
                             tracing::error!(error = %not, "cannot record a launch conflict");
                         }
-                        crate::audit::refusal(ws.db(), &actor, "workspace_open", e);
+                        crate::audit::refusal(ws.db(), actor, "workspace_open", e);
                     }
                     opened
                 })
                 .await?;
                 if let Some(id) = opened["workspace"].as_str() {
-                    self.bind(id, &context);
+                    self.bind(who, id, &context);
                 }
                 Ok(Answer::Value(opened))
             }
-            Call::Close { workspace } => blocking(move || ws.close(&workspace))
-                .await
-                .map(Answer::Value),
+            Call::Close { workspace } => {
+                let who = who.clone();
+                blocking(move || ws.close_as(&who, &workspace))
+                    .await
+                    .map(Answer::Value)
+            }
             Call::List {
                 workspace,
                 tier,
@@ -209,7 +245,7 @@ impl HarnessServer {
                 // In memory and bounded (a page of at most MAX_LIST skills): done here, not
                 // queued behind the blocking pool's threads, which would take the CPU from
                 // the threads serving every connection.
-                let ws = ws.get(&workspace)?;
+                let ws = ws.get_as(who, &workspace, "skills_list")?;
                 let page = ws.shared_page(tier, include_shadowed, after.as_deref(), limit);
                 Ok(Answer::Page(page))
             }
@@ -225,7 +261,7 @@ impl HarnessServer {
                 // again): the hand-over to the blocking pool and back was about 40% of such a
                 // call's time. Anything else may wait on the disk, or encode up to a MiB, so it
                 // goes to the pool.
-                let ws = ws.get(&workspace)?;
+                let ws = ws.get_as(who, &workspace, "skills_read")?;
                 let held = match length <= call::PAGE {
                     true => ws.read_reaching(&skill, &path, offset, length, Reach::Held)?,
                     false => None,
@@ -239,7 +275,7 @@ impl HarnessServer {
                 ))
             }
             Call::Run { workspace, request } => self
-                .run(&workspace, request, context)
+                .run(who, &workspace, request, context)
                 .await
                 .map(Answer::Value),
         }
@@ -247,16 +283,26 @@ impl HarnessServer {
 
     async fn run(
         &self,
+        who: &Principal,
         workspace: &str,
         request: RunRequest,
         context: RequestContext<RoleServer>,
     ) -> Result<Value, Error> {
-        let ws = self.workspaces.get(workspace)?;
+        let ws = self.workspaces.get_as(who, workspace, "skills_run")?;
+        // A slot of the caller's runs, waiting in their queue when all are taken (a client
+        // that gives up leaves it).
+        let _slot = tokio::select! {
+            slot = crate::limits::quotas().run(&who.name) => slot?,
+            _ = context.ct.cancelled() => return Err(Error::new(
+                cloud_harness_fs::Code::Cancelled,
+                "the run was cancelled while it waited for a slot",
+            )),
+        };
         let progress_token = context.meta.get_progress_token();
         let peer = context.peer.clone();
         ws.run(
             self.workspaces.home(),
-            &actor(&context),
+            &who.name,
             request,
             context.ct.clone(),
             move |elapsed, bytes| {
@@ -334,8 +380,16 @@ impl ServerHandler for HarnessServer {
         // One id per call, on every line logged while it is served (acquisitions, fetches,
         // executors): `--log-format json` shows it as `span.request_id`.
         let span = tracing::info_span!("mcp_call", request_id = %crate::state::new_id("req"), tool = %tool);
-        let done =
-            tracing::Instrument::instrument(self.dispatch(request, context), span.clone()).await;
+        let who = self.principal(&context);
+        // Held for the whole call, which outlives its HTTP request.
+        let done = match crate::limits::quotas().call(&who.name) {
+            Ok(_call) => {
+                let call =
+                    crate::limits::acting_as(&who.name, self.dispatch(&who, request, context));
+                tracing::Instrument::instrument(call, span.clone()).await
+            }
+            Err(e) => Err(e),
+        };
         let code = done.as_ref().map_or_else(|e| e.code.as_str(), |_| "OK");
         let took = started.elapsed();
         crate::metrics::call(&tool, code, took);
@@ -350,11 +404,15 @@ impl ServerHandler for HarnessServer {
     async fn list_resources(
         &self,
         request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
         let ws = self.workspaces.clone();
         let cursor = request.and_then(|r| r.cursor);
-        let (items, next) = blocking_rpc(move || skills::resources(&ws, cursor.as_deref())).await?;
+        let who = self.principal(&context);
+        let _call = call_slot(&who)?;
+        let name = who.name.clone();
+        let listed = blocking_rpc(move || skills::resources(&ws, &who, cursor.as_deref()));
+        let (items, next) = crate::limits::acting_as(&name, listed).await?;
         let mut result = ListResourcesResult::with_all_items(items)
             .with_ttl_ms(0)
             .with_cache_scope(CacheScope::Private);
@@ -380,12 +438,16 @@ impl ServerHandler for HarnessServer {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
+        let who = self.principal(&context);
+        let _call = call_slot(&who)?;
         if let Some((workspace, _, _)) = skills::parse(&request.uri) {
-            self.bind(&workspace, &context);
+            self.bind(&who, &workspace, &context);
         }
         let ws = self.workspaces.clone();
         let uri = request.uri;
-        let contents = blocking_rpc(move || skills::read(&ws, &uri)).await?;
+        let name = who.name.clone();
+        let read = blocking_rpc(move || skills::read(&ws, &who, &uri));
+        let contents = crate::limits::acting_as(&name, read).await?;
         let mut result = ReadResourceResult::new(vec![contents]);
         result.ttl_ms = Some(0);
         result.cache_scope = Some(CacheScope::Private);
@@ -395,20 +457,28 @@ impl ServerHandler for HarnessServer {
     async fn list_skills(
         &self,
         request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListSkillsResult, McpError> {
         let ws = self.workspaces.clone();
         let cursor = request.and_then(|r| r.cursor);
-        blocking_rpc(move || skills::list(&ws, cursor.as_deref())).await
+        let who = self.principal(&context);
+        let _call = call_slot(&who)?;
+        let name = who.name.clone();
+        let listed = blocking_rpc(move || skills::list(&ws, &who, cursor.as_deref()));
+        crate::limits::acting_as(&name, listed).await
     }
 
     async fn get_skill(
         &self,
         request: GetSkillRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<GetSkillResult, McpError> {
         let ws = self.workspaces.clone();
-        blocking_rpc(move || skills::get(&ws, &request.uri)).await
+        let who = self.principal(&context);
+        let _call = call_slot(&who)?;
+        let name = who.name.clone();
+        let got = blocking_rpc(move || skills::get(&ws, &who, &request.uri));
+        crate::limits::acting_as(&name, got).await
     }
 
     /// `subscriptions/listen` (2026-07-28): resource-list changes are offered; the listing
@@ -423,16 +493,24 @@ impl ServerHandler for HarnessServer {
         Some(requested.intersection(&offered))
     }
 
+    /// Told of a change only when it is of a workspace the listener reaches (or when the
+    /// listener fell behind and cannot know).
     async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
+        use tokio::sync::broadcast::error::RecvError;
+        let who = self.principal(context.request_context());
+        // A listener lives as long as its client keeps it: it counts as a call the while.
+        let _call = call_slot(&who)?;
         let mut changes = self.workspaces.catalogue_changes();
         loop {
             tokio::select! {
                 _ = context.cancelled() => return Ok(()),
-                changed = changes.changed() => {
-                    if changed.is_err() {
-                        return Ok(());
-                    }
-                    if context.accepted().resources_list_changed == Some(true)
+                changed = changes.recv() => {
+                    let news = match changed {
+                        Ok(owner) => who.reaches(&owner),
+                        Err(RecvError::Lagged(_)) => true,
+                        Err(RecvError::Closed) => return Ok(()),
+                    };
+                    if news && context.accepted().resources_list_changed == Some(true)
                         && context.sink().notify_resource_list_changed().await.is_err()
                     {
                         return Ok(());
@@ -459,7 +537,7 @@ impl ServerHandler for HarnessServer {
     async fn get_prompt(
         &self,
         request: GetPromptRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, McpError> {
         if request.name != SESSION_START_PROMPT {
             return Err(McpError::invalid_params(
@@ -475,7 +553,7 @@ impl ServerHandler for HarnessServer {
             .ok_or_else(|| McpError::invalid_params("the workspace argument is required", None))?;
         let ws = self
             .workspaces
-            .get(id)
+            .get_as(&self.principal(&context), id, "prompts/get")
             .map_err(|e| McpError::invalid_params(e.message, None))?;
         let text = if ws.session_start().is_empty() {
             "No toolkit of this workspace defines session-start instructions.".to_owned()

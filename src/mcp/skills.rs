@@ -9,6 +9,7 @@
 //! the Agent Skills rule or differs from its front matter's `name`, or one past the extension's
 //! limits (512 files, 16 MiB).
 
+use crate::principal::Principal;
 use crate::workspace::{Workspace, Workspaces};
 use rmcp::model::{
     CacheScope, GetSkillResult, ListSkillsResult, Resource, ResourceContents, ResourceTemplate,
@@ -136,19 +137,27 @@ fn after(cursor: &str) -> Option<(String, String)> {
     Some((w.to_owned(), s.to_owned()))
 }
 
-/// Every served skill of every open workspace, in (workspace, skill) order, after `from`.
+/// Every served skill of every open workspace `who` reaches, in (workspace, skill) order,
+/// after `from` (or from it, when `inclusive`).
 fn skills_after(
     workspaces: &Workspaces,
+    who: &Principal,
     from: Option<&(String, String)>,
+    inclusive: bool,
 ) -> impl Iterator<Item = (Arc<Workspace>, String)> {
     let from = from.cloned();
+    let first = from.as_ref().map(|(w, _)| w.clone());
     workspaces
-        .open_workspaces()
+        .open_workspaces_of(who)
         .into_iter()
+        .filter(move |ws| first.as_ref().is_none_or(|w| ws.id >= *w))
         .flat_map(move |ws| {
             let later = |name: &String| {
-                from.as_ref()
-                    .is_none_or(|(w, s)| (ws.id.as_str(), name.as_str()) > (w.as_str(), s.as_str()))
+                from.as_ref().is_none_or(|(w, s)| {
+                    let here = (ws.id.as_str(), name.as_str());
+                    let there = (w.as_str(), s.as_str());
+                    here > there || (inclusive && here == there)
+                })
             };
             let names: Vec<String> = ws.served_names().into_iter().filter(later).collect();
             names.into_iter().map(move |name| (ws.clone(), name))
@@ -161,9 +170,11 @@ fn typed_entry(ws: &Workspace, skill: &str) -> Option<Skill> {
     skill.validate().is_ok().then_some(skill)
 }
 
-/// `skills/list`: the entries of every open workspace's skills, a page at a time.
+/// `skills/list`: the entries of the skills of every open workspace `who` reaches, a page at
+/// a time.
 pub fn list(
     workspaces: &Workspaces,
+    who: &Principal,
     cursor_in: Option<&str>,
 ) -> Result<ListSkillsResult, McpError> {
     let from = match cursor_in {
@@ -173,7 +184,7 @@ pub fn list(
     let mut skills = Vec::new();
     let mut more = false;
     let mut last = None;
-    for (ws, name) in skills_after(workspaces, from.as_ref()) {
+    for (ws, name) in skills_after(workspaces, who, from.as_ref(), false) {
         if skills.len() == PAGE {
             more = true;
             break;
@@ -192,7 +203,11 @@ pub fn list(
 }
 
 /// `skills/get`: the entry of the skill whose SKILL.md `uri` names.
-pub fn get(workspaces: &Workspaces, uri: &str) -> Result<GetSkillResult, McpError> {
+pub fn get(
+    workspaces: &Workspaces,
+    who: &Principal,
+    uri: &str,
+) -> Result<GetSkillResult, McpError> {
     let (workspace, skill, path) = parse(uri).ok_or_else(|| unknown(uri))?;
     if path != "SKILL.md" {
         return Err(McpError::invalid_params(
@@ -200,7 +215,9 @@ pub fn get(workspaces: &Workspaces, uri: &str) -> Result<GetSkillResult, McpErro
             None,
         ));
     }
-    let ws = workspaces.get(&workspace).map_err(|_| unknown(uri))?;
+    let ws = workspaces
+        .get_as(who, &workspace, "skills/get")
+        .map_err(|_| unknown(uri))?;
     let entry = typed_entry(&ws, &skill).ok_or_else(|| unknown(uri))?;
     // Live tiers change what a workspace serves at any moment: nothing stays fresh.
     Ok(GetSkillResult::new(entry)
@@ -223,31 +240,42 @@ fn mime_type(path: &str) -> &'static str {
     }
 }
 
-/// `resources/list`: every file of every listed skill, a page at a time (the cursor counts
-/// resources).
+/// `resources/list`: every file of every listed skill of the workspaces `who` reaches, a
+/// page at a time. The cursor names the next resource (its workspace, skill and place in the
+/// skill's files), so a page costs the same however far into the list it is.
 pub fn resources(
     workspaces: &Workspaces,
-    cursor: Option<&str>,
+    who: &Principal,
+    cursor_in: Option<&str>,
 ) -> Result<(Vec<Resource>, Option<String>), McpError> {
-    let skip: usize = match cursor {
-        None => 0,
-        Some(c) => c
-            .strip_prefix("r")
-            .and_then(|n| n.parse().ok())
-            .ok_or_else(|| McpError::invalid_params("unknown cursor", None))?,
+    let bad = || McpError::invalid_params("unknown cursor", None);
+    let (from, skip) = match cursor_in {
+        None => (None, 0),
+        Some(c) => {
+            let (at, index) = c
+                .strip_prefix("r")
+                .and_then(|c| c.split_once('.'))
+                .ok_or_else(bad)?;
+            (
+                Some(after(at).ok_or_else(bad)?),
+                index.parse().map_err(|_| bad())?,
+            )
+        }
     };
     let mut out = Vec::new();
-    let mut seen = 0;
-    for (ws, name) in skills_after(workspaces, None) {
+    for (ws, name) in skills_after(workspaces, who, from.as_ref(), true) {
         let Some(e) = entry(&ws, &name) else { continue };
         let description = e["frontmatter"]["description"].as_str().unwrap_or("");
-        for file in e["resources"].as_array().into_iter().flatten() {
-            seen += 1;
-            if seen <= skip {
+        let first = match &from {
+            Some((w, s)) if *w == ws.id && *s == name => skip,
+            _ => 0,
+        };
+        for (i, file) in e["resources"].as_array().into_iter().flatten().enumerate() {
+            if i < first {
                 continue;
             }
             if out.len() == RESOURCE_PAGE {
-                return Ok((out, Some(format!("r{}", skip + RESOURCE_PAGE))));
+                return Ok((out, Some(format!("r{}.{i}", cursor(&ws.id, &name)))));
             }
             let uri = file["uri"].as_str().unwrap_or_default().to_owned();
             let is_skill_md = uri.ends_with("/SKILL.md");
@@ -274,9 +302,15 @@ pub fn templates() -> Vec<ResourceTemplate> {
 }
 
 /// `resources/read` of a skill file: text when it is UTF-8, else base64.
-pub fn read(workspaces: &Workspaces, uri: &str) -> Result<ResourceContents, McpError> {
+pub fn read(
+    workspaces: &Workspaces,
+    who: &Principal,
+    uri: &str,
+) -> Result<ResourceContents, McpError> {
     let (workspace, skill, path) = parse(uri).ok_or_else(|| unknown(uri))?;
-    let ws = workspaces.get(&workspace).map_err(|_| unknown(uri))?;
+    let ws = workspaces
+        .get_as(who, &workspace, "resources/read")
+        .map_err(|_| unknown(uri))?;
     ws.skill(&skill).map_err(|_| unknown(uri))?;
     let bytes = match ws.file_bytes(&skill, &path) {
         Ok(Some(bytes)) => bytes,

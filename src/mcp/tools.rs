@@ -43,7 +43,7 @@ fn with_metadata(tool: Tool) -> Tool {
             true, // fetches repositories
             object(
                 &["workspace", "generation", "toolkits", "skills", "warnings"],
-                json!({ "workspace": string, "generation": string, "toolkits": array, "skills": array, "shadowed": array, "conflicts": array, "warnings": array }),
+                json!({ "workspace": string, "generation": string, "toolkits": array, "skills": array, "shadowed": array, "conflicts": array, "skipped": array, "warnings": array }),
             ),
         ),
         "workspace_close" => (
@@ -65,7 +65,7 @@ fn with_metadata(tool: Tool) -> Tool {
             false,
             object(
                 &["workspace", "generation", "count", "skills", "conflicts"],
-                json!({ "workspace": string, "generation": string, "count": { "type": "integer" }, "skills": array, "conflicts": array, "nextCursor": string }),
+                json!({ "workspace": string, "generation": string, "count": { "type": "integer" }, "skills": array, "conflicts": array, "skipped": array, "nextCursor": string }),
             ),
         ),
         "skills_read" => (
@@ -166,7 +166,7 @@ fn build_tools() -> Vec<Tool> {
         ),
         Tool::new(
             "skills_list",
-            "List the skills of a workspace (or of one tier) with their tier, toolkit and digest, and the copies they shadow.",
+            "List the skills of a workspace (or of one tier) with their tier, toolkit and digest, and the copies they shadow; the first page also lists the skills left out (skipped), each with its reason.",
             schema(json!({
                 "type": "object",
                 "properties": {

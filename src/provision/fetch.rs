@@ -50,10 +50,15 @@ impl CloneLimits {
     }
 }
 
-/// What a download may not pass: the bytes under `pack_dir`, named by `setting` in the error.
+/// What a download may not pass: the bytes under `pack_dir`, named by `setting` in the error;
+/// and the largest object it may decode (`gitoxide.objects.allocLimit`), so that a small,
+/// highly compressed object cannot make the fetch allocate more than that (`object_setting`
+/// completes "larger than the limit of N bytes …").
 pub struct Ceiling<'a> {
     pub max_bytes: u64,
     pub setting: &'a str,
+    pub max_object: u64,
+    pub object_setting: &'a str,
 }
 
 /// How to reach git hosts.
@@ -116,6 +121,42 @@ impl Transport {
 pub struct Fetched {
     pub repo: gix::Repository,
     pub commit: gix::ObjectId,
+}
+
+/// A fetch that failed: one that met an object larger than `ceiling.max_object` is TOO_LARGE,
+/// anything else [`upstream`].
+fn failed(url: &str, e: &(dyn std::error::Error + 'static), ceiling: &Ceiling<'_>) -> Error {
+    match past_alloc_limit(e) {
+        true => object_too_large(
+            &format!("fetching {url}"),
+            ceiling.max_object,
+            ceiling.object_setting,
+        )
+        .with_details(serde_json::json!({ "url": url, "limit": ceiling.max_object })),
+        false => upstream(url, e),
+    }
+}
+
+/// Whether gix refused to unpack an object past its allocation limit
+/// (`gitoxide.objects.allocLimit`): it says so only deep in its chain of causes.
+pub(crate) fn past_alloc_limit(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if c.to_string().contains("too large to fit in memory") {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// The refusal of an object past `limit` bytes (`setting` says which limit), met while
+/// `doing`.
+pub(crate) fn object_too_large(doing: &str, limit: u64, setting: &str) -> Error {
+    Error::too_large(format!(
+        "{doing}: an object is larger than the limit of {limit} bytes {setting}; it was not unpacked"
+    ))
+    .with_details(serde_json::json!({ "limit": limit }))
 }
 
 fn upstream(url: &str, e: impl std::fmt::Display) -> Error {
@@ -229,7 +270,14 @@ fn watched<T>(
     }
 }
 
-/// Refuses a checkout of `commit` with more files or bytes than `limits`, before any is written.
+/// Folders a checkout may nest: no path can be longer than 4,096 bytes (PATH_MAX), so a tree
+/// nested deeper than this could never be written out.
+const MAX_CHECKOUT_DEPTH: usize = 2048;
+
+/// Refuses a checkout of `commit` with more files or bytes than `limits`, or folders nested
+/// deeper than [`MAX_CHECKOUT_DEPTH`], before any is written. The trees are read one at a time
+/// from a stack of their ids (a hostile tree of 100,000 levels costs neither call stack nor
+/// a path per level).
 fn check_checkout(
     url: &str,
     repo: &gix::Repository,
@@ -237,30 +285,55 @@ fn check_checkout(
     limits: CloneLimits,
 ) -> Result<()> {
     let bad = |e: &dyn std::fmt::Display| upstream(url, format!("commit {commit}: {e}"));
-    let tree = repo
+    let root = repo
         .find_commit(commit)
         .map_err(|e| bad(&e))?
-        .tree()
-        .map_err(|e| bad(&e))?;
-    let mut recorder = gix::traverse::tree::Recorder::default();
-    tree.traverse()
-        .breadthfirst(&mut recorder)
-        .map_err(|e| upstream(url, format!("reading the tree of {commit}: {e}")))?;
-    let (mut files, mut bytes) = (0u64, 0u64);
-    for entry in recorder.records.iter().filter(|e| !e.mode.is_tree()) {
-        files += 1;
-        if !entry.mode.is_commit() {
-            let header = repo
-                .find_header(entry.oid)
-                .map_err(|e| upstream(url, format!("object {}: {e}", entry.oid)))?;
-            bytes = bytes.saturating_add(header.size());
-        }
-        if files > limits.max_files || bytes > limits.max_bytes {
-            return Err(Error::too_large(format!(
-                "{url} at {commit} holds more than {} files or {} bytes (CLOUD_HARNESS_PROJECT_MAX_FILES, CLOUD_HARNESS_PROJECT_MAX_BYTES)",
-                limits.max_files, limits.max_bytes
-            ))
-            .with_details(serde_json::json!({ "url": url })));
+        .tree_id()
+        .map_err(|e| bad(&e))?
+        .detach();
+    let too_large = |what: String| {
+        Error::too_large(format!("{url} at {commit} {what}"))
+            .with_details(serde_json::json!({ "url": url }))
+    };
+    let (mut files, mut folders, mut bytes) = (0u64, 0u64, 0u64);
+    let mut pending = vec![(root, 0usize)];
+    while let Some((id, depth)) = pending.pop() {
+        let tree = repo
+            .find_tree(id)
+            .map_err(|e| upstream(url, format!("reading the tree of {commit}: {e}")))?;
+        for entry in tree.iter() {
+            let entry =
+                entry.map_err(|e| upstream(url, format!("reading the tree of {commit}: {e}")))?;
+            let mode = entry.mode();
+            if mode.is_tree() {
+                folders += 1;
+                if folders > limits.max_files {
+                    return Err(too_large(format!(
+                        "holds more than {} folders (CLOUD_HARNESS_PROJECT_MAX_FILES)",
+                        limits.max_files
+                    )));
+                }
+                if depth + 1 > MAX_CHECKOUT_DEPTH {
+                    return Err(too_large(format!(
+                        "nests folders deeper than {MAX_CHECKOUT_DEPTH} levels, more than a checkout can hold"
+                    )));
+                }
+                pending.push((entry.oid().to_owned(), depth + 1));
+                continue;
+            }
+            files += 1;
+            if !mode.is_commit() {
+                let header = repo
+                    .find_header(entry.oid())
+                    .map_err(|e| upstream(url, format!("object {}: {e}", entry.oid())))?;
+                bytes = bytes.saturating_add(header.size());
+            }
+            if files > limits.max_files || bytes > limits.max_bytes {
+                return Err(too_large(format!(
+                    "holds more than {} files or {} bytes (CLOUD_HARNESS_PROJECT_MAX_FILES, CLOUD_HARNESS_PROJECT_MAX_BYTES)",
+                    limits.max_files, limits.max_bytes
+                )));
+            }
         }
     }
     Ok(())
@@ -330,13 +403,15 @@ pub fn remote_head(url: &str, transport: &Transport) -> Result<gix::ObjectId> {
     fetched_commit(url, &Revision::DefaultHead, &refs)
 }
 
-/// A clone of one commit, depth 1, with the remote's object format and our transport.
+/// A clone of one commit, depth 1, with the remote's object format and our transport; no
+/// object larger than `max_object` bytes is decoded (indexing the pack or reading it after).
 fn prepare(
     url: &str,
     revision: &Revision,
     transport: &Transport,
     dir: &Path,
     kind: gix::create::Kind,
+    max_object: u64,
 ) -> Result<gix::clone::PrepareFetch> {
     let transport = transport.clone();
     let prepare = gix::clone::PrepareFetch::new(
@@ -345,7 +420,8 @@ fn prepare(
         kind,
         gix::create::Options::default(),
         // No user or system git configuration: nothing may rewrite URLs or add helpers.
-        gix::open::Options::isolated(),
+        gix::open::Options::isolated()
+            .config_overrides([format!("gitoxide.objects.allocLimit={max_object}")]),
     )
     .map_err(|e| upstream(url, e))?
     .with_shallow(Shallow::DepthAtRemote(1.try_into().expect("1 is not zero")))
@@ -400,9 +476,16 @@ pub fn fetch(
         ceiling,
         observer,
         |interrupt| {
-            let (repo, outcome) = prepare(url, revision, transport, dir, gix::create::Kind::Bare)?
-                .fetch_only(gix::progress::Discard, interrupt)
-                .map_err(|e| upstream(url, e))?;
+            let (repo, outcome) = prepare(
+                url,
+                revision,
+                transport,
+                dir,
+                gix::create::Kind::Bare,
+                ceiling.max_object,
+            )?
+            .fetch_only(gix::progress::Discard, interrupt)
+            .map_err(|e| failed(url, &e, ceiling))?;
             check_download(url, &pack_dir, ceiling)?;
             let commit = fetched_commit(url, revision, &outcome.ref_map)?;
             // The fetched commit must be there (a server may answer without it).
@@ -426,6 +509,8 @@ pub fn clone_worktree(
     let ceiling = Ceiling {
         max_bytes: limits.max_bytes,
         setting: "CLOUD_HARNESS_PROJECT_MAX_BYTES",
+        max_object: limits.max_bytes,
+        object_setting: "of the whole checkout (CLOUD_HARNESS_PROJECT_MAX_BYTES)",
     };
     let pack_dir = dir.join(".git/objects/pack");
     let observer = Observer::default();
@@ -442,10 +527,11 @@ pub fn clone_worktree(
                 transport,
                 dir,
                 gix::create::Kind::WithWorktree,
+                ceiling.max_object,
             )?;
             let (mut checkout, outcome) = prepare
                 .fetch_then_checkout(gix::progress::Discard, interrupt)
-                .map_err(|e| upstream(url, e))?;
+                .map_err(|e| failed(url, &e, &ceiling))?;
             check_download(url, &pack_dir, &ceiling)?;
             let commit = fetched_commit(url, revision, &outcome.ref_map)?;
             check_checkout(url, checkout.repo(), commit, limits)?;

@@ -6,7 +6,7 @@ use crate::home::write_atomic;
 use crate::provision::normalize::NORMALIZER_VERSION;
 use crate::toolkit::{Revision, Toolkit};
 use cloud_harness_fs::cas::{Digest, Kind, ObjectKind, Store};
-use cloud_harness_fs::discovery::Layout;
+use cloud_harness_fs::discovery::{Layout, Skipped};
 use cloud_harness_fs::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::fs;
@@ -58,8 +58,33 @@ pub struct BundleRecord {
     /// How the commit was chosen: a commit id, a tag, or the default branch head.
     pub requested: String,
     pub warnings: Vec<String>,
+    /// The skill folders the normalizer left out, each with its reason (a bad `SKILL.md`, an
+    /// exclude pattern): shown where the toolkit's skills are listed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<Skipped>,
     /// Seconds since the Unix epoch.
     pub acquired_at: u64,
+}
+
+/// The largest bundle record read, here or from the store of record (its warnings and
+/// skipped folders make most of it).
+pub const MAX_RECORD: u64 = 4 << 20;
+
+impl BundleRecord {
+    /// A record from its JSON, which may have come from anywhere (another runner, a bucket):
+    /// at most [`MAX_RECORD`] bytes (TOO_LARGE), a record (INVALID_ARGUMENT otherwise; JSON
+    /// nested deeper than 128 is not one).
+    pub fn decode(bytes: &[u8]) -> Result<BundleRecord> {
+        if bytes.len() as u64 > MAX_RECORD {
+            return Err(Error::too_large(format!(
+                "a bundle record of {} bytes, more than the {MAX_RECORD} a record may have",
+                bytes.len()
+            ))
+            .with_details(serde_json::json!({ "limit": MAX_RECORD })));
+        }
+        serde_json::from_slice(bytes)
+            .map_err(|e| Error::invalid(format!("not a bundle record: {e}")))
+    }
 }
 
 pub struct BundleIndex {
@@ -106,9 +131,7 @@ impl BundleIndex {
 
     pub fn get(&self, key: &BundleKey) -> Option<BundleRecord> {
         let bytes = fs::read(self.record_path(key)).ok()?;
-        serde_json::from_slice::<BundleRecord>(&bytes)
-            .ok()
-            .filter(|r| r.key == *key)
+        BundleRecord::decode(&bytes).ok().filter(|r| r.key == *key)
     }
 
     /// Records a bundle and makes it (and its manifest) a garbage-collection root.
@@ -166,9 +189,7 @@ impl BundleIndex {
         for entry in entries.flatten() {
             let path = entry.path();
             if path.extension().is_some_and(|x| x == "json") {
-                if let Ok(r) =
-                    serde_json::from_slice::<BundleRecord>(&fs::read(&path).unwrap_or_default())
-                {
+                if let Ok(r) = BundleRecord::decode(&fs::read(&path).unwrap_or_default()) {
                     out.push(r);
                 }
             }

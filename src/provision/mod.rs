@@ -353,6 +353,7 @@ impl Provisioner {
         if observer.is_cancelled() {
             return Err(cancelled());
         }
+        observer.admit_fetch()?;
         observer.set_phase("fetching");
         let fetched =
             self.fetch_and_record(toolkit, &known, &fetched_url, observer, started, &bytes);
@@ -421,6 +422,9 @@ impl Provisioner {
                 &fetch::Ceiling {
                     max_bytes: self.limits.max_bytes.saturating_mul(2),
                     setting: "twice CLOUD_HARNESS_MAX_BYTES",
+                    // As the host indexes a helper's pack (`pack::index_pack_from`).
+                    max_object: self.limits.max_file_bytes.saturating_mul(2),
+                    object_setting: "per file (twice CLOUD_HARNESS_MAX_FILE_BYTES)",
                 },
                 observer,
             )
@@ -479,6 +483,7 @@ impl Provisioner {
             object_format,
             requested: index::describe(&toolkit.revision),
             warnings: bundle.warnings,
+            skipped: bundle.skipped,
             acquired_at: SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),

@@ -2,7 +2,7 @@
 //! then a git pack. The host indexes it itself (object ids recomputed from the bytes) and
 //! checks the commit it was promised is there; nothing the container says is taken on faith.
 
-use crate::provision::fetch::Fetched;
+use crate::provision::fetch::{object_too_large, past_alloc_limit, Fetched};
 use crate::provision::staging::Limits;
 use cloud_harness_fs::{Code, Error, Result};
 use std::path::Path;
@@ -59,6 +59,7 @@ pub fn index_pack_from(
     )
     .map_err(|e| Error::internal(format!("scratch repository: {e}")))?;
     let pack_dir = dir.join("objects").join("pack");
+    let max_object = limits.max_file_bytes.saturating_mul(2);
     gix::odb::pack::Bundle::write_to_directory(
         &mut output,
         Some(&pack_dir),
@@ -67,11 +68,18 @@ pub fn index_pack_from(
         None::<gix::objs::find::Never>,
         kind,
         gix::odb::pack::bundle::write::Options {
-            alloc_limit_bytes: Some(limits.max_file_bytes.saturating_mul(2) as usize),
+            alloc_limit_bytes: Some(max_object as usize),
             ..Default::default()
         },
     )
-    .map_err(|e| Error::new(Code::Upstream, format!("indexing the helper's pack: {e}")))?;
+    .map_err(|e| match past_alloc_limit(&e) {
+        true => object_too_large(
+            "indexing the helper's pack",
+            max_object,
+            "per file (twice CLOUD_HARNESS_MAX_FILE_BYTES)",
+        ),
+        false => Error::new(Code::Upstream, format!("indexing the helper's pack: {e}")),
+    })?;
     let repo = gix::open_opts(dir, gix::open::Options::isolated())
         .map_err(|e| Error::internal(format!("scratch repository: {e}")))?;
     repo.find_commit(commit).map_err(|_| {

@@ -42,11 +42,28 @@ impl Limits {
     pub fn from_env() -> Result<Limits> {
         let var = env_number;
         let d = Limits::default();
+        let max_depth = var("CLOUD_HARNESS_MAX_DEPTH", d.max_depth as u64)?;
+        let ceiling = cloud_harness_fs::cas::MAX_TREE_DEPTH;
+        if max_depth > ceiling as u64 {
+            return Err(Error::invalid(format!(
+                "CLOUD_HARNESS_MAX_DEPTH: {max_depth} is more than the {ceiling} levels a tree in the store may nest"
+            )));
+        }
+        // A toolkit's files and folders, counted by path, are walked again on every open (its
+        // skills, their links): within the entry budget of such a walk, several times over.
+        let max_files = var("CLOUD_HARNESS_MAX_FILES", d.max_files)?;
+        let most_files = cloud_harness_fs::cas::MAX_WALK_ENTRIES / 8;
+        if max_files > most_files {
+            return Err(Error::invalid(format!(
+                "CLOUD_HARNESS_MAX_FILES: {max_files} is more than the {most_files} files a toolkit may hold (an eighth of the {} entries a walk over stored trees may list)",
+                cloud_harness_fs::cas::MAX_WALK_ENTRIES
+            )));
+        }
         Ok(Limits {
-            max_files: var("CLOUD_HARNESS_MAX_FILES", d.max_files)?,
+            max_files,
             max_bytes: var("CLOUD_HARNESS_MAX_BYTES", d.max_bytes)?,
             max_file_bytes: var("CLOUD_HARNESS_MAX_FILE_BYTES", d.max_file_bytes)?,
-            max_depth: var("CLOUD_HARNESS_MAX_DEPTH", d.max_depth as u64)? as usize,
+            max_depth: max_depth as usize,
             max_seconds: var("CLOUD_HARNESS_FETCH_TIMEOUT", d.max_seconds)?,
         })
     }
@@ -73,6 +90,9 @@ struct Stager<'r, 'w, 's> {
     limits: Limits,
     deadline: Instant,
     files: u64,
+    /// Folders met, each counted as often as the trees name it: a tree of many entries naming
+    /// one folder that names another such tree is walked as many times as it is named.
+    folders: u64,
     bytes: u64,
     warnings: Vec<String>,
 }
@@ -127,6 +147,7 @@ pub fn stage(
         limits,
         deadline,
         files: 0,
+        folders: 0,
         bytes: 0,
         warnings: Vec::new(),
     };
@@ -140,7 +161,12 @@ pub fn stage(
 impl Stager<'_, '_, '_> {
     fn tree(&mut self, id: gix::ObjectId, path: &str, depth: usize) -> Result<Digest> {
         let shown = if path.is_empty() { "." } else { path };
-        if depth > self.limits.max_depth {
+        if depth
+            > self
+                .limits
+                .max_depth
+                .min(cloud_harness_fs::cas::MAX_TREE_DEPTH)
+        {
             return Err(refuse(
                 Code::TooLarge,
                 shown,
@@ -170,6 +196,16 @@ impl Stager<'_, '_, '_> {
             let entry = entry.map_err(|e| {
                 refuse(Code::InvalidArgument, shown, format!("malformed tree: {e}"))
             })?;
+            if entries.len() == cloud_harness_fs::cas::MAX_TREE_ENTRIES {
+                return Err(refuse(
+                    Code::TooLarge,
+                    shown,
+                    format!(
+                        "a folder of more than the limit of {} entries",
+                        cloud_harness_fs::cas::MAX_TREE_ENTRIES
+                    ),
+                ));
+            }
             let raw = entry.filename();
             let lossy = String::from_utf8_lossy(raw);
             let child = join(path, &lossy);
@@ -208,12 +244,15 @@ impl Stager<'_, '_, '_> {
             }
             let oid = entry.oid().to_owned();
             let staged = match kind {
-                EntryKind::Tree => Entry {
-                    name: name.to_owned(),
-                    kind: Kind::Tree,
-                    size: 0,
-                    digest: self.tree(oid, &child, depth + 1)?,
-                },
+                EntryKind::Tree => {
+                    self.folder(&child)?;
+                    Entry {
+                        name: name.to_owned(),
+                        kind: Kind::Tree,
+                        size: 0,
+                        digest: self.tree(oid, &child, depth + 1)?,
+                    }
+                }
                 EntryKind::Blob | EntryKind::BlobExecutable | EntryKind::Link => {
                     let data = self.read_blob(oid, &child)?;
                     let kind = match kind {
@@ -232,6 +271,8 @@ impl Stager<'_, '_, '_> {
                     }
                 }
                 EntryKind::Commit => {
+                    // Counted as a file: each one is a warning kept.
+                    self.count(&child, 0)?;
                     self.warnings.push(format!("{child}: a submodule; skipped"));
                     continue;
                 }
@@ -241,6 +282,22 @@ impl Stager<'_, '_, '_> {
         let tree =
             Tree::new(entries).map_err(|e| refuse(Code::InvalidArgument, shown, e.message))?;
         self.writer.put_tree(&tree)
+    }
+
+    /// A folder more: at most as many as files are allowed.
+    fn folder(&mut self, path: &str) -> Result<()> {
+        self.folders += 1;
+        if self.folders > self.limits.max_files {
+            return Err(refuse(
+                Code::TooLarge,
+                path,
+                format!(
+                    "more than the limit of {} folders (CLOUD_HARNESS_MAX_FILES)",
+                    self.limits.max_files
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn count(&mut self, path: &str, size: u64) -> Result<()> {

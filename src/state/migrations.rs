@@ -271,6 +271,52 @@ ALTER TABLE imports ADD COLUMN runner TEXT NOT NULL DEFAULT '';
 "#,
         )],
     },
+    Migration {
+        version: 7,
+        description: "the principal each workspace belongs to; idempotency keys unique per principal",
+        parts: &[
+            // SQLite cannot drop a column's UNIQUE: the table is made again.
+            Sqlite(
+                r#"
+CREATE TABLE workspaces_v7 (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL DEFAULT '',
+    idempotency_key TEXT NOT NULL,
+    request_digest TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('opening', 'open')),
+    created_at BIGINT NOT NULL,
+    runner TEXT NOT NULL DEFAULT ''
+);
+INSERT INTO workspaces_v7 (id, owner, idempotency_key, request_digest, state, created_at, runner)
+    SELECT id, '', idempotency_key, request_digest, state, created_at, runner FROM workspaces;
+DROP TABLE workspaces;
+ALTER TABLE workspaces_v7 RENAME TO workspaces;
+"#,
+            ),
+            Postgres(
+                r#"
+ALTER TABLE workspaces ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+ALTER TABLE workspaces DROP CONSTRAINT workspaces_idempotency_key_key;
+"#,
+            ),
+            Both(
+                r#"
+CREATE UNIQUE INDEX workspaces_owner_key ON workspaces (owner, idempotency_key);
+"#,
+            ),
+        ],
+    },
+    Migration {
+        version: 8,
+        description: "a launch conflict is recorded per principal that met it",
+        parts: &[Both(
+            r#"
+DROP INDEX launch_conflicts_open;
+CREATE UNIQUE INDEX launch_conflicts_open ON launch_conflicts (conflict_key, actor) WHERE settled_at IS NULL;
+CREATE INDEX launch_conflicts_actor ON launch_conflicts (actor, last_at);
+"#,
+        )],
+    },
 ];
 
 /// The newest version this binary knows.

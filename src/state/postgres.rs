@@ -3,7 +3,10 @@
 //! (async or not) wait for it the same way they wait for SQLite. Write transactions take one
 //! advisory lock first, so writers across the fleet serialize exactly as SQLite's
 //! `BEGIN IMMEDIATE` makes them (the control plane writes little; what it writes must never
-//! interleave). A lost connection is made again on the next use.
+//! interleave). A lost connection is made again on the next use. Every session waits at most
+//! [`LOCK_TIMEOUT`] for a lock and runs a statement at most [`STATEMENT_TIMEOUT`] (unless
+//! the URL's `options` set them), so a lock held elsewhere or a slow server is an error to
+//! retry, never a wait without end.
 
 use super::sql::{DbError, DbResult, ErrorKind, Row, Value};
 use bytes::BytesMut;
@@ -18,19 +21,24 @@ const WRITE_LOCK: i64 = 0x6368_0001;
 
 /// How long connecting may take when the URL does not say (`connect_timeout`).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a statement may wait for a lock (`lock_timeout`): as long as SQLite's busy
+/// timeout.
+pub const LOCK_TIMEOUT: Duration = super::sqlite::BUSY_TIMEOUT;
+/// How long a statement may run (`statement_timeout`).
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long this side waits for any answer before it gives the connection up (a server or a
+/// network that hangs never says `statement_timeout`): that, and a margin.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(35);
 
-pub struct Pg {
+/// Where the database is: what connecting needs, and the URL without its password.
+#[derive(Clone)]
+pub struct Target {
     config: tokio_postgres::Config,
-    /// The URL without its password, for messages.
     shown: String,
-    client: tokio_postgres::Client,
-    statements: RefCell<HashMap<String, tokio_postgres::Statement>>,
-    /// A statement failed inside the current transaction (PostgreSQL then refuses the rest).
-    failed: Cell<bool>,
 }
 
-impl Pg {
-    pub fn connect(url: &str) -> DbResult<Pg> {
+impl Target {
+    pub fn parse(url: &str) -> DbResult<Target> {
         let shown = crate::config::redact(url);
         let mut config: tokio_postgres::Config = url.parse().map_err(|e| DbError {
             kind: ErrorKind::Other,
@@ -42,23 +50,51 @@ impl Pg {
         if config.get_application_name().is_none() {
             config.application_name("cloud-harness");
         }
-        let client = open(&config, &shown)?;
-        Ok(Pg {
-            config,
-            shown,
-            client,
-            statements: RefCell::default(),
-            failed: Cell::new(false),
-        })
+        Ok(Target { config, shown })
     }
 
+    /// A new connection (a session with its timeouts set).
+    pub fn connect(&self) -> DbResult<Pg> {
+        Ok(Pg {
+            client: open(&self.config, &self.shown)?,
+            target: self.clone(),
+            statements: RefCell::default(),
+            failed: Cell::new(false),
+            lost: Cell::new(false),
+        })
+    }
+}
+
+/// Rolls a transaction back if dropped while a panic unwinds.
+struct RollbackOnPanic<'a>(&'a Pg);
+
+impl Drop for RollbackOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.lost.set(true);
+            let _ = self.0.batch("ROLLBACK");
+        }
+    }
+}
+
+pub struct Pg {
+    target: Target,
+    client: tokio_postgres::Client,
+    statements: RefCell<HashMap<String, tokio_postgres::Statement>>,
+    /// A statement failed inside the current transaction (PostgreSQL then refuses the rest).
+    failed: Cell<bool>,
+    /// An answer never came: the connection is made again before its next use.
+    lost: Cell<bool>,
+}
+
+impl Pg {
     pub fn shown(&self) -> &str {
-        &self.shown
+        &self.target.shown
     }
 
     /// A new connection if the last one is known to be lost.
     pub fn ensure(&mut self) -> DbResult<()> {
-        if self.client.is_closed() {
+        if self.client.is_closed() || self.lost.get() {
             self.reconnect()?;
         }
         Ok(())
@@ -66,9 +102,10 @@ impl Pg {
 
     /// A new connection (the last one failed: the server restarted, a proxy cut it).
     pub fn reconnect(&mut self) -> DbResult<()> {
-        tracing::warn!(database = %self.shown, "the state database connection was lost; connecting again");
-        self.client = open(&self.config, &self.shown)?;
+        tracing::warn!(database = %self.target.shown, "the state database connection was lost; connecting again");
+        self.client = open(&self.target.config, &self.target.shown)?;
         self.statements.borrow_mut().clear();
+        self.lost.set(false);
         Ok(())
     }
 
@@ -89,7 +126,11 @@ impl Pg {
             r => r?,
         }
         self.failed.set(false);
+        // A panic in `f` leaves no transaction open, and so no fleet-wide lock held: it is
+        // rolled back as the panic goes by, and the connection made again before its next use.
+        let guard = RollbackOnPanic(self);
         let value = f(self);
+        std::mem::forget(guard);
         match value {
             Ok(v) if !self.failed.get() => {
                 self.batch("COMMIT")?;
@@ -107,22 +148,19 @@ impl Pg {
     }
 
     pub fn batch(&self, sql: &str) -> DbResult<()> {
-        let r = futures_executor::block_on(self.client.batch_execute(sql));
-        self.checked(r)
+        self.wait(self.client.batch_execute(sql))
     }
 
     pub fn execute(&self, sql: &str, values: &[Value]) -> DbResult<u64> {
         let st = self.statement(sql)?;
         let params: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v as _).collect();
-        let r = futures_executor::block_on(self.client.execute(&st, &params));
-        self.checked(r)
+        self.wait(self.client.execute(&st, &params))
     }
 
     pub fn rows(&self, sql: &str, values: &[Value]) -> DbResult<Vec<Row>> {
         let st = self.statement(sql)?;
         let params: Vec<&(dyn ToSql + Sync)> = values.iter().map(|v| v as _).collect();
-        let r = futures_executor::block_on(self.client.query(&st, &params));
-        let rows = self.checked(r)?;
+        let rows = self.wait(self.client.query(&st, &params))?;
         let names: std::sync::Arc<[String]> =
             st.columns().iter().map(|c| c.name().to_owned()).collect();
         rows.iter()
@@ -142,12 +180,35 @@ impl Pg {
         if let Some(st) = self.statements.borrow().get(sql) {
             return Ok(st.clone());
         }
-        let r = futures_executor::block_on(self.client.prepare(sql));
-        let st = self.checked(r)?;
+        let st = self.wait(self.client.prepare(sql))?;
         self.statements
             .borrow_mut()
             .insert(sql.to_owned(), st.clone());
         Ok(st)
+    }
+
+    /// The answer of `request`, waited for at most [`ANSWER_TIMEOUT`] (the runtime's timer
+    /// keeps the time, whichever thread waits).
+    fn wait<T>(
+        &self,
+        request: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> DbResult<T> {
+        let _timer = runtime()?.enter();
+        match futures_executor::block_on(tokio::time::timeout(ANSWER_TIMEOUT, request)) {
+            Ok(r) => self.checked(r),
+            Err(_) => {
+                self.failed.set(true);
+                self.lost.set(true);
+                Err(DbError {
+                    kind: ErrorKind::Timeout,
+                    message: format!(
+                        "the state database at {} did not answer within {} s",
+                        self.target.shown,
+                        ANSWER_TIMEOUT.as_secs()
+                    ),
+                })
+            }
+        }
     }
 
     fn checked<T>(&self, r: Result<T, tokio_postgres::Error>) -> DbResult<T> {
@@ -158,7 +219,7 @@ impl Pg {
     }
 
     fn error(&self, e: tokio_postgres::Error) -> DbError {
-        error(e, &self.shown)
+        error(e, &self.target.shown)
     }
 }
 
@@ -180,10 +241,27 @@ fn runtime() -> DbResult<&'static tokio::runtime::Runtime> {
         .map_err(|e| DbError::other(format!("a runtime for the state database: {e}")))
 }
 
+/// The `SET`s that bound every statement of a session, but for those the URL's `options`
+/// set already (`options=-c statement_timeout=5s`).
+fn session_settings(config: &tokio_postgres::Config) -> String {
+    let options = config.get_options().unwrap_or_default();
+    [
+        ("lock_timeout", LOCK_TIMEOUT),
+        ("statement_timeout", STATEMENT_TIMEOUT),
+    ]
+    .iter()
+    .filter(|(name, _)| !options.contains(name))
+    .map(|(name, d)| format!("SET {name} = {}; ", d.as_millis()))
+    .collect()
+}
+
 fn open(config: &tokio_postgres::Config, shown: &str) -> DbResult<tokio_postgres::Client> {
     let config = config.clone();
     let tls = tls().map_err(|e| DbError::other(format!("TLS for the state database: {e}")))?;
-    let connected = runtime()?.spawn(async move {
+    let settings = session_settings(&config);
+    // The whole of it bounded: `connect_timeout` covers the TCP connect only, and a server
+    // (or a balancer) that accepts and then says nothing would hold the caller forever.
+    let connecting = async move {
         let (client, connection) = config.connect(tls).await?;
         // The connection's own task does the reading and writing for every query.
         tokio::spawn(async move {
@@ -191,10 +269,23 @@ fn open(config: &tokio_postgres::Config, shown: &str) -> DbResult<tokio_postgres
                 tracing::warn!(error = %e, "the state database connection ended");
             }
         });
+        if !settings.is_empty() {
+            client.batch_execute(&settings).await?;
+        }
         Ok::<_, tokio_postgres::Error>(client)
-    });
+    };
+    // (The timer is made on the runtime: it needs its clock.)
+    let connected =
+        runtime()?.spawn(async move { tokio::time::timeout(ANSWER_TIMEOUT, connecting).await });
     match futures_executor::block_on(connected) {
-        Ok(r) => r.map_err(|e| error(e, shown)),
+        Ok(Ok(r)) => r.map_err(|e| error(e, shown)),
+        Ok(Err(_)) => Err(DbError {
+            kind: ErrorKind::Timeout,
+            message: format!(
+                "connecting to the state database at {shown} took more than {} s",
+                ANSWER_TIMEOUT.as_secs()
+            ),
+        }),
         Err(e) => Err(DbError::other(format!(
             "connecting to the state database: {e}"
         ))),
@@ -238,6 +329,10 @@ fn error(e: tokio_postgres::Error, shown: &str) -> DbError {
         Some(c) if c.code().starts_with("57P") || c.code().starts_with("08") => {
             ErrorKind::Unavailable
         }
+        // `statement_timeout` (or a cancel) and `lock_timeout`: the statement was undone.
+        Some(c) if *c == SqlState::QUERY_CANCELED || *c == SqlState::LOCK_NOT_AVAILABLE => {
+            ErrorKind::Timeout
+        }
         Some(_) => ErrorKind::Other,
         // No SQL state: the connection (refused, lost, timed out) rather than a statement.
         None => ErrorKind::Unavailable,
@@ -247,6 +342,10 @@ fn error(e: tokio_postgres::Error, shown: &str) -> DbError {
             "the state database at {shown}: {e} (its certificate must verify against the system's roots; on a trusted network add sslmode=disable to the URL)"
         ),
         ErrorKind::Unavailable => format!("the state database at {shown} is unreachable: {e}"),
+        ErrorKind::Timeout => format!(
+            "the state database at {shown} did not answer in time: {}",
+            e.as_db_error().map_or_else(|| e.to_string(), |db| db.message().to_owned())
+        ),
         _ => match e.as_db_error() {
             Some(db) => db.message().to_owned(),
             None => e.to_string(),

@@ -155,6 +155,10 @@ pub enum ErrorKind {
     Constraint,
     /// The database cannot be reached (a server down, a connection lost).
     Unavailable,
+    /// A statement waited too long for a lock or ran too long (SQLite's busy timeout,
+    /// PostgreSQL's `lock_timeout` or `statement_timeout`): nothing of it was kept, and trying
+    /// again later may succeed.
+    Timeout,
     Other,
 }
 

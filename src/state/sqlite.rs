@@ -1,5 +1,7 @@
 //! The embedded engine: one SQLite file, `<home>/state.db`, shared by `serve` and the CLI
-//! (WAL, a busy timeout); a write transaction takes the write lock at once.
+//! (WAL, a busy timeout); a write transaction takes the write lock at once. Reads have
+//! connections of their own ([`open_reader`]): in WAL mode they read while another connection
+//! or process holds the write lock.
 
 use super::sql::{DbError, DbResult, ErrorKind, Row, Value};
 use rusqlite::types::{ToSqlOutput, ValueRef};
@@ -8,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// How long a writer waits for another (a CLI while `serve` writes) before giving up.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn open(path: &Path) -> DbResult<Connection> {
     let conn = Connection::open(path).map_err(error)?;
@@ -24,6 +26,16 @@ pub fn open(path: &Path) -> DbResult<Connection> {
     // The file holds token hashes and decisions: the server's user only.
     use std::os::unix::fs::PermissionsExt;
     let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+    Ok(conn)
+}
+
+/// A connection for reads only, to a database [`open`] made: WAL is the file's mode already
+/// and durability is the writer's concern, so it only waits as long, and checks keys.
+pub fn open_reader(path: &Path) -> DbResult<Connection> {
+    let conn = Connection::open(path).map_err(error)?;
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(error)?;
+    conn.pragma_update(None, "foreign_keys", "ON")
+        .map_err(error)?;
     Ok(conn)
 }
 
@@ -46,6 +58,14 @@ pub fn error(e: rusqlite::Error) -> DbError {
         rusqlite::Error::QueryReturnedNoRows => ErrorKind::NoRows,
         e if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation) => {
             ErrorKind::Constraint
+        }
+        // The busy timeout ran out: another connection held the lock all along.
+        e if matches!(
+            e.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+        ) =>
+        {
+            ErrorKind::Timeout
         }
         _ => ErrorKind::Other,
     };

@@ -59,9 +59,15 @@ impl Workspaces {
             },
             _ => t.clone(),
         };
-        let a = self.provisioner.acquire(&fetch);
+        // A fetch from the network counts against the opener's hourly budget.
+        let observer = crate::provision::observe::Observer::paid_by(actor);
+        let a = self.provisioner.acquire_observed(&fetch, &observer);
         let millis = started.elapsed().as_millis() as u64;
-        crate::acquisitions::record(&self.db, t, &a, millis, actor, "workspace_open", Some(id));
+        // A fetch refused by the opener's budget is no acquisition: not kept in the history,
+        // which a client looping on its refusal would otherwise fill.
+        if !matches!(&a, Err(e) if e.code == cloud_harness_fs::Code::ResourceExhausted) {
+            crate::acquisitions::record(&self.db, t, &a, millis, actor, "workspace_open", Some(id));
+        }
         let acquired = a?;
         let resolved_at = match head {
             Some(Some((_, at))) => Some(at),

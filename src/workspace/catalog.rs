@@ -3,7 +3,7 @@
 //! What the MCP Skills extension publishes; read from the store, as the mount serves it.
 
 use super::Workspace;
-use cloud_harness_fs::cas::{Digest, Kind};
+use cloud_harness_fs::cas::{Digest, Kind, WalkBudget};
 use cloud_harness_fs::relpath;
 use cloud_harness_fs::skill;
 use serde_json::Value;
@@ -28,13 +28,16 @@ impl Workspace {
     }
 
     /// Every file of the served skill `name`, in path order: links that lead to a file
-    /// inside the mount count as that file (a read follows them), others are left out.
+    /// inside the mount count as that file (a read follows them), with its digest and size
+    /// as the trees give them (nothing is read: many links to one large file cost nothing);
+    /// others are left out. The folders listed count against a walk's entry budget.
     pub fn skill_files(&self, name: &str) -> cloud_harness_fs::Result<Vec<SkillFile>> {
         let root = self.skill(name)?;
         let mut out = Vec::new();
+        let mut budget = WalkBudget::default();
         let mut pending = vec![(String::new(), root)];
         while let Some((dir, digest)) = pending.pop() {
-            for e in self.store.tree(&digest)?.entries() {
+            for e in budget.tree(&self.store, &digest)?.entries() {
                 let path = relpath::join(&dir, &e.name);
                 match e.kind {
                     Kind::Tree => pending.push((path, e.digest)),
@@ -46,13 +49,8 @@ impl Workspace {
                     Kind::Symlink => {
                         let parts: Vec<&str> =
                             std::iter::once(name).chain(path.split('/')).collect();
-                        if let Ok(Some((size, bytes))) = self.merged.read_path(&parts, 0, u32::MAX)
-                        {
-                            out.push(SkillFile {
-                                path,
-                                digest: Digest::of(&bytes),
-                                size,
-                            });
+                        if let Ok(Some((digest, size))) = self.merged.stat_path(&parts) {
+                            out.push(SkillFile { path, digest, size });
                         }
                     }
                 }

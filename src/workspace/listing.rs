@@ -57,6 +57,9 @@ struct Listing<'a> {
     count: usize,
     skills: Vec<SkillView<'a>>,
     conflicts: Vec<Value>,
+    /// On the first page: the skills left out, with why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    skipped: Option<Vec<Value>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     next_cursor: Option<String>,
 }
@@ -143,6 +146,35 @@ pub fn cursor_name(cursor: &str) -> Option<String> {
         .ok()?
         .strip_prefix("after:")
         .map(str::to_owned)
+}
+
+/// The skills left out of a workspace, each with its reason (`code`, `reason`, `details`
+/// naming the file and the bound it broke): those each toolkit's normalizer left out
+/// (`toolkit`, from `toolkits` as `workspace_open` lists them), then those the resolution of
+/// `index` skipped (`source`: a bad `SKILL.md` in the project's repository, say). Only those
+/// of `tier` when one is given.
+pub(super) fn skipped(toolkits: &Value, index: &Index, tier: Option<Tier>) -> Vec<Value> {
+    let wanted = |t: &Value| tier.is_none_or(|tier| *t == serde_json::json!(tier));
+    let mut out = Vec::new();
+    for t in toolkits.as_array().into_iter().flatten() {
+        if !wanted(&t["scope"]) {
+            continue;
+        }
+        for s in t["skipped"].as_array().into_iter().flatten() {
+            let mut s = s.clone();
+            s["toolkit"] = t["instanceId"].clone();
+            s["tier"] = t["scope"].clone();
+            out.push(s);
+        }
+    }
+    out.extend(
+        index
+            .skipped
+            .iter()
+            .filter(|s| tier.is_none_or(|t| s.tier == t))
+            .map(|s| serde_json::to_value(s).expect("skipped skills serialize")),
+    );
+    out
 }
 
 /// Whether two candidates, each of its own index, are the same copy of a skill.
@@ -257,6 +289,10 @@ impl Workspace {
         let mut skills = Vec::new();
         let mut conflicts = Vec::new();
         let mut more = false;
+        let skipped = after.is_none().then(|| match index {
+            Some(index) => skipped(&self.record.result["toolkits"], index, tier),
+            None => Vec::new(),
+        });
         if let Some(index) = index {
             let resolutions = index.resolutions();
             let start = after.map_or(0, |a| resolutions.partition_point(|r| r.name.as_str() <= a));
@@ -289,6 +325,7 @@ impl Workspace {
             count: skills.len(),
             skills,
             conflicts,
+            skipped,
             next_cursor,
         })
         .expect("listings serialize")

@@ -62,7 +62,9 @@ pub fn workspace_scope(
         let dest = target.join(name);
         refuse_link(repo, &format!("{WORKSPACE_SKILLS}/{name}"))?;
         if fs::symlink_metadata(&dest).is_ok() {
-            let existing = store.import_dir(&dest, &Limits::default())?.digest;
+            // The project's own folder, hostile like any: its ceilings, and what no skill can hold
+            // left out.
+            let existing = store.import_dir(&dest, &Limits::PROJECT)?.digest;
             if existing != *digest {
                 return Err(Error::conflict(format!(
                     "skill `{name}` is already in {WORKSPACE_SKILLS} with other content ({existing}); toolkit `{toolkit}` brings {digest}; nothing was written"
@@ -73,12 +75,12 @@ pub fn workspace_scope(
             to_write.push((dest, *digest));
         }
     }
-    let mut written = Vec::new();
+    let mut written: Vec<std::path::PathBuf> = Vec::new();
     for (dest, digest) in to_write {
         fs::create_dir_all(&target).map_err(|e| Error::io(&target, e))?;
         if let Err(e) = cas::materialize(store, &digest, &dest) {
             for done in written {
-                let _ = fs::remove_dir_all(done);
+                let _ = cloud_harness_fs::removal::remove_tree(&done);
             }
             return Err(e);
         }

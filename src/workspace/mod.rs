@@ -21,6 +21,7 @@
 
 mod acquire;
 mod catalog;
+mod failure;
 mod keys;
 mod listing;
 pub use catalog::SkillFile;
@@ -32,9 +33,11 @@ pub mod preview;
 mod read;
 mod record;
 mod request;
+mod restore;
 mod roots;
 mod run;
 
+pub use failure::Failure;
 pub use read::{check_skill_path, Page, MAX_SKILL_PATH};
 pub use record::Record;
 pub use request::OpenRequest;
@@ -43,6 +46,7 @@ pub use run::RunRequest;
 
 use crate::executor::{self, Executor, Kind, Places};
 use crate::keyed_lock::KeyedLock;
+use crate::principal::Principal;
 use crate::provision::Provisioner;
 use crate::session_start::SessionStart;
 use crate::state::Db;
@@ -60,6 +64,10 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 pub use crate::executor::WORKSPACE_SKILLS;
+
+/// Changes of the catalogue a slow listener may fall behind by before it is told only that
+/// something changed.
+const CATALOGUE_CHANGES: usize = 256;
 
 /// An open workspace.
 pub struct Workspace {
@@ -86,11 +94,19 @@ pub struct Workspace {
 
 pub struct Workspaces {
     home: PathBuf,
-    provisioner: Provisioner,
+    provisioner: Arc<Provisioner>,
     executors: executor::Settings,
     /// The executor backend new workspaces get, if any.
     executor_kind: Option<Kind>,
-    open: Mutex<HashMap<String, Arc<Workspace>>>,
+    open: Arc<Mutex<HashMap<String, Arc<Workspace>>>>,
+    /// Workspaces that could not be served again after a restart, with why; each stays until
+    /// it is closed (or, restored late, is served).
+    failed: Arc<Mutex<HashMap<String, Failure>>>,
+    /// How long start-up waits for the workspaces being restored.
+    restore_timeout: Duration,
+    /// The inotify watches the live tiers of all workspaces share, and what one may hold.
+    watches: cloud_harness_fs::watch::Pool,
+    watch_budget: cloud_harness_fs::watch::Budget,
     /// The control plane's database: idempotency keys, decisions, the audit log.
     db: Db,
     /// One open per key at a time in this process (the database's unique key guards the
@@ -100,9 +116,9 @@ pub struct Workspaces {
     /// The program whose `prewarm` command walks each new mount once (this server's own
     /// binary); without one, mounts stay cold until read.
     prewarm: Option<PathBuf>,
-    /// Bumped whenever what the open workspaces serve, together, changes: one opens or
-    /// closes, or a live tier changes one.
-    catalogue: tokio::sync::watch::Sender<u64>,
+    /// Sent whenever what the open workspaces serve, together, changes: one opens or closes,
+    /// or a live tier changes one.
+    catalogue: tokio::sync::broadcast::Sender<Arc<str>>,
 }
 
 /// Removes a half-made workspace (its executor, mounts and folder) unless disarmed.
@@ -133,7 +149,9 @@ impl Drop for Cleanup {
             if let Some(id) = dir.file_name().and_then(|n| n.to_str()) {
                 let _ = roots::unpin(&self.store, id);
             }
-            let _ = fs::remove_dir_all(&dir);
+            if let Err(e) = cloud_harness_fs::removal::remove_tree(&dir) {
+                tracing::error!(error = %e, "removing a half-made workspace's folder failed");
+            }
         }
     }
 }
@@ -187,17 +205,37 @@ impl Workspaces {
             "control-plane database"
         );
         crate::registry::sync_shipped(&db)?;
+        let env = crate::provision::staging::env_number;
+        let watch_budget = cloud_harness_fs::watch::Budget {
+            watches: env(
+                "CLOUD_HARNESS_PROJECT_MAX_WATCHES",
+                cloud_harness_fs::watch::Budget::default().watches as u64,
+            )? as usize,
+            ..Default::default()
+        };
+        let watches = cloud_harness_fs::watch::Pool::new(env(
+            "CLOUD_HARNESS_PROJECT_MAX_WATCHES_TOTAL",
+            cloud_harness_fs::watch::Pool::system_default() as u64,
+        )? as usize);
+        let restore_timeout = Duration::from_secs(env(
+            "CLOUD_HARNESS_RESTORE_TIMEOUT",
+            restore::TIMEOUT.as_secs(),
+        )?);
         let ws = Workspaces {
             home,
-            provisioner,
+            provisioner: Arc::new(provisioner),
             executors,
             executor_kind,
-            open: Mutex::new(HashMap::new()),
+            open: Arc::default(),
+            failed: Arc::default(),
+            restore_timeout,
+            watches,
+            watch_budget,
             db,
             key_locks: KeyedLock::default(),
             mounting,
             prewarm,
-            catalogue: tokio::sync::watch::channel(0).0,
+            catalogue: tokio::sync::broadcast::channel(CATALOGUE_CHANGES).0,
         };
         ws.restore();
         Ok(ws)
@@ -224,96 +262,6 @@ impl Workspaces {
         &self.provisioner.store
     }
 
-    fn restore(&self) {
-        let Ok(entries) = fs::read_dir(record::workspaces_dir(&self.home)) else {
-            return;
-        };
-        let decisions = match crate::decisions::in_force(&self.db, &self.home) {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot read the operator's decisions: no workspace restored");
-                return;
-            }
-        };
-        let mut on_disk = std::collections::HashSet::new();
-        for entry in entries.flatten() {
-            if !record::record_path(&entry.path()).is_file() {
-                // A workspace whose open was cut short (the server killed before its record
-                // was written): nothing of it may stay.
-                self.sweep(&entry.path());
-                continue;
-            }
-            let record = match Record::load(&entry.path()) {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::error!(error = %e, "unreadable workspace record");
-                    continue;
-                }
-            };
-            let id = record.id.clone();
-            on_disk.insert(id.clone());
-            if let Err(e) = keys::adopt(
-                &self.db,
-                &id,
-                &record.idempotency_key,
-                &record.request_digest,
-                record.created_at,
-            ) {
-                tracing::error!(workspace = %id, error = %e, "cannot restore workspace");
-                continue;
-            }
-            let places = Places::of(&entry.path());
-            // The container (if any) lives on; a record from before executors gets one now.
-            let executor = match record.executor.clone() {
-                Some(spec) => Some(Executor::attach(spec, places.clone(), &id)),
-                None => self.make_executor(&places, &id).ok().flatten(),
-            };
-            let overrides = decisions.overrides_for(&record.sets());
-            match self.activate(record, &entry.path(), &overrides, false, &mut Vec::new()) {
-                Ok(mut ws) => {
-                    tracing::info!(workspace = %id, "workspace restored");
-                    ws.executor = executor;
-                    self.open
-                        .lock()
-                        .expect("workspaces lock")
-                        .insert(id, Arc::new(ws));
-                }
-                Err(e) => tracing::error!(workspace = %id, error = %e, "cannot restore workspace"),
-            }
-        }
-        // A row whose workspace has no record (an open cut short, its folder swept above):
-        // its key is free again.
-        for id in keys::mine(&self.db).unwrap_or_default() {
-            if !on_disk.contains(&id) {
-                if let Err(e) = keys::release(&self.db, &id) {
-                    tracing::error!(workspace = %id, error = %e, "cannot free the key of a half-made workspace");
-                }
-            }
-        }
-    }
-
-    /// Removes a half-made workspace found at start-up: its container (found by its label),
-    /// its mounts, its roots and its folder.
-    fn sweep(&self, dir: &Path) {
-        let Some(id) = dir.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
-            return;
-        };
-        if record::check_id(&id).is_err() {
-            return;
-        }
-        tracing::warn!(workspace = %id, "removing a workspace whose open never finished");
-        if self.executor_kind == Some(Kind::Docker) {
-            if let Err(e) = executor::docker::remove_by_dir(dir) {
-                tracing::error!(workspace = %id, error = %e, "cannot remove its container");
-            }
-        }
-        drop(Cleanup {
-            dir: Some(dir.to_path_buf()),
-            executor: None,
-            store: self.store().clone(),
-        });
-    }
-
     /// The kind of executor new workspaces get (none: scripts cannot run).
     pub fn executor_kind(&self) -> Option<Kind> {
         self.executor_kind
@@ -325,8 +273,15 @@ impl Workspaces {
     }
 
     /// Each change of what the open workspaces serve, together.
-    pub fn catalogue_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+    /// Each carries the owner of the workspace that changed, so a listener is told only of
+    /// what it reaches; one that falls behind is told something changed.
+    pub fn catalogue_changes(&self) -> tokio::sync::broadcast::Receiver<Arc<str>> {
         self.catalogue.subscribe()
+    }
+
+    /// Tells listeners that what a workspace of `owner` serves changed.
+    fn catalogue_changed(&self, owner: &str) {
+        let _ = self.catalogue.send(Arc::from(owner));
     }
 
     /// The open workspaces, in id order.
@@ -342,13 +297,101 @@ impl Workspaces {
         open
     }
 
+    /// The open workspace `id`, whoever owns it (the server's own use; callers go through
+    /// [`Workspaces::get_as`]).
     pub fn get(&self, id: &str) -> Result<Arc<Workspace>> {
-        self.open
-            .lock()
-            .expect("workspaces lock")
-            .get(id)
-            .cloned()
-            .ok_or_else(|| record::not_found(id))
+        let open = self.open.lock().expect("workspaces lock").get(id).cloned();
+        open.ok_or_else(|| match self.failure(id) {
+            Some(failed) => failed.error(),
+            None => record::not_found(id),
+        })
+    }
+
+    /// The open workspace `id` if `who` may reach it: NOT_FOUND otherwise, as for an id that
+    /// names nothing (a client learns nothing of others' workspaces). An operator's `action`
+    /// on another principal's workspace is audited with both names.
+    pub fn get_as(&self, who: &Principal, id: &str, action: &str) -> Result<Arc<Workspace>> {
+        let open = self.open.lock().expect("workspaces lock").get(id).cloned();
+        let Some(ws) = open else {
+            // One a restart could not serve again says why, to those who reach it only (one
+            // look: a restore ending between two looks must not tell a stranger).
+            return Err(match self.failure(id) {
+                Some(f) if who.reaches(f.owner()) => f.error(),
+                _ => record::not_found(id),
+            });
+        };
+        if !who.reaches(ws.owner()) {
+            return Err(record::not_found(id));
+        }
+        if ws.owner() != who.name {
+            crate::audit::access(&self.db, &who.name, ws.owner(), id, action);
+        }
+        Ok(ws)
+    }
+
+    /// The open workspaces `who` may reach, in id order.
+    pub fn open_workspaces_of(&self, who: &Principal) -> Vec<Arc<Workspace>> {
+        let mut open = self.open_workspaces();
+        open.retain(|w| who.reaches(w.owner()));
+        open
+    }
+
+    /// What each principal uses of its limits now: open workspaces, MCP sessions, and what
+    /// the quotas count.
+    pub fn usage(&self) -> Vec<(String, Vec<(&'static str, u64)>)> {
+        let quotas = crate::limits::quotas();
+        let mut workspaces: std::collections::BTreeMap<String, u64> = Default::default();
+        for w in self.open_workspaces() {
+            *workspaces.entry(w.owner().to_owned()).or_default() += 1;
+        }
+        let sessions = crate::mcp::sessions::per_principal();
+        let mut who: Vec<String> = quotas.principals();
+        who.extend(workspaces.keys().cloned());
+        who.extend(sessions.keys().cloned());
+        who.retain(|w| !w.is_empty());
+        who.sort();
+        who.dedup();
+        who.into_iter()
+            .map(|p| {
+                let mut used = vec![
+                    ("workspaces", workspaces.get(&p).copied().unwrap_or(0)),
+                    ("sessions", sessions.get(&p).copied().unwrap_or(0) as u64),
+                ];
+                used.extend(quotas.usage(&p));
+                (p, used)
+            })
+            .collect()
+    }
+
+    /// What the principal `who` uses of its limits now.
+    pub fn usage_of(&self, who: &str) -> Vec<(&'static str, u64)> {
+        let open = self.open.lock().expect("workspaces lock");
+        let workspaces = open.values().filter(|w| w.owner() == who).count() as u64;
+        drop(open);
+        let sessions = crate::mcp::sessions::per_principal();
+        let mut used = vec![
+            ("workspaces", workspaces),
+            ("sessions", sessions.get(who).copied().unwrap_or(0) as u64),
+        ];
+        used.extend(crate::limits::quotas().usage(who));
+        used
+    }
+
+    /// `workspace_close` asked by `who`: NOT_FOUND for a workspace they may not reach.
+    pub fn close_as(&self, who: &Principal, id: &str) -> Result<Value> {
+        let owner = match (self.get(id), self.failure(id)) {
+            (Ok(ws), _) => ws.owner().to_owned(),
+            // One a restart could not serve again: its record, if it could be read, says whose.
+            (Err(_), Some(f)) => f.owner().to_owned(),
+            (Err(e), None) => return Err(e),
+        };
+        if !who.reaches(&owner) {
+            return Err(record::not_found(id));
+        }
+        if owner != who.name {
+            crate::audit::access(&self.db, &who.name, &owner, id, "workspace_close");
+        }
+        self.close(id)
     }
 
     /// `workspace_close`: kills its runs, removes its executor, unmounts, forgets the key,
@@ -356,6 +399,7 @@ impl Workspaces {
     pub fn close(&self, id: &str) -> Result<Value> {
         let ws = match self.get(id) {
             Ok(ws) => ws,
+            Err(_) if self.failure(id).is_some() => return self.discard(id),
             Err(e) => return self.discard(id).map_err(|_| e),
         };
         ws.runs.cancel();
@@ -367,25 +411,27 @@ impl Workspaces {
         mounts::unshare(&ws.places.mounts);
         roots::unpin(self.store(), id)?;
         self.open.lock().expect("workspaces lock").remove(id);
-        self.catalogue.send_modify(|n| *n += 1);
-        fs::remove_dir_all(&ws.dir).map_err(|e| Error::io(&ws.dir, e))?;
-        keys::release(&self.db, id)?;
-        Ok(json!({ "workspace": id, "closed": true }))
-    }
-
-    /// Closes a workspace that has a record but could not be served again after a restart:
-    /// its executor, roots, mounts and folder go, and its key is free.
-    fn discard(&self, id: &str) -> Result<Value> {
-        let (dir, record) = Record::find(&self.home, id)?;
-        let places = Places::of(&dir);
-        if let Some(spec) = record.executor {
-            Executor::attach(spec, places.clone(), id).remove()?;
+        self.catalogue_changed(ws.owner());
+        let finished = cloud_harness_fs::removal::remove_tree(&ws.dir)
+            .map_err(|e| Error::io(&ws.dir, e))
+            .and_then(|()| keys::release(&self.db, id));
+        if let Err(e) = finished {
+            // Still on disk and still counted against its owner: kept as a failure, so its
+            // owner sees it and a second close finishes the work.
+            let reason = failure::without_host_paths(&e, &ws.dir, &self.home, self.store().root());
+            let failure = Failure {
+                id: id.to_owned(),
+                reason,
+                restoring: false,
+                closing: true,
+                record: Some(ws.record.clone()),
+            };
+            self.failed
+                .lock()
+                .expect("failed lock")
+                .insert(id.to_owned(), failure);
+            return Err(e);
         }
-        mounts::clear(&places.mounts);
-        mounts::unshare(&places.mounts);
-        roots::unpin(self.store(), id)?;
-        fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-        keys::release(&self.db, id)?;
         Ok(json!({ "workspace": id, "closed": true }))
     }
 
@@ -433,6 +479,11 @@ impl Workspace {
         mounts::release(&mut self.mounts.lock().expect("mount lock"))
     }
 
+    /// The principal that opened it (empty for workspaces from before owners were kept).
+    pub fn owner(&self) -> &str {
+        &self.record.owner
+    }
+
     pub fn session_start(&self) -> &[SessionStart] {
         &self.record.session_start
     }
@@ -442,6 +493,8 @@ impl Workspace {
         let g = self.generation();
         json!({
             "workspace": self.id,
+            "owner": self.record.owner,
+            "state": "open",
             "idempotencyKey": self.record.idempotency_key,
             "createdAt": self.record.created_at,
             "generation": g.digest(),

@@ -6,6 +6,7 @@ use super::{
     Workspaces, WORKSPACE_SKILLS,
 };
 use crate::executor::{self, Executor, Kind, Places};
+use crate::principal::Principal;
 use crate::provision::{fetch, Acquired};
 use crate::session_start::{self, SessionStart};
 use crate::stack::{OwnerBundle, TierInputs};
@@ -16,6 +17,7 @@ use cloud_harness_fs::generation::View;
 use cloud_harness_fs::live::LiveTiers;
 use cloud_harness_fs::namespace::Namespace;
 use cloud_harness_fs::resolver::{Override, Tier};
+use cloud_harness_fs::watch::{Budget, Pool};
 use cloud_harness_fs::{Code, Error, Result};
 use serde_json::{json, Value};
 use std::fs;
@@ -36,6 +38,7 @@ fn now_secs() -> u64 {
 struct Asked<'a> {
     toolkits: &'a [toolkit::Toolkit],
     origins: &'a [Option<Value>],
+    /// The principal opening it, who will own it.
     actor: &'a str,
 }
 
@@ -43,7 +46,59 @@ fn new_id() -> String {
     format!("ws_{}", uuid::Uuid::new_v4().simple())
 }
 
+/// What making a workspace live needs of the server, owned: a workspace restored at
+/// start-up is made live on a thread of its own, which may outlive the start-up.
+#[derive(Clone)]
+pub(super) struct Activator {
+    pub(super) provisioner: Arc<crate::provision::Provisioner>,
+    pub(super) executors: executor::Settings,
+    pub(super) executor_kind: Option<Kind>,
+    pub(super) db: crate::state::Db,
+    pub(super) mounting: bool,
+    pub(super) prewarm: Option<std::path::PathBuf>,
+    pub(super) catalogue: tokio::sync::broadcast::Sender<Arc<str>>,
+    pub(super) watches: Pool,
+    pub(super) watch_budget: Budget,
+}
+
 impl Workspaces {
+    pub(super) fn activator(&self) -> Activator {
+        Activator {
+            provisioner: self.provisioner.clone(),
+            executors: self.executors.clone(),
+            executor_kind: self.executor_kind,
+            db: self.db.clone(),
+            mounting: self.mounting,
+            prewarm: self.prewarm.clone(),
+            catalogue: self.catalogue.clone(),
+            watches: self.watches.clone(),
+            watch_budget: self.watch_budget,
+        }
+    }
+
+    pub(super) fn make_executor(&self, places: &Places, id: &str) -> Result<Option<Executor>> {
+        self.activator().make_executor(places, id)
+    }
+
+    /// Builds a workspace's stack from its record and mounts it (see [`Activator::activate`]).
+    pub(super) fn activate(
+        &self,
+        record: Record,
+        dir: &Path,
+        overrides: &[Override],
+        reject_conflicts: bool,
+        warnings: &mut Vec<String>,
+    ) -> Result<Workspace> {
+        self.activator()
+            .activate(record, dir, overrides, reject_conflicts, warnings)
+    }
+}
+
+impl Activator {
+    fn store(&self) -> &cloud_harness_fs::cas::Store {
+        &self.provisioner.store
+    }
+
     pub(super) fn make_executor(&self, places: &Places, id: &str) -> Result<Option<Executor>> {
         let Some(kind) = self.executor_kind else {
             return Ok(None);
@@ -69,13 +124,124 @@ impl Workspaces {
         Ok(Some(made))
     }
 
-    /// `workspace_open`, by the process itself.
+    /// Builds a workspace's stack from its record and mounts it. A new workspace
+    /// (`reject_conflicts`) is refused on an unsettled conflict; a restored one is served as
+    /// it stands.
+    pub(super) fn activate(
+        &self,
+        record: Record,
+        dir: &Path,
+        overrides: &[Override],
+        reject_conflicts: bool,
+        warnings: &mut Vec<String>,
+    ) -> Result<Workspace> {
+        let places = Places::of(dir);
+        let cache = SkillCache::default();
+        let watch = LiveTiers::watch(
+            Workspaces::stack_inputs(&record, &places.repo, overrides)
+                .stack(self.store(), &cache)?,
+            &self.watches,
+            self.watch_budget,
+        )
+        .map_err(|e| Error::internal(format!("watching the workspace's folders: {e}")))?;
+        warnings.extend(watch.warnings().iter().cloned());
+        let generation = Arc::new(watch.spec().generation(self.store(), &cache)?);
+        if reject_conflicts {
+            if let Some(err) = generation.index.conflict_error() {
+                return Err(err);
+            }
+        }
+        let store = self.store().clone();
+        roots::pin(&store, &record.id, &generation)?;
+        let merged = Arc::new(Namespace::new(
+            store.clone(),
+            View::Merged,
+            generation.clone(),
+        ));
+        let owner = Arc::new(Namespace::new(
+            store.clone(),
+            View::Tier(Tier::Owner),
+            generation,
+        ));
+        // Only long-lived containers need the propagation (bubblewrap binds afresh each time).
+        let kind = record
+            .executor
+            .as_ref()
+            .map(|e| e.kind)
+            .or(self.executor_kind);
+        if kind == Some(Kind::Docker) {
+            mounts::share(&places.mounts)?;
+        } else {
+            fs::create_dir_all(&places.mounts).map_err(|e| Error::io(&places.mounts, e))?;
+        }
+        let (mounted, mut targets) = if self.mounting {
+            mounts::mount(
+                &places.mounts,
+                merged.clone(),
+                owner,
+                self.prewarm.as_deref(),
+                warnings,
+            )?
+        } else {
+            (Vec::new(), mounts::unmounted(merged.clone(), owner))
+        };
+        // A new generation of the merged view is announced to those watching the workspace.
+        let (changes, _) = tokio::sync::watch::channel(merged.generation().digest());
+        if let Some((ns, invalidate)) = targets.first_mut().map(|t| (t.0.clone(), &mut t.1)) {
+            let inner = std::mem::replace(invalidate, Box::new(|_: &[_]| {}));
+            let (changes, catalogue) = (changes.clone(), self.catalogue.clone());
+            let owner: Arc<str> = Arc::from(record.owner.as_str());
+            *invalidate = Box::new(move |items: &[_]| {
+                inner(items);
+                let now = ns.generation().digest();
+                if changes.send_if_modified(|seen| std::mem::replace(seen, now) != now) {
+                    let _ = catalogue.send(owner.clone());
+                }
+            });
+        }
+        // Each new generation of a live tier is rooted as soon as it is served.
+        if let Some((ns, invalidate)) = targets.pop() {
+            let (pinned, pin_store, id) = (ns.clone(), store.clone(), record.id.clone());
+            targets.push((
+                ns,
+                Box::new(move |items: &[_]| {
+                    invalidate(items);
+                    if let Err(e) = roots::pin(&pin_store, &id, &pinned.generation()) {
+                        tracing::error!(workspace = %id, error = %e, "cannot root a new generation");
+                    }
+                }),
+            ));
+        }
+        let live = watch.start(store.clone(), Arc::new(cache), targets);
+        Ok(Workspace {
+            id: record.id.clone(),
+            dir: dir.to_path_buf(),
+            places,
+            record,
+            store,
+            merged,
+            mounts: Mutex::new(mounted),
+            live: Mutex::new(Some(live)),
+            executor: None,
+            runs: CancellationToken::new(),
+            running: Arc::default(),
+            changes,
+            pages: Default::default(),
+            db: self.db.clone(),
+        })
+    }
+}
+
+impl Workspaces {
+    /// `workspace_open`, by the local user who started the process.
     pub fn open(&self, request: OpenRequest) -> Result<Value> {
-        self.open_as(request, "local")
+        self.open_as(request, &Principal::local())
     }
 
-    /// `workspace_open` asked by `actor` (who the acquisition history names).
-    pub fn open_as(&self, request: OpenRequest, actor: &str) -> Result<Value> {
+    /// `workspace_open` asked by `who`, who owns the workspace: their idempotency keys are
+    /// theirs alone, and their open workspaces count against their limit.
+    pub fn open_as(&self, request: OpenRequest, who: &Principal) -> Result<Value> {
+        let actor = who.name.as_str();
         let key = request.idempotency_key.clone();
         request::check_key(&key)?;
         let expanded = crate::sets::expand(&self.db, &request.toolkits)?;
@@ -110,7 +276,7 @@ impl Workspaces {
         let digest = request::request_digest(&request, &asked);
 
         // One open per key at a time; the others then find its workspace.
-        self.key_locks.with(&key, || {
+        self.key_locks.with(&format!("{actor}\n{key}"), || {
             let asked = Asked {
                 toolkits: &toolkits,
                 origins: &expanded.origins,
@@ -128,22 +294,57 @@ impl Workspaces {
         digest: Digest,
     ) -> Result<Value> {
         let key = request.idempotency_key.clone();
-        if let Some(bound) = keys::find(&self.db, &key)? {
+        let owner = asked.actor;
+        // A workspace being restored holds its key before the database may say so.
+        if let Some(holder) = self.holding_key(owner, &key) {
+            return Err(holder.key_taken(&key, &digest));
+        }
+        if let Some(bound) = keys::find(&self.db, owner, &key)? {
             return self.replay(&key, bound, digest);
         }
         let id = new_id();
-        if !keys::claim(&self.db, &key, &digest, &id)? {
-            // Another process bound the key between the look and the claim.
-            let bound = keys::find(&self.db, &key)?.ok_or_else(|| {
-                Error::internal(format!(
-                    "idempotencyKey {key:?} was bound and freed at once"
+        let max = crate::limits::quotas().limits.workspaces;
+        match keys::claim(&self.db, owner, &key, &digest, &id, max)? {
+            keys::Claim::Claimed => {}
+            keys::Claim::Full => {
+                return Err(crate::limits::exceeded(
+                    "workspaces",
+                    max,
+                    Duration::from_secs(60),
+                    "too many open workspaces; close one with workspace_close",
                 ))
-            })?;
-            return self.replay(&key, bound, digest);
+            }
+            keys::Claim::Taken => {
+                // Another process bound the key between the look and the claim.
+                let bound = keys::find(&self.db, owner, &key)?.ok_or_else(|| {
+                    Error::internal(format!(
+                        "idempotencyKey {key:?} was bound and freed at once"
+                    ))
+                })?;
+                return self.replay(&key, bound, digest);
+            }
         }
-        let opened = self.open_new(request, asked, repo_url, digest, &id);
+        // A panic is an error like another: the half-made workspace is removed as it unwinds,
+        // and the key and its count against the owner's limit are freed here.
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.open_new(request, asked, repo_url, digest, &id)
+        }))
+        .unwrap_or_else(|_| {
+            Err(Error::internal(
+                "the open stopped unexpectedly (the server's log says where)",
+            ))
+        });
         match &opened {
-            Ok(_) => keys::opened(&self.db, &id)?,
+            Ok(_) => {
+                if let Err(e) = keys::opened(&self.db, &id) {
+                    // Not served half: an open the database did not record is undone (a
+                    // close that cannot finish keeps it as failed, for a second close).
+                    if let Err(closing) = self.close(&id) {
+                        tracing::error!(workspace = %id, error = %closing, "undoing an open failed");
+                    }
+                    return Err(e);
+                }
+            }
             Err(_) => keys::release(&self.db, &id)?,
         }
         opened
@@ -182,10 +383,15 @@ impl Workspaces {
             // restart keeps its key until it is closed.
             match self.get(&workspace) {
                 Ok(ws) => Ok(ws.record.result.clone()),
-                Err(_) => Err(Error::conflict(format!(
-                    "idempotencyKey {key:?} belongs to workspace {workspace}, which could not be served again after a restart (the server's log says why); close it with workspace_close to free the key"
-                ))
-                .with_details(json!({ "field": "idempotencyKey", "workspace": workspace }))),
+                Err(_) => {
+                    let why = self
+                        .failure(&workspace)
+                        .map_or("the server's log says why".to_owned(), |f| f.reason);
+                    Err(Error::conflict(format!(
+                        "idempotencyKey {key:?} belongs to workspace {workspace}, which could not be served again after a restart ({why}); close it with workspace_close to free the key"
+                    ))
+                    .with_details(json!({ "field": "idempotencyKey", "workspace": workspace })))
+                }
             }
         }
     }
@@ -217,6 +423,8 @@ impl Workspaces {
         let mut repository = Value::Null;
         match repo_url {
             Some(fetched) => {
+                // A project's clone always goes to the network: one of the opener's budget.
+                crate::limits::quotas().acquisition(actor)?;
                 let started = Instant::now();
                 let deadline = started + Duration::from_secs(self.provisioner.limits.max_seconds);
                 let commit = fetch::clone_worktree(
@@ -265,6 +473,7 @@ impl Workspaces {
 
         let record = Record {
             id: id.clone(),
+            owner: actor.to_owned(),
             idempotency_key: key.clone(),
             request_digest: digest,
             created_at: now_secs(),
@@ -309,11 +518,12 @@ impl Workspaces {
             return Err(e);
         }
         let result = ws.record.result.clone();
+        let owner = ws.record.owner.clone();
         self.open
             .lock()
             .expect("workspaces lock")
             .insert(id, Arc::new(ws));
-        self.catalogue.send_modify(|n| *n += 1);
+        self.catalogue_changed(&owner);
         Ok(result)
     }
 
@@ -334,108 +544,6 @@ impl Workspaces {
             overrides: overrides.to_vec(),
             confine: Some(repo.to_path_buf()),
         }
-    }
-
-    /// Builds a workspace's stack from its record and mounts it. A new workspace
-    /// (`reject_conflicts`) is refused on an unsettled conflict; a restored one is served as
-    /// it stands.
-    pub(super) fn activate(
-        &self,
-        record: Record,
-        dir: &Path,
-        overrides: &[Override],
-        reject_conflicts: bool,
-        warnings: &mut Vec<String>,
-    ) -> Result<Workspace> {
-        let places = Places::of(dir);
-        let cache = SkillCache::default();
-        let watch = LiveTiers::watch(
-            Workspaces::stack_inputs(&record, &places.repo, overrides)
-                .stack(self.store(), &cache)?,
-        );
-        let generation = Arc::new(watch.spec().generation(self.store(), &cache)?);
-        if reject_conflicts {
-            if let Some(err) = generation.index.conflict_error() {
-                return Err(err);
-            }
-        }
-        let store = self.store().clone();
-        roots::pin(&store, &record.id, &generation)?;
-        let merged = Arc::new(Namespace::new(
-            store.clone(),
-            View::Merged,
-            generation.clone(),
-        ));
-        let owner = Arc::new(Namespace::new(
-            store.clone(),
-            View::Tier(Tier::Owner),
-            generation,
-        ));
-        // Only long-lived containers need the propagation (bubblewrap binds afresh each time).
-        let kind = record
-            .executor
-            .as_ref()
-            .map(|e| e.kind)
-            .or(self.executor_kind);
-        if kind == Some(Kind::Docker) {
-            mounts::share(&places.mounts)?;
-        } else {
-            fs::create_dir_all(&places.mounts).map_err(|e| Error::io(&places.mounts, e))?;
-        }
-        let (mounted, mut targets) = if self.mounting {
-            mounts::mount(
-                &places.mounts,
-                merged.clone(),
-                owner,
-                self.prewarm.as_deref(),
-                warnings,
-            )?
-        } else {
-            (Vec::new(), mounts::unmounted(merged.clone(), owner))
-        };
-        // A new generation of the merged view is announced to those watching the workspace.
-        let (changes, _) = tokio::sync::watch::channel(merged.generation().digest());
-        if let Some((ns, invalidate)) = targets.first_mut().map(|t| (t.0.clone(), &mut t.1)) {
-            let inner = std::mem::replace(invalidate, Box::new(|_: &[_]| {}));
-            let (changes, catalogue) = (changes.clone(), self.catalogue.clone());
-            *invalidate = Box::new(move |items: &[_]| {
-                inner(items);
-                let now = ns.generation().digest();
-                if changes.send_if_modified(|seen| std::mem::replace(seen, now) != now) {
-                    catalogue.send_modify(|n| *n += 1);
-                }
-            });
-        }
-        // Each new generation of a live tier is rooted as soon as it is served.
-        if let Some((ns, invalidate)) = targets.pop() {
-            let (pinned, pin_store, id) = (ns.clone(), store.clone(), record.id.clone());
-            targets.push((
-                ns,
-                Box::new(move |items: &[_]| {
-                    invalidate(items);
-                    if let Err(e) = roots::pin(&pin_store, &id, &pinned.generation()) {
-                        tracing::error!(workspace = %id, error = %e, "cannot root a new generation");
-                    }
-                }),
-            ));
-        }
-        let live = watch.start(store.clone(), Arc::new(cache), targets);
-        Ok(Workspace {
-            id: record.id.clone(),
-            dir: dir.to_path_buf(),
-            places,
-            record,
-            store,
-            merged,
-            mounts: Mutex::new(mounted),
-            live: Mutex::new(Some(live)),
-            executor: None,
-            runs: CancellationToken::new(),
-            running: Arc::default(),
-            changes,
-            pages: Default::default(),
-            db: self.db.clone(),
-        })
     }
 
     /// What `workspace_open` returns (and returns again for the same key).
@@ -459,6 +567,7 @@ impl Workspaces {
                     "manifest": a.record.manifest,
                     "skillCount": a.record.skills,
                     "warnings": a.record.warnings,
+                    "skipped": a.record.skipped,
                     "warm": a.warm,
                     "mode": a.mode,
                 })
@@ -501,6 +610,7 @@ impl Workspaces {
             "skills": skills,
             "shadowed": shadowed,
             "conflicts": settled,
+            "skipped": super::listing::skipped(&json!(toolkits), index, None),
             "sessionStart": if session_start.is_empty() { Value::Null } else { json!(session_start) },
             "warnings": warnings,
         })

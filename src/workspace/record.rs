@@ -16,6 +16,10 @@ use std::path::{Path, PathBuf};
 #[serde(rename_all = "camelCase")]
 pub struct Record {
     pub id: String,
+    /// The principal that opened it (`token:alice`); empty in records from before owners
+    /// were kept, which only operators reach.
+    #[serde(default)]
+    pub owner: String,
     pub idempotency_key: String,
     pub request_digest: Digest,
     pub created_at: u64,

@@ -8,7 +8,7 @@
 
 use super::Workspace;
 use crate::decisions;
-use crate::executor::{self, Command};
+use crate::executor::{self, Command, RunLimits};
 use crate::runner::{self, Outcome};
 use cloud_harness_fs::cas::{self, Digest};
 use cloud_harness_fs::{Code, Error, Result};
@@ -45,15 +45,13 @@ pub struct RunRequest {
 }
 
 /// Workspace work (file system, engine calls) off the async threads, in the caller's span (an
-/// MCP call's request id stays on what it logs); a task that fails to finish is an internal
+/// MCP call's request id stays on what it logs) and within the share of the principal the
+/// task acts for ([`crate::limits::blocking`]); a task that fails to finish is an internal
 /// error.
 pub async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    let span = tracing::Span::current();
-    tokio::task::spawn_blocking(move || span.in_scope(work))
-        .await
-        .unwrap_or_else(|e| Err(Error::internal(format!("the task failed: {e}"))))
+    crate::limits::blocking(work).await.and_then(|r| r)
 }
 
 impl Workspace {
@@ -204,6 +202,7 @@ impl Workspace {
         let mut argv =
             runner::command_for(&host_script, &format!("{skill_dir}/{}", request.script))?;
         argv.extend(request.args.iter().cloned());
+        let limits = crate::limits::quotas().limits;
         let process = executor
             .spawn(&Command {
                 argv: argv.clone(),
@@ -211,6 +210,7 @@ impl Workspace {
                     ("CLOUD_HARNESS_SKILL".to_owned(), request.skill.clone()),
                     ("CLOUD_HARNESS_SKILL_DIR".to_owned(), skill_dir.clone()),
                 ],
+                limits: Some(RunLimits::current()),
             })
             .await?;
         // Closing the workspace cancels its runs too, and waits for them to end.
@@ -223,8 +223,9 @@ impl Workspace {
                 token.cancel();
             })
         };
+        let cap = usize::try_from(limits.run_output).unwrap_or(usize::MAX);
         let outcome: Outcome =
-            runner::supervise(process, argv, request.timeout, token, progress).await;
+            runner::supervise(process, argv, request.timeout, cap, token, progress).await;
         forward.abort();
         let mut value = serde_json::to_value(&outcome).expect("outcomes serialize");
         value["skill"] = json!(request.skill);

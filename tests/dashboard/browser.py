@@ -50,8 +50,10 @@ def nav(page, name):
 
 
 def api(path):
-    """An API read with the operator's session, as the page's own script would make it."""
-    return json.loads(PAGE.request.get(BASE + path).text())
+    """An API read with the operator's session, as the page's own script would make it (in
+    the page: Playwright's own request API sends a Secure cookie to https and localhost only,
+    where chromium sends it to every loopback address)."""
+    return json.loads(PAGE.evaluate("p => fetch(p).then(r => r.text())", path))
 
 
 def refused(token):
@@ -297,6 +299,21 @@ with sync_playwright() as p:
             width = page.evaluate("document.documentElement.scrollWidth")
             assert width <= 420, f"{path} is {width} px wide"
         shot(page, "narrow-workspace")
+
+        # The session's cookie, as chromium keeps it from http://127.0.0.1 (loopback is a
+        # secure context): __Host-, Secure, HttpOnly, SameSite=Strict, for every path.
+        [session] = [c for c in page.context.cookies() if c["name"].endswith("ch_session")]
+        assert session["name"] == "__Host-ch_session", session
+        assert session["secure"] and session["httpOnly"], session
+        assert (session["sameSite"], session["path"]) == ("Strict", "/"), session
+        # Signing out (a form with the session's CSRF token) ends it.
+        page.set_viewport_size({"width": 1280, "height": 800})
+        page.goto(BASE + "/tokens")
+        page.get_by_role("button", name="Sign out").click()
+        expect(page.get_by_text("Not signed in.")).to_be_visible()
+        page.goto(BASE + "/library")
+        assert page.url == BASE + "/", page.url
+        assert not [c for c in page.context.cookies() if c["name"].endswith("ch_session")]
 
         assert outside == [], outside
         # The hostile skill page's blocked image and the refused forms are the only errors.

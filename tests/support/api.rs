@@ -23,15 +23,7 @@ pub fn world_with(tmp: tempfile::TempDir, env: &[(&str, &str)]) -> World {
 
 /// A world of a server already started (that checks tokens).
 pub fn world_of(server: Server) -> World {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let operator = loop {
-        let log = server.log.lock().unwrap().clone();
-        if let Some(t) = log.split_whitespace().find(|w| w.starts_with("cht_")) {
-            break t.to_owned();
-        }
-        assert!(Instant::now() < deadline, "no first-start token: {log}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let operator = first_token(&server.tmp.path().join("home"), &server.log);
     World {
         server,
         operator,
@@ -40,6 +32,27 @@ pub fn world_of(server: Server) -> World {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .unwrap(),
+    }
+}
+
+/// The operator token a server's first start left in `<home>/operator-token` (its first
+/// line), waited for; the log names the file and never holds the token.
+pub fn first_token(home: &std::path::Path, log: &std::sync::Mutex<String>) -> String {
+    let file = home.join("operator-token");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if log.lock().unwrap().contains("first start") {
+            let text = std::fs::read_to_string(&file).unwrap();
+            let token = text.lines().next().unwrap_or_default().to_owned();
+            assert!(token.starts_with("cht_"), "{}: {text}", file.display());
+            return token;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no first-start token: {}",
+            log.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

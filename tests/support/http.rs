@@ -116,6 +116,17 @@ pub fn request(addr: SocketAddr) -> String {
 
 /// A POST with extra headers; the whole answer as text.
 pub fn raw(addr: SocketAddr, body: &str, headers: &[(&str, &str)]) -> String {
+    raw_as(addr, "application/json", "2025-11-25", body, headers)
+}
+
+/// The same, with this `Content-Type` and `MCP-Protocol-Version`.
+pub fn raw_as(
+    addr: SocketAddr,
+    content_type: &str,
+    protocol: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let extra: String = headers
@@ -124,7 +135,7 @@ pub fn raw(addr: SocketAddr, body: &str, headers: &[(&str, &str)]) -> String {
         .collect();
     write!(
         s,
-        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nContent-Type: {content_type}\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: {protocol}\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .unwrap();

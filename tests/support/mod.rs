@@ -228,6 +228,8 @@ pub enum Node {
     Dir(Vec<(Vec<u8>, Node)>),
     /// A gitlink (submodule) to this commit id.
     Submodule(String),
+    /// A tree already written (see [`Repo::tree`]): one folder named many times costs one.
+    Tree(String),
 }
 
 pub fn file(s: &str) -> Node {
@@ -270,6 +272,7 @@ pub fn materialize(path: &Path, node: &Node) {
             }
         }
         Node::Submodule(_) => panic!("a submodule is git's"),
+        Node::Tree(_) => panic!("a tree by id is git's"),
     }
 }
 
@@ -348,6 +351,7 @@ impl Repo {
             Node::Exec(b) => ("100755", self.hash("blob", b, false)),
             Node::Link(t) => ("120000", self.hash("blob", t.as_bytes(), false)),
             Node::Submodule(id) => ("160000", id.clone()),
+            Node::Tree(id) => ("40000", id.clone()),
             Node::Dir(entries) => {
                 let mut items: Vec<(Vec<u8>, &str, String)> = entries
                     .iter()
@@ -375,6 +379,11 @@ impl Repo {
                 ("40000", self.hash("tree", &raw, true))
             }
         }
+    }
+
+    /// Writes the tree `node` and returns its id, for [`Node::Tree`].
+    pub fn tree(&self, node: &Node) -> String {
+        self.write(node).1
     }
 
     /// Commits `root` on main and returns the commit id.
@@ -447,6 +456,7 @@ pub fn warm_toolkit(store: &Store, src: &Path, name: &str) -> ToolkitSpec {
             object_format: "sha1".into(),
             requested: "commit".into(),
             warnings: vec![],
+            skipped: vec![],
             acquired_at: 0,
         })
         .unwrap();

@@ -1,29 +1,37 @@
-//! Importing a directory into the store, and materializing a tree back into one.
+//! Importing a directory into the store.
 
 use super::digest::Digest;
-use super::store::{ObjectKind, Store, Writer};
+use super::hashed;
+use super::store::{Store, Writer};
 use super::tree::{Entry, Kind, Tree};
 use crate::error::{Error, Result};
-use nix::dir::{Dir, Type};
+use crate::walk::{Listing, Place};
+use nix::dir::Type;
 use nix::errno::Errno;
-use nix::fcntl::{openat, readlinkat, AtFlags, OFlag};
-use nix::sys::stat::{fstatat, Mode, SFlag};
+use nix::fcntl::{openat, readlinkat, OFlag};
+use nix::sys::stat::Mode;
 use serde::Serialize;
 use std::ffi::OsStr;
-use std::fs::{self, File};
-use std::io;
+use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 /// Ceilings for one import. A breach is a TOO_LARGE error naming the path and the limit.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
+    /// Entries (files, links, folders, and what a lenient import leaves out), in all: each
+    /// counted as the kernel lists it.
     pub max_files: u64,
     pub max_bytes: u64,
     pub max_file_bytes: u64,
     pub max_depth: usize,
+    /// A project's own folders: what cannot be a skill's file (a FIFO, a socket, a device), a
+    /// folder deeper than `max_depth` and another file system mounted inside are left out,
+    /// each said in [`Imported::left_out`], instead of failing the import.
+    pub lenient: bool,
 }
 
 impl Default for Limits {
@@ -35,33 +43,53 @@ impl Default for Limits {
             max_bytes: 8 << 30,
             max_file_bytes: 2 << 30,
             max_depth: 64,
+            lenient: false,
         }
     }
 }
 
 impl Limits {
     /// Ceilings for a project's own folders (hostile, like any third-party tree): those of a
-    /// fetched toolkit.
+    /// fetched toolkit, and what no skill can hold is left out.
     pub const PROJECT: Limits = Limits {
         max_files: 20_000,
         max_bytes: 256 << 20,
         max_file_bytes: 32 << 20,
         max_depth: 32,
+        lenient: true,
     };
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Imported {
     pub digest: Digest,
     pub files: u64,
     pub bytes: u64,
+    /// What a lenient import left out: each path (from the imported folder) and why, the
+    /// first [`MAX_LEFT_OUT`] of them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<(PathBuf, String)>,
+    /// How many more it left out.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub left_out_more: u64,
+    /// Files not read again: unchanged since an earlier import read them.
+    #[serde(skip)]
+    pub unchanged: u64,
+}
+
+/// Parts left out that an import names (each becomes a warning kept with a generation);
+/// past these, it counts them.
+pub const MAX_LEFT_OUT: usize = 100;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Store {
     /// Imports the directory at `path` (following `path` itself if it is a symlink, nothing
     /// below it) and publishes it. Regular files keep their executable bit, symlinks are kept
-    /// as data; anything else is an INVALID_ARGUMENT error naming its path, and then nothing
-    /// of the import is published.
+    /// as data; anything else is an INVALID_ARGUMENT error naming its path (or, with
+    /// [`Limits::lenient`], left out), and then nothing of the import is published.
     pub fn import_dir(&self, path: &Path, limits: &Limits) -> Result<Imported> {
         let dir = open_dir(path)?;
         self.import_fd(dir, path, limits)
@@ -96,32 +124,50 @@ pub fn import_dir(writer: &mut Writer<'_>, path: &Path, limits: &Limits) -> Resu
 
 /// Imports the open directory `dir` into an open batch. The walk goes by file descriptor,
 /// each step `openat` with `O_NOFOLLOW` from its parent: a tree that changes meanwhile (a live
-/// project an executor writes) can make the import fail, never lead it anywhere else.
+/// project an executor writes) can make the import fail, never lead it anywhere else. It keeps
+/// a stack of its own (no recursion), one descriptor per level.
 pub fn import_fd(
     writer: &mut Writer<'_>,
     dir: OwnedFd,
     shown: &Path,
     limits: &Limits,
 ) -> Result<Imported> {
+    let home = Place::of(&dir).map_err(|e| Error::io(shown, e.into()))?;
     let mut walk = Walk {
         writer,
         limits,
+        root: shown,
+        home,
         files: 0,
+        entries: 0,
         bytes: 0,
+        left_out: Vec::new(),
+        left_out_more: 0,
+        unchanged: 0,
     };
-    let digest = walk.dir(dir, shown, 0)?;
+    let digest = walk.tree(dir)?;
     Ok(Imported {
         digest,
         files: walk.files,
         bytes: walk.bytes,
+        left_out: walk.left_out,
+        left_out_more: walk.left_out_more,
+        unchanged: walk.unchanged,
     })
 }
 
 struct Walk<'w, 's> {
     writer: &'w mut Writer<'s>,
     limits: &'w Limits,
+    root: &'w Path,
+    /// Where the imported folder is: a folder elsewhere is a mount inside it.
+    home: Place,
     files: u64,
+    entries: u64,
     bytes: u64,
+    left_out: Vec<(PathBuf, String)>,
+    left_out_more: u64,
+    unchanged: u64,
 }
 
 /// A step of the walk found something other than what the listing said.
@@ -130,60 +176,101 @@ fn changed(path: &Path) -> Error {
         .with_details(serde_json::json!({ "path": path.to_string_lossy() }))
 }
 
+/// A folder being imported: what is left of its listing and the entries made so far.
+struct Level {
+    fd: OwnedFd,
+    path: PathBuf,
+    depth: usize,
+    /// Its name in the level below (none for the root).
+    name: Option<String>,
+    /// What is left of its listing, read from the kernel as the walk goes.
+    pending: Listing,
+    entries: Vec<Entry>,
+}
+
 impl Walk<'_, '_> {
-    fn dir(&mut self, fd: OwnedFd, path: &Path, depth: usize) -> Result<Digest> {
-        if depth > self.limits.max_depth {
-            return Err(Error::too_large(format!(
-                "{}: deeper than the limit of {} levels",
-                path.display(),
-                self.limits.max_depth
-            )));
-        }
-        let io_err = |e: Errno| Error::io(path, e.into());
-        let mut listing =
-            Dir::from_fd(fd.try_clone().map_err(|e| Error::io(path, e))?).map_err(io_err)?;
-        let mut names = Vec::new();
-        for item in listing.iter() {
-            let item = item.map_err(io_err)?;
-            let name = item.file_name().to_bytes();
-            if name != b"." && name != b".." {
-                names.push((OsStr::from_bytes(name).to_owned(), item.file_type()));
-            }
-        }
-        drop(listing);
-        let mut entries = Vec::new();
-        for (raw, ftype) in names {
-            let child = path.join(&raw);
-            let name = entry_name(&raw, &child)?;
-            let ftype = match ftype {
-                Some(t) => t,
-                None => file_type(&fd, &raw).map_err(|e| Error::io(&child, e.into()))?,
+    /// The tree of the folder `root`, each folder's tree put once all it holds is.
+    fn tree(&mut self, root: OwnedFd) -> Result<Digest> {
+        let pending = self.list(&root, self.root)?;
+        let mut stack = vec![Level {
+            fd: root,
+            path: self.root.to_path_buf(),
+            depth: 0,
+            name: None,
+            pending,
+            entries: Vec::new(),
+        }];
+        loop {
+            let level = stack.last_mut().expect("a level");
+            let next = level
+                .pending
+                .next_in(&level.fd)
+                .transpose()
+                .map_err(|e| Error::io(&level.path, e.into()))?;
+            let Some((raw, ftype)) = next else {
+                let done = stack.pop().expect("a level");
+                let digest = self.writer.put_tree(&Tree::new(done.entries)?)?;
+                match stack.last_mut() {
+                    Some(parent) => parent.entries.push(Entry {
+                        name: done.name.expect("a folder below the root has a name"),
+                        kind: Kind::Tree,
+                        size: 0,
+                        digest,
+                    }),
+                    None => return Ok(digest),
+                }
+                continue;
             };
+            let child = level.path.join(&raw);
+            // Every entry listed counts, what is left out too: a folder of a million FIFOs
+            // is refused at the limit, never walked (nor said) whole.
+            self.count(&child)?;
+            let name = entry_name(&raw, &child)?;
             let entry = match ftype {
                 Type::Directory => {
-                    let flags =
-                        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-                    let sub = match openat(&fd, raw.as_os_str(), flags, Mode::empty()) {
+                    let depth = level.depth + 1;
+                    let max_depth = self.limits.max_depth.min(super::MAX_TREE_DEPTH);
+                    if depth > max_depth {
+                        let why = format!("nested deeper than {max_depth} folders");
+                        if self.leave_out(&child, why) {
+                            continue;
+                        }
+                        return Err(Error::too_large(format!(
+                            "{}: deeper than the limit of {max_depth} levels",
+                            child.display(),
+                        )));
+                    }
+                    let sub = match crate::walk::open_folder(&level.fd, &raw) {
                         Ok(sub) => sub,
                         Err(Errno::ELOOP | Errno::ENOTDIR) => return Err(changed(&child)),
                         Err(e) => return Err(Error::io(&child, e.into())),
                     };
-                    let digest = self.dir(sub, &child, depth + 1)?;
-                    Entry {
-                        name,
-                        kind: Kind::Tree,
-                        size: 0,
-                        digest,
+                    if self.limits.lenient {
+                        let place = Place::of(&sub).map_err(|e| Error::io(&child, e.into()))?;
+                        if !place.same_mount(&self.home) {
+                            self.leave_out(&child, "another file system is mounted there".into());
+                            continue;
+                        }
                     }
+                    let pending = self.list(&sub, &child)?;
+                    stack.push(Level {
+                        fd: sub,
+                        path: child,
+                        depth,
+                        name: Some(name),
+                        pending,
+                        entries: Vec::new(),
+                    });
+                    continue;
                 }
                 Type::Symlink => {
-                    let target = match readlinkat(&fd, raw.as_os_str()) {
+                    let target = match readlinkat(&level.fd, raw.as_os_str()) {
                         Ok(t) => t,
                         Err(Errno::EINVAL) => return Err(changed(&child)),
                         Err(e) => return Err(Error::io(&child, e.into())),
                     };
                     let bytes = target.as_bytes();
-                    self.count(&child, bytes.len() as u64)?;
+                    self.add(&child, bytes.len() as u64)?;
                     let digest = self.writer.put_blob(bytes)?;
                     Entry {
                         name,
@@ -192,20 +279,40 @@ impl Walk<'_, '_> {
                         digest,
                     }
                 }
-                Type::File => self.file(&fd, &raw, &child, name)?,
+                Type::File => self.file(&level.fd, &raw, &child, name)?,
                 other => {
-                    return Err(Error::invalid(format!(
-                        "{}: a {} is not a regular file, directory or symlink",
-                        child.display(),
+                    let what = format!(
+                        "a {} is not a regular file, directory or symlink",
                         describe(other)
-                    ))
-                    .with_details(serde_json::json!({ "path": child.to_string_lossy() })))
+                    );
+                    if self.leave_out(&child, what.clone()) {
+                        continue;
+                    }
+                    return Err(Error::invalid(format!("{}: {what}", child.display()))
+                        .with_details(serde_json::json!({ "path": child.to_string_lossy() })));
                 }
             };
-            entries.push(entry);
+            stack.last_mut().expect("a level").entries.push(entry);
         }
-        let tree = Tree::new(entries)?;
-        self.writer.put_tree(&tree)
+    }
+
+    /// With [`Limits::lenient`], notes `path` as left out (and says so: true).
+    fn leave_out(&mut self, path: &Path, why: String) -> bool {
+        if !self.limits.lenient {
+            return false;
+        }
+        if self.left_out.len() >= MAX_LEFT_OUT {
+            self.left_out_more += 1;
+            return true;
+        }
+        let from_root = path.strip_prefix(self.root).unwrap_or(path).to_path_buf();
+        self.left_out.push((from_root, why));
+        true
+    }
+
+    /// The entries of the folder `fd` (at `path`), with their types, as they are read.
+    fn list(&self, fd: &OwnedFd, path: &Path) -> Result<Listing> {
+        Listing::of(fd).map_err(|e| Error::io(path, e.into()))
     }
 
     fn file(&mut self, dir: &OwnedFd, raw: &OsStr, path: &Path, name: String) -> Result<Entry> {
@@ -224,7 +331,23 @@ impl Walk<'_, '_> {
         if meta.len() > self.limits.max_file_bytes {
             return Err(self.file_too_large(path));
         }
-        self.count(path, meta.len())?;
+        self.add(path, meta.len())?;
+        let kind = if meta.permissions().mode() & 0o111 != 0 {
+            Kind::Executable
+        } else {
+            Kind::File
+        };
+        // Unchanged since an import read it, and its blob still stored: not read again.
+        if let Some(digest) = hashed::digest_of(&meta).filter(|d| self.writer.has_blob(d)) {
+            self.unchanged += 1;
+            return Ok(Entry {
+                name,
+                kind,
+                size: meta.len(),
+                digest,
+            });
+        }
+        let read_at = SystemTime::now();
         let (digest, size) = self
             .writer
             .put_blob_from(file, meta.len(), self.limits.max_file_bytes)
@@ -232,14 +355,11 @@ impl Walk<'_, '_> {
                 crate::error::Code::TooLarge => self.file_too_large(path),
                 _ => Error::new(e.code, format!("{}: {}", path.display(), e.message)),
             })?;
-        if size != meta.len() {
+        if size == meta.len() {
+            hashed::record(&meta, digest, read_at);
+        } else {
             self.bytes = self.bytes - meta.len() + size;
         }
-        let kind = if meta.permissions().mode() & 0o111 != 0 {
-            Kind::Executable
-        } else {
-            Kind::File
-        };
         Ok(Entry {
             name,
             kind,
@@ -260,16 +380,27 @@ impl Walk<'_, '_> {
         }))
     }
 
-    fn count(&mut self, path: &Path, bytes: u64) -> Result<()> {
-        self.files += 1;
-        self.bytes += bytes;
-        if self.files > self.limits.max_files {
+    /// Counts one entry listed, whatever it is and whether it is kept.
+    fn count(&mut self, path: &Path) -> Result<()> {
+        self.entries += 1;
+        if self.entries > self.limits.max_files {
             return Err(Error::too_large(format!(
-                "{}: more than the limit of {} files",
+                "{}: more than the limit of {} files and folders",
                 path.display(),
                 self.limits.max_files
-            )));
+            ))
+            .with_details(serde_json::json!({
+                "path": path.to_string_lossy(),
+                "limit": self.limits.max_files,
+            })));
         }
+        Ok(())
+    }
+
+    /// Counts a file or link kept, of `bytes`.
+    fn add(&mut self, path: &Path, bytes: u64) -> Result<()> {
+        self.files += 1;
+        self.bytes += bytes;
         if self.bytes > self.limits.max_bytes {
             return Err(Error::too_large(format!(
                 "{}: more than the limit of {} bytes in all",
@@ -296,118 +427,4 @@ fn describe(ftype: Type) -> &'static str {
         Type::CharacterDevice => "character device",
         _ => "special file",
     }
-}
-
-/// The type of `name` in `dir` when the listing does not say (some file systems).
-fn file_type(dir: &OwnedFd, name: &OsStr) -> std::result::Result<Type, Errno> {
-    let st = fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW)?;
-    Ok(
-        match SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT {
-            SFlag::S_IFDIR => Type::Directory,
-            SFlag::S_IFLNK => Type::Symlink,
-            SFlag::S_IFREG => Type::File,
-            SFlag::S_IFIFO => Type::Fifo,
-            SFlag::S_IFSOCK => Type::Socket,
-            SFlag::S_IFBLK => Type::BlockDevice,
-            _ => Type::CharacterDevice,
-        },
-    )
-}
-
-/// Writes the tree `digest` to `dest`, which must not exist. Everything is written under a
-/// temporary sibling and renamed into place at the end, so `dest` is either complete or
-/// absent. Every blob is checked against its digest on the way.
-pub fn materialize(store: &Store, digest: &Digest, dest: &Path) -> Result<()> {
-    if fs::symlink_metadata(dest).is_ok() {
-        return Err(Error::conflict(format!(
-            "{} already exists",
-            dest.display()
-        )));
-    }
-    let parent = dest
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let staging = tempdir_in(parent, dest)?;
-    let result = write_tree(store, digest, &staging)
-        .and_then(|()| {
-            fs::set_permissions(&staging, fs::Permissions::from_mode(Kind::Tree.mode()))
-                .map_err(|e| Error::io(&staging, e))
-        })
-        .and_then(|()| {
-            nix::fcntl::renameat2(
-                nix::fcntl::AT_FDCWD,
-                &staging,
-                nix::fcntl::AT_FDCWD,
-                dest,
-                nix::fcntl::RenameFlags::RENAME_NOREPLACE,
-            )
-            .map_err(|errno| Error::io(dest, io::Error::from_raw_os_error(errno as i32)))
-        });
-    if result.is_err() {
-        let _ = fs::remove_dir_all(&staging);
-    }
-    result
-}
-
-fn tempdir_in(parent: &Path, dest: &Path) -> Result<PathBuf> {
-    let base = dest
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    for attempt in 0..100u32 {
-        let candidate = parent.join(format!(".{base}.partial-{}-{attempt}", std::process::id()));
-        match fs::create_dir(&candidate) {
-            Ok(()) => return Ok(candidate),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(Error::io(&candidate, e)),
-        }
-    }
-    Err(Error::internal(format!(
-        "no free temporary name next to {}",
-        dest.display()
-    )))
-}
-
-fn write_tree(store: &Store, digest: &Digest, dir: &Path) -> Result<()> {
-    let tree = store.tree(digest)?;
-    for entry in tree.entries() {
-        let path = dir.join(&entry.name);
-        match entry.kind {
-            Kind::Tree => {
-                fs::create_dir(&path).map_err(|e| Error::io(&path, e))?;
-                write_tree(store, &entry.digest, &path)?;
-                // Whatever the umask: a materialized tree looks the same everywhere.
-                fs::set_permissions(&path, fs::Permissions::from_mode(Kind::Tree.mode()))
-                    .map_err(|e| Error::io(&path, e))?;
-            }
-            Kind::Symlink => {
-                let target = store.blob(&entry.digest)?;
-                std::os::unix::fs::symlink(OsStr::from_bytes(&target), &path)
-                    .map_err(|e| Error::io(&path, e))?;
-            }
-            Kind::File | Kind::Executable => {
-                copy_verified(store, &entry.digest, &path)?;
-                fs::set_permissions(&path, fs::Permissions::from_mode(entry.kind.mode()))
-                    .map_err(|e| Error::io(&path, e))?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Copies a blob to `path`, hashing on the way; a mismatch is an error (the caller removes
-/// the partial output).
-fn copy_verified(store: &Store, digest: &Digest, path: &Path) -> Result<()> {
-    let src_path = store.object_path(ObjectKind::Blob, digest);
-    let mut src = File::open(&src_path).map_err(|e| Error::io(&src_path, e))?;
-    let mut dst = File::create(path).map_err(|e| Error::io(path, e))?;
-    let (copied, _) = Digest::of_stream(&mut src, &mut dst).map_err(|e| Error::io(path, e))?;
-    if copied != *digest {
-        tracing::error!(object = %digest, "corrupt object");
-        return Err(Error::internal(format!(
-            "object {digest} is corrupt: its content does not match its digest"
-        )));
-    }
-    Ok(())
 }

@@ -313,6 +313,24 @@ impl Writer<'_> {
         Ok((digest, size))
     }
 
+    /// Whether the blob `digest` is in the store (or this batch): one that is may be named
+    /// without being put again.
+    pub fn has_blob(&mut self, digest: &Digest) -> bool {
+        if self.staged.contains(&(false, *digest)) {
+            return true;
+        }
+        // Noted only when it is there: a blob missing is put next. Its mtime is refreshed as
+        // in `already_there`.
+        match File::open(self.store.object_path(ObjectKind::Blob, digest)) {
+            Ok(file) => {
+                let _ = file.set_modified(SystemTime::now());
+                self.staged.insert((false, *digest));
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Stores a tree. Its children must have been put in this batch or be in the store.
     pub fn put_tree(&mut self, tree: &Tree) -> Result<Digest> {
         let bytes = tree.encode();

@@ -18,6 +18,14 @@ use std::cmp::Ordering;
 
 const HEADER: &[u8] = b"cloud-harness tree 1\n";
 
+/// The most entries one tree may have: a folder of more is refused when a tree is made, and a
+/// tree object claiming more (from object storage, say) when it is read. Far beyond any skill
+/// folder, and it bounds what one tree costs to decode.
+pub const MAX_ENTRIES: usize = 1 << 16;
+/// The longest encoding of a tree: [`MAX_ENTRIES`] entries of the longest line (a kind, a
+/// 20-digit size, a digest, a 255-byte name, three spaces and a NUL: 344 bytes).
+pub const MAX_BYTES: u64 = HEADER.len() as u64 + MAX_ENTRIES as u64 * 344;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
@@ -84,6 +92,13 @@ pub fn canonical_order(a_name: &str, a_kind: Kind, b_name: &str, b_kind: Kind) -
     a.cmp(b)
 }
 
+fn too_many() -> Error {
+    Error::too_large(format!(
+        "a folder holds more than the limit of {MAX_ENTRIES} entries"
+    ))
+    .with_details(serde_json::json!({ "limit": MAX_ENTRIES }))
+}
+
 /// A name that may stand in a tree: one path component, UTF-8, not `.` or `..`.
 pub fn check_name(name: &str) -> Result<()> {
     if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
@@ -98,8 +113,12 @@ pub fn check_name(name: &str) -> Result<()> {
 }
 
 impl Tree {
-    /// Builds a tree from entries in any order. Duplicate or invalid names are errors.
+    /// Builds a tree from entries in any order. Duplicate or invalid names, and more than
+    /// [`MAX_ENTRIES`] entries, are errors.
     pub fn new(mut entries: Vec<Entry>) -> Result<Tree> {
+        if entries.len() > MAX_ENTRIES {
+            return Err(too_many());
+        }
         for e in &entries {
             check_name(&e.name)?;
         }
@@ -163,6 +182,9 @@ impl Tree {
             .ok_or_else(|| bad("missing header"))?;
         let mut entries = Vec::new();
         while !rest.is_empty() {
+            if entries.len() == MAX_ENTRIES {
+                return Err(too_many());
+            }
             let end = rest
                 .iter()
                 .position(|&b| b == 0)
@@ -208,11 +230,15 @@ impl Tree {
                 digest,
             });
         }
-        let tree = Tree::new(entries.clone())?;
-        if tree.entries != entries {
-            return Err(bad("entries out of canonical order"));
+        // Canonical: in order (`Tree::new` then refuses a name given twice).
+        for pair in entries.windows(2) {
+            if canonical_order(&pair[0].name, pair[0].kind, &pair[1].name, pair[1].kind)
+                == Ordering::Greater
+            {
+                return Err(bad("entries out of canonical order"));
+            }
         }
-        Ok(tree)
+        Tree::new(entries)
     }
 }
 
@@ -274,6 +300,26 @@ mod tests {
         .unwrap();
         assert_eq!(a.encode(), b.encode());
         assert_eq!(Tree::decode(&a.encode()).unwrap(), a);
+    }
+
+    #[test]
+    fn a_tree_has_at_most_max_entries() {
+        let entries = |n: usize| -> Vec<Entry> {
+            (0..n)
+                .map(|i| entry(&format!("f{i:06}"), Kind::File))
+                .collect()
+        };
+        let full = Tree::new(entries(MAX_ENTRIES)).unwrap();
+        assert_eq!(Tree::decode(&full.encode()).unwrap(), full);
+        let err = Tree::new(entries(MAX_ENTRIES + 1)).unwrap_err();
+        assert_eq!(err.code, crate::error::Code::TooLarge, "{err}");
+        // An encoding of one entry more is refused as it is read, before the rest is.
+        let mut over = full.encode();
+        let extra = Tree::new(vec![entry("zzz", Kind::File)]).unwrap().encode();
+        over.extend_from_slice(&extra[HEADER.len()..]);
+        let err = Tree::decode(&over).unwrap_err();
+        assert_eq!(err.code, crate::error::Code::TooLarge, "{err}");
+        assert_eq!(err.details["limit"], MAX_ENTRIES);
     }
 
     #[test]

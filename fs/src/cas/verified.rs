@@ -26,8 +26,8 @@ const CAPACITY: usize = 65536;
 const SETTLED: Duration = Duration::from_secs(1);
 
 /// What the kernel says identifies a file's bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileId {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct FileId {
     dev: u64,
     ino: u64,
     size: u64,
@@ -36,7 +36,7 @@ struct FileId {
 }
 
 impl FileId {
-    fn of(meta: &Metadata) -> FileId {
+    pub(super) fn of(meta: &Metadata) -> FileId {
         FileId {
             dev: meta.dev(),
             ino: meta.ino(),
@@ -44,6 +44,15 @@ impl FileId {
             mtime: (meta.mtime(), meta.mtime_nsec()),
             ctime: (meta.ctime(), meta.ctime_nsec()),
         }
+    }
+
+    /// Whether the file `meta` describes had been left alone for [`SETTLED`] at `now`: only
+    /// then may what its bytes hashed to be trusted while it keeps these times.
+    pub(super) fn settled(meta: &Metadata, now: SystemTime) -> bool {
+        // Any change of the bytes (or of the times) moves the change time to the kernel's now.
+        let changed =
+            UNIX_EPOCH + Duration::new(meta.ctime().max(0) as u64, meta.ctime_nsec() as u32);
+        changed + SETTLED <= now
     }
 }
 
@@ -75,8 +84,7 @@ pub fn record(digest: &Digest, meta: &Metadata) {
 }
 
 fn record_at(digest: &Digest, meta: &Metadata, now: SystemTime) {
-    let changed = UNIX_EPOCH + Duration::new(meta.ctime().max(0) as u64, meta.ctime_nsec() as u32);
-    if changed + SETTLED > now {
+    if !FileId::settled(meta, now) {
         return;
     }
     cache()

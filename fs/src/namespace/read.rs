@@ -4,7 +4,7 @@
 
 use super::{Child, Ident, Namespace, Reach, Result, XATTR_PREFIX};
 use crate::cas::{read_whole, verified, Digest, Kind, ObjectKind};
-use crate::generation::SkillOrigin;
+use crate::generation::{Generation, SkillOrigin};
 use nix::errno::Errno;
 use std::fs::File;
 use std::io;
@@ -14,6 +14,8 @@ use std::sync::Arc;
 /// Blobs up to this size are read whole to be checked when first opened (their bytes answer
 /// the read that opened them); larger ones are hashed as a stream, not held in memory.
 const READ_WHOLE: u64 = 128 << 10;
+/// The longest symlink target followed (the kernel's PATH_MAX).
+const MAX_TARGET: u64 = 4096;
 
 impl Namespace {
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -114,6 +116,48 @@ impl Namespace {
         reach: Reach,
     ) -> Result<Option<(u64, Vec<u8>)>> {
         let g = self.generation();
+        let Some(file) = self.find_path(&g, path, reach)? else {
+            return Ok(None);
+        };
+        match &file.ident {
+            Ident::SkillBlob { digest, .. } => {
+                let bytes = self.read_blob(digest, file.attr.size, offset, size, reach)?;
+                Ok(Some((file.attr.size, bytes)))
+            }
+            Ident::Resolution(_) => {
+                let data = g.resolution_json.as_ref();
+                let start = (offset as usize).min(data.len());
+                let end = start.saturating_add(size as usize).min(data.len());
+                Ok(Some((data.len() as u64, data[start..end].to_vec())))
+            }
+            _ => Err(Errno::EISDIR),
+        }
+    }
+
+    /// The digest and size of the skill file at `path` (as [`Namespace::read_path`] finds
+    /// it, links followed), from the trees alone: the file's bytes are not read. `Ok(None)`
+    /// when there is no such skill file (the generated resolution file included), EISDIR for
+    /// a folder.
+    pub fn stat_path(&self, path: &[&str]) -> Result<Option<(Digest, u64)>> {
+        let g = self.generation();
+        match self.find_path(&g, path, Reach::Store)? {
+            Some(Child {
+                ident: Ident::SkillBlob { digest, .. },
+                attr,
+                ..
+            }) => Ok(Some((digest, attr.size))),
+            Some(Child {
+                ident: Ident::Resolution(_),
+                ..
+            })
+            | None => Ok(None),
+            Some(_) => Err(Errno::EISDIR),
+        }
+    }
+
+    /// The node at `path` in `g`, symlinks followed inside the mount (at most 40, each target
+    /// at most a path's length), or `None` when there is none; EISDIR for the root.
+    fn find_path(&self, g: &Generation, path: &[&str], reach: Reach) -> Result<Option<Child>> {
         // Names still to walk (last first) and the folders walked so far.
         let mut pending: Vec<String> = path.iter().rev().map(|s| s.to_string()).collect();
         let mut walked: Vec<Child> = Vec::new();
@@ -130,7 +174,7 @@ impl Namespace {
                 _ => {}
             }
             let parent = walked.last().map_or(Ident::Root, |c| c.ident.clone());
-            let child = match self.find_child(&g, &parent, &name, reach) {
+            let child = match self.find_child(g, &parent, &name, reach) {
                 Ok(Some(child)) => child,
                 Ok(None) | Err(Errno::ENOENT) | Err(Errno::ENOTDIR) => return Ok(None),
                 Err(e) => return Err(e),
@@ -148,7 +192,13 @@ impl Namespace {
                 if reach == Reach::Held {
                     return Err(Errno::EWOULDBLOCK); // a link's target is read from the store
                 }
-                let target = self.store.blob(digest).map_err(|_| Errno::EIO)?;
+                if child.attr.size > MAX_TARGET {
+                    return Err(Errno::ENAMETOOLONG);
+                }
+                let target = self
+                    .store
+                    .blob_up_to(digest, MAX_TARGET)
+                    .map_err(|_| Errno::EIO)?;
                 let Ok(target) = String::from_utf8(target) else {
                     return Ok(None);
                 };
@@ -160,21 +210,9 @@ impl Namespace {
             }
             walked.push(child);
         }
-        let Some(file) = walked.last() else {
-            return Err(Errno::EISDIR);
-        };
-        match &file.ident {
-            Ident::SkillBlob { digest, .. } => {
-                let bytes = self.read_blob(digest, file.attr.size, offset, size, reach)?;
-                Ok(Some((file.attr.size, bytes)))
-            }
-            Ident::Resolution(_) => {
-                let data = g.resolution_json.as_ref();
-                let start = (offset as usize).min(data.len());
-                let end = start.saturating_add(size as usize).min(data.len());
-                Ok(Some((data.len() as u64, data[start..end].to_vec())))
-            }
-            _ => Err(Errno::EISDIR),
+        match walked.pop() {
+            Some(file) => Ok(Some(file)),
+            None => Err(Errno::EISDIR),
         }
     }
 

@@ -8,10 +8,10 @@
 //! database, which the fleet does not have yet; so today what is collected is what
 //! interrupted publications and deleted records left.
 
-use super::{get, put_new, unreachable, wait, RemoteStore, AT_ONCE};
+use super::{get, put_new, unreachable, wait, Got, RemoteStore, AT_ONCE, MAX_RECORD};
 use crate::provision::index::BundleRecord;
 use crate::state::now_ms;
-use cloud_harness_fs::cas::{Digest, Kind, Tree};
+use cloud_harness_fs::cas::{Digest, Kind, Tree, MAX_TREE_BYTES};
 use cloud_harness_fs::{Code, Error, Result};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{StreamExt, TryStreamExt};
@@ -25,6 +25,8 @@ use std::time::Duration;
 const LEASE_FOR: Duration = Duration::from_secs(600);
 /// The margin before the lease's end after which nothing more is deleted.
 const LEASE_MARGIN: Duration = Duration::from_secs(60);
+/// The largest lease read (one is a few dozen bytes).
+const MAX_LEASE: u64 = 64 << 10;
 
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -35,6 +37,18 @@ pub struct FleetGcReport {
     pub young: usize,
     pub removed: usize,
     pub removed_bytes: u64,
+    /// Records that are not bundle records this collector can read: skipped, each named
+    /// with why. What one names (a `bundle` and a `manifest` it gives, however bad the rest)
+    /// is kept all the same.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<SkippedRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SkippedRecord {
+    /// Its key in the bucket.
+    pub record: String,
+    pub reason: String,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -87,8 +101,11 @@ impl RemoteStore {
                 e_tag: current.meta.e_tag.clone(),
                 version: current.meta.version.clone(),
             };
-            let held: Option<LeaseBody> =
-                serde_json::from_slice(&current.bytes().await.map_err(fail)?).ok();
+            // A lease too large to be one is not one: it is taken over as run out.
+            let held: Option<LeaseBody> = match current.meta.size <= MAX_LEASE {
+                true => serde_json::from_slice(&current.bytes().await.map_err(fail)?).ok(),
+                false => None,
+            };
             if let Some(held) = held.filter(|h| h.expires_at_ms > now_ms()) {
                 return Err(busy(&url, Some(&held)));
             }
@@ -111,14 +128,15 @@ impl RemoteStore {
     /// took over is left alone).
     fn release_lease(&self, holder: &str) {
         let (objects, path, holder) = (self.objects.clone(), self.lease_path(), holder.to_owned());
-        wait(async move {
-            let Ok(Some(bytes)) = get(&objects, &path).await else {
-                return;
+        let _ = wait(async move {
+            let Ok(Got::Bytes(bytes)) = get(&objects, &path, MAX_LEASE).await else {
+                return Ok(());
             };
             let held: Option<LeaseBody> = serde_json::from_slice(&bytes).ok();
             if held.is_some_and(|h| h.holder == holder) {
                 let _ = objects.delete(&path).await;
             }
+            Ok(())
         });
     }
 
@@ -141,30 +159,64 @@ impl RemoteStore {
     async fn collect_async(&self, grace_ms: i64, deadline_ms: i64) -> Result<FleetGcReport> {
         let fail = |e| unreachable(&self.url, e);
         let mut report = FleetGcReport::default();
-        // Mark: every record's manifest and everything below its bundle.
+        // Mark: every record's manifest and everything below its bundle. A record that is
+        // not one (unreadable, or past a record's bounds) cannot be used by any runner; it is
+        // skipped, and what it names is kept anyway. Only a record too large to read at all
+        // stops the collection: what it names cannot be known, so a sweep could remove it.
         let records = self.list("index/bundles").await?;
-        let mut marked: HashSet<(bool, Digest)> = HashSet::new();
-        let mut trees = Vec::new();
+        let mut roots = Vec::new();
+        let mut named_by_skipped = Vec::new();
         for meta in &records {
-            let Some(bytes) = get(&self.objects, &meta.location).await.map_err(fail)? else {
-                continue;
+            let bytes = match get(&self.objects, &meta.location, MAX_RECORD)
+                .await
+                .map_err(fail)?
+            {
+                Got::Bytes(bytes) => bytes,
+                Got::Missing => continue,
+                Got::TooLarge(size) => {
+                    return Err(Error::new(
+                        Code::Upstream,
+                        format!(
+                            "the record {} is {size} bytes or more, more than the {MAX_RECORD} a record may have: what it names cannot be read, so nothing was collected (remove the record, then collect again)",
+                            meta.location
+                        ),
+                    )
+                    .with_details(serde_json::json!({
+                        "store": self.url,
+                        "record": meta.location.as_ref(),
+                        "limit": MAX_RECORD,
+                    })))
+                }
             };
-            let record: BundleRecord = serde_json::from_slice(&bytes).map_err(|e| {
-                Error::new(
-                    Code::Upstream,
-                    format!(
-                        "the record {} is unreadable ({e}); nothing was collected",
-                        meta.location
-                    ),
-                )
-            })?;
-            report.records += 1;
-            marked.insert((false, record.manifest));
-            if marked.insert((true, record.bundle)) {
-                trees.push(record.bundle);
+            match BundleRecord::decode(&bytes) {
+                Ok(record) => roots.push((record.bundle, record.manifest)),
+                Err(e) => {
+                    tracing::warn!(store = %self.url, record = %meta.location, error = %e.message, "the collector skipped a record that is not one; what it names is kept");
+                    named_by_skipped.extend(named_by(&bytes));
+                    report.skipped.push(SkippedRecord {
+                        record: meta.location.to_string(),
+                        reason: e.message,
+                    });
+                }
             }
         }
-        self.mark_trees(trees, &mut marked).await?;
+        report.records = roots.len();
+        let mut marked: HashSet<(bool, Digest)> = HashSet::new();
+        let mut trees = Vec::new();
+        for (bundle, manifest) in roots {
+            marked.insert((false, manifest));
+            if marked.insert((true, bundle)) {
+                trees.push(bundle);
+            }
+        }
+        self.mark_trees(trees, &mut marked, true).await?;
+        let mut trees = Vec::new();
+        for (is_tree, digest) in named_by_skipped {
+            if marked.insert((is_tree, digest)) && is_tree {
+                trees.push(digest);
+            }
+        }
+        self.mark_trees(trees, &mut marked, false).await?;
 
         // Sweep: what no record reaches and the grace period no longer covers.
         let objects = self.list("objects").await?;
@@ -198,13 +250,15 @@ impl RemoteStore {
         Ok(report)
     }
 
-    /// Marks every object below `trees`, reading each tree from the bucket (verified). A tree
-    /// that cannot be read stops the collection: a sweep after an incomplete mark could
-    /// remove what a record needs.
+    /// Marks every object below `trees`, reading each tree from the bucket (verified). With
+    /// `strict`, a tree that cannot be read stops the collection: a sweep after an incomplete
+    /// mark could remove what a record needs. Below what skipped records name, one that
+    /// cannot be read is left aside (no runner can use it).
     async fn mark_trees(
         &self,
         mut queue: Vec<Digest>,
         marked: &mut HashSet<(bool, Digest)>,
+        strict: bool,
     ) -> Result<()> {
         let mut under_way = FuturesUnordered::new();
         loop {
@@ -212,9 +266,13 @@ impl RemoteStore {
                 let Some(digest) = queue.pop() else { break };
                 under_way.push(async move {
                     let path = self.object_path(cloud_harness_fs::cas::ObjectKind::Tree, &digest);
-                    let bytes = get(&self.objects, &path)
+                    let bytes = match get(&self.objects, &path, MAX_TREE_BYTES)
                         .await
-                        .map_err(|e| unreachable(&self.url, e))?;
+                        .map_err(|e| unreachable(&self.url, e))?
+                    {
+                        Got::Bytes(bytes) => Some(bytes),
+                        Got::Missing | Got::TooLarge(_) => None,
+                    };
                     let tree = bytes
                         .filter(|b| Digest::of(b) == digest)
                         .and_then(|b| Tree::decode(&b).ok())
@@ -234,7 +292,13 @@ impl RemoteStore {
             let Some(tree) = under_way.next().await else {
                 return Ok(());
             };
-            for e in tree?.entries() {
+            let tree = match tree {
+                Ok(tree) => tree,
+                // An outage stops it either way (the tree may be fine).
+                Err(e) if strict || e.details.get("retryable").is_some() => return Err(e),
+                Err(_) => continue,
+            };
+            for e in tree.entries() {
                 let is_tree = e.kind == Kind::Tree;
                 if marked.insert((is_tree, e.digest)) && is_tree {
                     queue.push(e.digest);
@@ -258,6 +322,23 @@ impl RemoteStore {
         let hex = format!("{}{}", parts[n - 2].as_ref(), parts[n - 1].as_ref());
         Digest::parse(&hex).ok().map(|d| (is_tree, d))
     }
+}
+
+/// The objects a record that is not one still names: the `bundle` tree and the `manifest`
+/// blob it gives, if it is JSON that gives them.
+fn named_by(bytes: &[u8]) -> Vec<(bool, Digest)> {
+    let Ok(json) = serde_json::from_slice::<serde_json::Value>(bytes) else {
+        return Vec::new();
+    };
+    let digest = |field: &str| {
+        json.get(field)
+            .and_then(serde_json::Value::as_str)
+            .and_then(|text| Digest::parse(text).ok())
+    };
+    let mut named = Vec::new();
+    named.extend(digest("bundle").map(|d| (true, d)));
+    named.extend(digest("manifest").map(|d| (false, d)));
+    named
 }
 
 fn busy(url: &str, held: Option<&LeaseBody>) -> Error {

@@ -12,15 +12,26 @@
 //! Objects are immutable and named by digest, so every put is create-only (`If-None-Match: *`)
 //! and "already there" is success, the retry of one's own first attempt included. Publication
 //! goes leaves first — blobs, trees from the deepest up, the manifest — and the index record
-//! last, so a record found names only objects that are there. A download checks every
-//! object's bytes against its name before anything enters the local store, and enters the
-//! whole bundle in one batch or nothing.
+//! last, so a record found names only objects that are there.
+//!
+//! What the bucket holds is not trusted: anyone who can write to it could have put anything
+//! there. A record is read only up to [`MAX_RECORD`] bytes and must name the key it was found
+//! by; a download holds a bundle to the ceilings a toolkit fetched from git is held to (its
+//! objects, bytes, file sizes and depth: `CLOUD_HARNESS_MAX_*`), checks every object's bytes
+//! against its name and every blob's length against what its tree says, reads no object
+//! larger than it may be, counts the bundle's files, folders and bytes by path as staging
+//! would, and only then enters the whole bundle in one batch; the local bundle index learns of
+//! the bundle after that. A refusal names the record or the object. A download ends within the
+//! fetch timeout (`CLOUD_HARNESS_FETCH_TIMEOUT`), two run at once in the process, and at most
+//! 64 MiB of objects are on their way in at once.
 
+mod ceilings;
+mod download;
 mod gc;
+mod publish;
 mod start;
-mod transfer;
 
-pub use gc::FleetGcReport;
+pub use gc::{FleetGcReport, SkippedRecord};
 
 use super::index::{self, BundleKey, BundleRecord};
 use cloud_harness_fs::cas::{Digest, ObjectKind};
@@ -41,6 +52,10 @@ const AT_ONCE: usize = 64;
 
 /// The settings this module reads.
 pub const URL_VAR: &str = "TOOLKIT_STORE_URL";
+
+pub use super::index::MAX_RECORD;
+/// The largest tag record read.
+const MAX_TAG_RECORD: u64 = 64 << 10;
 
 #[derive(Clone)]
 pub struct RemoteStore {
@@ -75,6 +90,8 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     RUNTIME.get_or_init(|| {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
+            // Hashing, decoding and reading the local store for downloads.
+            .max_blocking_threads(2)
             .thread_name("object-store")
             .enable_all()
             .build()
@@ -82,13 +99,57 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     })
 }
 
-/// Runs `future` on the object-storage runtime and waits for it.
-fn wait<T: Send + 'static>(future: impl Future<Output = T> + Send + 'static) -> T {
+/// Runs `future` on the object-storage runtime and waits for it. A future that panicked is
+/// an INTERNAL error of its own, not a panic of the caller.
+fn wait<T: Send + 'static>(future: impl Future<Output = Result<T>> + Send + 'static) -> Result<T> {
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     runtime().spawn(async move {
         let _ = tx.send(future.await);
     });
-    rx.recv().expect("the object-storage runtime answers")
+    rx.recv().unwrap_or_else(|_| {
+        Err(Error::internal(
+            "a request to object storage failed unexpectedly (its task panicked; see the log)",
+        ))
+    })
+}
+
+/// Runs `work` on a blocking thread of the object-storage runtime (hashing, decoding, the
+/// local store), not on one of its two workers.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        Err(Error::internal(format!(
+            "a blocking step of a download failed: {e}"
+        )))
+    })
+}
+
+/// A record of the store of record that is not used: too large, or not a record.
+fn bad_record(url: &str, path: &ObjectPath, code: Code, why: &str) -> Error {
+    crate::metrics::remote("refused");
+    Error::new(
+        code,
+        format!("object storage {url} has a bad record {path} ({why}); it was refused"),
+    )
+    .with_details(serde_json::json!({ "store": url, "record": path.as_ref() }))
+}
+
+/// An object of the store of record that may not enter the local store.
+fn refused(url: &str, kind: ObjectKind, digest: &Digest, why: &str) -> Error {
+    crate::metrics::remote("refused");
+    Error::new(
+        Code::Upstream,
+        format!(
+            "object storage {url} has a bad {} {digest} ({why}); it was refused and nothing of its bundle entered the store",
+            kind.dir_name()
+        ),
+    )
+    .with_details(serde_json::json!({
+        "store": url,
+        "object": digest.to_string(),
+        "kind": kind.dir_name(),
+    }))
 }
 
 fn unreachable(url: &str, e: object_store::Error) -> Error {
@@ -206,25 +267,39 @@ impl RemoteStore {
         self.path(&format!("index/tags/{}.json", index::tag_id(url, tag)))
     }
 
-    /// The bytes at `path`, or None when there is nothing there.
-    fn get(&self, path: ObjectPath) -> Result<Option<Vec<u8>>> {
+    /// The bytes at `path` (at most `max`, else a refusal naming it), or None when there is
+    /// nothing there.
+    fn get(&self, path: ObjectPath, max: u64) -> Result<Option<Vec<u8>>> {
         let objects = self.objects.clone();
         let url = self.url.clone();
-        wait(async move { get(&objects, &path).await.map_err(|e| unreachable(&url, e)) })
+        wait(async move {
+            match get(&objects, &path, max).await {
+                Ok(Got::Bytes(bytes)) => Ok(Some(bytes)),
+                Ok(Got::Missing) => Ok(None),
+                Ok(Got::TooLarge(size)) => Err(bad_record(
+                    &url,
+                    &path,
+                    Code::TooLarge,
+                    &format!("{size} bytes or more, more than the {max} a record may have"),
+                )),
+                Err(e) => Err(unreachable(&url, e)),
+            }
+        })
     }
 
-    /// The record of `key` in the store of record, if one was published.
+    /// The record of `key` in the store of record, if one was published. One that is too
+    /// large or is not a record is refused, named.
     pub fn record(&self, key: &BundleKey) -> Result<Option<BundleRecord>> {
-        let Some(bytes) = self.get(self.record_path(key))? else {
+        let path = self.record_path(key);
+        let Some(bytes) = self.get(path.clone(), MAX_RECORD)? else {
             return Ok(None);
         };
-        let record: BundleRecord = serde_json::from_slice(&bytes).map_err(|e| {
-            Error::new(
+        let record = BundleRecord::decode(&bytes).map_err(|e| {
+            bad_record(
+                &self.url,
+                &path,
                 Code::Upstream,
-                format!(
-                    "object storage holds an unreadable record for {}: {e}",
-                    key.url
-                ),
+                &format!("of {}: {}", key.url, e.message),
             )
         })?;
         // A record is found by a digest of its key; one naming another key is not this one.
@@ -234,7 +309,7 @@ impl RemoteStore {
     /// The commit a tag was resolved to by any runner, if one was published.
     pub fn tag(&self, url: &str, tag: &str) -> Result<Option<String>> {
         Ok(self
-            .get(self.tag_path(url, tag))?
+            .get(self.tag_path(url, tag), MAX_TAG_RECORD)?
             .and_then(|bytes| index::commit_of_tag(&bytes, url, tag)))
     }
 
@@ -263,15 +338,83 @@ fn defaults() -> AmazonS3Builder {
         .with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), "60s")
 }
 
+/// What a bounded read of one object found.
+enum Got {
+    Missing,
+    /// At least this many bytes, more than allowed: not read (or not read on).
+    TooLarge(u64),
+    Bytes(Vec<u8>),
+}
+
+/// The object at `path`, read only if it is at most `max` bytes: the size the server gives
+/// is checked before the body is read, and the body as it comes (a server may say less).
 async fn get(
     objects: &Arc<dyn ObjectStore>,
     path: &ObjectPath,
-) -> object_store::Result<Option<Vec<u8>>> {
-    match objects.get(path).await {
-        Ok(result) => Ok(Some(result.bytes().await?.to_vec())),
-        Err(object_store::Error::NotFound { .. }) => Ok(None),
-        Err(e) => Err(e),
+    max: u64,
+) -> object_store::Result<Got> {
+    get_held(objects, path, max, false)
+        .await
+        .map(|(got, _)| got)
+}
+
+/// Bytes of objects on their way in (asked for, arriving, being verified) at once, all
+/// downloads together.
+const IN_FLIGHT_BYTES: u64 = 64 << 20;
+static IN_FLIGHT: tokio::sync::Semaphore =
+    tokio::sync::Semaphore::const_new(IN_FLIGHT_BYTES as usize);
+
+/// A share of the bytes in flight for an object of `size` bytes (all of them, for a larger
+/// one), waited for.
+async fn hold(size: u64) -> object_store::Result<tokio::sync::SemaphorePermit<'static>> {
+    IN_FLIGHT
+        .acquire_many(size.min(IN_FLIGHT_BYTES) as u32)
+        .await
+        .map_err(|e| object_store::Error::Generic {
+            store: "in-flight bytes",
+            source: Box::new(e),
+        })
+}
+
+/// [`get`], and with `held`, a share of the bytes in flight ([`hold`]) taken once the server
+/// says the size and before the body is read, kept by the caller until it is done with the
+/// bytes. The buffer grows as bytes arrive, never past `max`: what the server says is no
+/// reason to allocate.
+async fn get_held(
+    objects: &Arc<dyn ObjectStore>,
+    path: &ObjectPath,
+    max: u64,
+    held: bool,
+) -> object_store::Result<(Got, Option<tokio::sync::SemaphorePermit<'static>>)> {
+    use futures_util::StreamExt;
+    let result = match objects.get(path).await {
+        Ok(result) => result,
+        Err(object_store::Error::NotFound { .. }) => return Ok((Got::Missing, None)),
+        Err(e) => return Err(e),
+    };
+    let said = result.meta.size;
+    if said > max {
+        return Ok((Got::TooLarge(said), None));
     }
+    let permit = match held {
+        true => Some(hold(said).await?),
+        false => None,
+    };
+    let mut bytes: Vec<u8> = Vec::new();
+    let mut body = result.into_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk?;
+        let len = bytes.len() + chunk.len();
+        if len as u64 > max {
+            return Ok((Got::TooLarge(len as u64), None));
+        }
+        if len > bytes.capacity() {
+            let grown = len.max(bytes.capacity() * 2).min(max as usize);
+            bytes.reserve_exact(grown - bytes.len());
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok((Got::Bytes(bytes), permit))
 }
 
 /// A create-only put: true when this call created the object, false when it was there.
@@ -318,6 +461,21 @@ mod tests {
             store.object_path(ObjectKind::Blob, &digest).as_ref(),
             format!("team/skills/objects/blob/{}/{}", &hex[..2], &hex[2..])
         );
+    }
+
+    #[test]
+    fn a_request_that_panics_is_an_internal_error_not_a_panic_of_its_caller() {
+        let e = wait(async {
+            if true {
+                panic!("a bug in a request to object storage");
+            }
+            Ok(())
+        })
+        .unwrap_err();
+        assert_eq!(e.code, Code::Internal, "{e}");
+        assert!(e.message.contains("panicked"), "{e}");
+        // The runtime goes on answering.
+        assert_eq!(wait(async { Ok(7) }).unwrap(), 7);
     }
 
     #[test]

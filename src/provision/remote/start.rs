@@ -7,6 +7,12 @@ use crate::provision::Provisioner;
 use crate::toolkit::Toolkit;
 use cloud_harness_fs::Result;
 
+/// Whether `e` refuses what the bucket holds (it names the record or the object), as opposed
+/// to an outage.
+fn is_refusal(e: &cloud_harness_fs::Error) -> bool {
+    e.details.get("object").is_some() || e.details.get("record").is_some()
+}
+
 impl Provisioner {
     /// The commit another runner resolved `tag` to, if the store of record has it.
     pub(in crate::provision) fn remote_tag(&self, toolkit: &Toolkit, tag: &str) -> Option<String> {
@@ -37,19 +43,24 @@ impl Provisioner {
                 crate::metrics::remote("miss");
                 return Ok(None);
             }
+            Err(e) if is_refusal(&e) => {
+                tracing::error!(url = %key.url, error = %e.message, "the store of record holds a bad record; fetching from git instead");
+                return Err(e);
+            }
             Err(e) => {
                 crate::metrics::remote("unreachable");
                 tracing::warn!(url = %key.url, error = %e.message, "the store of record could not be asked; fetching from git");
                 return Ok(None);
             }
         };
-        match remote.download(&self.store, &record) {
+        match remote.download(&self.store, &record, self.limits) {
             Ok(moved) => {
+                // Only now, every object in place and checked, does the index learn of it.
                 index.put(&record)?;
                 crate::metrics::remote("hit");
                 Ok(Some((record, moved)))
             }
-            Err(e) if e.details.get("object").is_some() => {
+            Err(e) if is_refusal(&e) => {
                 tracing::error!(url = %key.url, error = %e.message, "the store of record holds a bad object; fetching from git instead");
                 Err(e)
             }
