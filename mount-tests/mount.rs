@@ -968,7 +968,7 @@ fn a_corrupt_object_gives_eio_and_a_log_line_never_wrong_bytes() {
     }
     let fx = Fixture::new();
     // Without the prewarm, which may read (and check) the object before it is damaged: bits
-    // that rot after a blob's first read go unseen until `cas verify`, as the README says.
+    // that rot after a blob's first read go unseen until `cas verify`, as docs/cli.md says.
     let (mnt, daemon) = fx.mount_with(&["--no-prewarm"]);
     let reviewer = b"You are a reviewer.\n";
     let digest = cloud_harness::fs::cas::Digest::of(reviewer);

@@ -1,7 +1,7 @@
 //! The FUSE adapter: each handler calls one function of [`Namespace`] and translates its value
 //! or errno for the kernel. Every call that would write gets `EROFS`.
 //!
-//! Caching, as measured on this kind of machine (see the README's benchmark table): long
+//! Caching, as measured on this kind of machine (see docs/benchmarks.md): long
 //! entry and attribute TTLs with explicit invalidation on a generation change; negative
 //! entries (inode 0) cached as long; readdirplus; parallel directory operations; several
 //! worker threads with their own device fd; zero-message open for files (the kernel then keeps
