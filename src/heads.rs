@@ -6,7 +6,7 @@
 use crate::params;
 use crate::state::Optional;
 use crate::state::{self, Db};
-use cloud_harness_fs::Result;
+use cloud_harness_error::Result;
 use std::time::Duration;
 
 pub const DEFAULT_TTL_SECS: u64 = 600;

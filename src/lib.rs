@@ -1,5 +1,6 @@
 //! Cloud Harness: installs third-party agent skill toolkits into workspaces and serves them.
-//! The store, skill model and resolver live in the `cloud-harness-fs` crate.
+//! The layers below it are crates of their own: `cloud-harness-error`, `-store`, `-skills` and
+//! `-mount` (ARCHITECTURE.md).
 
 pub mod acquisitions;
 pub mod api;
@@ -39,5 +40,3 @@ pub mod stack;
 pub mod state;
 pub mod toolkit;
 pub mod workspace;
-
-pub use cloud_harness_fs as fs;

@@ -38,7 +38,7 @@ impl Default for Limits {
 impl Limits {
     /// The defaults, `CLOUD_HARNESS_HTTP_MAX_CONNECTIONS` and
     /// `CLOUD_HARNESS_HTTP_HEADER_TIMEOUT` (seconds) overriding them.
-    pub fn from_env() -> cloud_harness_fs::Result<Limits> {
+    pub fn from_env() -> cloud_harness_error::Result<Limits> {
         use crate::provision::staging::env_number;
         let d = Limits::default();
         let max = env_number(

@@ -5,7 +5,9 @@
 //! and skill-cache hits. One registry per process: the work that moves a series records it
 //! where it happens.
 
-use cloud_harness_fs::stats::{Op, STATS};
+use cloud_harness_mount::stats::{Op, STATS};
+use cloud_harness_skills::stats::STATS as SKILL_STATS;
+use cloud_harness_store::stats::STATS as STORE_STATS;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -110,10 +112,10 @@ impl Collector for Scraped {
         let counters = [
             ("cloud_harness_fuse_negative_lookups", "Lookups of names the mounts do not have (cached by the kernel as negative entries)", &STATS.negative_lookups),
             ("cloud_harness_fuse_read_bytes", "Bytes the mounts served to reads", &STATS.read_bytes),
-            ("cloud_harness_skill_cache_hits", "Skill folders whose parse came from the skill cache", &STATS.skill_cache_hits),
-            ("cloud_harness_skill_cache_misses", "Skill folders parsed from the store", &STATS.skill_cache_misses),
-            ("cloud_harness_store_objects_hashed", "Store objects read and hashed against their digest", &STATS.objects_hashed),
-            ("cloud_harness_store_objects_trusted", "Store objects read without hashing: this process had hashed the same, unchanged file", &STATS.objects_trusted),
+            ("cloud_harness_skill_cache_hits", "Skill folders whose parse came from the skill cache", &SKILL_STATS.skill_cache_hits),
+            ("cloud_harness_skill_cache_misses", "Skill folders parsed from the store", &SKILL_STATS.skill_cache_misses),
+            ("cloud_harness_store_objects_hashed", "Store objects read and hashed against their digest", &STORE_STATS.objects_hashed),
+            ("cloud_harness_store_objects_trusted", "Store objects read without hashing: this process had hashed the same, unchanged file", &STORE_STATS.objects_trusted),
         ];
         for (name, help, value) in counters {
             let c = ConstCounter::new(value.load(Ordering::Relaxed));

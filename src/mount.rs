@@ -1,18 +1,18 @@
 //! `cloud-harness mount`: the skills filesystem daemon.
 
-use crate::cli::TierArgs;
+use crate::cli::tiers::TierArgs;
 use clap::Args;
-use cloud_harness_fs::cas::Store;
-use cloud_harness_fs::discovery::SkillCache;
-use cloud_harness_fs::fuse::{self, MountConfig};
-use cloud_harness_fs::generation::View;
-use cloud_harness_fs::guard::Guard;
-use cloud_harness_fs::live::LiveTiers;
-use cloud_harness_fs::namespace::Namespace;
-use cloud_harness_fs::prewarm::{Prewarm, Summary};
-use cloud_harness_fs::resolver::Tier;
-use cloud_harness_fs::stats::{Op, STATS};
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
+use cloud_harness_mount::fuse::{self, MountConfig};
+use cloud_harness_mount::guard::Guard;
+use cloud_harness_mount::live::LiveTiers;
+use cloud_harness_mount::prewarm::{Prewarm, Summary};
+use cloud_harness_mount::stats::{Op, STATS};
+use cloud_harness_skills::discovery::SkillCache;
+use cloud_harness_skills::generation::View;
+use cloud_harness_skills::namespace::Namespace;
+use cloud_harness_skills::resolver::Tier;
+use cloud_harness_store::cas::Store;
 use nix::sys::signal::{SigSet, Signal};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -66,7 +66,8 @@ pub fn run(store: &Store, args: &MountArgs) -> Result<u8> {
         .map_err(|e| Error::internal(format!("blocking signals: {e}")))?;
 
     let cache = Arc::new(SkillCache::default());
-    let pool = cloud_harness_fs::watch::Pool::new(cloud_harness_fs::watch::Pool::system_default());
+    let pool =
+        cloud_harness_mount::watch::Pool::new(cloud_harness_mount::watch::Pool::system_default());
     let watch = LiveTiers::watch(args.tiers.stack(store, &cache)?, &pool, Default::default())
         .map_err(|e| Error::internal(format!("watching the tiers' folders: {e}")))?;
     for w in watch.warnings() {

@@ -2,7 +2,7 @@
 //! `presets/registry/*.json`, embedded at build time.
 
 use crate::toolkit::Scope;
-use cloud_harness_fs::discovery::Layout;
+use cloud_harness_skills::discovery::Layout;
 use include_dir::{include_dir, Dir};
 use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;

@@ -5,8 +5,8 @@ use crate::mcp::HarnessServer;
 use crate::provision::Provisioner;
 use crate::workspace::Workspaces;
 use clap::Args;
-use cloud_harness_fs::cas::Store;
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
+use cloud_harness_store::cas::Store;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::ServiceExt;
 use std::net::SocketAddr;
@@ -47,7 +47,7 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     if let (Some(addr), AuthMode::None) = (args.http, args.auth) {
         if !addr.ip().is_loopback() {
             return Err(Error::field(
-                cloud_harness_fs::Code::InvalidArgument,
+                cloud_harness_error::Code::InvalidArgument,
                 "auth",
                 format!("--auth none serves anyone who reaches {addr}: it is accepted on a loopback address only"),
             ));

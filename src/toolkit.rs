@@ -5,8 +5,9 @@
 use crate::input::{max_items, max_len};
 use crate::provision::hosts::HostPolicy;
 use crate::registry::Registry;
-use cloud_harness_fs::discovery::Layout;
-use cloud_harness_fs::{relpath, Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_skills::discovery::Layout;
+use cloud_harness_skills::relpath;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 

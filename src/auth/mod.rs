@@ -12,8 +12,8 @@ use crate::input::shown;
 use crate::params;
 use crate::state::Optional;
 use crate::state::{self, Db};
-use cloud_harness_fs::cas::Digest;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_store::cas::Digest;
 use serde::Serialize;
 use serde_json::json;
 

@@ -5,7 +5,7 @@ use crate::provision::egress::{EgressPolicy, SystemResolver};
 use crate::provision::hosts::HostPolicy;
 use crate::provision::proxy;
 use clap::Args;
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
 use std::net::SocketAddr;
 use std::sync::Arc;
 

@@ -4,7 +4,7 @@ use super::control::{actor, print, HomeArg};
 use crate::provision::hosts::HostPolicy;
 use crate::sets;
 use clap::Subcommand;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use serde_json::{json, Value};
 
 #[derive(Debug, Subcommand)]

@@ -5,7 +5,7 @@
 //! an unknown key or a value of the wrong kind is an error naming the key and its line — and
 //! then handed to the code as the environment variables it reads, before anything else runs.
 
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use serde_json::json;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

@@ -21,7 +21,7 @@ pub mod docker;
 pub mod process;
 pub mod userland;
 
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! A command started in an executor, as the runner sees it whatever the backend: its output as
 //! chunks, its exit, and a way to kill everything it started.
 
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;

@@ -9,7 +9,7 @@ use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use cloud_harness_fs::Error;
+use cloud_harness_error::Error;
 
 pub async fn guard(request: Request, next: Next) -> Response {
     let Some(who) = request.extensions().get::<Identity>().map(Principal::of) else {

@@ -15,7 +15,7 @@ mod slots;
 use crate::principal::Principal;
 use crate::provision::staging::env_number;
 pub use bucket::Buckets;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use serde_json::json;
 pub use slots::{Held, Slots};
 use std::future::Future;

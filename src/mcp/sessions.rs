@@ -32,7 +32,7 @@ impl Default for Limits {
 impl Limits {
     /// The defaults, with `CLOUD_HARNESS_HTTP_MAX_SESSIONS`, `…_SESSION_IDLE` (seconds) and
     /// the principal's quota (`CLOUD_HARNESS_LIMIT_SESSIONS`) overriding them.
-    pub fn from_env() -> cloud_harness_fs::Result<Limits> {
+    pub fn from_env() -> cloud_harness_error::Result<Limits> {
         use crate::provision::staging::env_number;
         let d = Limits::default();
         let total = env_number("CLOUD_HARNESS_HTTP_MAX_SESSIONS", d.max_sessions as u64)?;

@@ -8,8 +8,8 @@
 
 use super::index::BundleIndex;
 use super::staging::env_number;
-use cloud_harness_fs::cas::{GcReport, Store};
-use cloud_harness_fs::Result;
+use cloud_harness_error::Result;
+use cloud_harness_store::cas::{GcReport, Store};
 use serde::Serialize;
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};

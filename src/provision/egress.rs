@@ -8,7 +8,7 @@
 //! `CLOUD_HARNESS_ALLOW_CIDRS` opens its range. The verdict names exactly the address to dial.
 
 use crate::provision::hosts::{normalize_host, HostPolicy};
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
 use ipnet::IpNet;
 use std::collections::HashMap;
 use std::future::Future;

@@ -6,7 +6,7 @@
 
 use super::observe::Observer;
 use crate::toolkit::Revision;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use gix::remote::fetch::Shallow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -2,7 +2,7 @@
 //! `CLOUD_HARNESS_URL_REWRITE` mirrors are applied (the allowlist judges the URL actually
 //! fetched).
 
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 
 /// One allowlist entry: `host` (port 443), `host:port`, or `*.suffix` (any subdomain, 443).
 #[derive(Debug, Clone, PartialEq, Eq)]
