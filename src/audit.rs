@@ -2,7 +2,7 @@
 //! updates and deletes of it), each with its actor, time and subject; also written as a
 //! structured log line (target `audit`).
 
-use crate::limits::Buckets;
+use crate::limits::bucket::Buckets;
 use crate::params;
 use crate::state::{self, Db};
 use cloud_harness_error::Result;

@@ -39,7 +39,7 @@ impl Limits {
     /// The defaults, `CLOUD_HARNESS_HTTP_MAX_CONNECTIONS` and
     /// `CLOUD_HARNESS_HTTP_HEADER_TIMEOUT` (seconds) overriding them.
     pub fn from_env() -> cloud_harness_error::Result<Limits> {
-        use crate::provision::staging::env_number;
+        use crate::config::env_number;
         let d = Limits::default();
         let max = env_number(
             "CLOUD_HARNESS_HTTP_MAX_CONNECTIONS",

@@ -5,8 +5,8 @@
 //! each other unknowingly.
 
 use crate::audit;
+use crate::hosts::HostPolicy;
 use crate::params;
-use crate::provision::hosts::HostPolicy;
 use crate::registry::Registry;
 use crate::state::Optional;
 use crate::state::{self, Db};

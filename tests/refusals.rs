@@ -5,7 +5,7 @@
 
 mod support;
 
-use cloud_harness::provision::hosts::HostPolicy;
+use cloud_harness::hosts::HostPolicy;
 use cloud_harness::toolkit::{self, PresetSpec, ToolkitSpec};
 use cloud_harness_error::Code;
 use std::fs;

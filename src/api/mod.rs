@@ -130,7 +130,7 @@ async fn whoami(
     if let Some(csrf) = &id.csrf {
         v["csrfToken"] = json!(csrf);
     }
-    v["usage"] = usage_json(&api.workspaces.usage_of(&id.actor()));
+    v["usage"] = usage_json(&crate::usage::of(&api.workspaces, &id.actor()));
     answer(StatusCode::OK, Ok(v))
 }
 
@@ -151,9 +151,7 @@ fn usage_json(used: &[(&'static str, u64)]) -> Value {
 
 /// Every principal's usage against its limits (operators).
 async fn usage(axum::extract::State(api): State) -> Response {
-    let all: Vec<Value> = api
-        .workspaces
-        .usage()
+    let all: Vec<Value> = crate::usage::all(&api.workspaces)
         .iter()
         .map(|(who, used)| json!({ "principal": who, "usage": usage_json(used) }))
         .collect();

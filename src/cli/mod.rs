@@ -6,6 +6,7 @@ mod exec;
 mod fetch_pack;
 mod guard;
 mod library;
+pub mod mount;
 mod prewarm;
 mod proxy;
 mod registry;
@@ -56,7 +57,7 @@ pub enum Command {
     /// The egress proxy: CONNECT to allowed hosts only, special-purpose addresses refused.
     Proxy(proxy::ProxyArgs),
     /// Serve the resolved tiers as a read-only file system until SIGTERM or SIGINT.
-    Mount(crate::mount::MountArgs),
+    Mount(mount::MountArgs),
     /// What a mounting process runs right after mounting: walk the mount once, so the
     /// kernel's caches answer the first reads.
     #[command(hide = true)]
@@ -168,7 +169,7 @@ pub fn run(cli: Cli) -> Result<u8> {
     match command {
         Command::Skills(cmd) => skills::run(&store, cmd),
         Command::Cas(cmd) => cas::run(&store, cmd),
-        Command::Mount(args) => crate::mount::run(&store, &args),
+        Command::Mount(args) => mount::run(&store, &args),
         Command::Toolkit(cmd) => toolkit::run(&store, cmd),
         Command::Serve(args) => crate::serve::run(&store, &args),
         Command::Registry { home, command } => registry::run(&store, &home, command),

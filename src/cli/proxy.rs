@@ -1,8 +1,8 @@
 //! `cloud-harness proxy`: the egress proxy as a process of its own (the harness runs it as
 //! `provisioning-proxy:3128` for helper containers).
 
+use crate::hosts::HostPolicy;
 use crate::provision::egress::{EgressPolicy, SystemResolver};
-use crate::provision::hosts::HostPolicy;
 use crate::provision::proxy;
 use clap::Args;
 use cloud_harness_error::{Error, Result};

@@ -1,7 +1,7 @@
 //! `cloud-harness set …`: skill sets from the command line (the database `serve` uses).
 
 use super::control::{actor, print, HomeArg};
-use crate::provision::hosts::HostPolicy;
+use crate::hosts::HostPolicy;
 use crate::sets;
 use clap::Subcommand;
 use cloud_harness_error::{Code, Error, Result};

@@ -10,6 +10,16 @@ use serde_json::json;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+/// A whole number from the environment variable `name`, or `default` when it is unset.
+pub fn env_number(name: &str, default: u64) -> Result<u64> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .map_err(|_| Error::invalid(format!("{name}: {v:?} is not a whole number"))),
+        Err(_) => Ok(default),
+    }
+}
+
 mod settings;
 pub use settings::{Kind, Setting, SETTINGS};
 

@@ -51,7 +51,7 @@ pub fn argv(
     spec: &Spec,
     command: &[String],
     env: &[(String, String)],
-    limits: Option<super::RunLimits>,
+    limits: Option<super::rlimits::RunLimits>,
 ) -> Vec<String> {
     let mut a: Vec<String> = [
         "bwrap",

@@ -103,7 +103,7 @@ pub fn spawn_local(
     argv: &[String],
     cwd: Option<&Path>,
     env: &[(String, String)],
-    limits: Option<super::RunLimits>,
+    limits: Option<super::rlimits::RunLimits>,
 ) -> Result<Process> {
     let mut cmd = tokio::process::Command::new(absolute(&argv[0], &lookup_path(env)));
     cmd.args(&argv[1..])

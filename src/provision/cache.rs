@@ -7,7 +7,7 @@
 //! A forgotten bundle comes back from the store of record, or from git, when next asked for.
 
 use super::index::BundleIndex;
-use super::staging::env_number;
+use crate::config::env_number;
 use cloud_harness_error::Result;
 use cloud_harness_store::cas::{GcReport, Store};
 use serde::Serialize;

@@ -7,7 +7,7 @@ pub mod cache;
 pub mod containers;
 pub mod egress;
 pub mod fetch;
-pub mod hosts;
+
 pub mod index;
 pub mod normalize;
 pub mod observe;
@@ -21,6 +21,7 @@ pub mod staging;
 mod standby;
 mod warm;
 
+use crate::hosts;
 use crate::toolkit::{Revision, Toolkit};
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_store::cas::Store;

@@ -395,7 +395,7 @@ mod tests {
             let spec = serde_json::json!({ "kind": "git", "instanceId": "team", "url": "https://git.example/kit.git", "layout": { "skillRoots": ["."], "pluginManifest": narrow } });
             let toolkit = crate::toolkit::parse_spec(&spec.to_string())
                 .unwrap()
-                .resolve(&crate::provision::hosts::HostPolicy::new("git.example", "").unwrap())
+                .resolve(&crate::hosts::HostPolicy::new("git.example", "").unwrap())
                 .unwrap();
             let bundle = normalize(&store, staged, &toolkit, source.clone(), vec![]).unwrap();
             assert_eq!(bundle.skills, 20, "pluginManifest {narrow}");

@@ -40,7 +40,7 @@ impl Limits {
     /// The defaults, each overridable: `CLOUD_HARNESS_MAX_FILES`, `_MAX_BYTES`,
     /// `_MAX_FILE_BYTES`, `_MAX_DEPTH`, `_FETCH_TIMEOUT` (seconds).
     pub fn from_env() -> Result<Limits> {
-        let var = env_number;
+        let var = crate::config::env_number;
         let d = Limits::default();
         let max_depth = var("CLOUD_HARNESS_MAX_DEPTH", d.max_depth as u64)?;
         let ceiling = cloud_harness_store::cas::MAX_TREE_DEPTH;
@@ -66,16 +66,6 @@ impl Limits {
             max_depth: max_depth as usize,
             max_seconds: var("CLOUD_HARNESS_FETCH_TIMEOUT", d.max_seconds)?,
         })
-    }
-}
-
-/// A whole number from the environment variable `name`, or `default` when it is unset.
-pub fn env_number(name: &str, default: u64) -> Result<u64> {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .map_err(|_| Error::invalid(format!("{name}: {v:?} is not a whole number"))),
-        Err(_) => Ok(default),
     }
 }
 

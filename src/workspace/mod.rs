@@ -205,7 +205,7 @@ impl Workspaces {
             "control-plane database"
         );
         crate::registry::sync_shipped(&db)?;
-        let env = crate::provision::staging::env_number;
+        let env = crate::config::env_number;
         let watch_budget = cloud_harness_mount::watch::Budget {
             watches: env(
                 "CLOUD_HARNESS_PROJECT_MAX_WATCHES",
@@ -250,7 +250,7 @@ impl Workspaces {
     }
 
     /// The hosts toolkits may come from.
-    pub fn hosts(&self) -> &crate::provision::hosts::HostPolicy {
+    pub fn hosts(&self) -> &crate::hosts::HostPolicy {
         self.provisioner.hosts()
     }
 
@@ -336,45 +336,10 @@ impl Workspaces {
         open
     }
 
-    /// What each principal uses of its limits now: open workspaces, MCP sessions, and what
-    /// the quotas count.
-    pub fn usage(&self) -> Vec<(String, Vec<(&'static str, u64)>)> {
-        let quotas = crate::limits::quotas();
-        let mut workspaces: std::collections::BTreeMap<String, u64> = Default::default();
-        for w in self.open_workspaces() {
-            *workspaces.entry(w.owner().to_owned()).or_default() += 1;
-        }
-        let sessions = crate::mcp::sessions::per_principal();
-        let mut who: Vec<String> = quotas.principals();
-        who.extend(workspaces.keys().cloned());
-        who.extend(sessions.keys().cloned());
-        who.retain(|w| !w.is_empty());
-        who.sort();
-        who.dedup();
-        who.into_iter()
-            .map(|p| {
-                let mut used = vec![
-                    ("workspaces", workspaces.get(&p).copied().unwrap_or(0)),
-                    ("sessions", sessions.get(&p).copied().unwrap_or(0) as u64),
-                ];
-                used.extend(quotas.usage(&p));
-                (p, used)
-            })
-            .collect()
-    }
-
-    /// What the principal `who` uses of its limits now.
-    pub fn usage_of(&self, who: &str) -> Vec<(&'static str, u64)> {
+    /// How many workspaces `who` has open now.
+    pub fn open_count_of(&self, who: &str) -> u64 {
         let open = self.open.lock().expect("workspaces lock");
-        let workspaces = open.values().filter(|w| w.owner() == who).count() as u64;
-        drop(open);
-        let sessions = crate::mcp::sessions::per_principal();
-        let mut used = vec![
-            ("workspaces", workspaces),
-            ("sessions", sessions.get(who).copied().unwrap_or(0) as u64),
-        ];
-        used.extend(crate::limits::quotas().usage(who));
-        used
+        open.values().filter(|w| w.owner() == who).count() as u64
     }
 
     /// `workspace_close` asked by `who`: NOT_FOUND for a workspace they may not reach.

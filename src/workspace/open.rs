@@ -114,8 +114,7 @@ impl Activator {
                     ))
                 }
             };
-            let hosts =
-                crate::provision::hosts::HostPolicy::new(&self.executors.allowed_hosts, "")?;
+            let hosts = crate::hosts::HostPolicy::new(&self.executors.allowed_hosts, "")?;
             let env = self.provisioner.egress.with_hosts(hosts).proxy_env();
             Ok(executor::docker::EgressProxy { image, env })
         };

@@ -480,10 +480,9 @@ fn undo(act: &Activator, ws: Workspace) {
 mod tests {
     use super::*;
     use crate::executor::{Choice, Settings};
+    use crate::hosts::HostPolicy;
     use crate::principal::Principal;
-    use crate::provision::{
-        egress::EgressPolicy, fetch::Transport, hosts::HostPolicy, Provisioner,
-    };
+    use crate::provision::{egress::EgressPolicy, fetch::Transport, Provisioner};
     use crate::workspace::OpenRequest;
     use cloud_harness_store::cas::{Digest, Store};
 

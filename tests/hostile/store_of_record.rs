@@ -8,7 +8,7 @@
 use crate::support::http::{answer_of, legacy_session, raw, server_in, Server};
 use crate::support::s3::S3Server;
 use crate::support::WARM_HOST;
-use cloud_harness::provision::hosts::HostPolicy;
+use cloud_harness::hosts::HostPolicy;
 use cloud_harness::provision::index::{BundleKey, BundleRecord};
 use cloud_harness::toolkit::ToolkitSpec;
 use cloud_harness_store::cas::{Digest, Entry, Kind, Store, Tree};

@@ -9,9 +9,9 @@ pub mod http;
 pub mod postgres;
 pub mod s3;
 
+use cloud_harness::hosts::HostPolicy;
 use cloud_harness::provision::egress::EgressPolicy;
 use cloud_harness::provision::fetch::Transport;
-use cloud_harness::provision::hosts::HostPolicy;
 use cloud_harness::provision::index::{BundleIndex, BundleKey, BundleRecord};
 use cloud_harness::provision::staging::Limits;
 use cloud_harness::provision::Provisioner;

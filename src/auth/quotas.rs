@@ -2,8 +2,8 @@
 //! requests in flight, and the principal every request's blocking work counts against. A
 //! refusal is 429 with `Retry-After`: a JSON-RPC error on `/mcp`, the API's error elsewhere.
 
-use super::{acting_as, quotas, retry_after};
-use crate::auth::Identity;
+use crate::limits::{acting_as, quotas, retry_after};
+use crate::principal::Identity;
 use crate::principal::Principal;
 use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};

@@ -1,7 +1,9 @@
 //! The preset registry: named toolkits the operator has vetted, as data in
 //! `presets/registry/*.json`, embedded at build time.
 
-use crate::toolkit::Scope;
+pub mod registry;
+
+use crate::scope::Scope;
 use cloud_harness_skills::discovery::Layout;
 use include_dir::{include_dir, Dir};
 use serde::{Deserialize, Serialize};

@@ -11,74 +11,11 @@ use crate::provision::Provisioner;
 use crate::state::Optional;
 use crate::state::{self, Db};
 use crate::toolkit::{self, PresetSpec, Scope, ToolkitSpec};
+
+pub use crate::presets::registry::{Entry, Pin, Registry};
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_skills::discovery::Layout;
-use serde::Serialize;
 use serde_json::json;
-use std::collections::BTreeMap;
-
-/// A pin: an entry's commit from `created_at` until `superseded_at`.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Pin {
-    pub id: String,
-    pub commit: String,
-    pub actor: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    pub created_at: i64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub superseded_at: Option<i64>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Entry {
-    #[serde(flatten)]
-    pub preset: Preset,
-    /// `shipped` (with the binary) or `operator`.
-    pub origin: String,
-    pub pin: Option<Pin>,
-}
-
-/// The entries presets resolve against.
-#[derive(Debug, Clone, Default)]
-pub struct Registry {
-    entries: BTreeMap<String, Entry>,
-}
-
-impl Registry {
-    /// The shipped presets alone, unpinned (a preset without a version is then the default
-    /// branch head): what resolves where there is no state database.
-    pub fn shipped() -> &'static Registry {
-        static SHIPPED: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
-        SHIPPED.get_or_init(|| Registry {
-            entries: presets::all()
-                .iter()
-                .map(|p| {
-                    let entry = Entry {
-                        preset: p.clone(),
-                        origin: "shipped".into(),
-                        pin: None,
-                    };
-                    (p.id.clone(), entry)
-                })
-                .collect(),
-        })
-    }
-
-    pub fn find(&self, id: &str) -> Option<&Entry> {
-        self.entries.get(id)
-    }
-
-    pub fn ids(&self) -> Vec<&str> {
-        self.entries.keys().map(String::as_str).collect()
-    }
-
-    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
-        self.entries.values()
-    }
-}
 
 fn pin_row(r: &state::Row) -> state::DbResult<Pin> {
     Ok(Pin {
@@ -175,14 +112,7 @@ pub fn load(db: &Db) -> Result<Registry> {
     })?;
     let mut registry = Registry::shipped().clone();
     for e in entries {
-        let id = e.preset.id.clone();
-        match registry.entries.get_mut(&id) {
-            // A shipped definition is the binary's; the database adds its pin.
-            Some(shipped) if e.origin == "shipped" => shipped.pin = e.pin,
-            _ => {
-                registry.entries.insert(id, e);
-            }
-        }
+        registry.put(e);
     }
     Ok(registry)
 }
@@ -383,13 +313,13 @@ pub fn add(db: &Db, provisioner: &Provisioner, new: NewEntry, actor: &str) -> Re
     provisioner.hosts().check(&new.url, "url")?;
     new.layout.validate()?;
     if let Some(s) = &new.session_start_skill {
-        crate::decisions::check_skill(s).map_err(|_| {
-            Error::field(
+        if !cloud_harness_skills::skill::is_spec_name(s) {
+            return Err(Error::field(
                 Code::InvalidArgument,
                 "sessionStartSkill",
                 "not a skill name",
-            )
-        })?;
+            ));
+        }
     }
     let mut registry = load(db)?;
     if registry.find(&new.id).is_some() {
@@ -409,14 +339,11 @@ pub fn add(db: &Db, provisioner: &Provisioner, new: NewEntry, actor: &str) -> Re
         default_scope: new.default_scope,
         session_start_skill: new.session_start_skill,
     };
-    registry.entries.insert(
-        preset.id.clone(),
-        Entry {
-            preset: preset.clone(),
-            origin: "operator".into(),
-            pin: None,
-        },
-    );
+    registry.put(Entry {
+        preset: preset.clone(),
+        origin: "operator".into(),
+        pin: None,
+    });
     let acquired = acquire(provisioner, &registry, &preset.id, &new.commit)?;
     let now = state::now_ms();
     let pin = Pin {
