@@ -2,10 +2,19 @@
 // is built from goes into `--version` (`unknown` outside a git checkout).
 fn main() {
     println!("cargo:rerun-if-changed=presets");
-    // (A path that does not exist would rerun this on every build.)
-    for git in [".git/HEAD", ".git/refs/heads"] {
-        if std::path::Path::new(git).exists() {
-            println!("cargo:rerun-if-changed={git}");
+    // Where git keeps them (a worktree's HEAD is not under `.git/`); a path that does not
+    // exist would rerun this on every build.
+    for name in ["HEAD", "refs/heads", "packed-refs"] {
+        let at = std::process::Command::new("git")
+            .args(["rev-parse", "--git-path", name])
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .and_then(|out| String::from_utf8(out.stdout).ok());
+        if let Some(path) = at.map(|p| p.trim().to_owned()) {
+            if std::path::Path::new(&path).exists() {
+                println!("cargo:rerun-if-changed={path}");
+            }
         }
     }
     println!("cargo:rerun-if-env-changed=CLOUD_HARNESS_COMMIT");

@@ -14,7 +14,7 @@ use cloud_harness::executor::{Kind, Settings};
 use cloud_harness::provision::sandbox::Sandbox;
 use cloud_harness::toolkit::{GitSpec, ToolkitSpec};
 use cloud_harness::workspace::{OpenRequest, Workspaces};
-use cloud_harness_fs::cas::Store;
+use cloud_harness_store::cas::Store;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::{dir, Node, Repo};

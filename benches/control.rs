@@ -27,7 +27,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(15);
     let tmp = tempfile::tempdir().unwrap();
-    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
+    let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
     let src = tmp.path().join("src");
     let mut specs = Vec::new();
     for b in 0..100 {

@@ -25,7 +25,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(30);
     let tmp = tempfile::tempdir().unwrap();
-    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
+    let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
     let src = tmp.path().join("src");
     for b in 0..100 {
         let dir = src.join(format!("kit-{b:03}"));

@@ -11,7 +11,7 @@ mod support;
 
 use cloud_harness::executor::{Kind, Settings};
 use cloud_harness::workspace::{OpenRequest, RunRequest, Workspaces};
-use cloud_harness_fs::cas::Store;
+use cloud_harness_store::cas::Store;
 use serde_json::json;
 use std::path::Path;
 use std::process::Command;

@@ -13,7 +13,7 @@ mod support;
 
 use cloud_harness::provision::{Acquired, Provisioner};
 use cloud_harness::toolkit::{GitSpec, ToolkitSpec};
-use cloud_harness_fs::cas::Store;
+use cloud_harness_store::cas::Store;
 use std::time::{Duration, Instant};
 use support::s3::S3Server;
 use support::{Node, Repo};

@@ -369,7 +369,7 @@ fn main() {
     let clients = env_or("LOAD_CLIENTS", 200) as usize;
     let rounds = env_or("LOAD_ROUNDS", 3) as usize;
     let tmp = tempfile::tempdir().unwrap();
-    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
+    let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
     let src = tmp.path().join("src/load");
     for i in 0..1000 {
         let skill = src.join(format!("load-skill-{i:04}"));

@@ -10,7 +10,7 @@ mod support;
 use cloud_harness::executor::{Kind, Settings};
 use cloud_harness::toolkit::ToolkitSpec;
 use cloud_harness::workspace::{OpenRequest, Workspaces};
-use cloud_harness_fs::cas::Store;
+use cloud_harness_store::cas::Store;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -2,11 +2,11 @@
 //! plain directory. Needs root, /dev/fuse and fusermount3 (`.ci/setup` installs fuse3); where
 //! they are missing the tests say so and pass, except under CI, where they fail.
 
-use cloud_harness::cli::TierArgs;
-use cloud_harness::fs::cas::{materialize, ObjectKind, Store};
-use cloud_harness::fs::discovery::SkillCache;
-use cloud_harness::fs::generation::{Generation, View};
-use cloud_harness::fs::namespace::{RESOLUTION_FILE, TIERS_DIR, XATTR_PREFIX};
+use cloud_harness::cli::tiers::TierArgs;
+use cloud_harness_skills::discovery::SkillCache;
+use cloud_harness_skills::generation::{Generation, View};
+use cloud_harness_skills::namespace::{RESOLUTION_FILE, TIERS_DIR, XATTR_PREFIX};
+use cloud_harness_store::cas::{materialize, ObjectKind, Store};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use std::collections::HashMap;
@@ -451,7 +451,7 @@ fn the_mount_shows_exactly_the_expected_tree() {
     let content = fs::read(mnt.join("tdd/SKILL.md")).unwrap();
     assert_eq!(
         get("tdd/SKILL.md", "digest"),
-        cloud_harness::fs::cas::Digest::of(&content).to_string()
+        cloud_harness_store::cas::Digest::of(&content).to_string()
     );
     assert_eq!(get(".tiers/repository/code-review", "tier"), "repository");
     assert_eq!(get("cloud-harness-skills", "toolkit"), "cloud-harness");
@@ -527,7 +527,7 @@ fn observe(root: &Path, rel: &Path, op: &Op) -> String {
             Ok(format!(
                 "{} {:?}",
                 buf.len(),
-                cloud_harness::fs::cas::Digest::of(&buf)
+                cloud_harness_store::cas::Digest::of(&buf)
             ))
         }
         Op::ReadDir(_) => {
@@ -555,7 +555,7 @@ fn observe(root: &Path, rel: &Path, op: &Op) -> String {
             Ok(format!(
                 "{pos} {} {:?}",
                 buf.len(),
-                cloud_harness::fs::cas::Digest::of(&buf)
+                cloud_harness_store::cas::Digest::of(&buf)
             ))
         }
         Op::ReadLink(_) => Ok(fs::read_link(&p)?.display().to_string()),
@@ -968,10 +968,10 @@ fn a_corrupt_object_gives_eio_and_a_log_line_never_wrong_bytes() {
     }
     let fx = Fixture::new();
     // Without the prewarm, which may read (and check) the object before it is damaged: bits
-    // that rot after a blob's first read go unseen until `cas verify`, as the README says.
+    // that rot after a blob's first read go unseen until `cas verify`, as docs/cli.md says.
     let (mnt, daemon) = fx.mount_with(&["--no-prewarm"]);
     let reviewer = b"You are a reviewer.\n";
-    let digest = cloud_harness::fs::cas::Digest::of(reviewer);
+    let digest = cloud_harness_store::cas::Digest::of(reviewer);
     let hex = digest.hex();
     let object = Store::open(&fx.store)
         .unwrap()

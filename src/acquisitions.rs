@@ -6,7 +6,7 @@ use crate::params;
 use crate::provision::Acquired;
 use crate::state::{self, Db};
 use crate::toolkit::Toolkit;
-use cloud_harness_fs::Result;
+use cloud_harness_error::Result;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -2,10 +2,10 @@
 //! updates and deletes of it), each with its actor, time and subject; also written as a
 //! structured log line (target `audit`).
 
-use crate::limits::Buckets;
+use crate::limits::bucket::Buckets;
 use crate::params;
 use crate::state::{self, Db};
-use cloud_harness_fs::Result;
+use cloud_harness_error::Result;
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -218,8 +218,8 @@ pub fn admit_refusal(actor: &str, action: &str, subject: &str) -> Option<u64> {
 /// URL or an address (the host allowlist, the egress proxy), else `request.refused`. Nothing
 /// for other errors; a failure to record is logged. Throttled per caller (see
 /// [`REFUSALS_PER_HOUR`]).
-pub fn refusal(db: &Db, actor: &str, via: &str, error: &cloud_harness_fs::Error) {
-    if error.code != cloud_harness_fs::Code::Forbidden {
+pub fn refusal(db: &Db, actor: &str, via: &str, error: &cloud_harness_error::Error) {
+    if error.code != cloud_harness_error::Code::Forbidden {
         return;
     }
     let field = error

@@ -1,9 +1,10 @@
 //! The built-in tier: skills shipped inside the binary (from `presets/builtin/`).
 
-use cloud_harness_fs::cas::{Digest, Entry, Kind, Store, Tree, Writer};
-use cloud_harness_fs::discovery::{Layout, SkillCache};
-use cloud_harness_fs::resolver::{Provenance, Source, Tier};
-use cloud_harness_fs::{stack, Result};
+use cloud_harness_error::Result;
+use cloud_harness_skills::discovery::{Layout, SkillCache};
+use cloud_harness_skills::resolver::{Provenance, Source, Tier};
+use cloud_harness_skills::stack;
+use cloud_harness_store::cas::{Digest, Entry, Kind, Store, Tree, Writer};
 use include_dir::{include_dir, Dir, DirEntry};
 
 static BUILTIN: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/presets/builtin");

@@ -10,9 +10,9 @@ use crate::operator::Operator;
 use crate::params;
 use crate::state::Optional;
 use crate::state::{self, Db};
-use cloud_harness_fs::cas::Digest;
-use cloud_harness_fs::resolver::Override;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_skills::resolver::Override;
+use cloud_harness_store::cas::Digest;
 use serde::Serialize;
 use serde_json::json;
 use std::path::Path;
@@ -101,7 +101,7 @@ fn check_reason(reason: Option<&str>) -> Result<()> {
 }
 
 pub fn check_skill(skill: &str) -> Result<()> {
-    if cloud_harness_fs::skill::is_spec_name(skill) {
+    if cloud_harness_skills::skill::is_spec_name(skill) {
         Ok(())
     } else {
         Err(Error::field(

@@ -4,7 +4,7 @@
 
 use bollard::query_parameters::CreateImageOptions;
 use bollard::Docker;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use futures_util::StreamExt;
 
 pub fn docker_error(what: &str, e: impl std::fmt::Display) -> Error {

@@ -6,14 +6,13 @@
 use crate::params;
 use crate::state::Optional;
 use crate::state::{self, Db};
-use cloud_harness_fs::Result;
+use cloud_harness_error::Result;
 use std::time::Duration;
 
 pub const DEFAULT_TTL_SECS: u64 = 600;
 
 pub fn ttl() -> Result<Duration> {
-    crate::provision::staging::env_number("CLOUD_HARNESS_HEAD_TTL", DEFAULT_TTL_SECS)
-        .map(Duration::from_secs)
+    crate::config::env_number("CLOUD_HARNESS_HEAD_TTL", DEFAULT_TTL_SECS).map(Duration::from_secs)
 }
 
 /// The commit `url`'s head was found at, and when (ms), if that is less than `ttl` ago.

@@ -69,9 +69,33 @@ pub fn router(workspaces: Arc<Workspaces>) -> Router {
         .route("/readyz", get(ready))
         .with_state(rx);
     let metrics = Router::new()
-        .route("/metrics", get(crate::metrics::endpoint))
+        .route("/metrics", get(metrics))
         .with_state(workspaces);
     probes.merge(metrics)
+}
+
+/// `GET /metrics`: every series, the open workspaces counted now.
+async fn metrics(
+    axum::extract::State(workspaces): axum::extract::State<
+        std::sync::Arc<crate::workspace::Workspaces>,
+    >,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    crate::metrics::set_open_workspaces(workspaces.open_workspaces().len());
+    crate::metrics::set_usage(
+        crate::usage::all(&workspaces)
+            .into_iter()
+            .flat_map(|(who, used)| used.into_iter().map(move |(l, n)| (who.clone(), l, n)))
+            .collect(),
+    );
+    let mut r = crate::metrics::text().into_response();
+    r.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+            .parse()
+            .expect("a header"),
+    );
+    r
 }
 
 async fn ready(State(rx): State<watch::Receiver<Report>>) -> Response {

@@ -6,7 +6,7 @@
 //!                                      holds its idempotency key), working tree, mounts
 //! ```
 
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -9,7 +9,7 @@ use crate::state::Optional;
 use crate::state::{self, Db};
 use crate::toolkit::{self, ToolkitSpec};
 use crate::workspace::Workspaces;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;

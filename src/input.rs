@@ -1,7 +1,7 @@
 //! JSON input from users (tool arguments, toolkit specs) into typed values, with errors that
 //! name the field to fix.
 
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 
@@ -58,7 +58,7 @@ pub fn shown(text: &str) -> String {
 pub fn check_text(field: &str, text: &str, max: usize) -> Result<()> {
     if text.is_empty() || text.len() > max || text.chars().any(char::is_control) {
         return Err(Error::field(
-            cloud_harness_fs::Code::InvalidArgument,
+            cloud_harness_error::Code::InvalidArgument,
             field,
             format!("must be 1 to {max} bytes without control characters"),
         ));

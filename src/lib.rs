@@ -1,5 +1,6 @@
 //! Cloud Harness: installs third-party agent skill toolkits into workspaces and serves them.
-//! The store, skill model and resolver live in the `cloud-harness-fs` crate.
+//! The layers below it are crates of their own: `cloud-harness-error`, `-store`, `-skills` and
+//! `-mount` (ARCHITECTURE.md).
 
 pub mod acquisitions;
 pub mod api;
@@ -16,6 +17,7 @@ pub mod executor;
 pub mod heads;
 pub mod health;
 pub mod home;
+pub mod hosts;
 pub mod imports;
 pub mod input;
 pub mod keyed_lock;
@@ -24,7 +26,7 @@ pub mod limits;
 pub mod listener;
 pub mod mcp;
 pub mod metrics;
-pub mod mount;
+
 pub mod notify;
 pub mod operator;
 pub mod presets;
@@ -32,12 +34,12 @@ pub mod principal;
 pub mod provision;
 pub mod registry;
 pub mod runner;
+pub mod scope;
 pub mod serve;
 pub mod session_start;
 pub mod sets;
 pub mod stack;
 pub mod state;
 pub mod toolkit;
+pub mod usage;
 pub mod workspace;
-
-pub use cloud_harness_fs as fs;

@@ -9,10 +9,10 @@ use crate::registry::Registry;
 use crate::sets;
 use crate::toolkit::ToolkitSpec;
 use crate::workspace::Workspaces;
-use cloud_harness_fs::cas::{Digest, Store};
-use cloud_harness_fs::discovery::SkillCache;
-use cloud_harness_fs::resolver::Tier;
-use cloud_harness_fs::Result;
+use cloud_harness_error::Result;
+use cloud_harness_skills::discovery::SkillCache;
+use cloud_harness_skills::resolver::Tier;
+use cloud_harness_store::cas::{Digest, Store};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -304,13 +304,13 @@ pub fn used_by(
 /// Every file of the skill folder `digest`: path, size and digest, in path order. The
 /// folders listed count against a walk's entry budget.
 pub fn files(store: &Store, digest: &Digest) -> Result<Vec<Value>> {
-    use cloud_harness_fs::cas::Kind;
+    use cloud_harness_store::cas::Kind;
     let mut out = Vec::new();
-    let mut budget = cloud_harness_fs::cas::WalkBudget::default();
+    let mut budget = cloud_harness_store::cas::WalkBudget::default();
     let mut pending = vec![(String::new(), *digest)];
     while let Some((dir, tree)) = pending.pop() {
         for e in budget.tree(store, &tree)?.entries() {
-            let path = cloud_harness_fs::relpath::join(&dir, &e.name);
+            let path = cloud_harness_skills::relpath::join(&dir, &e.name);
             match e.kind {
                 Kind::Tree => pending.push((path, e.digest)),
                 kind => out.push(json!({ "path": path, "size": e.size, "digest": e.digest, "kind": format!("{kind:?}").to_lowercase() })),

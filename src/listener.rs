@@ -38,8 +38,8 @@ impl Default for Limits {
 impl Limits {
     /// The defaults, `CLOUD_HARNESS_HTTP_MAX_CONNECTIONS` and
     /// `CLOUD_HARNESS_HTTP_HEADER_TIMEOUT` (seconds) overriding them.
-    pub fn from_env() -> cloud_harness_fs::Result<Limits> {
-        use crate::provision::staging::env_number;
+    pub fn from_env() -> cloud_harness_error::Result<Limits> {
+        use crate::config::env_number;
         let d = Limits::default();
         let max = env_number(
             "CLOUD_HARNESS_HTTP_MAX_CONNECTIONS",

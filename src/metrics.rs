@@ -5,7 +5,9 @@
 //! and skill-cache hits. One registry per process: the work that moves a series records it
 //! where it happens.
 
-use cloud_harness_fs::stats::{Op, STATS};
+use cloud_harness_mount::stats::{Op, STATS};
+use cloud_harness_skills::stats::STATS as SKILL_STATS;
+use cloud_harness_store::stats::STATS as STORE_STATS;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -38,7 +40,6 @@ struct Metrics {
     runs: Family<Labels, Counter>,
     remote: Family<Labels, Counter>,
     remote_bytes: Counter,
-    quota_refusals: Family<Labels, Counter>,
 }
 
 /// What is read when scraped rather than counted as it happens.
@@ -83,6 +84,17 @@ impl Collector for Scraped {
             let labels: Labels = vec![("limit", (*name).to_owned())];
             ConstGauge::new(limits.get(name) as i64).encode(family.encode_family(&labels)?)?;
         }
+        let refusals = ConstCounter::new(0u64);
+        let mut family = encoder.encode_descriptor(
+            "cloud_harness_quota_refusals",
+            "Requests refused because a principal's quota was used up, by limit",
+            None,
+            refusals.metric_type(),
+        )?;
+        for (name, n) in crate::limits::refusals() {
+            let labels: Labels = vec![("limit", name.to_owned())];
+            ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+        }
         let mut family = encoder.encode_descriptor(
             "cloud_harness_principal_usage",
             "What each principal uses now of a quota (hourly budgets: what the last hour took)",
@@ -110,10 +122,10 @@ impl Collector for Scraped {
         let counters = [
             ("cloud_harness_fuse_negative_lookups", "Lookups of names the mounts do not have (cached by the kernel as negative entries)", &STATS.negative_lookups),
             ("cloud_harness_fuse_read_bytes", "Bytes the mounts served to reads", &STATS.read_bytes),
-            ("cloud_harness_skill_cache_hits", "Skill folders whose parse came from the skill cache", &STATS.skill_cache_hits),
-            ("cloud_harness_skill_cache_misses", "Skill folders parsed from the store", &STATS.skill_cache_misses),
-            ("cloud_harness_store_objects_hashed", "Store objects read and hashed against their digest", &STATS.objects_hashed),
-            ("cloud_harness_store_objects_trusted", "Store objects read without hashing: this process had hashed the same, unchanged file", &STATS.objects_trusted),
+            ("cloud_harness_skill_cache_hits", "Skill folders whose parse came from the skill cache", &SKILL_STATS.skill_cache_hits),
+            ("cloud_harness_skill_cache_misses", "Skill folders parsed from the store", &SKILL_STATS.skill_cache_misses),
+            ("cloud_harness_store_objects_hashed", "Store objects read and hashed against their digest", &STORE_STATS.objects_hashed),
+            ("cloud_harness_store_objects_trusted", "Store objects read without hashing: this process had hashed the same, unchanged file", &STORE_STATS.objects_trusted),
         ];
         for (name, help, value) in counters {
             let c = ConstCounter::new(value.load(Ordering::Relaxed));
@@ -140,7 +152,6 @@ fn metrics() -> &'static Metrics {
             runs: Family::default(),
             remote: Family::default(),
             remote_bytes: Counter::default(),
-            quota_refusals: Family::default(),
         };
         registry.register(
             "cloud_harness_acquisitions",
@@ -197,11 +208,7 @@ fn metrics() -> &'static Metrics {
             "Bytes brought into the local store from the store of record",
             m.remote_bytes.clone(),
         );
-        registry.register(
-            "cloud_harness_quota_refusals",
-            "Requests refused because a principal's quota was used up, by limit",
-            m.quota_refusals.clone(),
-        );
+
         registry.register_collector(Box::new(Scraped));
         *m.registry.lock().expect("metrics lock") = registry;
         m
@@ -276,14 +283,6 @@ pub fn run(kind: &str, result: &str) {
         .inc();
 }
 
-/// A request was refused at the quota `limit`.
-pub fn quota_refused(limit: &str) {
-    metrics()
-        .quota_refusals
-        .get_or_create(&vec![("limit", limit.to_owned())])
-        .inc();
-}
-
 /// What each principal uses now, counted by the caller (see `cloud_harness_principal_usage`).
 pub fn set_usage(usage: Vec<(String, &'static str, u64)>) {
     *USAGE.lock().expect("usage lock") = usage;
@@ -300,29 +299,4 @@ pub fn text() -> String {
     let registry = m.registry.lock().expect("metrics lock");
     prometheus_client::encoding::text::encode(&mut out, &registry).expect("writing to a String");
     out
-}
-
-/// `GET /metrics`: every series, the open workspaces counted now.
-pub async fn endpoint(
-    axum::extract::State(workspaces): axum::extract::State<
-        std::sync::Arc<crate::workspace::Workspaces>,
-    >,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    set_open_workspaces(workspaces.open_workspaces().len());
-    set_usage(
-        workspaces
-            .usage()
-            .into_iter()
-            .flat_map(|(who, used)| used.into_iter().map(move |(l, n)| (who.clone(), l, n)))
-            .collect(),
-    );
-    let mut r = text().into_response();
-    r.headers_mut().insert(
-        axum::http::header::CONTENT_TYPE,
-        "application/openmetrics-text; version=1.0.0; charset=utf-8"
-            .parse()
-            .expect("a header"),
-    );
-    r
 }

@@ -13,9 +13,9 @@
 //! `owner:<instanceId>`, or a toolkit's instance id); `approvedSkills` are the skill folder
 //! digests whose scripts `skills_run` may execute.
 
-use cloud_harness_fs::cas::Digest;
-use cloud_harness_fs::resolver::Override;
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
+use cloud_harness_skills::resolver::Override;
+use cloud_harness_store::cas::Digest;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 

@@ -4,7 +4,58 @@
 //! (`local:<user>`), and `--auth none` makes every caller `anonymous`. A workspace belongs to
 //! the principal that opened it: a `client` reaches only its own, an `operator` reaches all.
 
-use crate::auth::{Identity, Role};
+use crate::input::shown;
+use cloud_harness_error::{Code, Error, Result};
+use serde::Serialize;
+
+/// What a token may do. `client`: the MCP tools and the API's reads; `operator`: everything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Client,
+    Operator,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Client => "client",
+            Role::Operator => "operator",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Role> {
+        match text {
+            "client" => Ok(Role::Client),
+            "operator" => Ok(Role::Operator),
+            _ => Err(Error::field(
+                Code::InvalidArgument,
+                "role",
+                format!("{:?} is not a role: `client` or `operator`", shown(text)),
+            )),
+        }
+    }
+}
+
+/// Who made a request, as the audit log names them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub token_id: String,
+    pub name: String,
+    pub role: Role,
+    /// A browser session's CSRF token, when the request came with its cookie.
+    pub csrf: Option<String>,
+}
+
+impl Identity {
+    pub fn actor(&self) -> String {
+        if self.token_id.is_empty() {
+            // `--auth none`.
+            return self.name.clone();
+        }
+        format!("token:{}", self.name)
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {

@@ -4,7 +4,7 @@
 
 use crate::executor::process::Stream;
 use crate::executor::{Exit, Process};
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
 use serde::Serialize;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -178,7 +178,7 @@ pub async fn supervise(
 mod tests {
     use super::*;
     use crate::executor::process::spawn_local;
-    use cloud_harness_fs::Code;
+    use cloud_harness_error::Code;
     use std::os::unix::fs::PermissionsExt;
     use std::path::PathBuf;
 

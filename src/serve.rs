@@ -5,8 +5,8 @@ use crate::mcp::HarnessServer;
 use crate::provision::Provisioner;
 use crate::workspace::Workspaces;
 use clap::Args;
-use cloud_harness_fs::cas::Store;
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
+use cloud_harness_store::cas::Store;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::ServiceExt;
 use std::net::SocketAddr;
@@ -47,7 +47,7 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     if let (Some(addr), AuthMode::None) = (args.http, args.auth) {
         if !addr.ip().is_loopback() {
             return Err(Error::field(
-                cloud_harness_fs::Code::InvalidArgument,
+                cloud_harness_error::Code::InvalidArgument,
                 "auth",
                 format!("--auth none serves anyone who reaches {addr}: it is accepted on a loopback address only"),
             ));
@@ -86,7 +86,7 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     // neither the start nor a warm open waits for the engine.
     // With helper containers, the provisioning network, its proxy and the helpers on standby
     // are made then too, so the first cold open waits for none of them.
-    let standby = crate::provision::staging::env_number("CLOUD_HARNESS_STANDBY_HELPERS", 2)?;
+    let standby = crate::config::env_number("CLOUD_HARNESS_STANDBY_HELPERS", 2)?;
     {
         let workspaces = workspaces.clone();
         std::thread::spawn(move || {
@@ -335,7 +335,7 @@ async fn serve(
                 .merge(crate::auth::pages::router(auth.clone()))
                 .merge(crate::health::router(workspaces.clone()))
                 // Quotas count per principal: they run once the caller is known.
-                .layer(axum::middleware::from_fn(crate::limits::http::guard))
+                .layer(axum::middleware::from_fn(crate::auth::quotas::guard))
                 .layer(axum::middleware::from_fn_with_state(
                     auth,
                     crate::auth::http::guard,

@@ -2,7 +2,7 @@
 //! of every session (superpowers' `using-superpowers`). Those instructions speak of the tools of
 //! the agent they were written for; the mapping says which of this server's tools to use instead.
 
-use cloud_harness_fs::cas::{Digest, Kind, Store};
+use cloud_harness_store::cas::{Digest, Kind, Store};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,7 +76,7 @@ pub fn from_bundle(
         .digest;
     let text = String::from_utf8(store.blob_up_to(&md, 1 << 20).ok()?).ok()?;
     // The body: what follows the front matter.
-    let body = cloud_harness_fs::skill::body(&text)
+    let body = cloud_harness_skills::skill::body(&text)
         .trim_start_matches(['\r', '\n'])
         .to_owned();
     Some(SessionStart {

@@ -5,13 +5,13 @@
 //! each other unknowingly.
 
 use crate::audit;
+use crate::hosts::HostPolicy;
 use crate::params;
-use crate::provision::hosts::HostPolicy;
 use crate::registry::Registry;
 use crate::state::Optional;
 use crate::state::{self, Db};
 use crate::toolkit::{self, ToolkitSpec};
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;

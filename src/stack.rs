@@ -3,11 +3,11 @@
 //! project's own skills, and the operator's overrides.
 
 use crate::builtin;
-use cloud_harness_fs::cas::{Digest, Store};
-use cloud_harness_fs::discovery::SkillCache;
-use cloud_harness_fs::resolver::{Override, Tier};
-use cloud_harness_fs::stack::StackSpec;
-use cloud_harness_fs::Result;
+use cloud_harness_error::Result;
+use cloud_harness_skills::discovery::SkillCache;
+use cloud_harness_skills::resolver::{Override, Tier};
+use cloud_harness_skills::stack::StackSpec;
+use cloud_harness_store::cas::{Digest, Store};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 

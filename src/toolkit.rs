@@ -2,11 +2,13 @@
 //! provisioning code can act on. Every violation is an INVALID_ARGUMENT or FORBIDDEN error whose
 //! details name the field.
 
+use crate::hosts::HostPolicy;
 use crate::input::{max_items, max_len};
-use crate::provision::hosts::HostPolicy;
-use crate::registry::Registry;
-use cloud_harness_fs::discovery::Layout;
-use cloud_harness_fs::{relpath, Code, Error, Result};
+use crate::presets::registry::Registry;
+pub use crate::scope::Scope;
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_skills::discovery::Layout;
+use cloud_harness_skills::relpath;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 
@@ -89,14 +91,6 @@ pub struct SkillFilter {
     pub include: Vec<String>,
     #[serde(default)]
     pub exclude: Vec<String>,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Scope {
-    #[default]
-    Owner,
-    Workspace,
 }
 
 /// Which commit to take.

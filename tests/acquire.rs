@@ -6,7 +6,7 @@ mod support;
 
 use cloud_harness::provision::Acquired;
 use cloud_harness::toolkit::{LayoutSpec, PresetSpec, ToolkitSpec};
-use cloud_harness_fs::Code;
+use cloud_harness_error::Code;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use support::acquisition::{git, names, world};
@@ -83,7 +83,7 @@ fn a_bucketed_preset_through_a_mirror() {
     assert_eq!(tdd["files"][0]["size"], md.len());
     assert_eq!(
         tdd["files"][0]["sha256"],
-        cloud_harness_fs::cas::Digest::of(&md).hex()
+        cloud_harness_store::cas::Digest::of(&md).hex()
     );
 }
 
@@ -359,7 +359,7 @@ fn a_warm_start_makes_no_connection() {
     let md = skill_tree.get("SKILL.md").unwrap().digest;
     fs::remove_file(
         w.store
-            .object_path(cloud_harness_fs::cas::ObjectKind::Blob, &md),
+            .object_path(cloud_harness_store::cas::ObjectKind::Blob, &md),
     )
     .unwrap();
     let err = w.acquire(spec).unwrap_err();

@@ -9,7 +9,7 @@
 mod support;
 
 use cloud_harness::executor::{Kind, Settings};
-use cloud_harness::fs::stats::{Op, STATS};
+use cloud_harness_mount::stats::{Op, STATS};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -121,7 +121,7 @@ fn containment(kind: Kind) {
     // An approved script runs inside and says so.
     let digest = support::skill_digest(&result, "alpha");
     let refused = h.run(&ws, "scripts/hello.sh").unwrap_err();
-    assert_eq!(refused.code, cloud_harness_fs::Code::Forbidden);
+    assert_eq!(refused.code, cloud_harness_error::Code::Forbidden);
     h.approve(&digest);
     let ran = h.run(&ws, "scripts/hello.sh").unwrap();
     assert_eq!(ran["stdout"], "hello from /workspace\n", "{ran}");
@@ -306,7 +306,7 @@ fn without_an_executor_skills_are_read_and_scripts_refused() {
     assert!(page.content.contains("Alpha."));
     h.approve(&support::skill_digest(&result, "alpha"));
     let e = h.run(&ws, "scripts/hello.sh").unwrap_err();
-    assert_eq!(e.code, cloud_harness_fs::Code::Forbidden, "{e}");
+    assert_eq!(e.code, cloud_harness_error::Code::Forbidden, "{e}");
     assert!(e.message.contains("install bubblewrap"), "{e}");
     let (code, _, err) = h.exec(&ws, &["true"], b"");
     assert_eq!(code, 125, "{err}");

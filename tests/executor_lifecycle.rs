@@ -9,7 +9,7 @@ mod support;
 
 use cloud_harness::executor::{Kind, Settings};
 use cloud_harness::workspace::Workspaces;
-use cloud_harness_fs::cas::Store;
+use cloud_harness_store::cas::Store;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -48,7 +48,7 @@ fn an_executor_stopped_or_removed_behind_the_harness_back() {
     let digest = support::skill_digest(&result, "alpha");
     h.approve(&digest);
     let e = h.run(&ws, "scripts/hello.sh").unwrap_err();
-    assert_eq!(e.code, cloud_harness_fs::Code::Upstream, "{e}");
+    assert_eq!(e.code, cloud_harness_error::Code::Upstream, "{e}");
     assert!(e.message.contains("is gone"), "{e}");
     h.workspaces.close(&ws).unwrap();
     h.assert_nothing_left();

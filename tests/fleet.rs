@@ -10,7 +10,7 @@ mod support;
 
 use cloud_harness::provision::index::{BundleKey, BundleRecord};
 use cloud_harness::provision::{Acquired, Provisioner};
-use cloud_harness_fs::cas::{materialize, Digest, Kind, Store, Tree};
+use cloud_harness_store::cas::{materialize, Digest, Kind, Store, Tree};
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -119,7 +119,7 @@ impl Fleet {
     }
 }
 
-fn acquire(p: &Provisioner, url: &str, commit: &str) -> cloud_harness_fs::Result<Acquired> {
+fn acquire(p: &Provisioner, url: &str, commit: &str) -> cloud_harness_error::Result<Acquired> {
     let spec = cloud_harness::toolkit::ToolkitSpec::Git(git(url.into(), "team", Some(commit)));
     p.acquire(&spec.resolve(p.hosts())?)
 }
@@ -541,7 +541,7 @@ impl Fleet {
         url: &str,
         commit: &str,
         skills: usize,
-        build: impl FnOnce(&mut cloud_harness_fs::cas::Writer<'_>) -> Digest,
+        build: impl FnOnce(&mut cloud_harness_store::cas::Writer<'_>) -> Digest,
     ) -> BundleRecord {
         let spec = cloud_harness::toolkit::ToolkitSpec::Git(git(url.into(), "team", Some(commit)));
         let key = BundleKey::new(&spec.resolve(p.hosts()).unwrap(), commit);
@@ -577,11 +577,11 @@ impl Fleet {
 
 /// The tree of the files below `prefix`, written bottom up.
 fn crafted_tree(
-    writer: &mut cloud_harness_fs::cas::Writer<'_>,
+    writer: &mut cloud_harness_store::cas::Writer<'_>,
     files: Crafted,
     prefix: &str,
 ) -> Digest {
-    use cloud_harness_fs::cas::Entry;
+    use cloud_harness_store::cas::Entry;
     let mut entries = Vec::new();
     let mut folders = std::collections::BTreeSet::new();
     for (path, bytes, size) in files {
@@ -614,7 +614,7 @@ fn crafted_tree(
 /// Runner B asks for a bundle the bucket holds badly, with no git to stand in (the repository
 /// is not on the git server): the refusal is the answer, naming what was refused, and B's store
 /// and index are as they were: empty.
-fn refused_by_b(f: &Fleet, b: &Provisioner, url: &str, commit: &str) -> cloud_harness_fs::Error {
+fn refused_by_b(f: &Fleet, b: &Provisioner, url: &str, commit: &str) -> cloud_harness_error::Error {
     let err = acquire(b, url, commit).unwrap_err();
     assert!(err.message.contains("refused"), "{err}");
     assert!(
@@ -653,7 +653,7 @@ fn a_bad_record_in_the_bucket_is_refused_and_named() {
     // Not a record.
     fs::write(f.record_file(&good), b"{ not json").unwrap();
     let err = refused_by_b(&f, &b, &url, &"a".repeat(40));
-    assert_eq!(err.code, cloud_harness_fs::Code::Upstream, "{err}");
+    assert_eq!(err.code, cloud_harness_error::Code::Upstream, "{err}");
     assert!(err.message.contains("not a bundle record"), "{err}");
     assert!(err.details["record"].as_str().unwrap().ends_with(".json"));
     // A record of 5 MiB (its warnings): refused unread past 4 MiB.
@@ -661,7 +661,7 @@ fn a_bad_record_in_the_bucket_is_refused_and_named() {
     huge.warnings = vec!["w".repeat(1 << 20); 5];
     fs::write(f.record_file(&good), serde_json::to_vec(&huge).unwrap()).unwrap();
     let err = refused_by_b(&f, &b, &url, &"a".repeat(40));
-    assert_eq!(err.code, cloud_harness_fs::Code::TooLarge, "{err}");
+    assert_eq!(err.code, cloud_harness_error::Code::TooLarge, "{err}");
     assert!(err.message.contains("a record may have"), "{err}");
     // A record counting skills its bundle does not hold.
     let mut lying = good.clone();
@@ -695,7 +695,7 @@ fn a_bundle_past_its_ceilings_in_the_bucket_is_refused_before_anything_is_writte
     files.push(("a/SKILL.md", SKILL, None));
     f.publish_crafted(&b, &url, &commit('b'), &files, 1);
     let err = refused_by_b(&f, &b, &url, &commit('b'));
-    assert_eq!(err.code, cloud_harness_fs::Code::TooLarge, "{err}");
+    assert_eq!(err.code, cloud_harness_error::Code::TooLarge, "{err}");
     assert!(
         err.message.contains("more than the limit of 6 files"),
         "{err}"
@@ -709,7 +709,7 @@ fn a_bundle_past_its_ceilings_in_the_bucket_is_refused_before_anything_is_writte
     ];
     f.publish_crafted(&b, &url, &commit('c'), deep, 1);
     let err = refused_by_b(&f, &b, &url, &commit('c'));
-    assert_eq!(err.code, cloud_harness_fs::Code::TooLarge, "{err}");
+    assert_eq!(err.code, cloud_harness_error::Code::TooLarge, "{err}");
     assert!(
         err.message.contains("nests deeper than the limit of 4"),
         "{err}"
@@ -721,7 +721,7 @@ fn a_bundle_past_its_ceilings_in_the_bucket_is_refused_before_anything_is_writte
         &[("a/SKILL.md", SKILL, None), ("a/big.bin", &big, None)];
     f.publish_crafted(&b, &url, &commit('d'), large, 1);
     let err = refused_by_b(&f, &b, &url, &commit('d'));
-    assert_eq!(err.code, cloud_harness_fs::Code::TooLarge, "{err}");
+    assert_eq!(err.code, cloud_harness_error::Code::TooLarge, "{err}");
     assert!(err.message.contains("bytes per file"), "{err}");
 
     // A tree that gives a blob a smaller size than it has: the blob is read no further.
@@ -748,7 +748,7 @@ fn a_bundle_past_its_ceilings_in_the_bucket_is_refused_before_anything_is_writte
 /// TOO_LARGE naming the record and the bound, before anything is written.
 #[test]
 fn a_bundle_of_few_objects_and_many_paths_in_the_bucket_is_refused() {
-    use cloud_harness_fs::cas::{Entry, Writer};
+    use cloud_harness_store::cas::{Entry, Writer};
     let Some(f) = fleet() else { return };
     let url = f.w.server.url("team/absent.git");
     let b = f.runner("store-b");
@@ -787,7 +787,7 @@ fn a_bundle_of_few_objects_and_many_paths_in_the_bucket_is_refused() {
         folder(w, vec![sub("a", skill)])
     });
     let err = refused_by_b(&f, &b, &url, &"a".repeat(40));
-    assert_eq!(err.code, cloud_harness_fs::Code::TooLarge, "{err}");
+    assert_eq!(err.code, cloud_harness_error::Code::TooLarge, "{err}");
     assert!(
         err.message
             .contains("holds 65537 files counted by path (a folder as often as trees name it"),
@@ -825,7 +825,7 @@ fn a_tree_in_the_bucket_that_misstates_a_blob_the_runner_has_is_refused() {
     ];
     f.publish_crafted(&b, &url, &"e".repeat(40), lying, 1);
     let err = acquire(&b, &url, &"e".repeat(40)).unwrap_err();
-    assert_eq!(err.code, cloud_harness_fs::Code::Upstream, "{err}");
+    assert_eq!(err.code, cloud_harness_error::Code::Upstream, "{err}");
     assert!(
         err.message
             .contains("its tree says 5 bytes, and the copy in the local store has 12"),
@@ -898,7 +898,7 @@ fn stalled_bundle(
     name: &str,
     sizes: &[u64],
 ) -> (BundleRecord, Vec<String>) {
-    use cloud_harness_fs::cas::Entry;
+    use cloud_harness_store::cas::Entry;
     let key = |kind: &str, d: &Digest| {
         let hex = d.hex();
         format!("{prefix}/objects/{kind}/{}/{}", &hex[..2], &hex[2..])
@@ -981,7 +981,7 @@ fn a_download_that_outlasts_the_fetch_timeout_ends_at_it_naming_the_record() {
         .remote("slow")
         .download(&store, &record, limits(2))
         .unwrap_err();
-    assert_eq!(err.code, cloud_harness_fs::Code::Timeout, "{err}");
+    assert_eq!(err.code, cloud_harness_error::Code::Timeout, "{err}");
     assert!(
         err.message.contains("took longer than the limit of 2 s"),
         "{err}"
@@ -1011,7 +1011,7 @@ fn a_download_has_at_most_64_mib_on_its_way_in() {
         .remote("wide")
         .download(&store, &record, limits(3))
         .unwrap_err();
-    assert_eq!(err.code, cloud_harness_fs::Code::Timeout, "{err}");
+    assert_eq!(err.code, cloud_harness_error::Code::Timeout, "{err}");
     let asked = stalled.iter().filter(|k| bucket.asked(k)).count();
     assert!(
         (1..=2).contains(&bucket.most_held()),
@@ -1046,7 +1046,7 @@ fn two_downloads_run_at_once_and_a_third_waits_its_turn() {
         .remote("turns")
         .download(&store, &record, limits(1))
         .unwrap_err();
-    assert_eq!(err.code, cloud_harness_fs::Code::Timeout, "{err}");
+    assert_eq!(err.code, cloud_harness_error::Code::Timeout, "{err}");
     let hex = record.bundle.hex();
     assert!(
         !bucket.asked(&format!("turns/objects/tree/{}/{}", &hex[..2], &hex[2..])),
@@ -1054,6 +1054,6 @@ fn two_downloads_run_at_once_and_a_third_waits_its_turn() {
     );
     for (download, _) in first {
         let err = download.join().unwrap().unwrap_err();
-        assert_eq!(err.code, cloud_harness_fs::Code::Timeout, "{err}");
+        assert_eq!(err.code, cloud_harness_error::Code::Timeout, "{err}");
     }
 }

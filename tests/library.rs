@@ -9,7 +9,7 @@ use support::{dir, file, skill};
 
 fn setup() -> (World, Value, Value) {
     let tmp = tempfile::tempdir().unwrap();
-    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
+    let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
     let a_src = tmp.path().join("src/kit-a");
     support::materialize(
         &a_src,

@@ -169,7 +169,7 @@ fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 
 /// A one-skill toolkit, warm in `tmp`'s store; its spec.
 fn warm_kit(tmp: &tempfile::TempDir) -> Value {
-    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
+    let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
     let src = tmp.path().join("src/kit");
     support::materialize(
         &src,
@@ -427,7 +427,7 @@ fn sigterm_during_a_slow_run_and_a_slow_acquisition_exits_0_in_bounded_time_leav
     }
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().to_str().unwrap().to_owned();
-    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
+    let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
     let src = tmp.path().join("src/slow");
     support::materialize(
         &src,

@@ -8,8 +8,8 @@ use cloud_harness::executor::{Choice, Kind, Settings};
 use cloud_harness::provision::fetch::CloneLimits;
 use cloud_harness::toolkit::{self, ToolkitSpec};
 use cloud_harness::workspace::{OpenRequest, Workspaces};
-use cloud_harness_fs::cas::Store;
-use cloud_harness_fs::Code;
+use cloud_harness_error::Code;
+use cloud_harness_store::cas::Store;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -75,7 +75,7 @@ impl World {
         key: &str,
         url: &str,
         toolkits: Vec<ToolkitSpec>,
-    ) -> cloud_harness_fs::Result<Value> {
+    ) -> cloud_harness_error::Result<Value> {
         self.workspaces.open(OpenRequest {
             repository_url: Some(url.to_owned()),
             idempotency_key: key.into(),
@@ -370,8 +370,8 @@ fn a_key_whose_workspace_failed_to_restore_owns_no_second_workspace() {
     w.workspaces.shutdown();
     // The bundle's tree is lost: the workspace cannot be served again.
     let store = Store::open(w.tmp.path().join("store")).unwrap();
-    let digest = cloud_harness_fs::cas::Digest::parse(&bundle).unwrap();
-    std::fs::remove_file(store.object_path(cloud_harness_fs::cas::ObjectKind::Tree, &digest))
+    let digest = cloud_harness_store::cas::Digest::parse(&bundle).unwrap();
+    std::fs::remove_file(store.object_path(cloud_harness_store::cas::ObjectKind::Tree, &digest))
         .unwrap();
     w.workspaces = serve(&w.tmp, &w.server, &w.certs, CloneLimits::default());
     let err = w.workspaces.open(request()).unwrap_err();
@@ -439,8 +439,8 @@ fn a_conflict_made_live_is_reported() {
 /// define differently is a conflict there, even when a higher tier's copy is served.
 #[test]
 fn a_tier_listing_and_the_tier_view_agree() {
-    use cloud_harness_fs::generation::View;
-    use cloud_harness_fs::resolver::Tier;
+    use cloud_harness_skills::generation::View;
+    use cloud_harness_skills::resolver::Tier;
     let w = world();
     let clash = |body: &str| {
         dir(vec![(

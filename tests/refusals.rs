@@ -5,9 +5,9 @@
 
 mod support;
 
-use cloud_harness::provision::hosts::HostPolicy;
+use cloud_harness::hosts::HostPolicy;
 use cloud_harness::toolkit::{self, PresetSpec, ToolkitSpec};
-use cloud_harness_fs::Code;
+use cloud_harness_error::Code;
 use std::fs;
 use support::acquisition::{git, names, world, World};
 use support::{dir, file, skill, Node, Repo};

@@ -12,7 +12,7 @@ use support::{dir, skill};
 /// `beta`); their specs.
 fn setup() -> (World, Value, Value) {
     let tmp = tempfile::tempdir().unwrap();
-    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
+    let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
     let make = |name: &str, skill_name: &str| {
         let src = tmp.path().join("src").join(name);
         support::materialize(&src, &dir(vec![(skill_name, skill(skill_name, "Body."))]));

@@ -213,7 +213,7 @@ fn bytes_read(pid: u32) -> u64 {
 fn a_skill_s_links_are_listed_without_reading_what_they_lead_to() {
     use coreutils::sha256_hex;
     let tmp = tempfile::tempdir().unwrap();
-    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
+    let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
     let skill = tmp.path().join("src/kit/linked");
     std::fs::create_dir_all(&skill).unwrap();
     std::fs::write(

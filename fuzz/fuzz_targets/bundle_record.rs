@@ -2,7 +2,7 @@
 //! typed refusal, never a panic; a record taken writes back to one that reads the same.
 #![no_main]
 
-use cloud_harness::fs::Code;
+use cloud_harness_error::Code;
 use cloud_harness::provision::index::{BundleRecord, MAX_RECORD};
 use libfuzzer_sys::fuzz_target;
 

@@ -3,9 +3,9 @@
 //! panic; and the MCP Skills extension's `frontmatter` takes the same path.
 #![no_main]
 
-use cloud_harness::fs::front_matter::{self, MAX_NESTING, MAX_NODES};
-use cloud_harness::fs::skill;
-use cloud_harness::fs::Code;
+use cloud_harness_skills::front_matter::{self, MAX_NESTING, MAX_NODES};
+use cloud_harness_skills::skill;
+use cloud_harness_error::Code;
 use libfuzzer_sys::fuzz_target;
 use yaml_serde::Value;
 

@@ -3,7 +3,7 @@
 #![no_main]
 
 use cloud_harness::mcp::call::{decode, Call};
-use cloud_harness::provision::hosts::HostPolicy;
+use cloud_harness::hosts::HostPolicy;
 use cloud_harness::toolkit;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;

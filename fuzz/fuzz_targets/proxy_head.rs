@@ -2,7 +2,7 @@
 //! CONNECT through to an allowlisted name whose address is not special-purpose.
 #![no_main]
 
-use cloud_harness::provision::hosts::HostPolicy;
+use cloud_harness::hosts::HostPolicy;
 use cloud_harness::provision::egress::{classify, decide, EgressPolicy, Resolve, Verdict};
 use libfuzzer_sys::fuzz_target;
 use std::future::Future;

@@ -4,7 +4,7 @@
 //! `frontmatter` of it holds every field it kept.
 #![no_main]
 
-use cloud_harness::fs::skill::{self, SkillName};
+use cloud_harness_skills::skill::{self, SkillName};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -2,7 +2,7 @@
 //! digest names one tree), and every name in it is one safe path segment.
 #![no_main]
 
-use cloud_harness::fs::cas::Tree;
+use cloud_harness_store::cas::Tree;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -7,10 +7,10 @@
 //! `cargo bench --bench mount` (root, /dev/fuse, fuse3 and mergerfs; `.ci/setup` installs them).
 //! BENCH_RUNS sets the runs per figure (default 9 warm, 5 first and cold); figures are medians.
 
-use cloud_harness::cli::TierArgs;
-use cloud_harness::fs::cas::{materialize, Store};
-use cloud_harness::fs::discovery::SkillCache;
-use cloud_harness::fs::generation::View;
+use cloud_harness::cli::tiers::TierArgs;
+use cloud_harness_skills::discovery::SkillCache;
+use cloud_harness_skills::generation::View;
+use cloud_harness_store::cas::{materialize, Store};
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -9,8 +9,8 @@ use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Extension;
-use cloud_harness_fs::cas::Digest;
-use cloud_harness_fs::{Code, Error};
+use cloud_harness_error::{Code, Error};
+use cloud_harness_store::cas::Digest;
 use serde_json::json;
 
 #[derive(serde::Deserialize, Default)]

@@ -9,7 +9,7 @@ use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Extension;
-use cloud_harness_fs::{Code, Error};
+use cloud_harness_error::{Code, Error};
 use serde_json::{json, Value};
 
 #[derive(serde::Deserialize)]

@@ -19,7 +19,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -130,7 +130,7 @@ async fn whoami(
     if let Some(csrf) = &id.csrf {
         v["csrfToken"] = json!(csrf);
     }
-    v["usage"] = usage_json(&api.workspaces.usage_of(&id.actor()));
+    v["usage"] = usage_json(&crate::usage::of(&api.workspaces, &id.actor()));
     answer(StatusCode::OK, Ok(v))
 }
 
@@ -151,9 +151,7 @@ fn usage_json(used: &[(&'static str, u64)]) -> Value {
 
 /// Every principal's usage against its limits (operators).
 async fn usage(axum::extract::State(api): State) -> Response {
-    let all: Vec<Value> = api
-        .workspaces
-        .usage()
+    let all: Vec<Value> = crate::usage::all(&api.workspaces)
         .iter()
         .map(|(who, used)| json!({ "principal": who, "usage": usage_json(used) }))
         .collect();

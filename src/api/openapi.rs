@@ -115,7 +115,7 @@ pub fn spec() -> Value {
                     "type": "object",
                     "required": ["code", "status", "message"],
                     "properties": {
-                        "code": { "type": "string", "enum": cloud_harness_fs::Code::ALL.iter().map(|c| c.as_str()).collect::<Vec<_>>() },
+                        "code": { "type": "string", "enum": cloud_harness_error::Code::ALL.iter().map(|c| c.as_str()).collect::<Vec<_>>() },
                         "status": { "type": "integer" },
                         "message": { "type": "string" },
                         "details": {}

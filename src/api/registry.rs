@@ -9,8 +9,8 @@ use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Extension;
-use cloud_harness_fs::discovery::Layout;
-use cloud_harness_fs::{Code, Error};
+use cloud_harness_error::{Code, Error};
+use cloud_harness_skills::discovery::Layout;
 use serde_json::json;
 
 #[derive(serde::Deserialize)]

@@ -8,8 +8,8 @@ use crate::principal::Principal;
 use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::Response;
-use cloud_harness_fs::cas::Digest;
-use cloud_harness_fs::{Code, Error};
+use cloud_harness_error::{Code, Error};
+use cloud_harness_store::cas::Digest;
 use serde_json::json;
 
 #[derive(serde::Deserialize, Default)]

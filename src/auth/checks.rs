@@ -12,9 +12,10 @@
 //! check at once ([`forget_cached`]); one made elsewhere takes effect here within
 //! [`CACHE_TTL`] (within [`STALE_GRACE`] while this process cannot reach the database).
 
+pub use super::known::{Kind, CACHE_TTL, CHECK_TIMEOUT};
 use super::Identity;
 use crate::state::Db;
-use cloud_harness_fs::{Code, Error};
+use cloud_harness_error::{Code, Error};
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,15 +23,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
-/// How long a secret's check is reused (a revocation by another process takes this long to
-/// reach this one; one by this process, none).
-pub const CACHE_TTL: Duration = Duration::from_secs(1);
 /// How long a secret found unknown stays refused without asking again.
 pub const REFUSED_TTL: Duration = Duration::from_secs(10);
 /// How long a checked identity stays good while the database cannot answer.
 pub const STALE_GRACE: Duration = Duration::from_secs(60);
-/// How long a request waits for its check (a free slot and the database's answer).
-pub const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 /// Checks at once of secrets that were let in before.
 pub const KNOWN_CHECKS: usize = 2;
 /// Checks at once of secrets never seen (or refused before).
@@ -47,15 +43,6 @@ static REVOKED: AtomicU64 = AtomicU64::new(0);
 pub fn forget_cached() {
     REVOKED.fetch_add(1, Ordering::SeqCst);
     super::known::changed();
-}
-
-/// What a secret is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// A bearer token (`cht_…`).
-    Token,
-    /// A browser session's cookie.
-    Cookie,
 }
 
 type Answer = Result<Option<Identity>, Error>;

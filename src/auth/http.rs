@@ -12,7 +12,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use cloud_harness_fs::{Code, Error};
+use cloud_harness_error::{Code, Error};
 use std::sync::Arc;
 
 pub use super::checks::{forget_cached, CACHE_TTL, CHECK_TIMEOUT, STALE_GRACE};

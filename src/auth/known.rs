@@ -1,17 +1,31 @@
 //! The secrets that exist, by hash: every active token and live browser session, read from
-//! the database at most once per [`super::checks::CACHE_TTL`] (and again after anything this
+//! the database at most once per [`CACHE_TTL`] (and again after anything this
 //! process makes or ends one), so a secret no one made is refused from memory. A flood of
 //! made-up tokens then costs a hash each and never queues before the callers whose tokens
 //! are real, new ones included.
 
-use super::checks::{Kind, CACHE_TTL, CHECK_TIMEOUT};
 use crate::params;
 use crate::state::Db;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio::sync::watch;
+
+/// How long a secret's check is reused (a revocation by another process takes this long to
+/// reach this one; one by this process, none).
+pub const CACHE_TTL: Duration = Duration::from_secs(1);
+/// How long a request waits for its check (a free slot and the database's answer).
+pub const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What a secret is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A bearer token (`cht_…`).
+    Token,
+    /// A browser session's cookie.
+    Cookie,
+}
 
 /// Secrets of each kind read at most (past it, the set is not used: every check asks the
 /// database, as before there was one).

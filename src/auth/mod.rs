@@ -6,65 +6,18 @@ mod checks;
 pub mod http;
 mod known;
 pub mod pages;
+pub mod quotas;
 
 use crate::audit;
 use crate::input::shown;
 use crate::params;
+pub use crate::principal::{Identity, Role};
 use crate::state::Optional;
 use crate::state::{self, Db};
-use cloud_harness_fs::cas::Digest;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_store::cas::Digest;
 use serde::Serialize;
 use serde_json::json;
-
-/// What a token may do. `client`: the MCP tools and the API's reads; `operator`: everything.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    Client,
-    Operator,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Client => "client",
-            Role::Operator => "operator",
-        }
-    }
-
-    pub fn parse(text: &str) -> Result<Role> {
-        match text {
-            "client" => Ok(Role::Client),
-            "operator" => Ok(Role::Operator),
-            _ => Err(Error::field(
-                Code::InvalidArgument,
-                "role",
-                format!("{:?} is not a role: `client` or `operator`", shown(text)),
-            )),
-        }
-    }
-}
-
-/// Who made a request, as the audit log names them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Identity {
-    pub token_id: String,
-    pub name: String,
-    pub role: Role,
-    /// A browser session's CSRF token, when the request came with its cookie.
-    pub csrf: Option<String>,
-}
-
-impl Identity {
-    pub fn actor(&self) -> String {
-        if self.token_id.is_empty() {
-            // `--auth none`.
-            return self.name.clone();
-        }
-        format!("token:{}", self.name)
-    }
-}
 
 /// A token as listings show it (never its secret nor its hash).
 #[derive(Debug, Clone, Serialize)]

@@ -5,7 +5,7 @@ use super::http::{cookie, error_response, Auth, COOKIE};
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
-use cloud_harness_fs::{Code, Error};
+use cloud_harness_error::{Code, Error};
 use std::sync::Arc;
 
 /// Login links redeemed at once (by anyone: the page needs no credentials).

@@ -3,8 +3,8 @@
 use crate::provision::cache;
 use crate::provision::remote::RemoteStore;
 use clap::Subcommand;
-use cloud_harness_fs::cas::{self, Digest, Limits, Store};
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
+use cloud_harness_store::cas::{self, Digest, Limits, Store};
 use std::path::PathBuf;
 use std::time::Duration;
 

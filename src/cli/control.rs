@@ -5,8 +5,8 @@ use crate::auth::{self, Role};
 use crate::decisions::{self, Kind, What};
 use crate::state::Db;
 use clap::{Args, Subcommand};
-use cloud_harness_fs::cas::Digest;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_store::cas::Digest;
 use serde_json::json;
 use std::path::PathBuf;
 

@@ -6,7 +6,7 @@
 use crate::executor::{Executor, Places};
 use crate::workspace::Record;
 use clap::Args;
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
 use std::path::PathBuf;
 
 /// The exit status when the harness itself fails (as `docker exec` does).

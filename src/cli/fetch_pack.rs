@@ -9,7 +9,7 @@ use crate::provision::fetch::{self, Transport};
 use crate::provision::sandbox::{Job, PACK_MAGIC};
 use crate::toolkit::Revision;
 use clap::Args;
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
 use std::io::{BufRead, Read, Write};
 use std::time::{Duration, Instant};
 

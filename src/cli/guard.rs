@@ -2,7 +2,8 @@
 //! mount if it dies without unmounting (`fs::guard`).
 
 use clap::Args;
-use cloud_harness_fs::{guard, Error, Result};
+use cloud_harness_error::{Error, Result};
+use cloud_harness_mount::guard;
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]

@@ -4,8 +4,8 @@
 use super::control::print;
 use crate::library::{Library, Search};
 use clap::Args;
-use cloud_harness_fs::cas::Store;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_store::cas::Store;
 use serde_json::json;
 
 #[derive(Debug, Args)]

@@ -6,20 +6,18 @@ mod exec;
 mod fetch_pack;
 mod guard;
 mod library;
+pub mod mount;
 mod prewarm;
 mod proxy;
 mod registry;
 mod sets;
 mod skills;
+pub mod tiers;
 mod toolkit;
 
-use crate::stack::{OwnerBundle, TierInputs};
-use clap::{Args, Parser, Subcommand};
-use cloud_harness_fs::cas::{Digest, Store};
-use cloud_harness_fs::discovery::SkillCache;
-use cloud_harness_fs::resolver::{Index, Override};
-use cloud_harness_fs::stack::StackSpec;
-use cloud_harness_fs::{Error, Result};
+use clap::{Parser, Subcommand};
+use cloud_harness_error::Result;
+use cloud_harness_store::cas::Store;
 use std::path::PathBuf;
 
 #[derive(Debug, Parser)]
@@ -59,7 +57,7 @@ pub enum Command {
     /// The egress proxy: CONNECT to allowed hosts only, special-purpose addresses refused.
     Proxy(proxy::ProxyArgs),
     /// Serve the resolved tiers as a read-only file system until SIGTERM or SIGINT.
-    Mount(crate::mount::MountArgs),
+    Mount(mount::MountArgs),
     /// What a mounting process runs right after mounting: walk the mount once, so the
     /// kernel's caches answer the first reads.
     #[command(hide = true)]
@@ -142,39 +140,6 @@ pub enum ConfigCommand {
     Check { file: Option<PathBuf> },
 }
 
-/// The inputs of a tier stack, shared by every command that resolves one.
-#[derive(Debug, Args, Clone)]
-pub struct TierArgs {
-    /// Leave out the built-in tier.
-    #[arg(long)]
-    pub no_builtin: bool,
-    /// A toolkit bundle acquired with `toolkit add`, by digest, in the owner tier (repeatable).
-    #[arg(long, value_name = "DIGEST")]
-    pub bundle: Vec<Digest>,
-    /// A folder of owner-tier skills, searched recursively (repeatable: one source each).
-    #[arg(long, value_name = "DIR")]
-    pub owner: Vec<PathBuf>,
-    /// A folder of workspace-tier skills, searched recursively (repeatable).
-    #[arg(long, value_name = "DIR")]
-    pub workspace: Vec<PathBuf>,
-    /// A project root whose .agents/skills and .claude/skills form the repository tier.
-    #[arg(long, value_name = "PROJECT_ROOT")]
-    pub repository: Option<PathBuf>,
-    /// Settle a same-tier conflict: serve SKILL from SOURCE (a source id or toolkit name).
-    #[arg(long = "override", value_name = "SKILL=SOURCE", value_parser = parse_override)]
-    pub overrides: Vec<Override>,
-}
-
-fn parse_override(text: &str) -> std::result::Result<Override, String> {
-    match text.split_once('=') {
-        Some((skill, source)) if !skill.is_empty() && !source.is_empty() => Ok(Override {
-            skill: skill.to_owned(),
-            source: source.to_owned(),
-        }),
-        _ => Err(format!("{text:?} is not SKILL=SOURCE")),
-    }
-}
-
 /// Runs a command; the exit code on success.
 pub fn run(cli: Cli) -> Result<u8> {
     // The commands helper containers run need no store (their root is read-only).
@@ -204,7 +169,7 @@ pub fn run(cli: Cli) -> Result<u8> {
     match command {
         Command::Skills(cmd) => skills::run(&store, cmd),
         Command::Cas(cmd) => cas::run(&store, cmd),
-        Command::Mount(args) => crate::mount::run(&store, &args),
+        Command::Mount(args) => mount::run(&store, &args),
         Command::Toolkit(cmd) => toolkit::run(&store, cmd),
         Command::Serve(args) => crate::serve::run(&store, &args),
         Command::Registry { home, command } => registry::run(&store, &home, command),
@@ -222,41 +187,4 @@ pub fn run(cli: Cli) -> Result<u8> {
         | Command::Acquisitions { .. }
         | Command::Config(_) => unreachable!("handled above"),
     }
-}
-
-impl TierArgs {
-    /// The tier stack these arguments describe (the built-in tier is put into the store).
-    pub fn stack(&self, store: &Store, cache: &SkillCache) -> Result<StackSpec> {
-        let index = crate::provision::index::BundleIndex::open(store);
-        let mut owner_bundles = Vec::new();
-        for digest in &self.bundle {
-            let record = index.by_bundle(digest)?.ok_or_else(|| {
-                Error::not_found(format!(
-                    "{digest} is not a bundle of this store (see `cloud-harness toolkit list`)"
-                ))
-            })?;
-            owner_bundles.push(OwnerBundle {
-                instance_id: record.instance_id,
-                bundle: *digest,
-                url: record.key.url,
-                commit: record.key.commit,
-            });
-        }
-        TierInputs {
-            builtin: !self.no_builtin,
-            owner_bundles,
-            owner_dirs: self.owner.clone(),
-            workspace_dirs: self.workspace.clone(),
-            repository: self.repository.clone(),
-            overrides: self.overrides.clone(),
-            confine: None,
-        }
-        .stack(store, cache)
-    }
-}
-
-/// Builds the tier stack the arguments describe and resolves it.
-pub fn resolve_tiers(store: &Store, args: &TierArgs) -> Result<Index> {
-    let cache = SkillCache::default();
-    args.stack(store, &cache)?.resolve(store, &cache)
 }

@@ -2,8 +2,8 @@
 //! mounting (`fs::prewarm`); prints what it did as one JSON line.
 
 use clap::Args;
-use cloud_harness_fs::prewarm::{self, Budget};
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
+use cloud_harness_mount::prewarm::{self, Budget};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 

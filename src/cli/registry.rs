@@ -6,9 +6,9 @@ use crate::provision::Provisioner;
 use crate::registry::{self, NewEntry};
 use crate::toolkit::Scope;
 use clap::Subcommand;
-use cloud_harness_fs::cas::Store;
-use cloud_harness_fs::discovery::Layout;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_skills::discovery::Layout;
+use cloud_harness_store::cas::Store;
 use serde_json::json;
 
 #[derive(Debug, Subcommand)]

@@ -1,10 +1,10 @@
 //! `cloud-harness set …`: skill sets from the command line (the database `serve` uses).
 
 use super::control::{actor, print, HomeArg};
-use crate::provision::hosts::HostPolicy;
+use crate::hosts::HostPolicy;
 use crate::sets;
 use clap::Subcommand;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use serde_json::{json, Value};
 
 #[derive(Debug, Subcommand)]

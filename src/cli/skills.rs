@@ -1,10 +1,10 @@
 //! `cloud-harness skills …`
 
-use super::{resolve_tiers, TierArgs};
+use super::tiers::{resolve_tiers, TierArgs};
 use clap::{Args, Subcommand};
-use cloud_harness_fs::cas::{Digest, Store};
-use cloud_harness_fs::resolver::{Candidate, Index};
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
+use cloud_harness_skills::resolver::{Candidate, Index};
+use cloud_harness_store::cas::{Digest, Store};
 use std::io::Write;
 
 #[derive(Debug, Subcommand)]

@@ -6,8 +6,8 @@ use crate::provision::index::BundleIndex;
 use crate::provision::Provisioner;
 use crate::toolkit::{self, GitSpec, LayoutSpec, PresetSpec, Scope, SkillFilter, ToolkitSpec};
 use clap::{Args, Subcommand};
-use cloud_harness_fs::cas::Store;
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
+use cloud_harness_store::cas::Store;
 
 #[derive(Debug, Subcommand)]
 pub enum ToolkitCommand {

@@ -1,14 +1,24 @@
-//! The configuration file: every setting the README lists as an environment variable has a
-//! key in a TOML file (`--config FILE`, `CLOUD_HARNESS_CONFIG`, else
-//! `/etc/cloud-harness/config.toml` when it exists). The environment beats the file, the file
-//! beats the default. A file's values are checked here — an unknown key or a value of the
-//! wrong kind is an error naming the key and its line — and then handed to the code as the
-//! environment variables it reads, before anything else runs.
+//! The configuration file: every setting the book lists as an environment variable
+//! (docs/operating.md, "Configuration") has a key in a TOML file (`--config FILE`,
+//! `CLOUD_HARNESS_CONFIG`, else `/etc/cloud-harness/config.toml` when it exists). The
+//! environment beats the file, the file beats the default. A file's values are checked here —
+//! an unknown key or a value of the wrong kind is an error naming the key and its line — and
+//! then handed to the code as the environment variables it reads, before anything else runs.
 
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use serde_json::json;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+
+/// A whole number from the environment variable `name`, or `default` when it is unset.
+pub fn env_number(name: &str, default: u64) -> Result<u64> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .parse()
+            .map_err(|_| Error::invalid(format!("{name}: {v:?} is not a whole number"))),
+        Err(_) => Ok(default),
+    }
+}
 
 mod settings;
 pub use settings::{Kind, Setting, SETTINGS};

@@ -7,7 +7,7 @@ use crate::auth::{Identity, Role};
 use axum::extract::{Query, State};
 use axum::response::Response;
 use axum::Extension;
-use cloud_harness_fs::{Code, Error};
+use cloud_harness_error::{Code, Error};
 use maud::html;
 use std::sync::Arc;
 

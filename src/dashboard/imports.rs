@@ -12,7 +12,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
-use cloud_harness_fs::Error;
+use cloud_harness_error::Error;
 use maud::{html, Markup};
 use serde_json::{json, Value};
 use std::sync::Arc;

@@ -82,7 +82,7 @@ pub fn respond(status: StatusCode, markup: Markup) -> Response {
 }
 
 /// An error as a page: what went wrong and what to fix.
-pub fn error(who: &Identity, e: &cloud_harness_fs::Error) -> Response {
+pub fn error(who: &Identity, e: &cloud_harness_error::Error) -> Response {
     let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut r = page(
         "Something went wrong",
@@ -108,12 +108,12 @@ pub fn operator(who: &Identity) -> bool {
 }
 
 /// An error where a form shows it: the code and what to fix.
-pub fn alert(e: &cloud_harness_fs::Error) -> Markup {
+pub fn alert(e: &cloud_harness_error::Error) -> Markup {
     html! { p.error role="alert" { strong { (e.code.as_str()) } ": " (e.message) } }
 }
 
 /// The message of `e` when it names `field` (or a field inside it), shown beside that field.
-pub fn field_error(e: Option<&cloud_harness_fs::Error>, field: &str) -> Markup {
+pub fn field_error(e: Option<&cloud_harness_error::Error>, field: &str) -> Markup {
     let at = e.filter(|e| {
         e.details["field"].as_str().is_some_and(|f| {
             f == field || f.starts_with(&format!("{field}.")) || f.starts_with(&format!("{field}["))

@@ -22,7 +22,7 @@ use crate::api::Api;
 use crate::auth::Identity;
 use axum::routing::{get, post};
 use axum::Router;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use std::sync::Arc;
 
 pub use layout::CSP;

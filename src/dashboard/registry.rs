@@ -11,7 +11,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
-use cloud_harness_fs::{Code, Error};
+use cloud_harness_error::{Code, Error};
 use maud::{html, Markup};
 use std::sync::Arc;
 
@@ -238,7 +238,7 @@ async fn act<T: Send + 'static>(
     who: Identity,
     (owner, name): (String, String),
     csrf: &str,
-    work: impl FnOnce(&crate::workspace::Workspaces, &str, &str) -> cloud_harness_fs::Result<T>
+    work: impl FnOnce(&crate::workspace::Workspaces, &str, &str) -> cloud_harness_error::Result<T>
         + Send
         + 'static,
     said: impl FnOnce(T) -> Markup,

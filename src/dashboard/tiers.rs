@@ -2,7 +2,7 @@
 //! tier (highest precedence first), each copy marked as what it is — the one served, a copy it
 //! shadows, one of a conflict still unsettled, or the winner an operator override chose.
 
-use cloud_harness_fs::resolver::{Candidate, Index, Resolution, Tier};
+use cloud_harness_skills::resolver::{Candidate, Index, Resolution, Tier};
 use maud::{html, Markup};
 
 /// What one copy of a skill is in its resolution.

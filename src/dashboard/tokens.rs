@@ -29,7 +29,7 @@ async fn render(api: &Arc<Api>, who: &Identity, notice: Markup) -> Response {
         Ok(t) => t,
         Err(e) => return layout::error(who, &e),
     };
-    let usage = api.workspaces.usage();
+    let usage = crate::usage::all(&api.workspaces);
     let limits = crate::limits::quotas().limits;
     let csrf = who.csrf.clone().unwrap_or_default();
     layout::page(

@@ -8,7 +8,7 @@
 
 use super::userland::{self, Entry};
 use super::{Places, Spec, ROOT, WORKSPACE};
-use cloud_harness_fs::Error;
+use cloud_harness_error::Error;
 
 /// Processes the executor's user may have at once.
 const NPROC: u32 = 1024;
@@ -31,9 +31,9 @@ pub fn available() -> bool {
 
 /// A sandbox that could not start, said with what to install.
 pub fn explain(e: Error) -> Error {
-    if e.code == cloud_harness_fs::Code::NotFound {
+    if e.code == cloud_harness_error::Code::NotFound {
         Error::new(
-            cloud_harness_fs::Code::Forbidden,
+            cloud_harness_error::Code::Forbidden,
             format!(
                 "the bubblewrap executor needs `bwrap` (Debian: apt-get install bubblewrap): {}",
                 e.message
@@ -51,7 +51,7 @@ pub fn argv(
     spec: &Spec,
     command: &[String],
     env: &[(String, String)],
-    limits: Option<super::RunLimits>,
+    limits: Option<super::rlimits::RunLimits>,
 ) -> Vec<String> {
     let mut a: Vec<String> = [
         "bwrap",

@@ -15,8 +15,8 @@ use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::{ContainerCreateBody, HostConfig, NetworkCreateRequest};
 use bollard::query_parameters::{CreateContainerOptions, RemoveContainerOptions};
 use bollard::Docker;
-use cloud_harness_fs::cas::Digest;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_store::cas::Digest;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -53,7 +53,7 @@ pub struct Made {
 
 /// The run limits as the container's ulimits, which every process `docker exec` starts
 /// inherits.
-fn ulimits(limits: super::RunLimits) -> Vec<bollard::models::ResourcesUlimits> {
+fn ulimits(limits: super::rlimits::RunLimits) -> Vec<bollard::models::ResourcesUlimits> {
     let ulimit = |name: &str, value: u64| bollard::models::ResourcesUlimits {
         name: Some(name.to_owned()),
         soft: Some(value.min(i64::MAX as u64) as i64),
@@ -225,7 +225,7 @@ async fn make(
         memory: Some(MEMORY),
         pids_limit: Some(PIDS),
         // Each process's CPU time and memory, as bubblewrap's runs get them (`[limits]`).
-        ulimits: Some(ulimits(super::RunLimits::current())),
+        ulimits: Some(ulimits(super::rlimits::RunLimits::current())),
         init: Some(true),
         tmpfs: Some(tmpfs),
         ..Default::default()

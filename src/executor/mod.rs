@@ -19,14 +19,16 @@
 pub mod bwrap;
 pub mod docker;
 pub mod process;
+mod rlimits;
 pub mod userland;
 
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
 pub use process::{Exit, Process};
+pub use rlimits::RunLimits;
 
 pub const WORKSPACE: &str = "/workspace";
 /// Where workspace-scope toolkits are materialized, inside the working tree.
@@ -121,7 +123,7 @@ impl Settings {
         };
         let allowed_hosts = env("CLOUD_HARNESS_EXECUTOR_ALLOWED_HOSTS").unwrap_or_default();
         if !allowed_hosts.is_empty() {
-            crate::provision::hosts::HostPolicy::new(&allowed_hosts, "").map_err(|e| {
+            crate::hosts::HostPolicy::new(&allowed_hosts, "").map_err(|e| {
                 Error::invalid(format!(
                     "CLOUD_HARNESS_EXECUTOR_ALLOWED_HOSTS: {}",
                     e.message
@@ -261,37 +263,6 @@ pub struct Command {
     pub env: Vec<(String, String)>,
     /// Resource limits of the command's processes, if any.
     pub limits: Option<RunLimits>,
-}
-
-/// What one run's processes may use, as rlimits each process it starts inherits: CPU seconds
-/// (RLIMIT_CPU: SIGXCPU, then SIGKILL) and bytes of memory (RLIMIT_DATA: the heap and private
-/// writable mappings; an allocation past it fails). Per process, not per run: a run's whole
-/// tree is bounded by the executor's own limits (bubblewrap's process count, a container's
-/// memory). Set by the `prlimit` bubblewrap runs each command under (the host's), on the
-/// container (Docker: its ulimits), or by the harness as the command starts (host).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RunLimits {
-    pub cpu_seconds: u64,
-    pub memory: u64,
-}
-
-impl RunLimits {
-    /// The limits every run gets now (`[limits]`).
-    pub fn current() -> RunLimits {
-        let limits = crate::limits::quotas().limits;
-        RunLimits {
-            cpu_seconds: limits.run_cpu_seconds,
-            memory: limits.run_memory,
-        }
-    }
-
-    /// Sets them on the calling process (a child before it execs).
-    pub fn apply(&self) -> std::io::Result<()> {
-        use nix::sys::resource::{setrlimit, Resource};
-        setrlimit(Resource::RLIMIT_CPU, self.cpu_seconds, self.cpu_seconds)?;
-        setrlimit(Resource::RLIMIT_DATA, self.memory, self.memory)?;
-        Ok(())
-    }
 }
 
 /// A workspace's executor.

@@ -1,7 +1,7 @@
 //! A command started in an executor, as the runner sees it whatever the backend: its output as
 //! chunks, its exit, and a way to kill everything it started.
 
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
@@ -103,7 +103,7 @@ pub fn spawn_local(
     argv: &[String],
     cwd: Option<&Path>,
     env: &[(String, String)],
-    limits: Option<super::RunLimits>,
+    limits: Option<super::rlimits::RunLimits>,
 ) -> Result<Process> {
     let mut cmd = tokio::process::Command::new(absolute(&argv[0], &lookup_path(env)));
     cmd.args(&argv[1..])

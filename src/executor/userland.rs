@@ -3,7 +3,7 @@
 //! few identity files of the executor's own. Nothing else of the host's `/etc` comes in: no
 //! passwords, no keys, no configuration of the harness.
 
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
 use std::path::Path;
 
 /// One piece of the host's userland inside an executor.

@@ -8,14 +8,14 @@
 //! else in this process: request rates and hourly budgets as token buckets, runs, blocking
 //! work and requests in flight as slots.
 
-mod bucket;
-pub mod http;
+pub mod bucket;
+
 mod slots;
 
+use crate::config::env_number;
 use crate::principal::Principal;
-use crate::provision::staging::env_number;
 pub use bucket::Buckets;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use serde_json::json;
 pub use slots::{Held, Slots};
 use std::future::Future;
@@ -152,11 +152,31 @@ impl Limits {
     }
 }
 
+/// Refusals at each limit of [`NAMES`] since the process started, in its order (`/metrics`
+/// reads them: the quotas count their refusals themselves, below whatever reports them).
+static REFUSED: [std::sync::atomic::AtomicU64; NAMES.len()] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; NAMES.len()];
+
+/// Counts a refusal at the limit `name`.
+pub fn refused(name: &str) {
+    if let Some(i) = NAMES.iter().position(|(n, _)| *n == name) {
+        REFUSED[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Refusals at each limit since the process started.
+pub fn refusals() -> impl Iterator<Item = (&'static str, u64)> {
+    NAMES
+        .iter()
+        .zip(REFUSED.iter())
+        .map(|((name, _), n)| (*name, n.load(std::sync::atomic::Ordering::Relaxed)))
+}
+
 /// The refusal of a request past the limit `name` of `value`: RESOURCE_EXHAUSTED, with when
 /// to try again (the HTTP layer turns it into `Retry-After`).
 pub fn exceeded(name: &str, value: u64, retry_after: Duration, what: &str) -> Error {
     let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
-    crate::metrics::quota_refused(name);
+    refused(name);
     Error::new(
         Code::ResourceExhausted,
         format!("{what}: the limit `{name}` is {value} per principal; try again in {secs} s"),

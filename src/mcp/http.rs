@@ -87,7 +87,7 @@ async fn guard(State(sessions): State<Arc<Sessions>>, request: Request, next: Ne
         let b = bytes.clone();
         match crate::limits::blocking(move || malformed::check(&b)).await {
             Ok(checked) => checked,
-            Err(e) => return crate::limits::http::refusal(&e, true),
+            Err(e) => return crate::auth::quotas::refusal(&e, true),
         }
     } else {
         malformed::check(&bytes)

@@ -21,8 +21,8 @@ use crate::principal::Principal;
 use crate::session_start;
 use crate::workspace::{blocking, ListPage, RunRequest, Workspaces};
 use call::Call;
-use cloud_harness_fs::namespace::Reach;
-use cloud_harness_fs::Error;
+use cloud_harness_error::Error;
+use cloud_harness_skills::namespace::Reach;
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
     GetPromptRequestParams, GetPromptResponse, GetPromptResult, GetSkillRequestParams,
@@ -294,7 +294,7 @@ impl HarnessServer {
         let _slot = tokio::select! {
             slot = crate::limits::quotas().run(&who.name) => slot?,
             _ = context.ct.cancelled() => return Err(Error::new(
-                cloud_harness_fs::Code::Cancelled,
+                cloud_harness_error::Code::Cancelled,
                 "the run was cancelled while it waited for a slot",
             )),
         };

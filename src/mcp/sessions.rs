@@ -32,8 +32,8 @@ impl Default for Limits {
 impl Limits {
     /// The defaults, with `CLOUD_HARNESS_HTTP_MAX_SESSIONS`, `…_SESSION_IDLE` (seconds) and
     /// the principal's quota (`CLOUD_HARNESS_LIMIT_SESSIONS`) overriding them.
-    pub fn from_env() -> cloud_harness_fs::Result<Limits> {
-        use crate::provision::staging::env_number;
+    pub fn from_env() -> cloud_harness_error::Result<Limits> {
+        use crate::config::env_number;
         let d = Limits::default();
         let total = env_number("CLOUD_HARNESS_HTTP_MAX_SESSIONS", d.max_sessions as u64)?;
         let idle = env_number("CLOUD_HARNESS_HTTP_SESSION_IDLE", d.idle.as_secs())?;
@@ -120,7 +120,7 @@ impl Sessions {
         let mine = owners.by_id.values().filter(|w| *w == who).count()
             + owners.pending.get(who).copied().unwrap_or(0);
         if mine >= self.limits.max_per_principal {
-            crate::metrics::quota_refused("sessions");
+            crate::limits::refused("sessions");
             return Err(Full {
                 status: 429,
                 retry_after: 5,

@@ -96,7 +96,7 @@ fn unknown(uri: &str) -> McpError {
 
 /// The extension's entry for `skill` of `ws`, if the extension can describe it.
 fn entry(ws: &Workspace, skill: &str) -> Option<Value> {
-    if !cloud_harness_fs::skill::is_spec_name(skill) {
+    if !cloud_harness_skills::skill::is_spec_name(skill) {
         return None;
     }
     let frontmatter = ws.frontmatter(skill)?;
@@ -314,7 +314,7 @@ pub fn read(
     ws.skill(&skill).map_err(|_| unknown(uri))?;
     let bytes = match ws.file_bytes(&skill, &path) {
         Ok(Some(bytes)) => bytes,
-        Err(e) if e.code == cloud_harness_fs::Code::Internal => {
+        Err(e) if e.code == cloud_harness_error::Code::Internal => {
             return Err(McpError::internal_error(e.message, None))
         }
         Ok(None) | Err(_) => return Err(unknown(uri)),

@@ -7,9 +7,9 @@
 //! A forgotten bundle comes back from the store of record, or from git, when next asked for.
 
 use super::index::BundleIndex;
-use super::staging::env_number;
-use cloud_harness_fs::cas::{GcReport, Store};
-use cloud_harness_fs::Result;
+use crate::config::env_number;
+use cloud_harness_error::Result;
+use cloud_harness_store::cas::{GcReport, Store};
 use serde::Serialize;
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};

@@ -6,7 +6,7 @@ use crate::engine::docker_error;
 use bollard::models::{ContainerCreateBody, EndpointSettings, HostConfig, NetworkConnectRequest};
 use bollard::query_parameters::CreateContainerOptions;
 use bollard::Docker;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use futures_util::StreamExt;
 use std::collections::HashMap;
 

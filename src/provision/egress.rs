@@ -7,8 +7,8 @@
 //! CGNAT, multicast, reserved, the IPv6 forms that embed IPv4, …) refuses the request unless
 //! `CLOUD_HARNESS_ALLOW_CIDRS` opens its range. The verdict names exactly the address to dial.
 
-use crate::provision::hosts::{normalize_host, HostPolicy};
-use cloud_harness_fs::{Error, Result};
+use crate::hosts::{normalize_host, HostPolicy};
+use cloud_harness_error::{Error, Result};
 use ipnet::IpNet;
 use std::collections::HashMap;
 use std::future::Future;
@@ -420,7 +420,7 @@ mod request_line {
 
     fn verdict(head: &str) -> bool {
         let policy = EgressPolicy::new(
-            super::super::hosts::HostPolicy::new("github.com", "").unwrap(),
+            crate::hosts::HostPolicy::new("github.com", "").unwrap(),
             "",
             "",
         )

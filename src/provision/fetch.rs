@@ -6,7 +6,7 @@
 
 use super::observe::Observer;
 use crate::toolkit::Revision;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use gix::remote::fetch::Shallow;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,14 +38,8 @@ impl CloneLimits {
     pub fn from_env() -> Result<CloneLimits> {
         let d = CloneLimits::default();
         Ok(CloneLimits {
-            max_bytes: crate::provision::staging::env_number(
-                "CLOUD_HARNESS_PROJECT_MAX_BYTES",
-                d.max_bytes,
-            )?,
-            max_files: crate::provision::staging::env_number(
-                "CLOUD_HARNESS_PROJECT_MAX_FILES",
-                d.max_files,
-            )?,
+            max_bytes: crate::config::env_number("CLOUD_HARNESS_PROJECT_MAX_BYTES", d.max_bytes)?,
+            max_files: crate::config::env_number("CLOUD_HARNESS_PROJECT_MAX_FILES", d.max_files)?,
         })
     }
 }

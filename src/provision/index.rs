@@ -5,9 +5,9 @@
 use crate::home::write_atomic;
 use crate::provision::normalize::NORMALIZER_VERSION;
 use crate::toolkit::{Revision, Toolkit};
-use cloud_harness_fs::cas::{Digest, Kind, ObjectKind, Store};
-use cloud_harness_fs::discovery::{Layout, Skipped};
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
+use cloud_harness_skills::discovery::{Layout, Skipped};
+use cloud_harness_store::cas::{Digest, Kind, ObjectKind, Store};
 use serde::{Deserialize, Serialize};
 use std::fs;
 use std::path::PathBuf;

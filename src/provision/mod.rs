@@ -7,10 +7,11 @@ pub mod cache;
 pub mod containers;
 pub mod egress;
 pub mod fetch;
-pub mod hosts;
+
 pub mod index;
 pub mod normalize;
 pub mod observe;
+mod ownership;
 pub mod pack;
 pub mod proxy;
 pub mod publication;
@@ -20,9 +21,10 @@ pub mod staging;
 mod standby;
 mod warm;
 
+use crate::hosts;
 use crate::toolkit::{Revision, Toolkit};
-use cloud_harness_fs::cas::Store;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_store::cas::Store;
 use index::{BundleIndex, BundleKey, BundleRecord};
 use serde::Serialize;
 use std::sync::OnceLock;
@@ -31,15 +33,15 @@ use std::time::{Duration, Instant, SystemTime};
 /// An acquired toolkit's bundle as a source of `tier`, named `<tier>:<instanceId>`.
 pub fn bundle_source(
     store: &Store,
-    cache: &cloud_harness_fs::discovery::SkillCache,
-    tier: cloud_harness_fs::resolver::Tier,
+    cache: &cloud_harness_skills::discovery::SkillCache,
+    tier: cloud_harness_skills::resolver::Tier,
     instance_id: &str,
     url: &str,
     commit: &str,
-    bundle: cloud_harness_fs::cas::Digest,
-) -> Result<cloud_harness_fs::resolver::Source> {
-    use cloud_harness_fs::resolver::Provenance;
-    cloud_harness_fs::stack::tree_source(
+    bundle: cloud_harness_store::cas::Digest,
+) -> Result<cloud_harness_skills::resolver::Source> {
+    use cloud_harness_skills::resolver::Provenance;
+    cloud_harness_skills::stack::tree_source(
         store,
         cache,
         format!("{tier}:{instance_id}"),
@@ -51,7 +53,7 @@ pub fn bundle_source(
             path: None,
         },
         bundle,
-        &cloud_harness_fs::discovery::Layout::folder(),
+        &cloud_harness_skills::discovery::Layout::folder(),
     )
 }
 

@@ -2,9 +2,9 @@
 //! entries are the skill folders, side by side — and a manifest of where they came from.
 
 use crate::toolkit::{Toolkit, MAX_PATH, MAX_ROOTS};
-use cloud_harness_fs::cas::{Digest, Entry, Kind, Store, Tree, WalkBudget};
-use cloud_harness_fs::discovery::{discover, Layout, SkillCache, Skipped};
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_skills::discovery::{discover, Layout, SkillCache, Skipped};
+use cloud_harness_store::cas::{Digest, Entry, Kind, Store, Tree, WalkBudget};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -150,7 +150,7 @@ fn plugin_roots(
     let distinct: BTreeSet<Vec<&str>> = paths
         .iter()
         .filter(|p| p.len() <= MAX_PATH)
-        .filter_map(|p| cloud_harness_fs::relpath::segments(p, "skills", "the toolkit").ok())
+        .filter_map(|p| cloud_harness_skills::relpath::segments(p, "skills", "the toolkit").ok())
         .collect();
     // In order, a root comes right after any root it is inside of.
     let mut roots: Vec<Vec<&str>> = Vec::new();
@@ -349,7 +349,7 @@ mod tests {
     /// a conflict of each with itself).
     #[test]
     fn a_plugin_manifest_listing_one_root_many_times_finds_each_skill_once() {
-        use cloud_harness_fs::cas::Entry;
+        use cloud_harness_store::cas::Entry;
         let tmp = tempfile::tempdir().unwrap();
         let store = Store::open(tmp.path()).unwrap();
         let mut w = store.writer().unwrap();
@@ -395,7 +395,7 @@ mod tests {
             let spec = serde_json::json!({ "kind": "git", "instanceId": "team", "url": "https://git.example/kit.git", "layout": { "skillRoots": ["."], "pluginManifest": narrow } });
             let toolkit = crate::toolkit::parse_spec(&spec.to_string())
                 .unwrap()
-                .resolve(&crate::provision::hosts::HostPolicy::new("git.example", "").unwrap())
+                .resolve(&crate::hosts::HostPolicy::new("git.example", "").unwrap())
                 .unwrap();
             let bundle = normalize(&store, staged, &toolkit, source.clone(), vec![]).unwrap();
             assert_eq!(bundle.skills, 20, "pluginManifest {narrow}");

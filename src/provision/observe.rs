@@ -2,7 +2,7 @@
 //! how it is asked to stop (an import job holds one while it runs), and who pays for a fetch
 //! (the principal whose hourly budget of network acquisitions it takes).
 
-use cloud_harness_fs::Result;
+use cloud_harness_error::Result;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 

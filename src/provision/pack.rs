@@ -4,7 +4,7 @@
 
 use crate::provision::fetch::{object_too_large, past_alloc_limit, Fetched};
 use crate::provision::staging::Limits;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 

@@ -4,7 +4,7 @@
 //! line, and each refusal is remembered so a failed fetch can say why.
 
 use crate::provision::egress::{decide, Decision, EgressPolicy, Resolve, SystemResolver, Verdict};
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -19,15 +19,16 @@ use crate::engine::{
 use crate::provision::containers::proxy_refusal;
 use crate::provision::egress::EgressPolicy;
 use crate::provision::fetch::{Fetched, Transport};
+use crate::provision::ownership;
 pub use crate::provision::pack::{index_pack, index_pack_from, PACK_MAGIC};
 use crate::provision::staging::Limits;
 use crate::provision::standby::{self, Shape};
-use crate::provision::warm::{self, Pair, Warm};
+use crate::provision::warm::{Pair, Warm};
 use crate::toolkit::Revision;
 use bollard::query_parameters::{AttachContainerOptions, WaitContainerOptions};
 use bollard::Docker;
-use cloud_harness_fs::cas::Digest;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_store::cas::Digest;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -98,7 +99,7 @@ impl Sandbox {
             tracing::warn!("{w}");
             warnings.push(w);
         }
-        if let Err(e) = warm::sweep_orphans() {
+        if let Err(e) = ownership::sweep_orphans() {
             tracing::warn!(error = %e, "cannot look for provisioning networks that dead processes left");
         }
         Some(Sandbox {

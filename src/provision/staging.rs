@@ -7,8 +7,8 @@
 //! file size, depth and time apply. A breach is a TOO_LARGE, INVALID_ARGUMENT or TIMEOUT error
 //! naming the path and the limit, and the caller then drops the batch: nothing is published.
 
-use cloud_harness_fs::cas::{Digest, Entry, Kind, Tree, Writer};
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_store::cas::{Digest, Entry, Kind, Tree, Writer};
 use gix::objs::tree::EntryKind;
 use std::collections::HashMap;
 use std::time::Instant;
@@ -40,10 +40,10 @@ impl Limits {
     /// The defaults, each overridable: `CLOUD_HARNESS_MAX_FILES`, `_MAX_BYTES`,
     /// `_MAX_FILE_BYTES`, `_MAX_DEPTH`, `_FETCH_TIMEOUT` (seconds).
     pub fn from_env() -> Result<Limits> {
-        let var = env_number;
+        let var = crate::config::env_number;
         let d = Limits::default();
         let max_depth = var("CLOUD_HARNESS_MAX_DEPTH", d.max_depth as u64)?;
-        let ceiling = cloud_harness_fs::cas::MAX_TREE_DEPTH;
+        let ceiling = cloud_harness_store::cas::MAX_TREE_DEPTH;
         if max_depth > ceiling as u64 {
             return Err(Error::invalid(format!(
                 "CLOUD_HARNESS_MAX_DEPTH: {max_depth} is more than the {ceiling} levels a tree in the store may nest"
@@ -52,11 +52,11 @@ impl Limits {
         // A toolkit's files and folders, counted by path, are walked again on every open (its
         // skills, their links): within the entry budget of such a walk, several times over.
         let max_files = var("CLOUD_HARNESS_MAX_FILES", d.max_files)?;
-        let most_files = cloud_harness_fs::cas::MAX_WALK_ENTRIES / 8;
+        let most_files = cloud_harness_store::cas::MAX_WALK_ENTRIES / 8;
         if max_files > most_files {
             return Err(Error::invalid(format!(
                 "CLOUD_HARNESS_MAX_FILES: {max_files} is more than the {most_files} files a toolkit may hold (an eighth of the {} entries a walk over stored trees may list)",
-                cloud_harness_fs::cas::MAX_WALK_ENTRIES
+                cloud_harness_store::cas::MAX_WALK_ENTRIES
             )));
         }
         Ok(Limits {
@@ -66,16 +66,6 @@ impl Limits {
             max_depth: max_depth as usize,
             max_seconds: var("CLOUD_HARNESS_FETCH_TIMEOUT", d.max_seconds)?,
         })
-    }
-}
-
-/// A whole number from the environment variable `name`, or `default` when it is unset.
-pub fn env_number(name: &str, default: u64) -> Result<u64> {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .map_err(|_| Error::invalid(format!("{name}: {v:?} is not a whole number"))),
-        Err(_) => Ok(default),
     }
 }
 
@@ -165,7 +155,7 @@ impl Stager<'_, '_, '_> {
             > self
                 .limits
                 .max_depth
-                .min(cloud_harness_fs::cas::MAX_TREE_DEPTH)
+                .min(cloud_harness_store::cas::MAX_TREE_DEPTH)
         {
             return Err(refuse(
                 Code::TooLarge,
@@ -196,13 +186,13 @@ impl Stager<'_, '_, '_> {
             let entry = entry.map_err(|e| {
                 refuse(Code::InvalidArgument, shown, format!("malformed tree: {e}"))
             })?;
-            if entries.len() == cloud_harness_fs::cas::MAX_TREE_ENTRIES {
+            if entries.len() == cloud_harness_store::cas::MAX_TREE_ENTRIES {
                 return Err(refuse(
                     Code::TooLarge,
                     shown,
                     format!(
                         "a folder of more than the limit of {} entries",
-                        cloud_harness_fs::cas::MAX_TREE_ENTRIES
+                        cloud_harness_store::cas::MAX_TREE_ENTRIES
                     ),
                 ));
             }
@@ -229,7 +219,7 @@ impl Stager<'_, '_, '_> {
                 },
             )
             .map_err(|e| refuse(Code::InvalidArgument, &child, format!("refused name: {e}")))?;
-            cloud_harness_fs::cas::check_name(name)
+            cloud_harness_store::cas::check_name(name)
                 .map_err(|e| refuse(Code::InvalidArgument, &child, e.message))?;
             let key: String = name.nfc().collect::<String>().to_lowercase();
             if let Some(other) = folded.insert(key, name.to_owned()) {

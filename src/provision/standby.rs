@@ -11,11 +11,11 @@
 
 use crate::engine::{block_on, connect, docker_error};
 use crate::provision::containers::{hardened, start, PROXY_PORT};
-use crate::provision::warm;
+use crate::provision::ownership;
 use bollard::models::ContainerCreateBody;
 use bollard::query_parameters::{CreateContainerOptions, InspectContainerOptions};
 use bollard::Docker;
-use cloud_harness_fs::Result;
+use cloud_harness_error::Result;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -61,7 +61,7 @@ pub(crate) async fn make(docker: &Docker, name: &str, shape: &Shape, env: &[Stri
                 env: Some(environment),
                 user: Some("65534:65534".into()),
                 working_dir: Some("/work".into()),
-                labels: Some(warm::labels(true)),
+                labels: Some(ownership::labels(true)),
                 attach_stdin: Some(true),
                 attach_stdout: Some(true),
                 attach_stderr: Some(true),

@@ -11,22 +11,18 @@
 //! network (and helpers on standby, waiting for their job). Each can reach the proxy, as before, and the other helpers, which listen on
 //! nothing and run with every capability dropped; nothing else is reachable.
 
-use crate::engine::{block_on, connect, docker_error, remove_container, remove_labelled};
+use crate::engine::{block_on, connect, docker_error, remove_container};
 use crate::provision::containers::{isolated_network_options, start_proxy};
+use crate::provision::ownership::labels;
 use crate::provision::standby::{self, Standby};
 use bollard::models::NetworkCreateRequest;
 use bollard::query_parameters::{InspectContainerOptions, InspectNetworkOptions};
 use bollard::Docker;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Marks every container and network of provisioning.
-pub(crate) const LABEL: &str = "io.cloud-harness.provisioning";
-/// On a warm pair: the process that owns it, `<boot id>/<pid namespace>/<pid>`.
-const OWNER: &str = "io.cloud-harness.provisioning.owner";
 
 /// A warm network and the proxy on it.
 #[derive(Clone, Debug)]
@@ -49,51 +45,6 @@ pub(crate) struct Warm {
 /// How long a release waits for a pair being made (the start-up warm-up, a fetch's first) to
 /// be done, so that it is removed too rather than left behind by the process's end.
 const RELEASE_WAIT: Duration = Duration::from_secs(20);
-
-/// Labels of provisioning objects; `owned` adds this process as the owner.
-pub(crate) fn labels(owned: bool) -> HashMap<String, String> {
-    let mut labels = HashMap::from([(LABEL.to_owned(), "1".to_owned())]);
-    if owned {
-        labels.insert(OWNER.to_owned(), owner_of(std::process::id()));
-    }
-    labels
-}
-
-fn boot_and_namespace() -> String {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let ns = std::fs::read_link("/proc/self/ns/pid")
-        .map(|p| p.display().to_string())
-        .unwrap_or_default();
-    format!("{}/{ns}", boot.trim())
-}
-
-fn owner_of(pid: u32) -> String {
-    format!("{}/{pid}", boot_and_namespace())
-}
-
-/// Whether a pair owned by `owner` belongs to no living process: one from an earlier boot, or
-/// from a process of this boot and pid namespace that is gone. Owners in other namespaces
-/// are left alone (their processes cannot be seen from here).
-fn orphaned(owner: &str) -> bool {
-    let here = boot_and_namespace();
-    let Some((place, pid)) = owner.rsplit_once('/') else {
-        return false;
-    };
-    let boot = here.split('/').next().unwrap_or_default();
-    if !place.starts_with(boot) {
-        return true;
-    }
-    if place != here {
-        return false;
-    }
-    let Ok(pid) = pid.parse::<i32>() else {
-        return false;
-    };
-    matches!(
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
-        Err(nix::errno::Errno::ESRCH)
-    )
-}
 
 impl Warm {
     /// The pair for `policy`, made now if there is none or the one there no longer answers.
@@ -244,37 +195,5 @@ fn remove_all(pairs: Vec<Pair>) {
     });
     if let Err(e) = removed {
         tracing::warn!(error = %e, "cannot remove the warm provisioning network and proxy");
-    }
-}
-
-/// Removes the warm pairs (and any helper) that processes which died left behind.
-pub(crate) fn sweep_orphans() -> Result<()> {
-    block_on(async {
-        let docker = connect().await?;
-        remove_labelled(&docker, OWNER, |labels| {
-            orphaned(labels.and_then(|l| l.get(OWNER)).map_or("", String::as_str))
-        })
-        .await
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{orphaned, owner_of};
-
-    #[test]
-    fn owners_that_are_gone_are_orphans_and_the_living_and_the_unknown_are_not() {
-        assert!(!orphaned(&owner_of(std::process::id())), "this process");
-        // No process has this number (above the kernel's pid_max).
-        assert!(orphaned(&owner_of(i32::MAX as u32)));
-        assert!(orphaned("an-earlier-boot/pid:[4026531836]/1"));
-        let here = owner_of(1);
-        let (place, _) = here.rsplit_once('/').unwrap();
-        let (boot, _) = place.split_once('/').unwrap();
-        assert!(
-            !orphaned(&format!("{boot}/pid:[1]/12345")),
-            "another namespace"
-        );
-        assert!(!orphaned("no owner at all"));
     }
 }

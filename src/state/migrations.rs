@@ -4,7 +4,7 @@
 //! migration has a part for each.
 
 use super::sql::Conn;
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
 
 struct Migration {
     version: i64,

@@ -17,12 +17,15 @@ mod pool;
 mod postgres;
 mod sql;
 mod sqlite;
+mod values;
 
 pub use pool::{CONNECTION_WAIT, MAX_READERS};
 
-pub use sql::{Conn, DbError, DbResult, ErrorKind, FromValue, Optional, Param, Row, Value};
+pub use sql::Conn;
+use sql::Engine;
+pub use values::{DbError, DbResult, ErrorKind, FromValue, Optional, Param, Row, Value};
 
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -42,11 +45,6 @@ pub struct Db {
     shown: String,
     /// This runner's name ([`crate::home::runner_name`]).
     runner: String,
-}
-
-enum Engine {
-    Sqlite(rusqlite::Connection),
-    Postgres(Box<postgres::Pg>),
 }
 
 impl std::fmt::Debug for Db {

@@ -4,8 +4,8 @@
 //! transaction, a PostgreSQL lock, the fleet's advisory lock) holds the writer, never a
 //! reader: SQLite's WAL lets readers read while another connection writes.
 
-use super::Engine;
-use cloud_harness_fs::{Code, Error, Result};
+use super::sql::Engine;
+use cloud_harness_error::{Code, Error, Result};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 

@@ -8,7 +8,7 @@
 //! the URL's `options` set them), so a lock held elsewhere or a slow server is an error to
 //! retry, never a wait without end.
 
-use super::sql::{DbError, DbResult, ErrorKind, Row, Value};
+use super::values::{DbError, DbResult, ErrorKind, Row, Value};
 use bytes::BytesMut;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;

@@ -3,7 +3,7 @@
 //! connections of their own ([`open_reader`]): in WAL mode they read while another connection
 //! or process holds the write lock.
 
-use super::sql::{DbError, DbResult, ErrorKind, Row, Value};
+use super::values::{DbError, DbResult, ErrorKind, Row, Value};
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, TransactionBehavior};
 use std::path::Path;

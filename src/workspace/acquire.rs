@@ -5,7 +5,7 @@
 use super::Workspaces;
 use crate::provision::Acquired;
 use crate::toolkit::{self, Revision};
-use cloud_harness_fs::Result;
+use cloud_harness_error::Result;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -65,7 +65,7 @@ impl Workspaces {
         let millis = started.elapsed().as_millis() as u64;
         // A fetch refused by the opener's budget is no acquisition: not kept in the history,
         // which a client looping on its refusal would otherwise fill.
-        if !matches!(&a, Err(e) if e.code == cloud_harness_fs::Code::ResourceExhausted) {
+        if !matches!(&a, Err(e) if e.code == cloud_harness_error::Code::ResourceExhausted) {
             crate::acquisitions::record(&self.db, t, &a, millis, actor, "workspace_open", Some(id));
         }
         let acquired = a?;

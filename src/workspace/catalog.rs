@@ -3,9 +3,9 @@
 //! What the MCP Skills extension publishes; read from the store, as the mount serves it.
 
 use super::Workspace;
-use cloud_harness_fs::cas::{Digest, Kind, WalkBudget};
-use cloud_harness_fs::relpath;
-use cloud_harness_fs::skill;
+use cloud_harness_skills::relpath;
+use cloud_harness_skills::skill;
+use cloud_harness_store::cas::{Digest, Kind, WalkBudget};
 use serde_json::Value;
 
 /// One file of a skill, as a read through the mount returns it.
@@ -31,7 +31,7 @@ impl Workspace {
     /// inside the mount count as that file (a read follows them), with its digest and size
     /// as the trees give them (nothing is read: many links to one large file cost nothing);
     /// others are left out. The folders listed count against a walk's entry budget.
-    pub fn skill_files(&self, name: &str) -> cloud_harness_fs::Result<Vec<SkillFile>> {
+    pub fn skill_files(&self, name: &str) -> cloud_harness_error::Result<Vec<SkillFile>> {
         let root = self.skill(name)?;
         let mut out = Vec::new();
         let mut budget = WalkBudget::default();
@@ -71,13 +71,17 @@ impl Workspace {
 
     /// The whole file `path` of the served skill `name` (`None`: no such file, or a folder or
     /// a link loop there). A store object that cannot be read is an error, not an absence.
-    pub fn file_bytes(&self, name: &str, path: &str) -> cloud_harness_fs::Result<Option<Vec<u8>>> {
+    pub fn file_bytes(
+        &self,
+        name: &str,
+        path: &str,
+    ) -> cloud_harness_error::Result<Option<Vec<u8>>> {
         let parts = super::check_skill_path(path, "path")?;
         let full: Vec<&str> = std::iter::once(name).chain(parts).collect();
         match self.merged.read_path(&full, 0, u32::MAX) {
             Ok(found) => Ok(found.map(|(_, bytes)| bytes)),
             Err(nix::errno::Errno::EISDIR | nix::errno::Errno::ELOOP) => Ok(None),
-            Err(e) => Err(cloud_harness_fs::Error::internal(format!(
+            Err(e) => Err(cloud_harness_error::Error::internal(format!(
                 "reading {name}/{path}: {e}"
             ))),
         }

@@ -2,8 +2,8 @@
 //! still running): why, in words that name no path of the host, and what calls on it get.
 
 use super::Record;
-use cloud_harness_fs::cas::Digest;
-use cloud_harness_fs::Error;
+use cloud_harness_error::Error;
+use cloud_harness_store::cas::Digest;
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -149,7 +149,7 @@ mod tests {
             record: None,
         };
         let e = f.error();
-        assert_eq!(e.code, cloud_harness_fs::Code::Conflict);
+        assert_eq!(e.code, cloud_harness_error::Code::Conflict);
         assert!(e.message.contains("could not be restored"), "{e}");
         assert!(e.message.contains(".agents/skills is a link"), "{e}");
         assert_eq!(e.details["state"], "failed");

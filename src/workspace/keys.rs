@@ -8,8 +8,8 @@
 use crate::params;
 use crate::state::Optional;
 use crate::state::{self, Db};
-use cloud_harness_fs::cas::Digest;
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
+use cloud_harness_store::cas::Digest;
 
 /// What a key is bound to.
 pub struct Bound {

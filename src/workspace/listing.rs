@@ -2,9 +2,9 @@
 //! `workspace_open`'s result. Paths are the executor's.
 
 use super::Workspace;
-use cloud_harness_fs::cas::Digest;
-use cloud_harness_fs::namespace::TIERS_DIR;
-use cloud_harness_fs::resolver::{Candidate, Index, Tier};
+use cloud_harness_skills::namespace::TIERS_DIR;
+use cloud_harness_skills::resolver::{Candidate, Index, Tier};
+use cloud_harness_store::cas::Digest;
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::VecDeque;
@@ -272,7 +272,7 @@ impl Workspace {
         page
     }
 
-    fn build_page(&self, g: &cloud_harness_fs::generation::Generation, key: &PageKey) -> Value {
+    fn build_page(&self, g: &cloud_harness_skills::generation::Generation, key: &PageKey) -> Value {
         let PageKey {
             tier,
             include_shadowed,

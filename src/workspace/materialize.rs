@@ -4,10 +4,10 @@
 use super::WORKSPACE_SKILLS;
 use crate::provision::Acquired;
 use crate::toolkit::{self, Scope};
-use cloud_harness_fs::cas::{self, Digest, Limits, Store};
-use cloud_harness_fs::discovery::SkillCache;
-use cloud_harness_fs::resolver::{self, Override, Tier};
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_skills::discovery::SkillCache;
+use cloud_harness_skills::resolver::{self, Override, Tier};
+use cloud_harness_store::cas::{self, Digest, Limits, Store};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::fs;
@@ -80,7 +80,7 @@ pub fn workspace_scope(
         fs::create_dir_all(&target).map_err(|e| Error::io(&target, e))?;
         if let Err(e) = cas::materialize(store, &digest, &dest) {
             for done in written {
-                let _ = cloud_harness_fs::removal::remove_tree(&done);
+                let _ = cloud_harness_store::removal::remove_tree(&done);
             }
             return Err(e);
         }

@@ -50,11 +50,11 @@ use crate::principal::Principal;
 use crate::provision::Provisioner;
 use crate::session_start::SessionStart;
 use crate::state::Db;
-use cloud_harness_fs::cas::{Digest, Store};
-use cloud_harness_fs::generation::Generation;
-use cloud_harness_fs::live::LiveTiers;
-use cloud_harness_fs::namespace::Namespace;
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
+use cloud_harness_mount::live::LiveTiers;
+use cloud_harness_skills::generation::Generation;
+use cloud_harness_skills::namespace::Namespace;
+use cloud_harness_store::cas::{Digest, Store};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::fs;
@@ -105,8 +105,8 @@ pub struct Workspaces {
     /// How long start-up waits for the workspaces being restored.
     restore_timeout: Duration,
     /// The inotify watches the live tiers of all workspaces share, and what one may hold.
-    watches: cloud_harness_fs::watch::Pool,
-    watch_budget: cloud_harness_fs::watch::Budget,
+    watches: cloud_harness_mount::watch::Pool,
+    watch_budget: cloud_harness_mount::watch::Budget,
     /// The control plane's database: idempotency keys, decisions, the audit log.
     db: Db,
     /// One open per key at a time in this process (the database's unique key guards the
@@ -149,7 +149,7 @@ impl Drop for Cleanup {
             if let Some(id) = dir.file_name().and_then(|n| n.to_str()) {
                 let _ = roots::unpin(&self.store, id);
             }
-            if let Err(e) = cloud_harness_fs::removal::remove_tree(&dir) {
+            if let Err(e) = cloud_harness_store::removal::remove_tree(&dir) {
                 tracing::error!(error = %e, "removing a half-made workspace's folder failed");
             }
         }
@@ -205,17 +205,17 @@ impl Workspaces {
             "control-plane database"
         );
         crate::registry::sync_shipped(&db)?;
-        let env = crate::provision::staging::env_number;
-        let watch_budget = cloud_harness_fs::watch::Budget {
+        let env = crate::config::env_number;
+        let watch_budget = cloud_harness_mount::watch::Budget {
             watches: env(
                 "CLOUD_HARNESS_PROJECT_MAX_WATCHES",
-                cloud_harness_fs::watch::Budget::default().watches as u64,
+                cloud_harness_mount::watch::Budget::default().watches as u64,
             )? as usize,
             ..Default::default()
         };
-        let watches = cloud_harness_fs::watch::Pool::new(env(
+        let watches = cloud_harness_mount::watch::Pool::new(env(
             "CLOUD_HARNESS_PROJECT_MAX_WATCHES_TOTAL",
-            cloud_harness_fs::watch::Pool::system_default() as u64,
+            cloud_harness_mount::watch::Pool::system_default() as u64,
         )? as usize);
         let restore_timeout = Duration::from_secs(env(
             "CLOUD_HARNESS_RESTORE_TIMEOUT",
@@ -250,7 +250,7 @@ impl Workspaces {
     }
 
     /// The hosts toolkits may come from.
-    pub fn hosts(&self) -> &crate::provision::hosts::HostPolicy {
+    pub fn hosts(&self) -> &crate::hosts::HostPolicy {
         self.provisioner.hosts()
     }
 
@@ -336,45 +336,10 @@ impl Workspaces {
         open
     }
 
-    /// What each principal uses of its limits now: open workspaces, MCP sessions, and what
-    /// the quotas count.
-    pub fn usage(&self) -> Vec<(String, Vec<(&'static str, u64)>)> {
-        let quotas = crate::limits::quotas();
-        let mut workspaces: std::collections::BTreeMap<String, u64> = Default::default();
-        for w in self.open_workspaces() {
-            *workspaces.entry(w.owner().to_owned()).or_default() += 1;
-        }
-        let sessions = crate::mcp::sessions::per_principal();
-        let mut who: Vec<String> = quotas.principals();
-        who.extend(workspaces.keys().cloned());
-        who.extend(sessions.keys().cloned());
-        who.retain(|w| !w.is_empty());
-        who.sort();
-        who.dedup();
-        who.into_iter()
-            .map(|p| {
-                let mut used = vec![
-                    ("workspaces", workspaces.get(&p).copied().unwrap_or(0)),
-                    ("sessions", sessions.get(&p).copied().unwrap_or(0) as u64),
-                ];
-                used.extend(quotas.usage(&p));
-                (p, used)
-            })
-            .collect()
-    }
-
-    /// What the principal `who` uses of its limits now.
-    pub fn usage_of(&self, who: &str) -> Vec<(&'static str, u64)> {
+    /// How many workspaces `who` has open now.
+    pub fn open_count_of(&self, who: &str) -> u64 {
         let open = self.open.lock().expect("workspaces lock");
-        let workspaces = open.values().filter(|w| w.owner() == who).count() as u64;
-        drop(open);
-        let sessions = crate::mcp::sessions::per_principal();
-        let mut used = vec![
-            ("workspaces", workspaces),
-            ("sessions", sessions.get(who).copied().unwrap_or(0) as u64),
-        ];
-        used.extend(crate::limits::quotas().usage(who));
-        used
+        open.values().filter(|w| w.owner() == who).count() as u64
     }
 
     /// `workspace_close` asked by `who`: NOT_FOUND for a workspace they may not reach.
@@ -412,7 +377,7 @@ impl Workspaces {
         roots::unpin(self.store(), id)?;
         self.open.lock().expect("workspaces lock").remove(id);
         self.catalogue_changed(ws.owner());
-        let finished = cloud_harness_fs::removal::remove_tree(&ws.dir)
+        let finished = cloud_harness_store::removal::remove_tree(&ws.dir)
             .map_err(|e| Error::io(&ws.dir, e))
             .and_then(|()| keys::release(&self.db, id));
         if let Err(e) = finished {

@@ -3,12 +3,12 @@
 //! owner tier alone) that executors see at `/opt/cloud-harness`. Because the folder is shared
 //! and executors bind it with slave propagation, mounts made after a restart show through.
 
-use cloud_harness_fs::fuse::{self, MountConfig};
-use cloud_harness_fs::live::Target;
-pub use cloud_harness_fs::mount_table::is_mount_point;
-use cloud_harness_fs::namespace::Namespace;
-use cloud_harness_fs::prewarm::Prewarm;
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
+use cloud_harness_mount::fuse::{self, MountConfig};
+use cloud_harness_mount::live::Target;
+pub use cloud_harness_mount::mount_table::is_mount_point;
+use cloud_harness_mount::prewarm::Prewarm;
+use cloud_harness_skills::namespace::Namespace;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

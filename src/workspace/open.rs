@@ -11,14 +11,14 @@ use crate::provision::{fetch, Acquired};
 use crate::session_start::{self, SessionStart};
 use crate::stack::{OwnerBundle, TierInputs};
 use crate::toolkit::{self, Revision, Scope};
-use cloud_harness_fs::cas::Digest;
-use cloud_harness_fs::discovery::SkillCache;
-use cloud_harness_fs::generation::View;
-use cloud_harness_fs::live::LiveTiers;
-use cloud_harness_fs::namespace::Namespace;
-use cloud_harness_fs::resolver::{Override, Tier};
-use cloud_harness_fs::watch::{Budget, Pool};
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_mount::live::LiveTiers;
+use cloud_harness_mount::watch::{Budget, Pool};
+use cloud_harness_skills::discovery::SkillCache;
+use cloud_harness_skills::generation::View;
+use cloud_harness_skills::namespace::Namespace;
+use cloud_harness_skills::resolver::{Override, Tier};
+use cloud_harness_store::cas::Digest;
 use serde_json::{json, Value};
 use std::fs;
 use std::path::Path;
@@ -95,7 +95,7 @@ impl Workspaces {
 }
 
 impl Activator {
-    fn store(&self) -> &cloud_harness_fs::cas::Store {
+    fn store(&self) -> &cloud_harness_store::cas::Store {
         &self.provisioner.store
     }
 
@@ -114,8 +114,7 @@ impl Activator {
                     ))
                 }
             };
-            let hosts =
-                crate::provision::hosts::HostPolicy::new(&self.executors.allowed_hosts, "")?;
+            let hosts = crate::hosts::HostPolicy::new(&self.executors.allowed_hosts, "")?;
             let env = self.provisioner.egress.with_hosts(hosts).proxy_env();
             Ok(executor::docker::EgressProxy { image, env })
         };

@@ -5,9 +5,9 @@
 use super::{materialize, Workspaces, WORKSPACE_SKILLS};
 use crate::stack::TierInputs;
 use crate::toolkit::{self, Scope, ToolkitSpec};
-use cloud_harness_fs::discovery::SkillCache;
-use cloud_harness_fs::resolver::Index;
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
+use cloud_harness_skills::discovery::SkillCache;
+use cloud_harness_skills::resolver::Index;
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -2,8 +2,9 @@
 //! without a trip through the kernel.
 
 use super::Workspace;
-use cloud_harness_fs::namespace::Reach;
-use cloud_harness_fs::{relpath, Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_skills::namespace::Reach;
+use cloud_harness_skills::relpath;
 use nix::errno::Errno;
 use serde::Serialize;
 use serde_json::json;

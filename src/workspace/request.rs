@@ -2,8 +2,8 @@
 //! request can be recognized.
 
 use crate::toolkit::ToolkitSpec;
-use cloud_harness_fs::cas::Digest;
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_store::cas::Digest;
 use serde_json::json;
 
 /// A validated `workspace_open` request.

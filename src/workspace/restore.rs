@@ -10,8 +10,8 @@ use super::failure::{without_host_paths, Failure};
 use super::open::Activator;
 use super::{keys, mounts, record, roots, Cleanup, Record, Workspace, Workspaces};
 use crate::executor::{self, Executor, Kind, Places};
-use cloud_harness_fs::resolver::Override;
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
+use cloud_harness_skills::resolver::Override;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::fs;
@@ -246,7 +246,7 @@ impl Workspaces {
         mounts::clear(&places.mounts);
         mounts::unshare(&places.mounts);
         roots::unpin(self.store(), id)?;
-        match cloud_harness_fs::removal::remove_tree(&dir) {
+        match cloud_harness_store::removal::remove_tree(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(Error::io(&dir, e));
             }
@@ -472,7 +472,7 @@ fn undo(act: &Activator, ws: Workspace) {
     let _ = ws.release();
     mounts::unshare(&ws.places.mounts);
     let _ = roots::unpin(&act.provisioner.store, &ws.id);
-    let _ = cloud_harness_fs::removal::remove_tree(&ws.dir);
+    let _ = cloud_harness_store::removal::remove_tree(&ws.dir);
     let _ = keys::release(&act.db, &ws.id);
 }
 
@@ -480,12 +480,11 @@ fn undo(act: &Activator, ws: Workspace) {
 mod tests {
     use super::*;
     use crate::executor::{Choice, Settings};
+    use crate::hosts::HostPolicy;
     use crate::principal::Principal;
-    use crate::provision::{
-        egress::EgressPolicy, fetch::Transport, hosts::HostPolicy, Provisioner,
-    };
+    use crate::provision::{egress::EgressPolicy, fetch::Transport, Provisioner};
     use crate::workspace::OpenRequest;
-    use cloud_harness_fs::cas::{Digest, Store};
+    use cloud_harness_store::cas::{Digest, Store};
 
     fn workspaces(tmp: &Path) -> Workspaces {
         let store = Store::open(tmp.join("store")).unwrap();
@@ -587,7 +586,7 @@ mod tests {
             allow_toolkit_workspace_changes: false,
         });
         let err = again.expect_err("a second workspace for the key");
-        assert_eq!(err.code, cloud_harness_fs::Code::Conflict, "{err}");
+        assert_eq!(err.code, cloud_harness_error::Code::Conflict, "{err}");
         assert!(err.message.contains(&id), "{err}");
         let folders = fs::read_dir(record::workspaces_dir(&ws.home)).unwrap();
         assert_eq!(folders.count(), all.len());

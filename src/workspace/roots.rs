@@ -2,9 +2,9 @@
 //! (the built-in tier, toolkit bundles, snapshots of its live folders) is a garbage-collection
 //! root, `workspaces/<id>/<n>`, from the moment it is served until the workspace closes.
 
-use cloud_harness_fs::cas::Store;
-use cloud_harness_fs::generation::Generation;
-use cloud_harness_fs::Result;
+use cloud_harness_error::Result;
+use cloud_harness_skills::generation::Generation;
+use cloud_harness_store::cas::Store;
 
 fn prefix(id: &str) -> String {
     format!("workspaces/{id}/")

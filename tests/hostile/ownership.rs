@@ -23,7 +23,7 @@ fn client(w: &World, name: &str) -> String {
 
 /// A warm toolkit with a skill that has a script.
 fn toolkit(w: &World) -> Value {
-    let store = cloud_harness_fs::cas::Store::open(w.server.tmp.path().join("store")).unwrap();
+    let store = cloud_harness_store::cas::Store::open(w.server.tmp.path().join("store")).unwrap();
     let src = w.server.tmp.path().join("src/kit");
     crate::support::materialize(
         &src,

@@ -64,7 +64,7 @@ fn workspaces_sessions_requests_acquisitions_and_imports_are_bounded_per_princip
         })
         .collect();
     let git = GitServer::start_with(&tmp.path().join("repos"), &certs, "127.0.0.1", 0.0);
-    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
+    let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
     let src = tmp.path().join("src/warm");
     crate::support::materialize(&src, &dir(vec![("tidy", skill("tidy", "Tidy up."))]));
     let warm = serde_json::to_value(warm_toolkit(&store, &src, "warm")).unwrap();
@@ -255,7 +255,7 @@ fn workspaces_sessions_requests_acquisitions_and_imports_are_bounded_per_princip
 
 /// A toolkit whose skill has scripts that sleep, spin, shout and hog memory.
 fn busy_toolkit(tmp: &tempfile::TempDir) -> Value {
-    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
+    let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
     let src = tmp.path().join("src/busy");
     let exec = |body: &str| Node::Exec(body.as_bytes().to_vec());
     crate::support::materialize(
@@ -571,7 +571,7 @@ fn session_less_calls_leave_nothing_behind() {
 /// A server without executors, and a warm toolkit of one skill.
 fn warm_world(env: &[(&str, &str)]) -> (World, Value) {
     let tmp = tempfile::tempdir().unwrap();
-    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
+    let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
     let src = tmp.path().join("src/warm");
     crate::support::materialize(&src, &dir(vec![("tidy", skill("tidy", "Tidy up."))]));
     let warm = serde_json::to_value(warm_toolkit(&store, &src, "warm")).unwrap();

@@ -35,7 +35,7 @@ pub fn json_of(r: reqwest::blocking::Response) -> Value {
 
 /// A warm toolkit of one skill in `tmp`'s store.
 pub fn warm_kit(tmp: &tempfile::TempDir) -> Value {
-    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
+    let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
     let src = tmp.path().join("src/kit");
     support::materialize(
         &src,

@@ -8,10 +8,10 @@
 use crate::support::http::{answer_of, legacy_session, raw, server_in, Server};
 use crate::support::s3::S3Server;
 use crate::support::WARM_HOST;
-use cloud_harness::provision::hosts::HostPolicy;
+use cloud_harness::hosts::HostPolicy;
 use cloud_harness::provision::index::{BundleKey, BundleRecord};
 use cloud_harness::toolkit::ToolkitSpec;
-use cloud_harness_fs::cas::{Digest, Entry, Kind, Store, Tree};
+use cloud_harness_store::cas::{Digest, Entry, Kind, Store, Tree};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
@@ -78,7 +78,11 @@ fn publish(s3: &S3Server, scratch: &Path, spec: &Value, files: usize) -> (Bundle
     (record, store)
 }
 
-fn blob_entry(writer: &mut cloud_harness_fs::cas::Writer<'_>, name: &str, bytes: &[u8]) -> Entry {
+fn blob_entry(
+    writer: &mut cloud_harness_store::cas::Writer<'_>,
+    name: &str,
+    bytes: &[u8],
+) -> Entry {
     Entry {
         name: name.into(),
         kind: Kind::File,

@@ -332,7 +332,7 @@ fn links_fifos_and_deep_chains_stay_inside_their_project() {
         .join(&id)
         .join("repo/.agents/skills");
     nix::unistd::mkfifo(&skills.join("pipe"), nix::sys::stat::Mode::S_IRWXU).unwrap();
-    cloud_harness::fs::walk::make_chain(&skills, "chain", LEVELS).unwrap();
+    cloud_harness_store::walk::make_chain(&skills, "chain", LEVELS).unwrap();
     for i in 0..WATCHES {
         std::fs::create_dir_all(skills.join(format!("many/f{i}"))).unwrap();
     }

@@ -4,8 +4,8 @@
 use super::{Certs, GitServer};
 use cloud_harness::provision::{Acquired, Provisioner};
 use cloud_harness::toolkit::{GitSpec, ToolkitSpec};
-use cloud_harness_fs::cas::{materialize, Store};
-use cloud_harness_fs::Error;
+use cloud_harness_error::Error;
+use cloud_harness_store::cas::{materialize, Store};
 use std::fs;
 use std::path::{Path, PathBuf};
 

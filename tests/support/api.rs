@@ -183,7 +183,7 @@ pub fn tool(addr: SocketAddr, token: &str, session: &str, name: &str, args: Valu
 /// Two warm toolkits that both bring `dup` to the owner tier, differently, and one whose
 /// skill has a script.
 pub fn conflicting_kits(tmp: &tempfile::TempDir) -> (Value, Value, Value) {
-    let store = cloud_harness_fs::cas::Store::open(tmp.path().join("store")).unwrap();
+    let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
     let make = |name: &str, body: &str| {
         let src = tmp.path().join("src").join(name);
         super::materialize(&src, &super::dir(vec![("dup", super::skill("dup", body))]));

@@ -3,7 +3,7 @@
 
 use cloud_harness::executor::{Kind, Settings};
 use cloud_harness::workspace::{OpenRequest, RunRequest, Workspaces};
-use cloud_harness_fs::cas::Store;
+use cloud_harness_store::cas::Store;
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -126,7 +126,7 @@ impl Harness {
         );
     }
 
-    pub fn run(&self, ws: &str, script: &str) -> cloud_harness_fs::Result<Value> {
+    pub fn run(&self, ws: &str, script: &str) -> cloud_harness_error::Result<Value> {
         let ws = self.workspaces.get(ws)?;
         let home = self.home();
         let runtime = tokio::runtime::Runtime::new().unwrap();

@@ -9,14 +9,14 @@ pub mod http;
 pub mod postgres;
 pub mod s3;
 
-use cloud_harness::fs::cas::{Limits as ImportLimits, Store};
+use cloud_harness::hosts::HostPolicy;
 use cloud_harness::provision::egress::EgressPolicy;
 use cloud_harness::provision::fetch::Transport;
-use cloud_harness::provision::hosts::HostPolicy;
 use cloud_harness::provision::index::{BundleIndex, BundleKey, BundleRecord};
 use cloud_harness::provision::staging::Limits;
 use cloud_harness::provision::Provisioner;
 use cloud_harness::toolkit::{self, ToolkitSpec};
+use cloud_harness_store::cas::{Limits as ImportLimits, Store};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -3,7 +3,7 @@
 
 use crate::dashboard::patterns;
 use crate::toolkit::{Scope, ToolkitSpec};
-use cloud_harness_fs::{Code, Error};
+use cloud_harness_error::{Code, Error};
 use serde_json::{json, Value};
 
 /// One member row of the form.

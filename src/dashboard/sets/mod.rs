@@ -15,7 +15,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
-use cloud_harness_fs::{Code, Error};
+use cloud_harness_error::{Code, Error};
 use form::{Row, SetForm};
 use maud::{html, Markup};
 use revisions::{history, revision_item};

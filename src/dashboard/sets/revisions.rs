@@ -1,7 +1,7 @@
 //! A set's revisions, each with the members that differ from the one before it.
 
 use super::form::Row;
-use super::layout;
+use crate::dashboard::layout;
 use crate::sets::{self, Revision};
 use crate::toolkit::ToolkitSpec;
 use maud::{html, Markup};
@@ -15,7 +15,7 @@ pub type Changes = Vec<(String, Option<String>, Option<String>)>;
 pub fn history(
     db: &crate::state::Db,
     id: &str,
-) -> cloud_harness_fs::Result<Vec<(Revision, Changes)>> {
+) -> cloud_harness_error::Result<Vec<(Revision, Changes)>> {
     let mut all = Vec::new();
     let mut before: Option<Revision> = None;
     for now in sets::every_revision(db, id)? {

@@ -4,13 +4,20 @@
 //! bundle is counted by path, as staging counts and as every later walk of it goes: a few
 //! distinct trees can name one another so often that they stand for a vast tree.
 
-use super::download::Want;
 use super::refused;
 use crate::provision::index::BundleRecord;
 use crate::provision::staging::Limits;
-use cloud_harness_fs::cas::{Digest, Kind, ObjectKind, Tree, MAX_TREE_BYTES};
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
+use cloud_harness_store::cas::{Digest, Kind, ObjectKind, Tree, MAX_TREE_BYTES};
 use std::collections::{HashMap, HashSet, VecDeque};
+
+/// An object to fetch: a tree at a depth (the bundle's own tree is 1), or a blob of the size
+/// its tree gives (none for the manifest, which no tree names).
+#[derive(Clone, Copy)]
+pub(super) enum Want {
+    Tree(Digest, usize),
+    Blob(Digest, Option<u64>),
+}
 
 /// What a refusal names: the store, the toolkit and the record of the bundle.
 #[derive(Clone)]
@@ -314,7 +321,7 @@ fn past(named: &Named, kind: ObjectKind, digest: &Digest, what: &str, limit: u64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cloud_harness_fs::cas::Entry;
+    use cloud_harness_store::cas::Entry;
 
     fn entry(name: String, kind: Kind, size: u64, digest: Digest) -> Entry {
         Entry {
@@ -405,7 +412,7 @@ mod tests {
         };
         // 64 × 64 files by path, 4 distinct objects.
         let e = check_bundle(&walked.trees, &named, &record, limits).unwrap_err();
-        assert_eq!(e.code, cloud_harness_fs::Code::TooLarge, "{e}");
+        assert_eq!(e.code, cloud_harness_error::Code::TooLarge, "{e}");
         assert!(
             e.message.contains("holds 4096 files counted by path"),
             "{e}"

@@ -7,14 +7,14 @@
 //! bounded by distinct objects (memory); what the bundle holds is counted by path, as staging
 //! counts a toolkit, before anything is written: every later walk of the bundle goes by path.
 
-use super::ceilings::{check_bundle, Budget, Named};
+use super::ceilings::{check_bundle, Budget, Named, Want};
 use super::{
     blocking, get_held, hold, refused, unreachable, wait, Got, Moved, RemoteStore, AT_ONCE,
 };
 use crate::provision::index::BundleRecord;
 use crate::provision::staging::Limits;
-use cloud_harness_fs::cas::{Digest, ObjectKind, Store, Tree};
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_store::cas::{Digest, ObjectKind, Store, Tree};
 use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
 use std::collections::{HashMap, VecDeque};
@@ -89,14 +89,6 @@ struct Fetch {
     store: Store,
     /// The largest manifest taken (no tree gives its size).
     max_manifest: u64,
-}
-
-/// An object to fetch: a tree at a depth (the bundle's own tree is 1), or a blob of the size
-/// its tree gives (none for the manifest, which no tree names).
-#[derive(Clone, Copy)]
-pub(super) enum Want {
-    Tree(Digest, usize),
-    Blob(Digest, Option<u64>),
 }
 
 /// A step of the walk: whether the local store has an object, or the object from the bucket

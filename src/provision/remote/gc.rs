@@ -11,8 +11,8 @@
 use super::{get, put_new, unreachable, wait, Got, RemoteStore, AT_ONCE, MAX_RECORD};
 use crate::provision::index::BundleRecord;
 use crate::state::now_ms;
-use cloud_harness_fs::cas::{Digest, Kind, Tree, MAX_TREE_BYTES};
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_store::cas::{Digest, Kind, Tree, MAX_TREE_BYTES};
 use futures_util::stream::FuturesUnordered;
 use futures_util::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
@@ -265,7 +265,7 @@ impl RemoteStore {
             while under_way.len() < AT_ONCE {
                 let Some(digest) = queue.pop() else { break };
                 under_way.push(async move {
-                    let path = self.object_path(cloud_harness_fs::cas::ObjectKind::Tree, &digest);
+                    let path = self.object_path(cloud_harness_store::cas::ObjectKind::Tree, &digest);
                     let bytes = match get(&self.objects, &path, MAX_TREE_BYTES)
                         .await
                         .map_err(|e| unreachable(&self.url, e))?

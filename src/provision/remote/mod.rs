@@ -31,11 +31,9 @@ mod gc;
 mod publish;
 mod start;
 
-pub use gc::{FleetGcReport, SkippedRecord};
-
 use super::index::{self, BundleKey, BundleRecord};
-use cloud_harness_fs::cas::{Digest, ObjectKind};
-use cloud_harness_fs::{Code, Error, Result};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_store::cas::{Digest, ObjectKind};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path as ObjectPath;
 use object_store::{

@@ -2,8 +2,8 @@
 
 use super::{put_new, unreachable, wait, Moved, RemoteStore, AT_ONCE};
 use crate::provision::index::BundleRecord;
-use cloud_harness_fs::cas::{Digest, Kind, ObjectKind, Store};
-use cloud_harness_fs::{Error, Result};
+use cloud_harness_error::{Error, Result};
+use cloud_harness_store::cas::{Digest, Kind, ObjectKind, Store};
 use futures_util::stream;
 use futures_util::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;

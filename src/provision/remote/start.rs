@@ -5,11 +5,11 @@ use super::Moved;
 use crate::provision::index::{BundleIndex, BundleKey, BundleRecord};
 use crate::provision::Provisioner;
 use crate::toolkit::Toolkit;
-use cloud_harness_fs::Result;
+use cloud_harness_error::Result;
 
 /// Whether `e` refuses what the bucket holds (it names the record or the object), as opposed
 /// to an outage.
-fn is_refusal(e: &cloud_harness_fs::Error) -> bool {
+fn is_refusal(e: &cloud_harness_error::Error) -> bool {
     e.details.get("object").is_some() || e.details.get("record").is_some()
 }
 
