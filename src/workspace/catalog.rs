@@ -2,7 +2,7 @@
 //! and sizes (the store names blobs by exactly that digest), and its front matter as written.
 //! What the MCP Skills extension publishes; read from the store, as the mount serves it.
 
-use super::Workspace;
+use super::served::Workspace;
 use cloud_harness_skills::relpath;
 use cloud_harness_skills::skill;
 use cloud_harness_store::cas::{Digest, Kind, WalkBudget};
@@ -76,7 +76,7 @@ impl Workspace {
         name: &str,
         path: &str,
     ) -> cloud_harness_error::Result<Option<Vec<u8>>> {
-        let parts = super::check_skill_path(path, "path")?;
+        let parts = super::read::check_skill_path(path, "path")?;
         let full: Vec<&str> = std::iter::once(name).chain(parts).collect();
         match self.merged.read_path(&full, 0, u32::MAX) {
             Ok(found) => Ok(found.map(|(_, bytes)| bytes)),

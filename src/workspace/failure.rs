@@ -1,7 +1,7 @@
 //! A workspace that could not be served again after a restart (its restore failed, or is
 //! still running): why, in words that name no path of the host, and what calls on it get.
 
-use super::Record;
+use super::record::Record;
 use cloud_harness_error::Error;
 use cloud_harness_store::cas::Digest;
 use serde_json::{json, Value};

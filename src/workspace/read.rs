@@ -1,7 +1,7 @@
 //! `skills_read`: a page of a skill's file as the mount serves it, read from the store
 //! without a trip through the kernel.
 
-use super::Workspace;
+use super::served::Workspace;
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_skills::namespace::Reach;
 use cloud_harness_skills::relpath;

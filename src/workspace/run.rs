@@ -6,7 +6,7 @@
 //! change, no executor and no later generation can alter. A script that is a link leaving
 //! its skill does not run.
 
-use super::Workspace;
+use super::served::Workspace;
 use crate::decisions;
 use crate::executor::{self, Command, RunLimits};
 use crate::runner::{self, Outcome};
@@ -57,7 +57,7 @@ pub async fn blocking<T: Send + 'static>(
 impl Workspace {
     /// That the served skill has the file `script` (as the mount shows it).
     fn served_script(&self, skill: &str, script: &str) -> Result<()> {
-        let parts = super::check_skill_path(script, "script")?;
+        let parts = super::read::check_skill_path(script, "script")?;
         let path: Vec<&str> = std::iter::once(skill).chain(parts).collect();
         let missing = || {
             Error::new(
