@@ -54,7 +54,7 @@ pub fn runner_name(home: &Path) -> Result<String> {
     } else {
         host
     };
-    let name = crate::state::new_id(&host);
+    let name = crate::ids::new_id(&host);
     fs::create_dir_all(home).map_err(|e| Error::io(home, e))?;
     write_atomic(&path, format!("{name}\n").as_bytes())?;
     Ok(name)

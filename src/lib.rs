@@ -18,6 +18,7 @@ pub mod heads;
 pub mod health;
 pub mod home;
 pub mod hosts;
+pub mod ids;
 pub mod imports;
 pub mod input;
 pub mod keyed_lock;

@@ -87,12 +87,12 @@ impl Collector for Scraped {
         let refusals = ConstCounter::new(0u64);
         let mut family = encoder.encode_descriptor(
             "cloud_harness_quota_refusals",
-            "Requests refused because a principal's quota was used up, by limit",
+            "Requests refused because a principal's quota was used up, by limit.",
             None,
             refusals.metric_type(),
         )?;
         for (name, n) in crate::limits::refusals() {
-            let labels: Labels = vec![("limit", name.to_owned())];
+            let labels: Labels = vec![("limit", name)];
             ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
         }
         let mut family = encoder.encode_descriptor(

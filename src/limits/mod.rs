@@ -8,7 +8,7 @@
 //! else in this process: request rates and hourly budgets as token buckets, runs, blocking
 //! work and requests in flight as slots.
 
-pub mod bucket;
+pub(crate) mod bucket;
 
 mod slots;
 
@@ -152,24 +152,27 @@ impl Limits {
     }
 }
 
-/// Refusals at each limit of [`NAMES`] since the process started, in its order (`/metrics`
-/// reads them: the quotas count their refusals themselves, below whatever reports them).
-static REFUSED: [std::sync::atomic::AtomicU64; NAMES.len()] =
-    [const { std::sync::atomic::AtomicU64::new(0) }; NAMES.len()];
+/// Refusals at each limit since the process started, by the limit's name (`/metrics` reads
+/// them: the quotas count their refusals themselves, below whatever reports them). The names
+/// are the code's own (the quotas and the few fixed limits, `logins_at_once` say): a handful.
+static REFUSED: std::sync::Mutex<std::collections::BTreeMap<String, u64>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
 
 /// Counts a refusal at the limit `name`.
 pub fn refused(name: &str) {
-    if let Some(i) = NAMES.iter().position(|(n, _)| *n == name) {
-        REFUSED[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut refused = REFUSED.lock().expect("refusals lock");
+    match refused.get_mut(name) {
+        Some(n) => *n += 1,
+        None => {
+            refused.insert(name.to_owned(), 1);
+        }
     }
 }
 
-/// Refusals at each limit since the process started.
-pub fn refusals() -> impl Iterator<Item = (&'static str, u64)> {
-    NAMES
-        .iter()
-        .zip(REFUSED.iter())
-        .map(|((name, _), n)| (*name, n.load(std::sync::atomic::Ordering::Relaxed)))
+/// The limits refused at since the process started, with how often.
+pub fn refusals() -> Vec<(String, u64)> {
+    let refused = REFUSED.lock().expect("refusals lock");
+    refused.iter().map(|(name, n)| (name.clone(), *n)).collect()
 }
 
 /// The refusal of a request past the limit `name` of `value`: RESOURCE_EXHAUSTED, with when

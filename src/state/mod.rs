@@ -25,6 +25,7 @@ pub use sql::Conn;
 use sql::Engine;
 pub use values::{DbError, DbResult, ErrorKind, FromValue, Optional, Param, Row, Value};
 
+pub use crate::ids::new_id;
 use cloud_harness_error::{Code, Error, Result};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -205,17 +206,6 @@ pub fn secret() -> String {
     let mut bytes = [0u8; 32];
     getrandom::fill(&mut bytes).expect("the kernel's random numbers");
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
-}
-
-/// An id of `prefix` and 16 random hex digits.
-pub fn new_id(prefix: &str) -> String {
-    let mut bytes = [0u8; 8];
-    getrandom::fill(&mut bytes).expect("the kernel's random numbers");
-    format!("{prefix}_{}", hex_of(&bytes))
-}
-
-fn hex_of(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

@@ -460,10 +460,18 @@ fn calls_in_flight_are_bounded_per_principal() {
             std::thread::spawn(move || run_owned(addr, &alice, &session, &wa, "scripts/slow.sh"))
         })
         .collect();
+    // Watched by the operator: a request of Alice's own would take one of her two slots, and
+    // a run arriving meanwhile would be refused.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let usage = w.call("GET", "/api/v1/whoami", Some(&alice), None).1;
-        if usage["usage"]["runs"]["used"] == 2 {
+        let usage = w.op("GET", "/api/v1/usage", None);
+        let runs = usage["principals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["principal"] == "token:alice")
+            .map(|p| p["usage"]["runs"]["used"].clone());
+        if runs == Some(json!(2)) {
             break;
         }
         assert!(

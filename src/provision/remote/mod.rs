@@ -27,7 +27,7 @@
 
 mod ceilings;
 mod download;
-mod gc;
+pub mod gc;
 mod publish;
 mod start;
 

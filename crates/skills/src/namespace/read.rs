@@ -5,10 +5,9 @@
 use super::listing::Listing;
 use super::{Child, Ident, Namespace, Reach, Result, XATTR_PREFIX};
 use crate::generation::{Generation, SkillOrigin};
-use cloud_harness_store::cas::{read_whole, verified, Digest, Kind, ObjectKind};
+use cloud_harness_store::cas::{Digest, Kind};
 use nix::errno::Errno;
 use std::fs::File;
-use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
@@ -227,30 +226,10 @@ impl Namespace {
         if reach == Reach::Held {
             return Err(Errno::EWOULDBLOCK);
         }
-        let path = self.store.object_path(ObjectKind::Blob, digest);
-        let mut file = File::open(&path).map_err(|e| {
-            tracing::error!(object = %digest, error = %e, "blob missing from the store");
-            Errno::EIO
-        })?;
-        let meta = file.metadata().map_err(|_| Errno::EIO)?;
-        let mut fresh = None;
-        if !verified::known(digest, &meta) {
-            let content = if meta.len() <= READ_WHOLE {
-                let bytes = read_whole(&mut file, meta.len()).map_err(|_| Errno::EIO)?;
-                let content = Digest::of(&bytes);
-                fresh = Some(bytes);
-                content
-            } else {
-                Digest::of_stream(&mut file, &mut io::sink())
-                    .map_err(|_| Errno::EIO)?
-                    .0
-            };
-            if content != *digest {
-                tracing::error!(object = %digest, path = %path.display(), "corrupt object: its content does not match its digest; serving EIO");
-                return Err(Errno::EIO);
-            }
-            verified::record(digest, &meta);
-        }
+        let (file, fresh) = self
+            .store
+            .open_blob(digest, READ_WHOLE)
+            .map_err(|_| Errno::EIO)?;
         let file = Arc::new(file);
         self.open_blobs
             .lock()

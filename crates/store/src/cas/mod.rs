@@ -10,14 +10,13 @@ mod materialize;
 mod roots;
 mod store;
 mod tree;
-pub mod verified;
+pub(crate) mod verified;
 
 pub use budget::{WalkBudget, MAX_WALK_ENTRIES};
 pub use check::{GcReport, Problem, ProblemKind, VerifyReport};
 pub use digest::{Digest, Hasher};
 pub use import::{import_dir, import_fd, open_dir, Imported, Limits, MAX_LEFT_OUT};
 pub use materialize::materialize;
-pub use store::read_whole;
 pub use store::{ObjectKind, Store, Writer};
 pub use tree::{
     canonical_order, check_name, Entry, Kind, Tree, MAX_BYTES as MAX_TREE_BYTES,

@@ -102,6 +102,36 @@ impl Store {
         self.objects_dir(kind).join(&hex[..2]).join(&hex[2..])
     }
 
+    /// The blob `digest` opened for reading, checked against its digest unless this process
+    /// hashed the same, unchanged file before; with its bytes when it was read whole to be
+    /// checked (a blob of at most `whole` bytes). A blob missing or unreadable is an I/O
+    /// error; one whose content does not match its digest is `InvalidData` (and logged).
+    pub fn open_blob(&self, digest: &Digest, whole: u64) -> io::Result<(File, Option<Vec<u8>>)> {
+        let path = self.object_path(ObjectKind::Blob, digest);
+        let mut file = File::open(&path).inspect_err(|e| {
+            tracing::error!(object = %digest, error = %e, "blob missing from the store");
+        })?;
+        let meta = file.metadata()?;
+        if verified::known(digest, &meta) {
+            return Ok((file, None));
+        }
+        let (content, bytes) = if meta.len() <= whole {
+            let bytes = read_whole(&mut file, meta.len())?;
+            (Digest::of(&bytes), Some(bytes))
+        } else {
+            (Digest::of_stream(&mut file, &mut io::sink())?.0, None)
+        };
+        if content != *digest {
+            tracing::error!(object = %digest, path = %path.display(), "corrupt object: its content does not match its digest; serving EIO");
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a corrupt object",
+            ));
+        }
+        verified::record(digest, &meta);
+        Ok((file, bytes))
+    }
+
     pub fn contains(&self, kind: ObjectKind, digest: &Digest) -> bool {
         self.object_path(kind, digest).exists()
     }
@@ -200,7 +230,7 @@ impl Store {
 /// read of nothing is needed to see it. (`read_to_end` asks for the size and position again
 /// and probes for the end: three system calls more per object, on every first access through
 /// the mount.) A file that turns out longer is read to its end, for the digest to refuse.
-pub fn read_whole(file: &mut File, len: u64) -> io::Result<Vec<u8>> {
+pub(crate) fn read_whole(file: &mut File, len: u64) -> io::Result<Vec<u8>> {
     let mut bytes = vec![0u8; len as usize + 1];
     let mut done = 0;
     loop {
