@@ -20,7 +20,9 @@
 //! ```
 
 mod acquire;
+mod activate;
 mod catalog;
+mod discard;
 mod failure;
 mod keys;
 mod listing;

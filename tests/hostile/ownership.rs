@@ -9,18 +9,6 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Command;
 
-/// A client token's secret.
-fn client(w: &World, name: &str) -> String {
-    w.op(
-        "POST",
-        "/api/v1/tokens",
-        Some(json!({"name": name, "role": "client"})),
-    )["token"]
-        .as_str()
-        .unwrap()
-        .to_owned()
-}
-
 /// A warm toolkit with a skill that has a script.
 fn toolkit(w: &World) -> Value {
     let store = cloud_harness_store::cas::Store::open(w.server.tmp.path().join("store")).unwrap();
@@ -75,7 +63,7 @@ fn not_found(result: &Value, what: &str) {
 fn clients_reach_only_their_own_workspaces_and_operators_all() {
     let w = warm_world(tempfile::tempdir().unwrap());
     let kit = toolkit(&w);
-    let (alice, bob) = (client(&w, "alice"), client(&w, "bob"));
+    let (alice, bob) = (w.client("alice"), w.client("bob"));
     let (sa, sb) = (
         mcp_session(w.server.addr, &alice),
         mcp_session(w.server.addr, &bob),

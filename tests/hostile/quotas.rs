@@ -8,17 +8,6 @@ use crate::support::{dir, file, skill, warm_toolkit, Certs, GitServer, Node, Rep
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
-fn client(w: &World, name: &str) -> String {
-    w.op(
-        "POST",
-        "/api/v1/tokens",
-        Some(json!({"name": name, "role": "client"})),
-    )["token"]
-        .as_str()
-        .unwrap()
-        .to_owned()
-}
-
 /// A tool error result of RESOURCE_EXHAUSTED at `limit` of `value`.
 fn exhausted(result: &Value, limit: &str, value: u64) {
     let s = &result["structuredContent"];
@@ -86,7 +75,7 @@ fn workspaces_sessions_requests_acquisitions_and_imports_are_bounded_per_princip
             ("CLOUD_HARNESS_LIMIT_REQUESTS_PER_SECOND", "20"),
         ],
     );
-    let (alice, bob) = (client(&w, "alice"), client(&w, "bob"));
+    let (alice, bob) = (w.client("alice"), w.client("bob"));
     let (sa, sb) = (
         mcp_session(w.server.addr, &alice),
         mcp_session(w.server.addr, &bob),
@@ -309,7 +298,7 @@ fn a_run_is_bounded_in_cpu_memory_output_and_runs_at_once() {
             ("CLOUD_HARNESS_LIMIT_RUN_OUTPUT", "1000"),
         ],
     );
-    let (alice, bob) = (client(&w, "alice"), client(&w, "bob"));
+    let (alice, bob) = (w.client("alice"), w.client("bob"));
     let (sa, sb) = (
         mcp_session(w.server.addr, &alice),
         mcp_session(w.server.addr, &bob),
@@ -433,7 +422,7 @@ fn calls_in_flight_are_bounded_per_principal() {
             ("CLOUD_HARNESS_LIMIT_REQUESTS_IN_FLIGHT", "2"),
         ],
     );
-    let (alice, bob) = (client(&w, "alice"), client(&w, "bob"));
+    let (alice, bob) = (w.client("alice"), w.client("bob"));
     let addr = w.server.addr;
     let (sa, sb) = (mcp_session(addr, &alice), mcp_session(addr, &bob));
     let open = |token: &str, session: &str| {
@@ -503,7 +492,7 @@ fn calls_in_flight_are_bounded_per_principal() {
 #[test]
 fn session_less_calls_leave_nothing_behind() {
     let (w, warm) = warm_world(&[]);
-    let alice = client(&w, "alice");
+    let alice = w.client("alice");
     let addr = w.server.addr;
     let session = mcp_session(addr, &alice);
     let ws = ok(&tool(
@@ -603,7 +592,7 @@ fn a_close_that_cannot_finish_keeps_the_workspace_counted_and_closable() {
         return;
     }
     let (w, warm) = warm_world(&[("CLOUD_HARNESS_LIMIT_WORKSPACES", "1")]);
-    let alice = client(&w, "alice");
+    let alice = w.client("alice");
     let addr = w.server.addr;
     let session = mcp_session(addr, &alice);
     let open = |key: &str| {

@@ -122,6 +122,18 @@ impl World {
         )
     }
 
+    /// A new `client` token named `name`: its secret.
+    pub fn client(&self, name: &str) -> String {
+        self.op(
+            "POST",
+            "/api/v1/tokens",
+            Some(serde_json::json!({"name": name, "role": "client"})),
+        )["token"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
     pub fn op(&self, method: &str, path: &str, body: Option<Value>) -> Value {
         let body = body.map(|b| b.to_string());
         let (status, v) = self.call(method, path, Some(&self.operator), body.as_deref());
