@@ -1,7 +1,5 @@
-// The built-in tier is embedded from presets/; rebuild when it changes. The commit the binary
-// is built from goes into `--version` (`unknown` outside a git checkout).
+// The commit the binary is built from goes into `--version` (`unknown` outside a git checkout).
 fn main() {
-    println!("cargo:rerun-if-changed=presets");
     // Where git keeps them (a worktree's HEAD is not under `.git/`); a path that does not
     // exist would rerun this on every build.
     for name in ["HEAD", "refs/heads", "packed-refs"] {

@@ -10,11 +10,11 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use cloud_harness::executor::{Kind, Settings};
-use cloud_harness::provision::sandbox::Sandbox;
-use cloud_harness::toolkit::{GitSpec, ToolkitSpec};
-use cloud_harness::workspace::{OpenRequest, Workspaces};
+use cloud_harness_control::toolkit::{GitSpec, ToolkitSpec};
+use cloud_harness_executor::{Kind, Settings};
+use cloud_harness_provision::sandbox::Sandbox;
 use cloud_harness_store::cas::Store;
+use cloud_harness_workspace::{OpenRequest, Workspaces};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::{dir, Node, Repo};

@@ -7,8 +7,8 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use cloud_harness::library::{Library, Search};
-use cloud_harness::workspace::{OpenRequest, Workspaces};
+use cloud_harness_workspace::library::{Library, Search};
+use cloud_harness_workspace::{OpenRequest, Workspaces};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -108,14 +108,14 @@ fn main() {
         home,
         support::warm_provisioner(&store),
         false,
-        cloud_harness::executor::Settings::with_kind(cloud_harness::executor::Kind::Host),
+        cloud_harness_executor::Settings::with_kind(cloud_harness_executor::Kind::Host),
     )
     .unwrap();
     let trio: Vec<serde_json::Value> = specs[..3]
         .iter()
         .map(|s| serde_json::to_value(s).unwrap())
         .collect();
-    cloud_harness::sets::create(
+    cloud_harness_curation::sets::create(
         workspaces.db(),
         workspaces.hosts(),
         "trio",
@@ -124,9 +124,10 @@ fn main() {
         "bench",
     )
     .unwrap();
-    let set =
-        cloud_harness::toolkit::spec_from_value(serde_json::json!({"kind": "set", "id": "trio"}))
-            .unwrap();
+    let set = cloud_harness_control::toolkit::spec_from_value(
+        serde_json::json!({"kind": "set", "id": "trio"}),
+    )
+    .unwrap();
     let (mut by_set, mut direct) = (Vec::new(), Vec::new());
     for r in 0..rounds + 1 {
         for (kind, toolkits) in [("set", vec![set.clone()]), ("direct", specs[..3].to_vec())] {

@@ -9,9 +9,9 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use cloud_harness::executor::{Kind, Settings};
-use cloud_harness::workspace::{OpenRequest, RunRequest, Workspaces};
+use cloud_harness_executor::{Kind, Settings};
 use cloud_harness_store::cas::Store;
+use cloud_harness_workspace::{OpenRequest, RunRequest, Workspaces};
 use serde_json::json;
 use std::path::Path;
 use std::process::Command;

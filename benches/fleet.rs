@@ -11,8 +11,8 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use cloud_harness::provision::{Acquired, Provisioner};
-use cloud_harness::toolkit::{GitSpec, ToolkitSpec};
+use cloud_harness_control::toolkit::{GitSpec, ToolkitSpec};
+use cloud_harness_provision::{Acquired, Provisioner};
 use cloud_harness_store::cas::Store;
 use std::time::{Duration, Instant};
 use support::s3::S3Server;
@@ -135,7 +135,7 @@ fn control_plane(
     if !support::postgres::available() {
         return;
     }
-    use cloud_harness::workspace::{OpenRequest, Workspaces};
+    use cloud_harness_workspace::{OpenRequest, Workspaces};
     let database = support::postgres::Database::new();
     let store = Store::open(tmp.path().join("store-open")).unwrap();
     let workspaces = |engine: &str| {
@@ -149,7 +149,7 @@ fn control_plane(
             tmp.path().join(format!("home-{engine}")),
             p,
             false,
-            cloud_harness::executor::Settings::with_kind(cloud_harness::executor::Kind::Host),
+            cloud_harness_executor::Settings::with_kind(cloud_harness_executor::Kind::Host),
         )
         .unwrap();
         std::env::remove_var("CLOUD_HARNESS_DATABASE_URL");

@@ -435,15 +435,15 @@ fn main() {
     });
 
     // The baseline: the same page in-process, no HTTP.
-    let workspaces = cloud_harness::workspace::Workspaces::with_executors(
+    let workspaces = cloud_harness_workspace::Workspaces::with_executors(
         tmp.path().join("baseline-home"),
         support::warm_provisioner(&store),
         false,
-        cloud_harness::executor::Settings::with_kind(cloud_harness::executor::Kind::Host),
+        cloud_harness_executor::Settings::with_kind(cloud_harness_executor::Kind::Host),
     )
     .unwrap();
     let baseline_ws = workspaces
-        .open(cloud_harness::workspace::OpenRequest {
+        .open(cloud_harness_workspace::OpenRequest {
             repository_url: None,
             idempotency_key: "baseline".into(),
             toolkits: vec![spec.clone()],

@@ -7,10 +7,10 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use cloud_harness::executor::{Kind, Settings};
-use cloud_harness::toolkit::ToolkitSpec;
-use cloud_harness::workspace::{OpenRequest, Workspaces};
+use cloud_harness_control::toolkit::ToolkitSpec;
+use cloud_harness_executor::{Kind, Settings};
 use cloud_harness_store::cas::Store;
+use cloud_harness_workspace::{OpenRequest, Workspaces};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

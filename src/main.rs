@@ -11,7 +11,7 @@ fn main() -> ExitCode {
     use std::io::IsTerminal;
     // The configuration file becomes the variables everything reads, before any is read.
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if let Err(err) = cloud_harness::config::init(&args) {
+    if let Err(err) = cloud_harness_control::config::init(&args) {
         eprintln!("error: {err}");
         return ExitCode::from(2);
     }

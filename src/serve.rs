@@ -1,12 +1,12 @@
 //! `cloud-harness serve`: the MCP server over stdio (default) or Streamable HTTP.
 
-use crate::home;
-use crate::mcp::HarnessServer;
-use crate::provision::Provisioner;
-use crate::workspace::Workspaces;
 use clap::Args;
+use cloud_harness_control::home;
 use cloud_harness_error::{Error, Result};
+use cloud_harness_mcp::HarnessServer;
+use cloud_harness_provision::Provisioner;
 use cloud_harness_store::cas::Store;
+use cloud_harness_workspace::Workspaces;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::ServiceExt;
 use std::net::SocketAddr;
@@ -64,14 +64,14 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     }
     let home = args.home.clone().unwrap_or_else(home::default_home);
     // The quotas, read now: a limit that is not a number stops the start, not a request.
-    let limits = crate::limits::Limits::from_env()?;
+    let limits = cloud_harness_control::limits::Limits::from_env()?;
     tracing::info!(?limits, "limits per principal");
     // Checked before anything is restored or bound.
     let public_origin = public_origin()?;
     let provisioner = Provisioner::from_env(store.clone())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .max_blocking_threads(crate::limits::BLOCKING_THREADS)
+        .max_blocking_threads(cloud_harness_control::limits::BLOCKING_THREADS)
         .build()
         .map_err(|e| Error::internal(format!("starting the runtime: {e}")))?;
     let mounting = !args.no_mount;
@@ -86,7 +86,7 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     // neither the start nor a warm open waits for the engine.
     // With helper containers, the provisioning network, its proxy and the helpers on standby
     // are made then too, so the first cold open waits for none of them.
-    let standby = crate::config::env_number("CLOUD_HARNESS_STANDBY_HELPERS", 2)?;
+    let standby = cloud_harness_control::config::env_number("CLOUD_HARNESS_STANDBY_HELPERS", 2)?;
     {
         let workspaces = workspaces.clone();
         std::thread::spawn(move || {
@@ -101,7 +101,7 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
         );
         retry_publications(workspaces.clone());
     }
-    if let Some(max) = crate::provision::cache::max_bytes_from_env()? {
+    if let Some(max) = cloud_harness_provision::cache::max_bytes_from_env()? {
         keep_within(store.clone(), max);
     }
     let result = runtime.block_on(serve(workspaces.clone(), args, public_origin));
@@ -127,7 +127,7 @@ fn retry_publications(workspaces: Arc<Workspaces>) {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e.message, "cannot read the publication queue"),
         }
-        std::thread::sleep(crate::provision::publication::RETRY_EVERY);
+        std::thread::sleep(cloud_harness_provision::publication::RETRY_EVERY);
     };
     let _ = std::thread::Builder::new()
         .name("publication".into())
@@ -137,7 +137,7 @@ fn retry_publications(workspaces: Arc<Workspaces>) {
 /// Keeps the local store within `TOOLKIT_CACHE_MAX_BYTES`, checked every ten minutes.
 fn keep_within(store: Store, max: u64) {
     let trim = move || loop {
-        match crate::provision::cache::collect(&store, Duration::from_secs(3600), Some(max)) {
+        match cloud_harness_provision::cache::collect(&store, Duration::from_secs(3600), Some(max)) {
             Ok(t) if t.bytes_after > Some(max) => tracing::warn!(
                 bytes = t.bytes_after,
                 max,
@@ -163,13 +163,22 @@ pub const FIRST_TOKEN_FILE: &str = "operator-token";
 /// On the first start (no token was ever made) an operator token and a one-time login link
 /// for the browser, written to [`FIRST_TOKEN_FILE`] and shown on the terminal when there is
 /// one; the log (a service's journal) names the file, never the secrets.
-fn first_start(db: &crate::state::Db, bound: SocketAddr, home: &Path) -> Result<()> {
-    if crate::auth::any(db)? {
+fn first_start(
+    db: &cloud_harness_control::state::Db,
+    bound: SocketAddr,
+    home: &Path,
+) -> Result<()> {
+    if cloud_harness_auth::any(db)? {
         return Ok(());
     }
     const NAME: &str = "operator";
-    let token = crate::auth::create(db, NAME, crate::auth::Role::Operator, "system:first-start")?;
-    let code = crate::auth::login_code(db, NAME, "system:first-start")?;
+    let token = cloud_harness_auth::create(
+        db,
+        NAME,
+        cloud_harness_auth::Role::Operator,
+        "system:first-start",
+    )?;
+    let code = cloud_harness_auth::login_code(db, NAME, "system:first-start")?;
     let link = format!("http://{bound}/login?code={code}");
     let path = home.join(FIRST_TOKEN_FILE);
     write_secret(&path, &format!("{}\n{link}\n", token.token))?;
@@ -212,7 +221,7 @@ fn write_secret(path: &Path, text: &str) -> Result<()> {
 /// (`CLOUD_HARNESS_HTTP_PUBLIC_ORIGIN`, `http.public_origin`), when set.
 fn public_origin() -> Result<Option<String>> {
     match std::env::var(PUBLIC_ORIGIN_VAR) {
-        Ok(v) if !v.is_empty() => crate::auth::http::parse_public_origin(&v).map(Some),
+        Ok(v) if !v.is_empty() => cloud_harness_auth::http::parse_public_origin(&v).map(Some),
         _ => Ok(None),
     }
 }
@@ -246,7 +255,7 @@ async fn serve(
     match args.http {
         None => {
             let (input, output, writer) =
-                crate::mcp::stdio::filtered(tokio::io::stdin(), tokio::io::stdout());
+                cloud_harness_mcp::stdio::filtered(tokio::io::stdin(), tokio::io::stdout());
             let ended = match server.serve((input, output)).await {
                 Ok(service) => {
                     tokio::select! {
@@ -305,8 +314,9 @@ async fn serve(
                 .with_allowed_origins(origins.clone())
                 .with_legacy_session_mode(true)
                 .with_cancellation_token(stop.child_token());
-            let sessions =
-                crate::mcp::sessions::Sessions::new(crate::mcp::sessions::Limits::from_env()?);
+            let sessions = cloud_harness_mcp::sessions::Sessions::new(
+                cloud_harness_mcp::sessions::Limits::from_env()?,
+            );
             let service = StreamableHttpService::new(
                 move || Ok(server.for_session()),
                 sessions.manager.clone(),
@@ -314,31 +324,31 @@ async fn serve(
             );
             let db = workspaces.db().clone();
             let mode = match args.auth {
-                AuthMode::Token => crate::auth::http::Mode::Tokens,
-                AuthMode::None => crate::auth::http::Mode::None,
+                AuthMode::Token => cloud_harness_auth::http::Mode::Tokens,
+                AuthMode::None => cloud_harness_auth::http::Mode::None,
             };
-            let auth = crate::auth::http::Auth::new(
+            let auth = cloud_harness_auth::http::Auth::new(
                 db.clone(),
                 mode,
                 origins.clone(),
                 hosts.clone(),
                 public_origin,
             );
-            let api = Arc::new(crate::api::Api {
+            let api = Arc::new(cloud_harness_http::api::Api {
                 workspaces: workspaces.clone(),
-                imports: crate::imports::Imports::start(workspaces.clone())?,
+                imports: cloud_harness_workspace::imports::Imports::start(workspaces.clone())?,
                 library: Default::default(),
             });
-            let router = crate::mcp::http::router(service, sessions)
-                .merge(crate::api::router(api.clone()))
-                .merge(crate::dashboard::router(api))
-                .merge(crate::auth::pages::router(auth.clone()))
-                .merge(crate::health::router(workspaces.clone()))
+            let router = cloud_harness_mcp::http::router(service, sessions)
+                .merge(cloud_harness_http::api::router(api.clone()))
+                .merge(cloud_harness_http::dashboard::router(api))
+                .merge(cloud_harness_auth::pages::router(auth.clone()))
+                .merge(cloud_harness_http::health::router(workspaces.clone()))
                 // Quotas count per principal: they run once the caller is known.
-                .layer(axum::middleware::from_fn(crate::auth::quotas::guard))
+                .layer(axum::middleware::from_fn(cloud_harness_auth::quotas::guard))
                 .layer(axum::middleware::from_fn_with_state(
                     auth,
-                    crate::auth::http::guard,
+                    cloud_harness_auth::http::guard,
                 ));
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
@@ -346,9 +356,9 @@ async fn serve(
             let bound = listener
                 .local_addr()
                 .map_err(|e| Error::internal(e.to_string()))?;
-            let limits = crate::listener::Limits::from_env()?;
+            let limits = cloud_harness_http::listener::Limits::from_env()?;
             eprintln!("cloud-harness: MCP over Streamable HTTP at http://{bound}/mcp");
-            if mode == crate::auth::http::Mode::Tokens {
+            if mode == cloud_harness_auth::http::Mode::Tokens {
                 first_start(&db, bound, workspaces.home())?;
             }
             crate::notify::notify("READY=1");
@@ -359,7 +369,7 @@ async fn serve(
                     crate::notify::notify("STOPPING=1");
                 });
             }
-            crate::listener::serve(listener, router, limits, stop).await;
+            cloud_harness_http::listener::serve(listener, router, limits, stop).await;
             Ok(())
         }
     }

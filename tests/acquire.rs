@@ -4,9 +4,9 @@
 
 mod support;
 
-use cloud_harness::provision::Acquired;
-use cloud_harness::toolkit::{LayoutSpec, PresetSpec, ToolkitSpec};
+use cloud_harness_control::toolkit::{LayoutSpec, PresetSpec, ToolkitSpec};
 use cloud_harness_error::Code;
+use cloud_harness_provision::Acquired;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use support::acquisition::{git, names, world};

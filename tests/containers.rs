@@ -5,11 +5,11 @@
 
 mod support;
 
-use cloud_harness::provision::sandbox::Sandbox;
-use cloud_harness::provision::staging::Limits;
-use cloud_harness::provision::Provisioner;
-use cloud_harness::toolkit::{Revision, ToolkitSpec};
+use cloud_harness_control::toolkit::{Revision, ToolkitSpec};
 use cloud_harness_error::Code;
+use cloud_harness_provision::sandbox::Sandbox;
+use cloud_harness_provision::staging::Limits;
+use cloud_harness_provision::Provisioner;
 use cloud_harness_store::cas::Store;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -190,7 +190,7 @@ impl World {
     }
 
     fn spec(&self) -> ToolkitSpec {
-        cloud_harness::toolkit::parse_spec(&format!(
+        cloud_harness_control::toolkit::parse_spec(&format!(
             r#"{{"kind":"git","instanceId":"team","url":"{}","ref":"{}"}}"#,
             self.server.url("team/skills.git"),
             self.commit

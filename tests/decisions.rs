@@ -4,7 +4,7 @@
 
 mod support;
 
-use cloud_harness::params;
+use cloud_harness_control::params;
 use serde_json::{json, Value};
 use std::time::Duration;
 use support::api::{conflicting_kits, mcp_session, tool, warm_world, world, world_with};

@@ -8,7 +8,7 @@
 
 mod support;
 
-use cloud_harness::executor::{Kind, Settings};
+use cloud_harness_executor::{Kind, Settings};
 use cloud_harness_mount::stats::{Op, STATS};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -200,7 +200,7 @@ fn egress_goes_through_the_proxy_to_allowed_hosts_only() {
     let everywhere = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
     let host_port = everywhere.local_addr().unwrap().port();
     let mut settings = Settings::with_kind(Kind::Docker);
-    settings.network = cloud_harness::executor::Network::Egress;
+    settings.network = cloud_harness_executor::Network::Egress;
     settings.allowed_hosts = format!("allowed.test:{port}");
     let h = harness_with(settings, |store| {
         support::warm_provisioner_with(
@@ -208,7 +208,7 @@ fn egress_goes_through_the_proxy_to_allowed_hosts_only() {
             &format!("{bridge}/32"),
             &format!("allowed.test={bridge}"),
         )
-        .with_sandbox(cloud_harness::provision::sandbox::Sandbox::detect(
+        .with_sandbox(cloud_harness_provision::sandbox::Sandbox::detect(
             PathBuf::from(BIN),
         ))
     });
@@ -286,7 +286,7 @@ fn without_an_executor_skills_are_read_and_scripts_refused() {
         return;
     }
     let mut settings = Settings::with_kind(Kind::Bwrap);
-    settings.choice = cloud_harness::executor::Choice::Off;
+    settings.choice = cloud_harness_executor::Choice::Off;
     let h = harness_with(settings, support::warm_provisioner);
     let result = h.open("none");
     let ws = result["workspace"].as_str().unwrap().to_owned();

@@ -7,9 +7,9 @@
 
 mod support;
 
-use cloud_harness::executor::{Kind, Settings};
-use cloud_harness::workspace::Workspaces;
+use cloud_harness_executor::{Kind, Settings};
 use cloud_harness_store::cas::Store;
+use cloud_harness_workspace::Workspaces;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

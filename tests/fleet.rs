@@ -8,8 +8,8 @@
 mod bucket;
 mod support;
 
-use cloud_harness::provision::index::{BundleKey, BundleRecord};
-use cloud_harness::provision::{Acquired, Provisioner};
+use cloud_harness_provision::index::{BundleKey, BundleRecord};
+use cloud_harness_provision::{Acquired, Provisioner};
 use cloud_harness_store::cas::{materialize, Digest, Kind, Store, Tree};
 use std::fs;
 use std::path::Path;
@@ -120,7 +120,8 @@ impl Fleet {
 }
 
 fn acquire(p: &Provisioner, url: &str, commit: &str) -> cloud_harness_error::Result<Acquired> {
-    let spec = cloud_harness::toolkit::ToolkitSpec::Git(git(url.into(), "team", Some(commit)));
+    let spec =
+        cloud_harness_control::toolkit::ToolkitSpec::Git(git(url.into(), "team", Some(commit)));
     p.acquire(&spec.resolve(p.hosts())?)
 }
 
@@ -495,11 +496,13 @@ fn a_tag_one_runner_resolved_starts_from_the_bucket_on_another() {
             .provisioner(&f.w.certs, store, &rewrite, "127.0.0.0/8", "")
             .with_remote(Some(f.s3.remote(PREFIX)))
     };
-    let spec = cloud_harness::toolkit::ToolkitSpec::Preset(cloud_harness::toolkit::PresetSpec {
-        id: "obra/superpowers".into(),
-        scope: None,
-        version: Some("v1.0".into()),
-    });
+    let spec = cloud_harness_control::toolkit::ToolkitSpec::Preset(
+        cloud_harness_control::toolkit::PresetSpec {
+            id: "obra/superpowers".into(),
+            scope: None,
+            version: Some("v1.0".into()),
+        },
+    );
     let (a, b) = (runner("store-a"), runner("store-b"));
     let got_a = a.acquire(&spec.resolve(a.hosts()).unwrap()).unwrap();
     assert_eq!(
@@ -543,7 +546,8 @@ impl Fleet {
         skills: usize,
         build: impl FnOnce(&mut cloud_harness_store::cas::Writer<'_>) -> Digest,
     ) -> BundleRecord {
-        let spec = cloud_harness::toolkit::ToolkitSpec::Git(git(url.into(), "team", Some(commit)));
+        let spec =
+            cloud_harness_control::toolkit::ToolkitSpec::Git(git(url.into(), "team", Some(commit)));
         let key = BundleKey::new(&spec.resolve(p.hosts()).unwrap(), commit);
         let craft = Store::open(self.w.tmp.path().join(format!("craft-{}", key.id()))).unwrap();
         let mut writer = craft.writer().unwrap();
@@ -944,7 +948,7 @@ fn stalled_bundle(
             subdirectory: String::new(),
             layout: Default::default(),
             plugin_manifest: false,
-            normalizer: cloud_harness::provision::normalize::NORMALIZER_VERSION,
+            normalizer: cloud_harness_provision::normalize::NORMALIZER_VERSION,
         },
         bundle,
         manifest: Digest::of(&manifest),
@@ -961,8 +965,8 @@ fn stalled_bundle(
     (record, stalled)
 }
 
-fn limits(seconds: u64) -> cloud_harness::provision::staging::Limits {
-    cloud_harness::provision::staging::Limits {
+fn limits(seconds: u64) -> cloud_harness_provision::staging::Limits {
+    cloud_harness_provision::staging::Limits {
         max_seconds: seconds,
         ..Default::default()
     }

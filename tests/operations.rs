@@ -362,7 +362,7 @@ fn readyz_turns_not_ready_when_a_workspace_mount_is_gone() {
         .as_str()
         .unwrap()
         .to_owned();
-    std::thread::sleep(cloud_harness::health::READY_EVERY * 2);
+    std::thread::sleep(cloud_harness_http::health::READY_EVERY * 2);
     let body = settled(200);
     assert!(!body.contains(&ws), "{body}");
     // Its skills mount goes away under the server.
@@ -422,7 +422,7 @@ fn readyz_turns_not_ready_when_a_workspace_mount_is_gone() {
 
 #[test]
 fn sigterm_during_a_slow_run_and_a_slow_acquisition_exits_0_in_bounded_time_leaving_no_mount() {
-    if !support::executors::available(cloud_harness::executor::Kind::Bwrap) {
+    if !support::executors::available(cloud_harness_executor::Kind::Bwrap) {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

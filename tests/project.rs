@@ -4,12 +4,12 @@
 
 mod support;
 
-use cloud_harness::executor::{Choice, Kind, Settings};
-use cloud_harness::provision::fetch::CloneLimits;
-use cloud_harness::toolkit::{self, ToolkitSpec};
-use cloud_harness::workspace::{OpenRequest, Workspaces};
+use cloud_harness_control::toolkit::{self, ToolkitSpec};
 use cloud_harness_error::Code;
+use cloud_harness_executor::{Choice, Kind, Settings};
+use cloud_harness_provision::fetch::CloneLimits;
 use cloud_harness_store::cas::Store;
+use cloud_harness_workspace::{OpenRequest, Workspaces};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;

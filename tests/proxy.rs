@@ -1,9 +1,9 @@
 //! The egress proxy against an attack table. The upstream is an echo server on loopback and
 //! names resolve through a scripted resolver: nothing beyond this machine is ever contacted.
 
-use cloud_harness::hosts::HostPolicy;
-use cloud_harness::provision::egress::{EgressPolicy, Resolve};
-use cloud_harness::provision::proxy::{self, Refusals};
+use cloud_harness_control::hosts::HostPolicy;
+use cloud_harness_provision::egress::{EgressPolicy, Resolve};
+use cloud_harness_provision::proxy::{self, Refusals};
 use std::collections::HashMap;
 use std::future::Future;
 use std::io::{BufRead, BufReader, Read, Write};

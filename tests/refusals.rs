@@ -5,8 +5,8 @@
 
 mod support;
 
-use cloud_harness::hosts::HostPolicy;
-use cloud_harness::toolkit::{self, PresetSpec, ToolkitSpec};
+use cloud_harness_control::hosts::HostPolicy;
+use cloud_harness_control::toolkit::{self, PresetSpec, ToolkitSpec};
 use cloud_harness_error::Code;
 use std::fs;
 use support::acquisition::{git, names, world, World};
@@ -389,27 +389,27 @@ fn a_pack_naming_another_commit_than_the_one_asked_for_is_refused() {
     assert!(out.status.success());
     let mut output = format!(
         "{} sha1 {second}\n",
-        cloud_harness::provision::sandbox::PACK_MAGIC
+        cloud_harness_provision::sandbox::PACK_MAGIC
     )
     .into_bytes();
     output.extend_from_slice(&out.stdout);
     let scratch = w.tmp.path().join("scratch");
-    let fetched = cloud_harness::provision::sandbox::index_pack(
+    let fetched = cloud_harness_provision::sandbox::index_pack(
         &output,
         &scratch,
-        cloud_harness::provision::staging::Limits::default(),
+        cloud_harness_provision::staging::Limits::default(),
     )
     .unwrap();
     let url = w.server.url("two.git");
     let asked = toolkit::Revision::Commit(first.clone());
-    let err = cloud_harness::provision::verify_fetched(&asked, &fetched, &url).unwrap_err();
+    let err = cloud_harness_provision::verify_fetched(&asked, &fetched, &url).unwrap_err();
     assert_eq!(err.code, Code::Upstream, "{err}");
     assert!(
         err.message.contains(&first) && err.message.contains(&second),
         "{err}"
     );
     let honest = toolkit::Revision::Commit(second.clone());
-    cloud_harness::provision::verify_fetched(&honest, &fetched, &url).unwrap();
+    cloud_harness_provision::verify_fetched(&honest, &fetched, &url).unwrap();
 }
 
 /// Links that stay inside the repository (so staging keeps them) but lead above the bundle

@@ -3,7 +3,7 @@
 #![no_main]
 
 use cloud_harness_error::Code;
-use cloud_harness::provision::index::{BundleRecord, MAX_RECORD};
+use cloud_harness_provision::index::{BundleRecord, MAX_RECORD};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

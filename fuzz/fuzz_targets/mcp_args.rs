@@ -2,9 +2,9 @@
 //! typed error naming what to fix, never a panic; a decoded toolkit spec resolves or is refused.
 #![no_main]
 
-use cloud_harness::mcp::call::{decode, Call};
-use cloud_harness::hosts::HostPolicy;
-use cloud_harness::toolkit;
+use cloud_harness_mcp::call::{decode, Call};
+use cloud_harness_control::hosts::HostPolicy;
+use cloud_harness_control::toolkit;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use std::sync::LazyLock;

@@ -4,7 +4,7 @@
 //! with an HTTP status to send it with.
 #![no_main]
 
-use cloud_harness::mcp::malformed::check;
+use cloud_harness_mcp::malformed::check;
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 

@@ -2,8 +2,8 @@
 //! CONNECT through to an allowlisted name whose address is not special-purpose.
 #![no_main]
 
-use cloud_harness::hosts::HostPolicy;
-use cloud_harness::provision::egress::{classify, decide, EgressPolicy, Resolve, Verdict};
+use cloud_harness_control::hosts::HostPolicy;
+use cloud_harness_provision::egress::{classify, decide, EgressPolicy, Resolve, Verdict};
 use libfuzzer_sys::fuzz_target;
 use std::future::Future;
 use std::net::IpAddr;

@@ -1,9 +1,9 @@
 //! `cloud-harness cas …`
 
-use crate::provision::cache;
-use crate::provision::remote::RemoteStore;
 use clap::Subcommand;
 use cloud_harness_error::{Error, Result};
+use cloud_harness_provision::cache;
+use cloud_harness_provision::remote::RemoteStore;
 use cloud_harness_store::cas::{self, Digest, Limits, Store};
 use std::path::PathBuf;
 use std::time::Duration;

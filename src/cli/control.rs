@@ -1,10 +1,10 @@
 //! The control plane from the command line: `token`, `approve`, `override`, `audit`. Each
 //! writes the same database `serve` uses (`<home>/state.db`), as `cli:<user>` in the audit log.
 
-use crate::auth::{self, Role};
-use crate::decisions::{self, Kind, What};
-use crate::state::Db;
 use clap::{Args, Subcommand};
+use cloud_harness_auth::{self as auth, Role};
+use cloud_harness_control::state::Db;
+use cloud_harness_curation::decisions::{self, Kind, What};
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_store::cas::Digest;
 use serde_json::json;
@@ -19,7 +19,9 @@ pub struct HomeArg {
 
 impl HomeArg {
     fn dir(&self) -> PathBuf {
-        self.home.clone().unwrap_or_else(crate::home::default_home)
+        self.home
+            .clone()
+            .unwrap_or_else(cloud_harness_control::home::default_home)
     }
 
     pub fn db(&self) -> Result<Db> {
@@ -225,7 +227,7 @@ pub fn override_(home: &HomeArg, cmd: OverrideCommand) -> Result<u8> {
             print(json!({ "id": id, "revoked": true }));
         }
         OverrideCommand::Conflicts { settled } => {
-            print(json!({ "conflicts": crate::conflicts::list(&db, settled)? }))
+            print(json!({ "conflicts": cloud_harness_curation::conflicts::list(&db, settled)? }))
         }
         OverrideCommand::Settle {
             id,
@@ -233,7 +235,7 @@ pub fn override_(home: &HomeArg, cmd: OverrideCommand) -> Result<u8> {
             set,
             reason,
         } => {
-            let made = crate::conflicts::settle(
+            let made = cloud_harness_curation::conflicts::settle(
                 &db,
                 &home.dir(),
                 &id,
@@ -257,7 +259,7 @@ pub fn acquisitions(home: &HomeArg, limit: usize) -> Result<u8> {
             "must be 1 to 10000",
         ));
     }
-    let (all, _) = crate::acquisitions::list(&home.db()?, None, limit)?;
+    let (all, _) = cloud_harness_provision::acquisitions::list(&home.db()?, None, limit)?;
     print(json!({ "acquisitions": all }));
     Ok(0)
 }
@@ -283,12 +285,12 @@ pub fn audit(home: &HomeArg, args: AuditArgs) -> Result<u8> {
             "must be 1 to 10000",
         ));
     }
-    let filter = crate::audit::Filter {
+    let filter = cloud_harness_control::audit::Filter {
         actor: args.actor,
         action: args.action,
         subject: args.subject,
     };
-    let (entries, _) = crate::audit::list(&home.db()?, &filter, None, args.limit)?;
+    let (entries, _) = cloud_harness_control::audit::list(&home.db()?, &filter, None, args.limit)?;
     print(json!({ "entries": entries }));
     Ok(0)
 }

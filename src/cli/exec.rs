@@ -3,10 +3,10 @@
 //! command's exit status returned). It reads the workspace's record under the server's home,
 //! so it works while `serve` runs, and reaches the same container or sandbox layout.
 
-use crate::executor::{Executor, Places};
-use crate::workspace::Record;
 use clap::Args;
 use cloud_harness_error::{Error, Result};
+use cloud_harness_executor::{Executor, Places};
+use cloud_harness_workspace::Record;
 use std::path::PathBuf;
 
 /// The exit status when the harness itself fails (as `docker exec` does).
@@ -40,11 +40,16 @@ pub fn run(args: &ExecArgs) -> Result<u8> {
 }
 
 fn exec(args: &ExecArgs) -> Result<i32> {
-    let home = args.home.clone().unwrap_or_else(crate::home::default_home);
+    let home = args
+        .home
+        .clone()
+        .unwrap_or_else(cloud_harness_control::home::default_home);
     let (dir, record) = Record::find(&home, &args.workspace)?;
-    let spec = record.executor.ok_or_else(crate::executor::missing)?;
+    let spec = record
+        .executor
+        .ok_or_else(cloud_harness_executor::missing)?;
     let places = Places::of(&dir);
-    if !crate::workspace::is_mounted(&places) {
+    if !cloud_harness_workspace::is_mounted(&places) {
         eprintln!(
             "warning: the skills of {} are not mounted (is `cloud-harness serve` running?)",
             args.workspace

@@ -5,11 +5,11 @@
 //! header: git objects only, which the host checks itself. Standard input closed before a job
 //! came is a helper that was not needed: it exits 0.
 
-use crate::provision::fetch::{self, Transport};
-use crate::provision::sandbox::{Job, PACK_MAGIC};
-use crate::toolkit::Revision;
 use clap::Args;
+use cloud_harness_control::toolkit::Revision;
 use cloud_harness_error::{Error, Result};
+use cloud_harness_provision::fetch::{self, Transport};
+use cloud_harness_provision::sandbox::{Job, PACK_MAGIC};
 use std::io::{BufRead, Read, Write};
 use std::time::{Duration, Instant};
 
@@ -60,7 +60,7 @@ pub fn run(_args: &FetchPackArgs) -> Result<u8> {
         &dir,
         deadline,
         &ceiling,
-        &crate::provision::observe::Observer::default(),
+        &cloud_harness_provision::observe::Observer::default(),
     )?;
     let pack_dir = dir.join("objects").join("pack");
     let packs: Vec<_> = std::fs::read_dir(&pack_dir)

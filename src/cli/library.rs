@@ -2,10 +2,10 @@
 //! built-in tier's, searched as `GET /api/v1/skills` searches them).
 
 use super::control::print;
-use crate::library::{Library, Search};
 use clap::Args;
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_store::cas::Store;
+use cloud_harness_workspace::library::{Library, Search};
 use serde_json::json;
 
 #[derive(Debug, Args)]

@@ -160,7 +160,10 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Set { home, command } => return sets::run(&home, command),
         Command::Acquisitions { home, limit } => return control::acquisitions(&home, limit),
         Command::Config(ConfigCommand::Check { file }) => {
-            print!("{}", crate::config::check(file.or(cli.config))?);
+            print!(
+                "{}",
+                cloud_harness_control::config::check(file.or(cli.config))?
+            );
             return Ok(0);
         }
         other => other,

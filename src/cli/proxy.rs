@@ -1,11 +1,11 @@
 //! `cloud-harness proxy`: the egress proxy as a process of its own (the harness runs it as
 //! `provisioning-proxy:3128` for helper containers).
 
-use crate::hosts::HostPolicy;
-use crate::provision::egress::{EgressPolicy, SystemResolver};
-use crate::provision::proxy;
 use clap::Args;
+use cloud_harness_control::hosts::HostPolicy;
 use cloud_harness_error::{Error, Result};
+use cloud_harness_provision::egress::{EgressPolicy, SystemResolver};
+use cloud_harness_provision::proxy;
 use std::net::SocketAddr;
 use std::sync::Arc;
 

@@ -2,11 +2,11 @@
 //! moving a pin acquires into the store first).
 
 use super::control::{actor, print, HomeArg};
-use crate::provision::Provisioner;
-use crate::registry::{self, NewEntry};
-use crate::toolkit::Scope;
 use clap::Subcommand;
+use cloud_harness_control::toolkit::Scope;
+use cloud_harness_curation::registry::{self, NewEntry};
 use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_provision::Provisioner;
 use cloud_harness_skills::discovery::Layout;
 use cloud_harness_store::cas::Store;
 use serde_json::json;

@@ -1,9 +1,9 @@
 //! `cloud-harness set …`: skill sets from the command line (the database `serve` uses).
 
 use super::control::{actor, print, HomeArg};
-use crate::hosts::HostPolicy;
-use crate::sets;
 use clap::Subcommand;
+use cloud_harness_control::hosts::HostPolicy;
+use cloud_harness_curation::sets;
 use cloud_harness_error::{Code, Error, Result};
 use serde_json::{json, Value};
 

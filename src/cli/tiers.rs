@@ -1,13 +1,13 @@
 //! The inputs of a tier stack on the command line, shared by every command that resolves one
 //! (`skills resolve`, `mount`).
 
-use crate::stack::{OwnerBundle, TierInputs};
 use clap::Args;
 use cloud_harness_error::{Error, Result};
 use cloud_harness_skills::discovery::SkillCache;
 use cloud_harness_skills::resolver::{Index, Override};
 use cloud_harness_skills::stack::StackSpec;
 use cloud_harness_store::cas::{Digest, Store};
+use cloud_harness_workspace::stack::{OwnerBundle, TierInputs};
 use std::path::PathBuf;
 
 /// The inputs of a tier stack, shared by every command that resolves one.
@@ -46,7 +46,7 @@ fn parse_override(text: &str) -> std::result::Result<Override, String> {
 impl TierArgs {
     /// The tier stack these arguments describe (the built-in tier is put into the store).
     pub fn stack(&self, store: &Store, cache: &SkillCache) -> Result<StackSpec> {
-        let index = crate::provision::index::BundleIndex::open(store);
+        let index = cloud_harness_provision::index::BundleIndex::open(store);
         let mut owner_bundles = Vec::new();
         for digest in &self.bundle {
             let record = index.by_bundle(digest)?.ok_or_else(|| {

@@ -1,12 +1,14 @@
 //! `cloud-harness toolkit …`
 
 use super::skills::short;
-use crate::presets;
-use crate::provision::index::BundleIndex;
-use crate::provision::Provisioner;
-use crate::toolkit::{self, GitSpec, LayoutSpec, PresetSpec, Scope, SkillFilter, ToolkitSpec};
 use clap::{Args, Subcommand};
+use cloud_harness_control::presets;
+use cloud_harness_control::toolkit::{
+    self, GitSpec, LayoutSpec, PresetSpec, Scope, SkillFilter, ToolkitSpec,
+};
 use cloud_harness_error::{Error, Result};
+use cloud_harness_provision::index::BundleIndex;
+use cloud_harness_provision::Provisioner;
 use cloud_harness_store::cas::Store;
 
 #[derive(Debug, Subcommand)]

@@ -72,9 +72,9 @@ impl Bucket {
     }
 
     /// `s3://stalling/<prefix>` and the settings that reach it.
-    pub fn remote(&self, prefix: &str) -> cloud_harness::provision::remote::RemoteStore {
+    pub fn remote(&self, prefix: &str) -> cloud_harness_provision::remote::RemoteStore {
         let endpoint = format!("http://{}", self.addr);
-        cloud_harness::provision::remote::RemoteStore::open(
+        cloud_harness_provision::remote::RemoteStore::open(
             &format!("s3://{BUCKET}/{prefix}"),
             &[
                 ("AWS_ENDPOINT_URL", &endpoint),

@@ -8,9 +8,9 @@
 use crate::support::http::{answer_of, legacy_session, raw, server_in, Server};
 use crate::support::s3::S3Server;
 use crate::support::WARM_HOST;
-use cloud_harness::hosts::HostPolicy;
-use cloud_harness::provision::index::{BundleKey, BundleRecord};
-use cloud_harness::toolkit::ToolkitSpec;
+use cloud_harness_control::hosts::HostPolicy;
+use cloud_harness_control::toolkit::ToolkitSpec;
+use cloud_harness_provision::index::{BundleKey, BundleRecord};
 use cloud_harness_store::cas::{Digest, Entry, Kind, Store, Tree};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -25,7 +25,8 @@ fn spec(commit: &str) -> Value {
 
 /// The key the server files the bundle of `spec` under.
 fn key(spec: &Value) -> BundleKey {
-    let parsed: ToolkitSpec = cloud_harness::toolkit::parse_spec(&spec.to_string()).unwrap();
+    let parsed: ToolkitSpec =
+        cloud_harness_control::toolkit::parse_spec(&spec.to_string()).unwrap();
     let toolkit = parsed
         .resolve(&HostPolicy::new(WARM_HOST, "").unwrap())
         .unwrap();

@@ -2,9 +2,9 @@
 //! and the ways tests look at what an acquisition left.
 
 use super::{Certs, GitServer};
-use cloud_harness::provision::{Acquired, Provisioner};
-use cloud_harness::toolkit::{GitSpec, ToolkitSpec};
+use cloud_harness_control::toolkit::{GitSpec, ToolkitSpec};
 use cloud_harness_error::Error;
+use cloud_harness_provision::{Acquired, Provisioner};
 use cloud_harness_store::cas::{materialize, Store};
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -157,10 +157,10 @@ impl World {
     }
 
     /// This server's state database, opened as another process would.
-    pub fn state(&self) -> cloud_harness::state::Db {
+    pub fn state(&self) -> cloud_harness_control::state::Db {
         match &self.server.database {
-            Some(d) => cloud_harness::state::Db::connect(&d.url(), &self.home()).unwrap(),
-            None => cloud_harness::state::Db::open_sqlite(&self.home()).unwrap(),
+            Some(d) => cloud_harness_control::state::Db::connect(&d.url(), &self.home()).unwrap(),
+            None => cloud_harness_control::state::Db::open_sqlite(&self.home()).unwrap(),
         }
     }
 

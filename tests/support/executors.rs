@@ -1,9 +1,9 @@
 //! A harness for executor tests: a warm toolkit with one skill (and scripts that print and
 //! that wait), workspaces on a given backend, and the ways tests drive and inspect them.
 
-use cloud_harness::executor::{Kind, Settings};
-use cloud_harness::workspace::{OpenRequest, RunRequest, Workspaces};
+use cloud_harness_executor::{Kind, Settings};
 use cloud_harness_store::cas::Store;
+use cloud_harness_workspace::{OpenRequest, RunRequest, Workspaces};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -32,7 +32,7 @@ pub struct Harness {
     pub tmp: tempfile::TempDir,
     pub kind: Kind,
     pub workspaces: Arc<Workspaces>,
-    pub kit: cloud_harness::toolkit::ToolkitSpec,
+    pub kit: cloud_harness_control::toolkit::ToolkitSpec,
 }
 
 pub fn write(path: &Path, text: &str) {
@@ -48,10 +48,10 @@ pub fn harness(kind: Kind) -> Harness {
 
 pub fn harness_with(
     settings: Settings,
-    provisioner: impl FnOnce(&Store) -> cloud_harness::provision::Provisioner,
+    provisioner: impl FnOnce(&Store) -> cloud_harness_provision::Provisioner,
 ) -> Harness {
     let kind = match settings.choice {
-        cloud_harness::executor::Choice::Only(kind) => kind,
+        cloud_harness_executor::Choice::Only(kind) => kind,
         // Without an executor, only the store and the mounts are made.
         _ => Kind::Host,
     };

@@ -2,7 +2,7 @@
 //! `.ci/setup`), its buckets plain folders under a root, so a test can look inside the bucket
 //! (and corrupt an object) without going through S3.
 
-use cloud_harness::provision::remote::RemoteStore;
+use cloud_harness_provision::remote::RemoteStore;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -134,7 +134,7 @@ fn a_locked_postgres_table_stops_neither_probes_nor_reads_and_reads_time_out_typ
     let addr = s.w.server.addr;
     readyz_becomes(addr, 200);
     // Every session the harness opens bounds its statements' waits.
-    let state = cloud_harness::state::Db::connect(&url, &s.w.home()).unwrap();
+    let state = cloud_harness_control::state::Db::connect(&url, &s.w.home()).unwrap();
     let setting = |name: &str| {
         let sql = format!("SHOW {name}");
         state

@@ -15,7 +15,7 @@ fn probes_name_no_workspace_nor_path() {
     let (status, health) = call(addr, "GET", "/healthz", "", None);
     assert_eq!((status, health), (200, Value::String("ok\n".into())));
     // (Two rounds of assessment: both workspaces are in it.)
-    std::thread::sleep(cloud_harness::health::READY_EVERY * 2);
+    std::thread::sleep(cloud_harness_http::health::READY_EVERY * 2);
     let body = readyz_becomes(addr, 200);
     names_nothing(&body, &s.w, &[&s.agent_ws, &s.operator_ws]);
     let v: Value = serde_json::from_str(&body).unwrap();

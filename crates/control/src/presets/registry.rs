@@ -1,0 +1,80 @@
+//! The registry as a value: the presets toolkits resolve against, each with its current pin
+//! (the shipped ones, and an operator's own, as the database has them).
+
+use super::{self as presets, Preset};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// A pin: an entry's commit from `created_at` until `superseded_at`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pin {
+    pub id: String,
+    pub commit: String,
+    pub actor: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub created_at: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub superseded_at: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Entry {
+    #[serde(flatten)]
+    pub preset: Preset,
+    /// `shipped` (with the binary) or `operator`.
+    pub origin: String,
+    pub pin: Option<Pin>,
+}
+
+/// The entries presets resolve against.
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    entries: BTreeMap<String, Entry>,
+}
+
+impl Registry {
+    /// The shipped presets alone, unpinned (a preset without a version is then the default
+    /// branch head): what resolves where there is no state database.
+    pub fn shipped() -> &'static Registry {
+        static SHIPPED: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
+        SHIPPED.get_or_init(|| Registry {
+            entries: presets::all()
+                .iter()
+                .map(|p| {
+                    let entry = Entry {
+                        preset: p.clone(),
+                        origin: "shipped".into(),
+                        pin: None,
+                    };
+                    (p.id.clone(), entry)
+                })
+                .collect(),
+        })
+    }
+
+    pub fn find(&self, id: &str) -> Option<&Entry> {
+        self.entries.get(id)
+    }
+
+    pub fn ids(&self) -> Vec<&str> {
+        self.entries.keys().map(String::as_str).collect()
+    }
+
+    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.entries.values()
+    }
+
+    /// Adds an entry read from the database: a shipped definition stays the binary's, and
+    /// the database adds its pin; an operator's entry is taken whole.
+    pub fn put(&mut self, e: Entry) {
+        match self.entries.get_mut(&e.preset.id) {
+            Some(shipped) if e.origin == "shipped" => shipped.pin = e.pin,
+            _ => {
+                self.entries.insert(e.preset.id.clone(), e);
+            }
+        }
+    }
+}

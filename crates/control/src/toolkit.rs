@@ -1,0 +1,431 @@
+//! Toolkit specs, exactly as users send them, and their validation into a [`Toolkit`] the
+//! provisioning code can act on. Every violation is an INVALID_ARGUMENT or FORBIDDEN error whose
+//! details name the field.
+
+use crate::hosts::HostPolicy;
+use crate::input::{max_items, max_len};
+use crate::presets::registry::Registry;
+pub use crate::scope::Scope;
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_skills::discovery::Layout;
+use cloud_harness_skills::relpath;
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+
+/// Ceilings of a spec's fields, enforced before anything else and stated in the tools' schemas.
+pub const MAX_URL: usize = 2048;
+/// A preset id, a version (a tag).
+pub const MAX_NAME: usize = 200;
+/// A subdirectory, a skill root.
+pub const MAX_PATH: usize = 1024;
+pub const MAX_ROOTS: usize = 16;
+/// Include and exclude patterns, each list.
+pub const MAX_PATTERNS: usize = 256;
+pub const MAX_PATTERN: usize = 256;
+/// Toolkits in one request.
+pub const MAX_TOOLKITS: usize = 32;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum ToolkitSpec {
+    Preset(PresetSpec),
+    Git(GitSpec),
+    /// A skill set: expanded into its members when a workspace opens.
+    Set(SetRef),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SetRef {
+    pub id: String,
+    /// A revision of the set; absent: its latest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PresetSpec {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
+    /// A commit id or a tag; absent: the default branch head, resolved and recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GitSpec {
+    pub instance_id: String,
+    pub url: String,
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub git_ref: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Scope>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subdirectory: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<LayoutSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skills: Option<SkillFilter>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LayoutSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skill_roots: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recursive: Option<bool>,
+    /// Install only the skills a `.claude-plugin/marketplace.json` or `plugin.json` lists
+    /// (when the toolkit has one); otherwise every skill the roots hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin_manifest: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SkillFilter {
+    #[serde(default)]
+    pub include: Vec<String>,
+    #[serde(default)]
+    pub exclude: Vec<String>,
+}
+
+/// Which commit to take.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "camelCase", tag = "kind", content = "value")]
+pub enum Revision {
+    /// An exact commit id: 40 (SHA-1) or 64 (SHA-256) lowercase hex digits.
+    Commit(String),
+    /// A tag, resolved once and then pinned in the bundle index.
+    Tag(String),
+    /// The default branch head, resolved at acquisition and recorded.
+    DefaultHead,
+}
+
+impl Revision {
+    /// The form a helper container is handed: `commit:<id>`, `tag:<name>` or `head`.
+    pub fn to_arg(&self) -> String {
+        match self {
+            Revision::Commit(c) => format!("commit:{c}"),
+            Revision::Tag(t) => format!("tag:{t}"),
+            Revision::DefaultHead => "head".into(),
+        }
+    }
+
+    /// Reads [`Revision::to_arg`] back.
+    pub fn from_arg(arg: &str) -> Option<Revision> {
+        match arg.split_once(':') {
+            Some(("commit", c)) => Some(Revision::Commit(c.to_owned())),
+            Some(("tag", t)) => Some(Revision::Tag(t.to_owned())),
+            _ if arg == "head" => Some(Revision::DefaultHead),
+            _ => None,
+        }
+    }
+}
+
+/// A validated toolkit request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Toolkit {
+    pub instance_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preset: Option<String>,
+    pub url: String,
+    pub revision: Revision,
+    /// `/`-separated, empty for the repository's top.
+    pub subdirectory: String,
+    pub layout: Layout,
+    /// Narrow the skills to those a plugin manifest lists (asked for with
+    /// `layout.pluginManifest`; never a default).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub plugin_manifest: bool,
+    pub scope: Scope,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_start_skill: Option<String>,
+}
+
+/// Parses one toolkit spec from JSON; errors name the field.
+pub fn parse_spec(json: &str) -> Result<ToolkitSpec> {
+    let value: serde_json::Value = serde_json::from_str(json)
+        .map_err(|e| Error::field(Code::InvalidArgument, "toolkit", format!("not JSON: {e}")))?;
+    spec_from_value(value)
+}
+
+/// A spec from a JSON value. The kind is read first, so the error for a bad field names it
+/// (serde's tagged enums would lose the path).
+pub fn spec_from_value(mut value: serde_json::Value) -> Result<ToolkitSpec> {
+    fn typed<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T> {
+        crate::input::parse(value, "toolkit")
+    }
+    let Some(object) = value.as_object_mut() else {
+        return Err(Error::field(
+            Code::InvalidArgument,
+            "toolkit",
+            "must be a JSON object",
+        ));
+    };
+    let kind = object.remove("kind");
+    match kind.as_ref().and_then(|k| k.as_str()) {
+        Some("preset") => Ok(ToolkitSpec::Preset(typed(value)?)),
+        Some("git") => Ok(ToolkitSpec::Git(typed(value)?)),
+        Some("set") => Ok(ToolkitSpec::Set(typed(value)?)),
+        Some(other) => Err(Error::field(
+            Code::InvalidArgument,
+            "kind",
+            format!("{other:?} is not \"preset\", \"git\" or \"set\""),
+        )),
+        None => Err(Error::field(
+            Code::InvalidArgument,
+            "kind",
+            "missing: \"preset\", \"git\" or \"set\"",
+        )),
+    }
+}
+
+fn is_hex_commit(s: &str) -> bool {
+    (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+fn check_instance_id(id: &str) -> Result<()> {
+    let ok = (1..=80).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::field(
+            Code::InvalidArgument,
+            "instanceId",
+            format!("{id:?} must be 1-80 letters, digits, `-` or `_`"),
+        ))
+    }
+}
+
+fn check_ref(field: &str, r: &str) -> Result<Revision> {
+    if is_hex_commit(r) {
+        return Ok(Revision::Commit(r.to_owned()));
+    }
+    Err(Error::field(
+        Code::InvalidArgument,
+        field,
+        format!("{r:?} is not an exact commit id (40 or 64 lowercase hex digits); branch names move and are refused"),
+    ))
+}
+
+/// A relative path inside the repository, normalized to `a/b`.
+fn check_subdirectory(sub: &str) -> Result<String> {
+    Ok(relpath::segments(sub, "subdirectory", "the repository")?.join("/"))
+}
+
+impl ToolkitSpec {
+    /// Every string and list of the spec within its ceiling.
+    fn check_sizes(&self) -> Result<()> {
+        match self {
+            ToolkitSpec::Preset(p) => {
+                max_len("id", &p.id, MAX_NAME)?;
+                max_len("version", p.version.as_deref().unwrap_or(""), MAX_NAME)
+            }
+            ToolkitSpec::Set(s) => {
+                max_len("id", &s.id, 64)?;
+                if s.revision.is_some_and(|r| r < 1) {
+                    return Err(Error::field(
+                        Code::InvalidArgument,
+                        "revision",
+                        "a revision is 1 or more",
+                    ));
+                }
+                Ok(())
+            }
+            ToolkitSpec::Git(g) => {
+                max_len("url", &g.url, MAX_URL)?;
+                max_len("instanceId", &g.instance_id, 80)?;
+                max_len("ref", g.git_ref.as_deref().unwrap_or(""), 64)?;
+                max_len(
+                    "subdirectory",
+                    g.subdirectory.as_deref().unwrap_or(""),
+                    MAX_PATH,
+                )?;
+                let roots = g.layout.as_ref().and_then(|l| l.skill_roots.as_deref());
+                let roots = roots.unwrap_or_default();
+                max_items("layout.skillRoots", roots.len(), MAX_ROOTS)?;
+                for root in roots {
+                    max_len("layout.skillRoots", root, MAX_PATH)?;
+                }
+                let filter = g.skills.clone().unwrap_or_default();
+                for (field, patterns) in [
+                    ("skills.include", &filter.include),
+                    ("skills.exclude", &filter.exclude),
+                ] {
+                    max_items(field, patterns.len(), MAX_PATTERNS)?;
+                    for p in patterns {
+                        max_len(field, p, MAX_PATTERN)?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Validates the spec against the host policy and resolves presets from the shipped
+    /// registry, unpinned (a preset without a version is the default branch head).
+    pub fn resolve(&self, hosts: &HostPolicy) -> Result<Toolkit> {
+        self.resolve_in(hosts, Registry::shipped())
+    }
+
+    /// The same, presets resolved in `registry`: one without a version is its entry's pin.
+    pub fn resolve_in(&self, hosts: &HostPolicy, registry: &Registry) -> Result<Toolkit> {
+        self.check_sizes()?;
+        match self {
+            ToolkitSpec::Set(s) => Err(Error::field(
+                Code::InvalidArgument,
+                "kind",
+                format!(
+                    "set {:?} is one toolkit of workspace_open, expanded into its members there",
+                    s.id
+                ),
+            )),
+            ToolkitSpec::Preset(p) => {
+                let entry = registry.find(&p.id).ok_or_else(|| {
+                    Error::field(
+                        Code::InvalidArgument,
+                        "id",
+                        format!(
+                            "unknown preset {:?} (known: {})",
+                            p.id,
+                            registry.ids().join(", ")
+                        ),
+                    )
+                })?;
+                let preset = &entry.preset;
+                let revision = match p.version.as_deref() {
+                    None => match &entry.pin {
+                        Some(pin) => Revision::Commit(pin.commit.clone()),
+                        None => Revision::DefaultHead,
+                    },
+                    Some(v) if is_hex_commit(v) => Revision::Commit(v.to_owned()),
+                    Some(v) => {
+                        let valid = gix_validate::reference::name_partial(v.into()).is_ok()
+                            && !v.starts_with('-');
+                        if !valid {
+                            return Err(Error::field(
+                                Code::InvalidArgument,
+                                "version",
+                                format!("{v:?} is neither a commit id nor a valid tag name"),
+                            ));
+                        }
+                        Revision::Tag(v.to_owned())
+                    }
+                };
+                hosts.check(&preset.url, "url")?;
+                Ok(Toolkit {
+                    instance_id: p.id.replace('/', "-"),
+                    preset: Some(preset.id.clone()),
+                    url: preset.url.clone(),
+                    revision,
+                    subdirectory: String::new(),
+                    layout: preset.layout.clone(),
+                    plugin_manifest: false,
+                    scope: p.scope.unwrap_or(preset.default_scope),
+                    session_start_skill: preset.session_start_skill.clone(),
+                })
+            }
+            ToolkitSpec::Git(g) => {
+                check_instance_id(&g.instance_id)?;
+                hosts.check(&g.url, "url")?;
+                let revision = match &g.git_ref {
+                    Some(r) => check_ref("ref", r)?,
+                    None => Revision::DefaultHead,
+                };
+                let subdirectory = check_subdirectory(g.subdirectory.as_deref().unwrap_or(""))?;
+                let defaults = Layout::default();
+                let spec_layout = g.layout.clone().unwrap_or_default();
+                let filter = g.skills.clone().unwrap_or_default();
+                let layout = Layout {
+                    skill_roots: spec_layout
+                        .skill_roots
+                        .clone()
+                        .unwrap_or(defaults.skill_roots),
+                    recursive: spec_layout.recursive.unwrap_or(defaults.recursive),
+                    include: filter.include,
+                    exclude: filter.exclude,
+                };
+                layout.validate()?;
+                Ok(Toolkit {
+                    instance_id: g.instance_id.clone(),
+                    preset: None,
+                    url: g.url.clone(),
+                    revision,
+                    subdirectory,
+                    layout,
+                    plugin_manifest: spec_layout.plugin_manifest.unwrap_or(false),
+                    scope: g.scope.unwrap_or_default(),
+                    session_start_skill: None,
+                })
+            }
+        }
+    }
+}
+
+/// Places an error about one spec inside a request: its field becomes `toolkits[i].<field>`.
+pub fn in_request(mut e: Error, i: usize) -> Error {
+    let field = e.details["field"].as_str().unwrap_or("toolkit").to_owned();
+    let full = format!("toolkits[{i}].{field}");
+    if let Some(rest) = e.message.strip_prefix(&format!("{field}: ")) {
+        e.message = format!("{full}: {rest}");
+    }
+    e.details["field"] = full.into();
+    e
+}
+
+/// Validates every spec of a request; field names carry the index (`toolkits[1].url`), and
+/// instance ids must be unique. Presets from the shipped registry, unpinned.
+pub fn resolve_request(specs: &[ToolkitSpec], hosts: &HostPolicy) -> Result<Vec<Toolkit>> {
+    resolve_request_in(specs, hosts, Registry::shipped())
+}
+
+/// The same, presets resolved in `registry`.
+pub fn resolve_request_in(
+    specs: &[ToolkitSpec],
+    hosts: &HostPolicy,
+    registry: &Registry,
+) -> Result<Vec<Toolkit>> {
+    max_items("toolkits", specs.len(), MAX_TOOLKITS)?;
+    let mut seen = HashSet::new();
+    let mut out = Vec::with_capacity(specs.len());
+    for (i, spec) in specs.iter().enumerate() {
+        let toolkit = spec
+            .resolve_in(hosts, registry)
+            .map_err(|e| in_request(e, i))?;
+        if !seen.insert(toolkit.instance_id.clone()) {
+            let field = format!("toolkits[{i}].instanceId");
+            return Err(Error::field(
+                Code::InvalidArgument,
+                &field,
+                format!("{:?} is used twice in this request", toolkit.instance_id),
+            ));
+        }
+        out.push(toolkit);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Revision;
+
+    #[test]
+    fn a_revision_survives_the_trip_to_a_helper() {
+        for r in [
+            Revision::Commit("a".repeat(40)),
+            Revision::Tag("v1.2".into()),
+            Revision::DefaultHead,
+        ] {
+            assert_eq!(Revision::from_arg(&r.to_arg()), Some(r));
+        }
+        assert_eq!(Revision::from_arg("main"), None);
+    }
+}

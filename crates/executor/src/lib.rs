@@ -1,0 +1,518 @@
+//! Executors: where a workspace's commands run, never on the host. Every workspace has one,
+//! with one layout whatever the backend:
+//!
+//! | executor path                     | host side                          | access     |
+//! |-----------------------------------|------------------------------------|------------|
+//! | `/workspace`                      | `<workspace>/repo`                 | read-write |
+//! | `/opt/cloud-harness/skills`       | `<workspace>/mounts/skills` (FUSE) | read-only  |
+//! | `/opt/cloud-harness/owner-skills` | `<workspace>/mounts/owner-skills`  | read-only  |
+//! | `/opt/cloud-harness/.by-digest/H` | approved skill copies, by digest   | read-only  |
+//!
+//! `/opt/cloud-harness` is a read-only, slave-propagated bind of `<workspace>/mounts`, itself
+//! a shared mount, so the FUSE mounts a restarted server makes show through. The rest is the
+//! executor's own read-only root (the host's userland bound read-only) and a private `/tmp`.
+//! The harness's state (its home, the store, operator decisions) is never inside.
+//!
+//! Backends: `docker` (one long-lived container per workspace), `bwrap` (a fresh bubblewrap
+//! sandbox per command) and `host` (development only: commands run on the host).
+//!
+//! The crate owns where and how a command runs; it knows nothing of MCP, HTTP or the control
+//! plane's tables. Its only use of provisioning is the egress proxy on the provisioning network,
+//! a Docker executor's one way out.
+
+pub mod bwrap;
+pub mod docker;
+pub mod process;
+mod rlimits;
+pub mod runner;
+pub mod userland;
+
+use cloud_harness_error::{Code, Error, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+pub use process::{Exit, Process};
+pub use rlimits::RunLimits;
+
+pub const WORKSPACE: &str = "/workspace";
+/// Where workspace-scope toolkits are materialized, inside the working tree.
+pub const WORKSPACE_SKILLS: &str = ".cloud-harness/skills";
+pub const ROOT: &str = "/opt/cloud-harness";
+pub const SKILLS: &str = "/opt/cloud-harness/skills";
+pub const OWNER_SKILLS: &str = "/opt/cloud-harness/owner-skills";
+/// Copies of approved skills, named by digest: the only place scripts run from.
+pub const BY_DIGEST: &str = ".by-digest";
+/// The uid and gid commands run as when the harness runs as root.
+pub const DEFAULT_UID: u32 = 10001;
+const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    Docker,
+    Bwrap,
+    Host,
+}
+
+impl Kind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Docker => "docker",
+            Kind::Bwrap => "bwrap",
+            Kind::Host => "host",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    /// Loopback only.
+    None,
+    /// Through the egress proxy, to `CLOUD_HARNESS_EXECUTOR_ALLOWED_HOSTS` only.
+    Egress,
+}
+
+/// What `CLOUD_HARNESS_EXECUTOR` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Choice {
+    Auto,
+    /// No executor: skills are served and read, scripts never run.
+    Off,
+    Only(Kind),
+}
+
+/// The operator's executor settings (`CLOUD_HARNESS_EXECUTOR*`).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub choice: Choice,
+    pub network: Network,
+    /// Hosts the executor may reach with `network: egress`.
+    pub allowed_hosts: String,
+    /// An operator's own image for the docker backend, instead of the host's userland.
+    pub image: Option<String>,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+impl Settings {
+    pub fn from_env() -> Result<Settings> {
+        let choice = match env("CLOUD_HARNESS_EXECUTOR").as_deref().map(str::trim) {
+            None | Some("auto") => Choice::Auto,
+            Some("docker") => Choice::Only(Kind::Docker),
+            Some("bwrap") => Choice::Only(Kind::Bwrap),
+            Some("host") => Choice::Only(Kind::Host),
+            Some("none") => Choice::Off,
+            Some(other) => {
+                return Err(Error::invalid(format!(
+                    "CLOUD_HARNESS_EXECUTOR={other:?}: use auto, docker, bwrap, host or none"
+                )))
+            }
+        };
+        let network = match env("CLOUD_HARNESS_EXECUTOR_NETWORK")
+            .as_deref()
+            .map(str::trim)
+        {
+            None | Some("none") => Network::None,
+            Some("egress") => Network::Egress,
+            Some(other) => {
+                return Err(Error::invalid(format!(
+                    "CLOUD_HARNESS_EXECUTOR_NETWORK={other:?}: use none or egress"
+                )))
+            }
+        };
+        let allowed_hosts = env("CLOUD_HARNESS_EXECUTOR_ALLOWED_HOSTS").unwrap_or_default();
+        if !allowed_hosts.is_empty() {
+            cloud_harness_control::hosts::HostPolicy::new(&allowed_hosts, "").map_err(|e| {
+                Error::invalid(format!(
+                    "CLOUD_HARNESS_EXECUTOR_ALLOWED_HOSTS: {}",
+                    e.message
+                ))
+            })?;
+        }
+        if network == Network::Egress && allowed_hosts.is_empty() {
+            return Err(Error::invalid(
+                "CLOUD_HARNESS_EXECUTOR_NETWORK=egress needs CLOUD_HARNESS_EXECUTOR_ALLOWED_HOSTS",
+            ));
+        }
+        let root = nix::unistd::geteuid().is_root();
+        let id = |name: &str, default: u32| -> Result<u32> {
+            match env(name) {
+                None => Ok(default),
+                Some(v) => v
+                    .trim()
+                    .parse()
+                    .map_err(|_| Error::invalid(format!("{name}={v:?} is not a number"))),
+            }
+        };
+        // As root, commands run as an unprivileged uid of their own; otherwise as this user.
+        let (uid, gid) = if root {
+            let uid = id("CLOUD_HARNESS_EXECUTOR_UID", DEFAULT_UID)?;
+            if uid == 0 {
+                return Err(Error::invalid(
+                    "CLOUD_HARNESS_EXECUTOR_UID=0: commands never run as root",
+                ));
+            }
+            (uid, uid)
+        } else {
+            (
+                nix::unistd::geteuid().as_raw(),
+                nix::unistd::getegid().as_raw(),
+            )
+        };
+        Ok(Settings {
+            choice,
+            network,
+            allowed_hosts,
+            image: env("CLOUD_HARNESS_EXECUTOR_IMAGE"),
+            uid,
+            gid,
+        })
+    }
+
+    /// The defaults (no network, the default uid as root) with `kind` chosen: for tests and
+    /// benchmarks, which must not depend on the environment.
+    pub fn with_kind(kind: Kind) -> Settings {
+        let root = nix::unistd::geteuid().is_root();
+        let (uid, gid) = if root {
+            (DEFAULT_UID, DEFAULT_UID)
+        } else {
+            (
+                nix::unistd::geteuid().as_raw(),
+                nix::unistd::getegid().as_raw(),
+            )
+        };
+        Settings {
+            choice: Choice::Only(kind),
+            network: Network::None,
+            allowed_hosts: String::new(),
+            image: None,
+            uid,
+            gid,
+        }
+    }
+
+    /// The backend to use: the one asked for, or (`auto`) docker when an engine answers, else
+    /// bwrap when bubblewrap is installed, else none.
+    pub fn kind(&self) -> Result<Option<Kind>> {
+        let kind = match self.choice {
+            Choice::Only(kind) => Some(kind),
+            Choice::Auto if cloud_harness_provision::engine::version().is_some() => {
+                Some(Kind::Docker)
+            }
+            Choice::Auto if bwrap::available() => Some(Kind::Bwrap),
+            Choice::Auto | Choice::Off => None,
+        };
+        if kind == Some(Kind::Bwrap) && self.network == Network::Egress {
+            return Err(Error::invalid(
+                "CLOUD_HARNESS_EXECUTOR_NETWORK=egress needs the docker executor (bubblewrap sandboxes have no network)",
+            ));
+        }
+        Ok(kind)
+    }
+}
+
+/// The error for a run when no executor exists, saying what to install.
+pub fn missing() -> Error {
+    Error::new(
+        Code::Forbidden,
+        "this workspace has no executor, and scripts never run on the host: install bubblewrap (Debian: apt-get install bubblewrap) or start a Docker engine, then open the workspace again (CLOUD_HARNESS_EXECUTOR=host runs on the host, for development only)",
+    )
+}
+
+/// What a workspace's record keeps of its executor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Spec {
+    pub kind: Kind,
+    /// The container, for docker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The egress network and proxy container, for docker with `network: egress`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<docker::Egress>,
+    pub network: Network,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// The host folders of a workspace that its executor shows.
+#[derive(Debug, Clone)]
+pub struct Places {
+    /// The working tree: `/workspace`.
+    pub repo: PathBuf,
+    /// What `/opt/cloud-harness` shows: the two skills mounts and the approved copies.
+    pub mounts: PathBuf,
+    /// The executor's own `/etc/passwd` and `/etc/group`.
+    pub etc: PathBuf,
+}
+
+impl Places {
+    pub fn of(workspace_dir: &Path) -> Places {
+        Places {
+            repo: workspace_dir.join("repo"),
+            mounts: workspace_dir.join("mounts"),
+            etc: workspace_dir.join("etc"),
+        }
+    }
+}
+
+/// A command to run in an executor.
+#[derive(Debug, Clone)]
+pub struct Command {
+    pub argv: Vec<String>,
+    /// Besides the executor's own (`PATH`, `HOME`, `LANG`, the layout's paths).
+    pub env: Vec<(String, String)>,
+    /// Resource limits of the command's processes, if any.
+    pub limits: Option<RunLimits>,
+}
+
+/// A workspace's executor.
+pub struct Executor {
+    pub spec: Spec,
+    places: Places,
+    workspace: String,
+}
+
+impl Executor {
+    /// Makes the executor of a new workspace (for docker: its container, started).
+    pub fn create(
+        settings: &Settings,
+        kind: Kind,
+        places: &Places,
+        workspace: &str,
+        egress_proxy: impl FnOnce() -> Result<docker::EgressProxy>,
+    ) -> Result<Executor> {
+        userland::write_identity(&places.etc, settings.uid, settings.gid)?;
+        let mut spec = Spec {
+            kind,
+            id: None,
+            egress: None,
+            network: settings.network,
+            uid: settings.uid,
+            gid: settings.gid,
+        };
+        if kind == Kind::Docker {
+            let made = docker::create(settings, places, workspace, egress_proxy)?;
+            spec.id = Some(made.container);
+            spec.egress = made.egress;
+        }
+        Ok(Executor {
+            spec,
+            places: places.clone(),
+            workspace: workspace.to_owned(),
+        })
+    }
+
+    /// The executor a record names (after a restart, or for `cloud-harness exec`).
+    pub fn attach(spec: Spec, places: Places, workspace: &str) -> Executor {
+        Executor {
+            spec,
+            places,
+            workspace: workspace.to_owned(),
+        }
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.spec.kind
+    }
+
+    /// The executor's paths for the layout's places (host paths for `host`).
+    pub fn paths(&self) -> Paths {
+        match self.spec.kind {
+            Kind::Host => Paths {
+                workspace: self.places.repo.display().to_string(),
+                root: self.places.mounts.display().to_string(),
+            },
+            _ => Paths {
+                workspace: WORKSPACE.to_owned(),
+                root: ROOT.to_owned(),
+            },
+        }
+    }
+
+    /// What `workspace_open` reports.
+    pub fn describe(&self) -> Value {
+        let paths = self.paths();
+        json!({
+            "kind": self.spec.kind,
+            "id": self.spec.id,
+            "network": self.spec.network,
+            "user": { "uid": self.spec.uid, "gid": self.spec.gid },
+            "paths": {
+                "workspace": paths.workspace,
+                "workspaceSkills": format!("{}/{WORKSPACE_SKILLS}", paths.workspace),
+                "skills": paths.skills(),
+                "ownerSkills": paths.owner_skills(),
+            },
+        })
+    }
+
+    /// The environment every command gets, before its own.
+    fn base_env(&self) -> Vec<(String, String)> {
+        let paths = self.paths();
+        let mut env = vec![
+            ("PATH".to_owned(), SAFE_PATH.to_owned()),
+            ("LANG".to_owned(), "C.UTF-8".to_owned()),
+            (
+                "HOME".to_owned(),
+                match self.spec.kind {
+                    Kind::Host => paths.workspace.clone(),
+                    _ => "/tmp".to_owned(),
+                },
+            ),
+            ("CLOUD_HARNESS_WORKSPACE".to_owned(), self.workspace.clone()),
+            ("CLOUD_HARNESS_SKILLS".to_owned(), paths.skills()),
+            (
+                "CLOUD_HARNESS_OWNER_SKILLS".to_owned(),
+                paths.owner_skills(),
+            ),
+        ];
+        if self.spec.network == Network::Egress {
+            let proxy = docker::EGRESS_PROXY_URL.to_owned();
+            for name in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
+                env.push((name.to_owned(), proxy.clone()));
+            }
+        }
+        env
+    }
+
+    fn full_env(&self, command: &Command) -> Vec<(String, String)> {
+        let mut env = self.base_env();
+        env.extend(command.env.iter().cloned());
+        env
+    }
+
+    /// Starts `command` with piped output (for `skills_run`).
+    pub async fn spawn(&self, command: &Command) -> Result<Process> {
+        let env = self.full_env(command);
+        let argv = &command.argv;
+        match self.spec.kind {
+            // The container carries the limits (set when it was made).
+            Kind::Docker => {
+                docker::spawn(self.container()?, &self.workspace, &self.spec, argv, &env).await
+            }
+            Kind::Bwrap => {
+                let argv = bwrap::argv(&self.places, &self.spec, argv, &env, command.limits);
+                process::spawn_local(&argv, None, &[], None).map_err(bwrap::explain)
+            }
+            Kind::Host => process::spawn_local(argv, Some(&self.places.repo), &env, command.limits),
+        }
+    }
+
+    /// Runs `argv` with this process's standard input, output and error; its exit status.
+    pub fn run_attached(&self, argv: &[String]) -> Result<i32> {
+        let command = Command {
+            argv: argv.to_vec(),
+            env: Vec::new(),
+            limits: None,
+        };
+        let env = self.full_env(&command);
+        match self.spec.kind {
+            Kind::Docker => {
+                let container = self.container()?.to_owned();
+                let workspace = self.workspace.clone();
+                let spec = self.spec.clone();
+                let argv = argv.to_vec();
+                cloud_harness_provision::engine::block_on(async move {
+                    docker::run_attached(&container, &workspace, &spec, &argv, &env).await
+                })
+            }
+            Kind::Bwrap => {
+                let argv = bwrap::argv(&self.places, &self.spec, argv, &env, None);
+                process::run_inherited(&argv, None, &[]).map_err(bwrap::explain)
+            }
+            Kind::Host => process::run_inherited(argv, Some(&self.places.repo), &env),
+        }
+    }
+
+    fn container(&self) -> Result<&str> {
+        self.spec
+            .id
+            .as_deref()
+            .ok_or_else(|| Error::internal("a docker executor without a container"))
+    }
+
+    /// Removes the executor (its container and network); whatever runs in it is killed.
+    pub fn remove(&self) -> Result<()> {
+        if self.spec.kind == Kind::Docker {
+            let spec = self.spec.clone();
+            cloud_harness_provision::engine::block_on(async move { docker::remove(&spec).await })?;
+        }
+        Ok(())
+    }
+}
+
+/// An executor's paths, as a model is given them.
+pub struct Paths {
+    pub workspace: String,
+    pub root: String,
+}
+
+impl Paths {
+    pub fn skills(&self) -> String {
+        format!("{}/skills", self.root)
+    }
+
+    pub fn owner_skills(&self) -> String {
+        format!("{}/owner-skills", self.root)
+    }
+
+    /// The folder holding the approved copy of a skill.
+    pub fn by_digest(&self, hex: &str) -> String {
+        format!("{}/{BY_DIGEST}/{hex}", self.root)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn egress_needs_the_docker_backend() {
+        let settings = Settings {
+            network: Network::Egress,
+            allowed_hosts: "example.test".into(),
+            ..Settings::with_kind(Kind::Bwrap)
+        };
+        let err = settings.kind().unwrap_err();
+        assert_eq!(err.code, Code::InvalidArgument);
+        assert!(err.message.contains("docker"), "{err}");
+        let settings = Settings {
+            network: Network::Egress,
+            ..Settings::with_kind(Kind::Docker)
+        };
+        assert_eq!(settings.kind().unwrap(), Some(Kind::Docker));
+    }
+
+    #[test]
+    fn paths_are_the_executors_except_on_the_host() {
+        let places = Places::of(Path::new("/srv/home/workspaces/ws_1"));
+        let spec = |kind| Spec {
+            kind,
+            id: None,
+            egress: None,
+            network: Network::None,
+            uid: 10001,
+            gid: 10001,
+        };
+        let bwrap = Executor::attach(spec(Kind::Bwrap), places.clone(), "ws_1");
+        assert_eq!(bwrap.paths().workspace, "/workspace");
+        assert_eq!(bwrap.paths().skills(), "/opt/cloud-harness/skills");
+        assert_eq!(
+            bwrap.paths().by_digest("ab"),
+            "/opt/cloud-harness/.by-digest/ab"
+        );
+        let host = Executor::attach(spec(Kind::Host), places, "ws_1");
+        assert_eq!(host.paths().workspace, "/srv/home/workspaces/ws_1/repo");
+        assert_eq!(
+            host.paths().owner_skills(),
+            "/srv/home/workspaces/ws_1/mounts/owner-skills"
+        );
+    }
+}

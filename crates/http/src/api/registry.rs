@@ -1,0 +1,145 @@
+//! `/api/v1/registry`: entries and their pins. An entry id is `owner/name`, two path segments.
+
+use super::{actor, answer, blocking, body, State};
+use axum::body::Bytes;
+use axum::extract::Path;
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::Extension;
+use cloud_harness_auth::Identity;
+use cloud_harness_control::toolkit::Scope;
+use cloud_harness_curation::registry::{self, NewEntry};
+use cloud_harness_error::{Code, Error};
+use cloud_harness_skills::discovery::Layout;
+use serde_json::json;
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct AddEntry {
+    id: String,
+    name: String,
+    description: String,
+    url: String,
+    #[serde(default)]
+    layout: Option<Layout>,
+    #[serde(default)]
+    default_scope: Option<Scope>,
+    #[serde(default)]
+    session_start_skill: Option<String>,
+    commit: String,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MovePin {
+    commit: String,
+    reason: Option<String>,
+}
+
+pub async fn list(axum::extract::State(api): State) -> Response {
+    let db = api.workspaces.db().clone();
+    let all = blocking(move || registry::load(&db)).await;
+    answer(
+        StatusCode::OK,
+        all.map(|r| json!({ "entries": r.entries().collect::<Vec<_>>() })),
+    )
+}
+
+pub async fn add(
+    axum::extract::State(api): State,
+    Extension(who): Extension<Identity>,
+    bytes: Bytes,
+) -> Response {
+    let ws = api.workspaces.clone();
+    let made = blocking(move || {
+        let req: AddEntry = body(&bytes)?;
+        let new = NewEntry {
+            id: req.id,
+            name: req.name,
+            description: req.description,
+            url: req.url,
+            layout: req.layout.unwrap_or_default(),
+            default_scope: req.default_scope.unwrap_or_default(),
+            session_start_skill: req.session_start_skill,
+            commit: req.commit,
+        };
+        registry::add(ws.db(), ws.provisioner(), new, &actor(&who))
+    })
+    .await;
+    answer(StatusCode::CREATED, made.map(|e| json!(e)))
+}
+
+pub async fn get(
+    axum::extract::State(api): State,
+    Path((owner, name)): Path<(String, String)>,
+) -> Response {
+    let db = api.workspaces.db().clone();
+    let id = format!("{owner}/{name}");
+    let one = blocking(move || {
+        let r = registry::load(&db)?;
+        let entry = r.find(&id).cloned().ok_or_else(|| {
+            Error::field(Code::NotFound, "id", format!("no registry entry {id:?}"))
+        })?;
+        Ok(json!({ "entry": entry, "pins": registry::history(&db, &id)? }))
+    })
+    .await;
+    answer(StatusCode::OK, one)
+}
+
+pub async fn pin(
+    axum::extract::State(api): State,
+    Extension(who): Extension<Identity>,
+    Path((owner, name)): Path<(String, String)>,
+    bytes: Bytes,
+) -> Response {
+    let ws = api.workspaces.clone();
+    let moved = blocking(move || {
+        let req: MovePin = body(&bytes)?;
+        registry::pin(
+            ws.db(),
+            ws.provisioner(),
+            &format!("{owner}/{name}"),
+            &req.commit,
+            req.reason.as_deref(),
+            &actor(&who),
+        )
+    })
+    .await;
+    answer(StatusCode::OK, moved.map(|p| json!(p)))
+}
+
+pub async fn rollback(
+    axum::extract::State(api): State,
+    Extension(who): Extension<Identity>,
+    Path((owner, name)): Path<(String, String)>,
+) -> Response {
+    let ws = api.workspaces.clone();
+    let moved = blocking(move || {
+        registry::rollback(
+            ws.db(),
+            ws.provisioner(),
+            &format!("{owner}/{name}"),
+            &actor(&who),
+        )
+    })
+    .await;
+    answer(StatusCode::OK, moved.map(|p| json!(p)))
+}
+
+pub async fn updates(
+    axum::extract::State(api): State,
+    Extension(who): Extension<Identity>,
+    Path((owner, name)): Path<(String, String)>,
+) -> Response {
+    let ws = api.workspaces.clone();
+    let report = blocking(move || {
+        registry::check_updates(
+            ws.db(),
+            ws.provisioner(),
+            &format!("{owner}/{name}"),
+            &actor(&who),
+        )
+    })
+    .await;
+    answer(StatusCode::OK, report)
+}

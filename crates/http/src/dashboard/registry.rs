@@ -1,0 +1,312 @@
+//! `/registry`: the entries presets resolve against, each with its pin; an entry's page
+//! (`/registry/{owner}/{name}`) has its pin history, "check for updates", moving the pin and
+//! rolling it back; and a form adds an entry.
+
+use super::{blocking, check_csrf, layout};
+use crate::api::Api;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::{Extension, Form};
+use cloud_harness_auth::Identity;
+use cloud_harness_control::toolkit::Scope;
+use cloud_harness_curation::registry::{self, Entry, NewEntry, Pin};
+use cloud_harness_error::{Code, Error};
+use maud::{html, Markup};
+use std::sync::Arc;
+
+use super::layout::short;
+
+#[derive(serde::Deserialize, Default, Clone)]
+#[serde(rename_all = "camelCase")]
+pub struct AddForm {
+    #[serde(default)]
+    id: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    url: String,
+    #[serde(default)]
+    commit: String,
+    #[serde(default)]
+    default_scope: String,
+    #[serde(default)]
+    csrf: String,
+}
+
+#[derive(serde::Deserialize)]
+pub struct PinForm {
+    #[serde(default)]
+    commit: String,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    csrf: String,
+}
+
+#[derive(serde::Deserialize)]
+pub struct Csrf {
+    #[serde(default)]
+    csrf: String,
+}
+
+pub async fn list(State(api): State<Arc<Api>>, Extension(who): Extension<Identity>) -> Response {
+    render_list(&api, &who, AddForm::default(), None).await
+}
+
+async fn render_list(
+    api: &Arc<Api>,
+    who: &Identity,
+    form: AddForm,
+    error: Option<Error>,
+) -> Response {
+    let db = api.workspaces.db().clone();
+    let entries: Vec<Entry> =
+        match blocking(move || Ok(registry::load(&db)?.entries().cloned().collect())).await {
+            Ok(e) => e,
+            Err(e) => return layout::error(who, &e),
+        };
+    let e = error.as_ref();
+    let mut r = layout::page(
+        "Registry",
+        "/registry",
+        who,
+        html! {
+            p { "Presets resolve here. A pinned entry opens at its pin, so a warm start needs no network; an unpinned one follows its default branch." }
+            table { thead { tr { th { "Entry" } th { "Description" } th { "Repository" } th { "Pin" } th { "Origin" } } }
+                tbody { @for en in &entries { tr {
+                    td { a href={ "/registry/" (en.preset.id) } { (en.preset.id) } br; small { (en.preset.name) } }
+                    td { (en.preset.description) }
+                    td { small { (en.preset.url) } }
+                    td { @match &en.pin {
+                        Some(p) => { code { (short(&p.commit)) } br; small { (p.actor) ", " (layout::when(p.created_at)) } }
+                        None => { em { "unpinned (default branch)" } }
+                    } }
+                    td { (en.origin) }
+                } } }
+            }
+            @if layout::operator(who) {
+                h2 id="add-entry" { "Add an entry" }
+                @if let Some(e) = e { (layout::alert(e)) }
+                form.stack method="post" action="/registry" aria-labelledby="add-entry" {
+                    (layout::csrf(who))
+                    label { "Id (owner/name)" input type="text" name="id" required value=(form.id); }
+                    (layout::field_error(e, "id"))
+                    label { "Name" input type="text" name="name" required value=(form.name); }
+                    (layout::field_error(e, "name"))
+                    label { "Description" input type="text" name="description" required value=(form.description); }
+                    (layout::field_error(e, "description"))
+                    label { "Repository URL (HTTPS, on the allowlist)" input type="url" name="url" required value=(form.url); }
+                    (layout::field_error(e, "url"))
+                    label { "Commit to pin" input type="text" name="commit" required value=(form.commit); }
+                    (layout::field_error(e, "commit"))
+                    label { "Default scope" select name="defaultScope" {
+                        option value="owner" selected[form.default_scope != "workspace"] { "owner" }
+                        option value="workspace" selected[form.default_scope == "workspace"] { "workspace" }
+                    } }
+                    button type="submit" { "Add entry" }
+                }
+            }
+        },
+    );
+    if let Some(e) = e {
+        *r.status_mut() = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_REQUEST);
+    }
+    r
+}
+
+pub async fn add(
+    State(api): State<Arc<Api>>,
+    Extension(who): Extension<Identity>,
+    Form(form): Form<AddForm>,
+) -> Response {
+    if let Err(e) = check_csrf(&who, &form.csrf) {
+        return layout::error(&who, &e);
+    }
+    let (ws, actor, f) = (api.workspaces.clone(), who.actor(), form.clone());
+    let made = blocking(move || {
+        let new = NewEntry {
+            id: f.id.trim().to_owned(),
+            name: f.name.trim().to_owned(),
+            description: f.description.trim().to_owned(),
+            url: f.url.trim().to_owned(),
+            layout: Default::default(),
+            default_scope: if f.default_scope == "workspace" {
+                Scope::Workspace
+            } else {
+                Scope::Owner
+            },
+            session_start_skill: None,
+            commit: f.commit.trim().to_owned(),
+        };
+        registry::add(ws.db(), ws.provisioner(), new, &actor)
+    })
+    .await;
+    match made {
+        Ok(e) => Redirect::to(&format!("/registry/{}", e.preset.id)).into_response(),
+        Err(e) => render_list(&api, &who, form, Some(e)).await,
+    }
+}
+
+pub async fn entry(
+    State(api): State<Arc<Api>>,
+    Extension(who): Extension<Identity>,
+    Path((owner, name)): Path<(String, String)>,
+) -> Response {
+    render_entry(&api, &who, &format!("{owner}/{name}"), html! {}).await
+}
+
+async fn render_entry(api: &Arc<Api>, who: &Identity, id: &str, notice: Markup) -> Response {
+    let (db, asked) = (api.workspaces.db().clone(), id.to_owned());
+    let found = blocking(move || {
+        let r = registry::load(&db)?;
+        let entry = r.find(&asked).cloned().ok_or_else(|| {
+            Error::field(Code::NotFound, "id", format!("no registry entry {asked:?}"))
+        })?;
+        Ok((entry, registry::history(&db, &asked)?))
+    })
+    .await;
+    let (entry, pins): (Entry, Vec<Pin>) = match found {
+        Ok(v) => v,
+        Err(e) => return layout::error(who, &e),
+    };
+    let base = format!("/registry/{id}");
+    layout::page(
+        &entry.preset.id,
+        "/registry",
+        who,
+        html! {
+            p { a href="/registry" { "All entries" } }
+            (notice)
+            dl.facts {
+                dt { "Name" } dd { (entry.preset.name) }
+                dt { "Description" } dd { (entry.preset.description) }
+                dt { "Repository" } dd { code { (entry.preset.url) } }
+                dt { "Pin" } dd { @match &entry.pin {
+                    Some(p) => { code { (p.commit) } }
+                    None => { em { "unpinned: opens follow the default branch" } }
+                } }
+                dt { "Tested at" } dd { code { (entry.preset.tested_commit) } }
+                dt { "Origin" } dd { (entry.origin) }
+            }
+            @if layout::operator(who) {
+                div.columns {
+                    section aria-labelledby="updates" {
+                        h2 id="updates" { "Updates" }
+                        form method="post" action={ (base) "/check" } {
+                            (layout::csrf(who))
+                            button type="submit" { "Check for updates" }
+                        }
+                        form method="post" action={ (base) "/rollback" } {
+                            (layout::csrf(who))
+                            button type="submit" disabled[pins.len() < 2] { "Roll back to the previous pin" }
+                        }
+                    }
+                    section aria-labelledby="move-pin" {
+                        h2 id="move-pin" { "Move the pin" }
+                        form.stack method="post" action={ (base) "/pin" } aria-labelledby="move-pin" {
+                            (layout::csrf(who))
+                            label { "Commit" input type="text" name="commit" required; }
+                            label { "Reason" input type="text" name="reason"; }
+                            button type="submit" { "Move pin" }
+                        }
+                    }
+                }
+            }
+            h2 { "Pin history" }
+            @if pins.is_empty() { p.empty { "Never pinned." } }
+            table { thead { tr { th { "Commit" } th { "By" } th { "Reason" } th { "From" } th { "Until" } } }
+                tbody { @for p in &pins { tr {
+                    td { code { (short(&p.commit)) } }
+                    td { (p.actor) }
+                    td { (p.reason.as_deref().unwrap_or("")) }
+                    td { (layout::when(p.created_at)) }
+                    td { @match p.superseded_at { Some(t) => { (layout::when(t)) } None => { strong { "in force" } } } }
+                } } }
+            }
+        },
+    )
+}
+
+/// An action on the entry `owner/name`: the form's CSRF token checked, `work` run with the
+/// server's workspaces, the acting operator and the entry id, the entry's page shown again with
+/// what came of it (`said`) or the error.
+async fn act<T: Send + 'static>(
+    api: Arc<Api>,
+    who: Identity,
+    (owner, name): (String, String),
+    csrf: &str,
+    work: impl FnOnce(&cloud_harness_workspace::Workspaces, &str, &str) -> cloud_harness_error::Result<T>
+        + Send
+        + 'static,
+    said: impl FnOnce(T) -> Markup,
+) -> Response {
+    if let Err(e) = check_csrf(&who, csrf) {
+        return layout::error(&who, &e);
+    }
+    let (ws, actor, id) = (
+        api.workspaces.clone(),
+        who.actor(),
+        format!("{owner}/{name}"),
+    );
+    let asked = id.clone();
+    let done = blocking(move || work(&ws, &asked, &actor)).await;
+    let notice = match done {
+        Ok(v) => said(v),
+        Err(e) => layout::alert(&e),
+    };
+    render_entry(&api, &who, &id, notice).await
+}
+
+pub async fn check(
+    State(api): State<Arc<Api>>,
+    Extension(who): Extension<Identity>,
+    Path(entry): Path<(String, String)>,
+    Form(form): Form<Csrf>,
+) -> Response {
+    let work = |ws: &cloud_harness_workspace::Workspaces, id: &str, actor: &str| {
+        registry::check_updates(ws.db(), ws.provisioner(), id, actor)
+    };
+    act(api, who, entry, &form.csrf, work, |r| {
+        let head = r["head"].as_str().unwrap_or_default().to_owned();
+        html! { p role="status" {
+            @if r["upToDate"] == true { "Up to date: the pin is the default branch head, " code { (short(&head)) } "." }
+            @else { "The default branch head is " code { (head) } "; move the pin to it below to take it." }
+        } }
+    })
+    .await
+}
+
+pub async fn pin(
+    State(api): State<Arc<Api>>,
+    Extension(who): Extension<Identity>,
+    Path(entry): Path<(String, String)>,
+    Form(form): Form<PinForm>,
+) -> Response {
+    let (commit, reason) = (form.commit.trim().to_owned(), form.reason.trim().to_owned());
+    let work = move |ws: &cloud_harness_workspace::Workspaces, id: &str, actor: &str| {
+        let reason = (!reason.is_empty()).then_some(reason.as_str());
+        registry::pin(ws.db(), ws.provisioner(), id, &commit, reason, actor)
+    };
+    act(api, who, entry, &form.csrf, work, |p| {
+        html! { p role="status" { "Pinned at " code { (p.commit) } "." } }
+    })
+    .await
+}
+
+pub async fn rollback(
+    State(api): State<Arc<Api>>,
+    Extension(who): Extension<Identity>,
+    Path(entry): Path<(String, String)>,
+    Form(form): Form<Csrf>,
+) -> Response {
+    let work = |ws: &cloud_harness_workspace::Workspaces, id: &str, actor: &str| {
+        registry::rollback(ws.db(), ws.provisioner(), id, actor)
+    };
+    act(api, who, entry, &form.csrf, work, |p| {
+        html! { p role="status" { "Rolled back: pinned at " code { (p.commit) } " again." } }
+    })
+    .await
+}

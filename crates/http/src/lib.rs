@@ -1,0 +1,12 @@
+//! The HTTP side for people and programs other than agents: the operator API (with its OpenAPI
+//! document), the dashboard, the health probes and `/metrics`, per-principal usage, and the
+//! listener every HTTP server binds through.
+//!
+//! It composes the layers below; nothing below depends on it. The MCP transport over HTTP is
+//! `cloud-harness-mcp`'s.
+
+pub mod api;
+pub mod dashboard;
+pub mod health;
+pub mod listener;
+pub mod usage;

@@ -1,0 +1,205 @@
+//! Making a workspace live from its record: its tier stack built and mounted, its live tiers
+//! watched, its executor made. Shared by a new open and by the restore at start-up, which does
+//! it on threads of its own (so what it needs of the server is owned here).
+
+use super::{mounts, roots, Record, Workspace, Workspaces, WORKSPACE_SKILLS};
+use crate::stack::TierInputs;
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_executor::{self as executor, Executor, Kind, Places};
+use cloud_harness_mount::live::LiveTiers;
+use cloud_harness_mount::watch::{Budget, Pool};
+use cloud_harness_skills::discovery::SkillCache;
+use cloud_harness_skills::generation::View;
+use cloud_harness_skills::namespace::Namespace;
+use cloud_harness_skills::resolver::{Override, Tier};
+use std::fs;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use tokio_util::sync::CancellationToken;
+
+/// What making a workspace live needs of the server, owned: a workspace restored at
+/// start-up is made live on a thread of its own, which may outlive the start-up.
+#[derive(Clone)]
+pub(super) struct Activator {
+    pub(super) provisioner: Arc<cloud_harness_provision::Provisioner>,
+    pub(super) executors: executor::Settings,
+    pub(super) executor_kind: Option<Kind>,
+    pub(super) db: cloud_harness_control::state::Db,
+    pub(super) mounting: bool,
+    pub(super) prewarm: Option<std::path::PathBuf>,
+    pub(super) catalogue: tokio::sync::broadcast::Sender<Arc<str>>,
+    pub(super) watches: Pool,
+    pub(super) watch_budget: Budget,
+}
+
+impl Workspaces {
+    pub(super) fn activator(&self) -> Activator {
+        Activator {
+            provisioner: self.provisioner.clone(),
+            executors: self.executors.clone(),
+            executor_kind: self.executor_kind,
+            db: self.db.clone(),
+            mounting: self.mounting,
+            prewarm: self.prewarm.clone(),
+            catalogue: self.catalogue.clone(),
+            watches: self.watches.clone(),
+            watch_budget: self.watch_budget,
+        }
+    }
+}
+
+impl Activator {
+    fn store(&self) -> &cloud_harness_store::cas::Store {
+        &self.provisioner.store
+    }
+
+    pub(super) fn make_executor(&self, places: &Places, id: &str) -> Result<Option<Executor>> {
+        let Some(kind) = self.executor_kind else {
+            return Ok(None);
+        };
+        // The executor's egress proxy: its own allowlist, the operator's ranges and pins.
+        let egress_proxy = || {
+            let image = match self.provisioner.sandbox() {
+                Some(s) => s.helper_image()?,
+                None => {
+                    return Err(Error::new(
+                        Code::Upstream,
+                        "egress for executors needs a Docker engine (CLOUD_HARNESS_CONTAINERS=off leaves none)",
+                    ))
+                }
+            };
+            let hosts =
+                cloud_harness_control::hosts::HostPolicy::new(&self.executors.allowed_hosts, "")?;
+            let env = self.provisioner.egress.with_hosts(hosts).proxy_env();
+            Ok(executor::docker::EgressProxy { image, env })
+        };
+        let made = Executor::create(&self.executors, kind, places, id, egress_proxy)?;
+        cloud_harness_control::metrics::executor_started(kind.as_str());
+        Ok(Some(made))
+    }
+
+    /// Builds a workspace's stack from its record and mounts it. A new workspace
+    /// (`reject_conflicts`) is refused on an unsettled conflict; a restored one is served as
+    /// it stands.
+    pub(super) fn activate(
+        &self,
+        record: Record,
+        dir: &Path,
+        overrides: &[Override],
+        reject_conflicts: bool,
+        warnings: &mut Vec<String>,
+    ) -> Result<Workspace> {
+        let places = Places::of(dir);
+        let cache = SkillCache::default();
+        let watch = LiveTiers::watch(
+            stack_inputs(&record, &places.repo, overrides).stack(self.store(), &cache)?,
+            &self.watches,
+            self.watch_budget,
+        )
+        .map_err(|e| Error::internal(format!("watching the workspace's folders: {e}")))?;
+        warnings.extend(watch.warnings().iter().cloned());
+        let generation = Arc::new(watch.spec().generation(self.store(), &cache)?);
+        if reject_conflicts {
+            if let Some(err) = generation.index.conflict_error() {
+                return Err(err);
+            }
+        }
+        let store = self.store().clone();
+        roots::pin(&store, &record.id, &generation)?;
+        let merged = Arc::new(Namespace::new(
+            store.clone(),
+            View::Merged,
+            generation.clone(),
+        ));
+        let owner = Arc::new(Namespace::new(
+            store.clone(),
+            View::Tier(Tier::Owner),
+            generation,
+        ));
+        // Only long-lived containers need the propagation (bubblewrap binds afresh each time).
+        let kind = record
+            .executor
+            .as_ref()
+            .map(|e| e.kind)
+            .or(self.executor_kind);
+        if kind == Some(Kind::Docker) {
+            mounts::share(&places.mounts)?;
+        } else {
+            fs::create_dir_all(&places.mounts).map_err(|e| Error::io(&places.mounts, e))?;
+        }
+        let (mounted, mut targets) = if self.mounting {
+            mounts::mount(
+                &places.mounts,
+                merged.clone(),
+                owner,
+                self.prewarm.as_deref(),
+                warnings,
+            )?
+        } else {
+            (Vec::new(), mounts::unmounted(merged.clone(), owner))
+        };
+        // A new generation of the merged view is announced to those watching the workspace.
+        let (changes, _) = tokio::sync::watch::channel(merged.generation().digest());
+        if let Some((ns, invalidate)) = targets.first_mut().map(|t| (t.0.clone(), &mut t.1)) {
+            let inner = std::mem::replace(invalidate, Box::new(|_: &[_]| {}));
+            let (changes, catalogue) = (changes.clone(), self.catalogue.clone());
+            let owner: Arc<str> = Arc::from(record.owner.as_str());
+            *invalidate = Box::new(move |items: &[_]| {
+                inner(items);
+                let now = ns.generation().digest();
+                if changes.send_if_modified(|seen| std::mem::replace(seen, now) != now) {
+                    let _ = catalogue.send(owner.clone());
+                }
+            });
+        }
+        // Each new generation of a live tier is rooted as soon as it is served.
+        if let Some((ns, invalidate)) = targets.pop() {
+            let (pinned, pin_store, id) = (ns.clone(), store.clone(), record.id.clone());
+            targets.push((
+                ns,
+                Box::new(move |items: &[_]| {
+                    invalidate(items);
+                    if let Err(e) = roots::pin(&pin_store, &id, &pinned.generation()) {
+                        tracing::error!(workspace = %id, error = %e, "cannot root a new generation");
+                    }
+                }),
+            ));
+        }
+        let live = watch.start(store.clone(), Arc::new(cache), targets);
+        Ok(Workspace {
+            id: record.id.clone(),
+            dir: dir.to_path_buf(),
+            places,
+            record,
+            store,
+            merged,
+            mounts: Mutex::new(mounted),
+            live: Mutex::new(Some(live)),
+            executor: None,
+            runs: CancellationToken::new(),
+            running: Arc::default(),
+            changes,
+            pages: Default::default(),
+            db: self.db.clone(),
+        })
+    }
+}
+
+/// The tier stack of a workspace: built-in, its owner bundles, the workspace-scope folder
+/// and the project's own skills, with the operator's overrides.
+fn stack_inputs(record: &Record, repo: &Path, overrides: &[Override]) -> TierInputs {
+    let ws_dir = repo.join(WORKSPACE_SKILLS);
+    TierInputs {
+        builtin: true,
+        owner_bundles: record.owner_bundles.clone(),
+        owner_dirs: Vec::new(),
+        workspace_dirs: if ws_dir.is_dir() {
+            vec![ws_dir]
+        } else {
+            Vec::new()
+        },
+        repository: Some(repo.to_path_buf()),
+        overrides: overrides.to_vec(),
+        confine: Some(repo.to_path_buf()),
+    }
+}

@@ -1,0 +1,420 @@
+//! Opening a workspace: the request checked, the project cloned, the toolkits acquired and
+//! materialized, the tier stack built and mounted, the executor made, the result recorded.
+
+use super::{
+    keys, materialize, record, request, Cleanup, OpenRequest, Record, Workspace, Workspaces,
+};
+use crate::session_start::{self, SessionStart};
+use crate::stack::OwnerBundle;
+use cloud_harness_control::principal::Principal;
+use cloud_harness_control::toolkit::{self, Revision, Scope};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_executor::{self as executor, Kind, Places};
+use cloud_harness_provision::{fetch, Acquired};
+use cloud_harness_store::cas::Digest;
+use serde_json::{json, Value};
+use std::fs;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// What an open works from besides the request: its toolkits resolved, where each came from
+/// (a set, or the request itself), who asked.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    toolkits: &'a [toolkit::Toolkit],
+    origins: &'a [Option<Value>],
+    /// The principal opening it, who will own it.
+    actor: &'a str,
+}
+
+fn new_id() -> String {
+    format!("ws_{}", uuid::Uuid::new_v4().simple())
+}
+
+impl Workspaces {
+    /// `workspace_open`, by the local user who started the process.
+    pub fn open(&self, request: OpenRequest) -> Result<Value> {
+        self.open_as(request, &Principal::local())
+    }
+
+    /// `workspace_open` asked by `who`, who owns the workspace: their idempotency keys are
+    /// theirs alone, and their open workspaces count against their limit.
+    pub fn open_as(&self, request: OpenRequest, who: &Principal) -> Result<Value> {
+        let actor = who.name.as_str();
+        let key = request.idempotency_key.clone();
+        request::check_key(&key)?;
+        let expanded = cloud_harness_curation::sets::expand(&self.db, &request.toolkits)?;
+        let registry = cloud_harness_curation::registry::load(&self.db)?;
+        let toolkits =
+            toolkit::resolve_request_in(&expanded.specs, self.provisioner.hosts(), &registry)?;
+        if !request.allow_toolkit_workspace_changes {
+            if let Some((i, _)) = toolkits
+                .iter()
+                .enumerate()
+                .find(|(_, t)| t.scope == Scope::Workspace)
+            {
+                return Err(Error::field(
+                    Code::InvalidArgument,
+                    "allowToolkitWorkspaceChanges",
+                    format!("toolkits[{i}] has scope `workspace`, which writes into the working tree; set allowToolkitWorkspaceChanges to true to allow it"),
+                ));
+            }
+        }
+        let repo_url = match &request.repository_url {
+            Some(url) => Some(self.provisioner.hosts().check(url, "repositoryUrl")?),
+            None => None,
+        };
+        let asked: Vec<Value> = expanded
+            .asked
+            .iter()
+            .map(|a| match a {
+                Ok(i) => serde_json::to_value(&toolkits[*i]).expect("toolkits serialize"),
+                Err(set) => set.clone(),
+            })
+            .collect();
+        let digest = request::request_digest(&request, &asked);
+
+        // One open per key at a time; the others then find its workspace.
+        self.key_locks.with(&format!("{actor}\n{key}"), || {
+            let asked = Asked {
+                toolkits: &toolkits,
+                origins: &expanded.origins,
+                actor,
+            };
+            self.open_locked(&request, &asked, repo_url.as_deref(), digest)
+        })
+    }
+
+    fn open_locked(
+        &self,
+        request: &OpenRequest,
+        asked: &Asked,
+        repo_url: Option<&str>,
+        digest: Digest,
+    ) -> Result<Value> {
+        let key = request.idempotency_key.clone();
+        let owner = asked.actor;
+        // A workspace being restored holds its key before the database may say so.
+        if let Some(holder) = self.holding_key(owner, &key) {
+            return Err(holder.key_taken(&key, &digest));
+        }
+        if let Some(bound) = keys::find(&self.db, owner, &key)? {
+            return self.replay(&key, bound, digest);
+        }
+        let id = new_id();
+        let max = cloud_harness_control::limits::quotas().limits.workspaces;
+        match keys::claim(&self.db, owner, &key, &digest, &id, max)? {
+            keys::Claim::Claimed => {}
+            keys::Claim::Full => {
+                return Err(cloud_harness_control::limits::exceeded(
+                    "workspaces",
+                    max,
+                    Duration::from_secs(60),
+                    "too many open workspaces; close one with workspace_close",
+                ))
+            }
+            keys::Claim::Taken => {
+                // Another process bound the key between the look and the claim.
+                let bound = keys::find(&self.db, owner, &key)?.ok_or_else(|| {
+                    Error::internal(format!(
+                        "idempotencyKey {key:?} was bound and freed at once"
+                    ))
+                })?;
+                return self.replay(&key, bound, digest);
+            }
+        }
+        // A panic is an error like another: the half-made workspace is removed as it unwinds,
+        // and the key and its count against the owner's limit are freed here.
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.open_new(request, asked, repo_url, digest, &id)
+        }))
+        .unwrap_or_else(|_| {
+            Err(Error::internal(
+                "the open stopped unexpectedly (the server's log says where)",
+            ))
+        });
+        match &opened {
+            Ok(_) => {
+                if let Err(e) = keys::opened(&self.db, &id) {
+                    // Not served half: an open the database did not record is undone (a
+                    // close that cannot finish keeps it as failed, for a second close).
+                    if let Err(closing) = self.close(&id) {
+                        tracing::error!(workspace = %id, error = %closing, "undoing an open failed");
+                    }
+                    return Err(e);
+                }
+            }
+            Err(_) => keys::release(&self.db, &id)?,
+        }
+        opened
+    }
+
+    /// The answer to a request whose key is bound already: the workspace it opened, if the
+    /// request is the same.
+    fn replay(&self, key: &str, bound: keys::Bound, digest: Digest) -> Result<Value> {
+        let keys::Bound {
+            digest: existing_digest,
+            workspace,
+            opening,
+            runner,
+        } = bound;
+        {
+            if existing_digest != digest {
+                return Err(Error::conflict(format!(
+                    "idempotencyKey {key:?} was used for a different request (workspace {workspace}); use a new key for a new request"
+                ))
+                .with_details(json!({ "field": "idempotencyKey", "workspace": workspace })));
+            }
+            if runner != self.db.runner() {
+                // A fleet shares one database: the workspace is on another runner's disk.
+                return Err(Error::conflict(format!(
+                    "idempotencyKey {key:?} belongs to workspace {workspace} on runner {runner}; send the request to that runner"
+                ))
+                .with_details(json!({ "field": "idempotencyKey", "workspace": workspace, "runner": runner })));
+            }
+            if opening {
+                return Err(Error::conflict(format!(
+                    "idempotencyKey {key:?} is opening workspace {workspace} in another process; ask again when it is done"
+                ))
+                .with_details(json!({ "field": "idempotencyKey", "workspace": workspace })));
+            }
+            // One key owns at most one workspace: one that could not be served again after a
+            // restart keeps its key until it is closed.
+            match self.get(&workspace) {
+                Ok(ws) => Ok(ws.record.result.clone()),
+                Err(_) => {
+                    let why = self
+                        .failure(&workspace)
+                        .map_or("the server's log says why".to_owned(), |f| f.reason);
+                    Err(Error::conflict(format!(
+                        "idempotencyKey {key:?} belongs to workspace {workspace}, which could not be served again after a restart ({why}); close it with workspace_close to free the key"
+                    ))
+                    .with_details(json!({ "field": "idempotencyKey", "workspace": workspace })))
+                }
+            }
+        }
+    }
+
+    fn open_new(
+        &self,
+        request: &OpenRequest,
+        asked: &Asked,
+        repo_url: Option<&str>,
+        digest: Digest,
+        id: &str,
+    ) -> Result<Value> {
+        let Asked {
+            toolkits,
+            origins,
+            actor,
+        } = *asked;
+        let key = request.idempotency_key.clone();
+        let id = id.to_owned();
+        let dir = record::workspaces_dir(&self.home).join(&id);
+        fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        let mut cleanup = Cleanup {
+            dir: Some(dir.clone()),
+            executor: None,
+            store: self.store().clone(),
+        };
+        let places = Places::of(&dir);
+        let repo = &places.repo;
+        let mut repository = Value::Null;
+        match repo_url {
+            Some(fetched) => {
+                // A project's clone always goes to the network: one of the opener's budget.
+                cloud_harness_control::limits::quotas().acquisition(actor)?;
+                let started = Instant::now();
+                let deadline = started + Duration::from_secs(self.provisioner.limits.max_seconds);
+                let commit = fetch::clone_worktree(
+                    fetched,
+                    &Revision::DefaultHead,
+                    &self.provisioner.transport()?,
+                    repo,
+                    deadline,
+                    self.provisioner.project_limits,
+                )
+                .map_err(|e| self.provisioner.explain(fetched, e, started))?;
+                repository = json!({ "url": request.repository_url, "fetchedUrl": fetched, "commit": commit.to_string() });
+            }
+            None => fs::create_dir_all(repo).map_err(|e| Error::io(repo, e))?,
+        }
+
+        let mut acquired: Vec<(toolkit::Toolkit, Acquired)> = Vec::new();
+        // When each default-head toolkit's head was found (ms).
+        let mut resolved_at: Vec<Option<i64>> = Vec::new();
+        for (t, a) in toolkits.iter().zip(self.acquire_all(toolkits, actor, &id)?) {
+            resolved_at.push(a.resolved_at);
+            acquired.push((t.clone(), a.acquired));
+        }
+        // The overrides for the sets the toolkits came from, and the global ones.
+        let sets: Vec<String> = origins
+            .iter()
+            .flatten()
+            .filter_map(|o| o["id"].as_str().map(str::to_owned))
+            .collect();
+        let overrides =
+            cloud_harness_curation::decisions::in_force(&self.db, &self.home)?.overrides_for(&sets);
+        let workspace_skills =
+            materialize::workspace_scope(self.store(), repo, &acquired, &overrides)?;
+        if matches!(self.executor_kind, Some(Kind::Docker | Kind::Bwrap))
+            && nix::unistd::geteuid().is_root()
+        {
+            materialize::hand_over(repo, self.executors.uid, self.executors.gid)?;
+        }
+        let owner_bundles = owner_bundles(&acquired);
+        let session_start: Vec<SessionStart> = acquired
+            .iter()
+            .filter_map(|(t, a)| {
+                let skill = t.session_start_skill.as_deref()?;
+                session_start::from_bundle(self.store(), &a.record.bundle, &t.instance_id, skill)
+            })
+            .collect();
+
+        let record = Record {
+            id: id.clone(),
+            owner: actor.to_owned(),
+            idempotency_key: key.clone(),
+            request_digest: digest,
+            created_at: now_secs(),
+            owner_bundles,
+            workspace_skills,
+            session_start,
+            executor: None,
+            result: Value::Null,
+        };
+        let mut warnings = Vec::new();
+        let act = self.activator();
+        let mut ws = act.activate(record, &dir, &overrides, true, &mut warnings)?;
+        cleanup.executor = act.make_executor(&places, &id)?;
+        ws.record.executor = cleanup.executor.as_ref().map(|e| e.spec.clone());
+        match self.executor_kind {
+            None => warnings.push(executor::missing().message),
+            Some(Kind::Host) => warnings.push(
+                "CLOUD_HARNESS_EXECUTOR=host: scripts run on the host as the server's user, for development only".into(),
+            ),
+            Some(_) => {}
+        }
+        ws.executor = cleanup.disarm();
+        ws.record.result = self.open_result(&ws, &acquired, repository, warnings);
+        // The set (and revision) each toolkit a set brought came from; when the head of each
+        // default-head toolkit was found.
+        if let Some(listed) = ws.record.result["toolkits"].as_array_mut() {
+            for ((t, origin), at) in listed.iter_mut().zip(origins).zip(&resolved_at) {
+                if let Some(set) = origin {
+                    t["set"] = set.clone();
+                }
+                if let Some(at) = at {
+                    t["resolvedAt"] = json!(at);
+                }
+            }
+        }
+        if let Err(e) = ws.record.save(&dir) {
+            // Armed again: nothing of a workspace without a record stays.
+            let _ = Cleanup {
+                dir: Some(dir),
+                executor: ws.executor.take(),
+                store: self.store().clone(),
+            };
+            return Err(e);
+        }
+        let result = ws.record.result.clone();
+        let owner = ws.record.owner.clone();
+        self.open
+            .lock()
+            .expect("workspaces lock")
+            .insert(id, Arc::new(ws));
+        self.catalogue_changed(&owner);
+        Ok(result)
+    }
+
+    /// What `workspace_open` returns (and returns again for the same key).
+    fn open_result(
+        &self,
+        ws: &Workspace,
+        acquired: &[(toolkit::Toolkit, Acquired)],
+        repository: Value,
+        warnings: Vec<String>,
+    ) -> Value {
+        let toolkits: Vec<Value> = acquired
+            .iter()
+            .map(|(t, a)| {
+                json!({
+                    "instanceId": t.instance_id,
+                    "preset": t.preset,
+                    "scope": t.scope,
+                    "url": a.record.key.url,
+                    "commit": a.record.key.commit,
+                    "bundle": a.record.bundle,
+                    "manifest": a.record.manifest,
+                    "skillCount": a.record.skills,
+                    "warnings": a.record.warnings,
+                    "skipped": a.record.skipped,
+                    "warm": a.warm,
+                    "mode": a.mode,
+                })
+            })
+            .collect();
+        let g = ws.merged.generation();
+        let index = &g.index;
+        let skills: Vec<Value> = index
+            .winners()
+            .map(|c| ws.skill_json(index, c, true))
+            .collect();
+        let mut shadowed = Vec::new();
+        for r in index.resolutions() {
+            if let Some(w) = &r.winner {
+                for s in &r.shadowed {
+                    let mut v = ws.skill_json(index, s, false);
+                    v["shadowedBy"] = json!({ "tier": w.tier, "toolkit": ws.toolkit_of(index, w) });
+                    shadowed.push(v);
+                }
+            }
+        }
+        let settled: Vec<Value> = index
+            .resolutions()
+            .iter()
+            .filter(|r| r.settled_by_override)
+            .map(|r| json!({ "skill": r.name, "winner": r.winner.as_ref().map(|w| index.source(w).id.clone()), "settledBy": "operator override" }))
+            .collect();
+        let session_start = &ws.record.session_start;
+        let paths = ws.executor.as_ref().map(|e| e.paths());
+        json!({
+            "workspace": ws.id,
+            "path": paths.as_ref().map(|p| p.workspace.clone()),
+            "repository": repository,
+            "skillsMount": ws.skills_root(),
+            "ownerSkillsMount": ws.skills_root().and(paths.as_ref().map(|p| p.owner_skills())),
+            "executor": ws.executor.as_ref().map(|e| e.describe()),
+            "generation": g.digest(),
+            "provisioning": self.provisioner.provisioning(),
+            "toolkits": toolkits,
+            "skills": skills,
+            "shadowed": shadowed,
+            "conflicts": settled,
+            "skipped": super::listing::skipped(&json!(toolkits), index, None),
+            "sessionStart": if session_start.is_empty() { Value::Null } else { json!(session_start) },
+            "warnings": warnings,
+        })
+    }
+}
+
+/// The owner-scope toolkits of an open, as the bundles its owner tier serves.
+pub(super) fn owner_bundles(acquired: &[(toolkit::Toolkit, Acquired)]) -> Vec<OwnerBundle> {
+    acquired
+        .iter()
+        .filter(|(t, _)| t.scope == Scope::Owner)
+        .map(|(t, a)| OwnerBundle {
+            instance_id: t.instance_id.clone(),
+            bundle: a.record.bundle,
+            url: a.record.key.url.clone(),
+            commit: a.record.key.commit.clone(),
+        })
+        .collect()
+}

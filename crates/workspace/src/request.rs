@@ -1,0 +1,52 @@
+//! A `workspace_open` request: validated, and digested so that the same key with the same
+//! request can be recognized.
+
+use cloud_harness_control::toolkit::ToolkitSpec;
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_store::cas::Digest;
+use serde_json::json;
+
+/// A validated `workspace_open` request.
+#[derive(Debug, Clone)]
+pub struct OpenRequest {
+    pub repository_url: Option<String>,
+    pub idempotency_key: String,
+    pub toolkits: Vec<ToolkitSpec>,
+    pub allow_toolkit_workspace_changes: bool,
+}
+
+impl OpenRequest {
+    /// The request as `workspace_open` took it (what a launch-conflict record keeps).
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({
+            "idempotencyKey": self.idempotency_key,
+            "repositoryUrl": self.repository_url,
+            "toolkits": self.toolkits,
+            "allowToolkitWorkspaceChanges": self.allow_toolkit_workspace_changes,
+        })
+    }
+}
+
+/// An idempotency key: 1-200 characters, none of them control characters.
+pub fn check_key(key: &str) -> Result<()> {
+    if key.is_empty() || key.chars().count() > 200 || key.chars().any(char::is_control) {
+        return Err(Error::field(
+            Code::InvalidArgument,
+            "idempotencyKey",
+            "must be 1-200 characters, none of them control characters",
+        ));
+    }
+    Ok(())
+}
+
+/// What makes two requests "the same": every field but the key, with the toolkits as they
+/// resolve (defaults filled in, presets expanded), so spelling a default out changes nothing;
+/// a set as it was asked for (its members may change; the request stays the same).
+pub fn request_digest(request: &OpenRequest, toolkits: &[serde_json::Value]) -> Digest {
+    let canonical = json!({
+        "repositoryUrl": request.repository_url,
+        "toolkits": toolkits,
+        "allowToolkitWorkspaceChanges": request.allow_toolkit_workspace_changes,
+    });
+    Digest::of(&serde_json::to_vec(&canonical).expect("requests serialize"))
+}

@@ -1,0 +1,156 @@
+//! One open workspace: its places, record, mounts and live tiers, its executor and runs, its
+//! generation and the pages it served. What it does is spread over the files of the concept
+//! (`listing`, `read`, `catalog`, `run`), each an `impl Workspace` of its own.
+
+use super::mounts;
+use super::pages::Pages;
+use super::record::Record;
+use crate::session_start::SessionStart;
+use cloud_harness_control::state::Db;
+use cloud_harness_error::{Error, Result};
+use cloud_harness_executor::{Executor, Places};
+use cloud_harness_mount::live::LiveTiers;
+use cloud_harness_skills::generation::Generation;
+use cloud_harness_skills::namespace::Namespace;
+use cloud_harness_store::cas::{Digest, Store};
+use serde_json::{json, Value};
+use std::fs;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// An open workspace.
+pub struct Workspace {
+    pub id: String,
+    pub dir: PathBuf,
+    pub(super) places: Places,
+    pub(super) record: Record,
+    pub(super) store: Store,
+    pub(super) merged: Arc<Namespace>,
+    pub(super) mounts: Mutex<Vec<mounts::Mounted>>,
+    pub(super) live: Mutex<Option<LiveTiers>>,
+    pub(super) executor: Option<Executor>,
+    /// Cancelled when the workspace closes: its running scripts are killed.
+    pub(super) runs: CancellationToken,
+    /// Scripts running now.
+    pub(super) running: Arc<std::sync::atomic::AtomicUsize>,
+    /// The merged view's generation, changed by live tiers.
+    pub(super) changes: tokio::sync::watch::Sender<Digest>,
+    /// The listing pages served last, for the generation they were built from.
+    pub(super) pages: Pages,
+    /// The state database: the approvals each run checks, the refusals it records.
+    pub(super) db: Db,
+}
+impl Workspace {
+    /// Waits (a bounded time) until no script of this workspace runs.
+    pub(super) fn wait_for_runs(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.running.load(std::sync::atomic::Ordering::SeqCst) > 0
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub(super) fn release(&self) -> Result<()> {
+        self.live.lock().expect("live lock").take();
+        mounts::release(&mut self.mounts.lock().expect("mount lock"))
+    }
+
+    /// The principal that opened it (empty for workspaces from before owners were kept).
+    pub fn owner(&self) -> &str {
+        &self.record.owner
+    }
+
+    pub fn session_start(&self) -> &[SessionStart] {
+        &self.record.session_start
+    }
+
+    /// What the API's list of workspaces shows of one.
+    pub fn summary(&self) -> Value {
+        let g = self.generation();
+        json!({
+            "workspace": self.id,
+            "owner": self.record.owner,
+            "state": "open",
+            "idempotencyKey": self.record.idempotency_key,
+            "createdAt": self.record.created_at,
+            "generation": g.digest(),
+            "skills": g.index.winners().count(),
+            "conflicts": g.index.conflicts().count(),
+            "executor": self.executor.as_ref().map(|e| e.spec.kind),
+            "toolkits": self.record.result.get("toolkits").cloned().unwrap_or(Value::Null),
+        })
+    }
+
+    /// Whether its mounts answer: each skills mount is a mount point whose listing and a
+    /// SKILL.md in it can be read (a workspace served without mounts has none to check).
+    /// Blocking: a hung file system blocks it, so callers bound it.
+    pub fn check_mounts(&self) -> std::result::Result<(), String> {
+        if self.mounts.lock().expect("mount lock").is_empty() {
+            return Ok(());
+        }
+        for name in [mounts::SKILLS, mounts::OWNER_SKILLS] {
+            let dir = self.places.mounts.join(name);
+            if !mounts::is_mount_point(&dir) {
+                return Err(format!("{} is not mounted", dir.display()));
+            }
+            let entries = fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            for entry in entries {
+                let skill_md = entry
+                    .map_err(|e| format!("{}: {e}", dir.display()))?
+                    .path()
+                    .join("SKILL.md");
+                match fs::read(&skill_md) {
+                    Ok(_) => break,
+                    // Not a skill folder (the resolution file, a folder without one).
+                    Err(e)
+                        if e.kind() == std::io::ErrorKind::NotFound
+                            || e.raw_os_error() == Some(nix::libc::ENOTDIR) =>
+                    {
+                        continue
+                    }
+                    Err(e) => return Err(format!("{}: {e}", skill_md.display())),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What `workspace_open` returned for it.
+    pub fn result(&self) -> &Value {
+        &self.record.result
+    }
+
+    pub fn generation(&self) -> Arc<Generation> {
+        self.merged.generation()
+    }
+
+    /// Each change of what the workspace serves (a live tier's new generation); ends when
+    /// the workspace closes.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<Digest> {
+        self.changes.subscribe()
+    }
+
+    /// The merged view inside the executor, when the skills are mounted and there is one.
+    pub(super) fn skills_root(&self) -> Option<String> {
+        let mounted = !self.mounts.lock().expect("mount lock").is_empty();
+        let executor = self.executor.as_ref()?;
+        mounted.then(|| executor.paths().skills())
+    }
+
+    /// The digest of a served skill.
+    pub fn skill(&self, name: &str) -> Result<Digest> {
+        let g = self.generation();
+        let c = g.index.winner(name).ok_or_else(|| {
+            Error::not_found(format!("workspace {} serves no skill {name:?}", self.id))
+                .with_details(json!({ "field": "skill" }))
+        })?;
+        Ok(c.digest())
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+}
