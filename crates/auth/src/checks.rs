@@ -12,7 +12,7 @@
 //! check at once ([`forget_cached`]); one made elsewhere takes effect here within
 //! [`CACHE_TTL`] (within [`STALE_GRACE`] while this process cannot reach the database).
 
-pub use super::known::{Kind, CACHE_TTL, CHECK_TIMEOUT};
+pub(crate) use super::known::{Kind, CACHE_TTL, CHECK_TIMEOUT};
 use super::Identity;
 use cloud_harness_control::state::Db;
 use cloud_harness_error::{Code, Error};
@@ -24,13 +24,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 
 /// How long a secret found unknown stays refused without asking again.
-pub const REFUSED_TTL: Duration = Duration::from_secs(10);
+pub(crate) const REFUSED_TTL: Duration = Duration::from_secs(10);
 /// How long a checked identity stays good while the database cannot answer.
-pub const STALE_GRACE: Duration = Duration::from_secs(60);
+pub(crate) const STALE_GRACE: Duration = Duration::from_secs(60);
 /// Checks at once of secrets that were let in before.
-pub const KNOWN_CHECKS: usize = 2;
+pub(crate) const KNOWN_CHECKS: usize = 2;
 /// Checks at once of secrets never seen (or refused before).
-pub const UNKNOWN_CHECKS: usize = 1;
+pub(crate) const UNKNOWN_CHECKS: usize = 1;
 /// Identities kept at most; past it, those older than [`STALE_GRACE`] go, then all.
 const MAX_FOUND: usize = 10_000;
 /// Refused secrets kept at most; past it, all go.
@@ -40,7 +40,7 @@ const MAX_REFUSED: usize = 4_096;
 static REVOKED: AtomicU64 = AtomicU64::new(0);
 
 /// Voids every kept check (a token was revoked, a session ended).
-pub fn forget_cached() {
+pub(crate) fn forget_cached() {
     REVOKED.fetch_add(1, Ordering::SeqCst);
     super::known::changed();
 }
@@ -91,7 +91,7 @@ impl Checks {
     }
 
     /// The identity of `secret`, or `None` when it is unknown, revoked or expired.
-    pub async fn identify(self: &Arc<Self>, secret: &str, kind: Kind) -> Answer {
+    pub(crate) async fn identify(self: &Arc<Self>, secret: &str, kind: Kind) -> Answer {
         if !well_formed(secret, kind) {
             return Ok(None);
         }

@@ -15,14 +15,14 @@ use cloud_harness_control::state::Db;
 use cloud_harness_error::{Code, Error};
 use std::sync::Arc;
 
-pub use super::checks::{forget_cached, CACHE_TTL, CHECK_TIMEOUT, STALE_GRACE};
+pub(crate) use super::checks::forget_cached;
 
 /// The browser session's cookie: `__Host-` makes the browser keep it only when it is Secure,
 /// for this host alone (no `Domain`) and every path.
-pub const COOKIE: &str = "__Host-ch_session";
-pub const CSRF_HEADER: &str = "x-csrf-token";
+pub(crate) const COOKIE: &str = "__Host-ch_session";
+pub(crate) const CSRF_HEADER: &str = "x-csrf-token";
 /// The field a dashboard form sends the CSRF token in.
-pub const CSRF_FIELD: &str = "csrf";
+pub(crate) const CSRF_FIELD: &str = "csrf";
 /// The largest form body read for its CSRF field (axum's own limit on forms).
 const MAX_FORM: usize = 2 << 20;
 

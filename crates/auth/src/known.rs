@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 /// How long a secret's check is reused (a revocation by another process takes this long to
 /// reach this one; one by this process, none).
-pub const CACHE_TTL: Duration = Duration::from_secs(1);
+pub(crate) const CACHE_TTL: Duration = Duration::from_secs(1);
 /// How long a request waits for its check (a free slot and the database's answer).
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 

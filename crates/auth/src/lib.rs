@@ -142,7 +142,7 @@ pub fn list(db: &Db, include_revoked: bool) -> Result<Vec<TokenInfo>> {
 }
 
 /// Revokes the active token named `name`: it stops working at once in this process, within
-/// [`http::CACHE_TTL`] in others; its browser sessions end.
+/// [`known::CACHE_TTL`] in others; its browser sessions end.
 pub fn revoke(db: &Db, name: &str, actor: &str) -> Result<TokenInfo> {
     let info = db.write(|tx| {
         let now = state::now_ms();
@@ -243,13 +243,13 @@ pub fn login_code(db: &Db, name: &str, actor: &str) -> Result<String> {
 }
 
 /// A browser session made from a login code (used up by it): its cookie secret and CSRF token.
-pub struct BrowserSession {
+pub(crate) struct BrowserSession {
     pub secret: String,
     pub csrf: String,
     pub max_age_secs: i64,
 }
 
-pub fn redeem(db: &Db, code: &str) -> Result<BrowserSession> {
+pub(crate) fn redeem(db: &Db, code: &str) -> Result<BrowserSession> {
     let refused = || {
         Error::new(Code::Unauthenticated, "this login link is unknown, used or expired; make a new one with `cloud-harness token login-url`")
     };

@@ -110,7 +110,7 @@ pub fn list(
 /// most once a minute, and at most [`REFUSALS_PER_HOUR`] rows of refusals per actor an hour.
 /// A refused request replayed in a loop therefore writes a row a minute, not a row a request;
 /// the row says how many it stands for (`repeated`), and the log has every one.
-pub const REFUSALS_PER_HOUR: u64 = 120;
+pub(crate) const REFUSALS_PER_HOUR: u64 = 120;
 const SAME_REFUSAL_EVERY: Duration = Duration::from_secs(60);
 /// An operator's reads of another principal's workspace: one row per actor, workspace and
 /// action every ten minutes.

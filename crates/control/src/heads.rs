@@ -9,7 +9,7 @@ use crate::state::{self, Db};
 use cloud_harness_error::Result;
 use std::time::Duration;
 
-pub const DEFAULT_TTL_SECS: u64 = 600;
+pub(crate) const DEFAULT_TTL_SECS: u64 = 600;
 
 pub fn ttl() -> Result<Duration> {
     crate::config::env_number("CLOUD_HARNESS_HEAD_TTL", DEFAULT_TTL_SECS).map(Duration::from_secs)

@@ -29,7 +29,7 @@ pub fn default_home() -> PathBuf {
 /// else made once from the host's name and a random suffix and kept in `<home>/runner-id`):
 /// its workspaces and import jobs are marked with it, so a runner starting up tidies only
 /// what is its own.
-pub fn runner_name(home: &Path) -> Result<String> {
+pub(crate) fn runner_name(home: &Path) -> Result<String> {
     if let Ok(name) = std::env::var("CLOUD_HARNESS_RUNNER") {
         if !name.is_empty() {
             return Ok(name);

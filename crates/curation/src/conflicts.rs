@@ -145,7 +145,7 @@ fn row(r: &state::Row) -> state::DbResult<LaunchConflict> {
 const COLUMNS: &str = "id, skill, tier, candidates, request, first_at, last_at, refusals, actor, settled_at, settled_by, override_id";
 
 /// Conflicts one refused open records at most.
-pub const MAX_PER_OPEN: usize = 16;
+pub(crate) const MAX_PER_OPEN: usize = 16;
 
 /// The records, unsettled first, latest first.
 pub fn list(db: &Db, include_settled: bool) -> Result<Vec<LaunchConflict>> {

@@ -100,7 +100,7 @@ fn check_reason(reason: Option<&str>) -> Result<()> {
     reason.map_or(Ok(()), |r| check_text("reason", r, MAX_REASON))
 }
 
-pub fn check_skill(skill: &str) -> Result<()> {
+pub(crate) fn check_skill(skill: &str) -> Result<()> {
     if cloud_harness_skills::skill::is_spec_name(skill) {
         Ok(())
     } else {
@@ -247,7 +247,7 @@ pub fn set_override(db: &Db, home: &Path, new: &NewOverride, actor: &str) -> Res
 }
 
 /// [`set_override`], with `also` done in the same transaction (given the override's id).
-pub fn set_override_with(
+pub(crate) fn set_override_with(
     db: &Db,
     home: &Path,
     new: &NewOverride,

@@ -29,11 +29,11 @@ use tokio::sync::{mpsc, Notify};
 
 pub const LABEL: &str = "io.cloud-harness.executor";
 /// The workspace folder on the host, so an operator (or a test) can tell whose it is.
-pub const DIR_LABEL: &str = "io.cloud-harness.workspace-dir";
+pub(crate) const DIR_LABEL: &str = "io.cloud-harness.workspace-dir";
 const MEMORY: i64 = 2 << 30;
 const PIDS: i64 = 1024;
 const EGRESS_ALIAS: &str = "egress-proxy";
-pub const EGRESS_PROXY_URL: &str = "http://egress-proxy:3128";
+pub(crate) const EGRESS_PROXY_URL: &str = "http://egress-proxy:3128";
 
 /// The egress network and proxy of an executor with `network: egress`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

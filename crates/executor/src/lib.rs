@@ -25,7 +25,7 @@ pub mod docker;
 pub mod process;
 mod rlimits;
 pub mod runner;
-pub mod userland;
+pub(crate) mod userland;
 
 use cloud_harness_error::{Code, Error, Result};
 use serde::{Deserialize, Serialize};
@@ -38,13 +38,13 @@ pub use rlimits::RunLimits;
 pub const WORKSPACE: &str = "/workspace";
 /// Where workspace-scope toolkits are materialized, inside the working tree.
 pub const WORKSPACE_SKILLS: &str = ".cloud-harness/skills";
-pub const ROOT: &str = "/opt/cloud-harness";
+pub(crate) const ROOT: &str = "/opt/cloud-harness";
 pub const SKILLS: &str = "/opt/cloud-harness/skills";
 pub const OWNER_SKILLS: &str = "/opt/cloud-harness/owner-skills";
 /// Copies of approved skills, named by digest: the only place scripts run from.
 pub const BY_DIGEST: &str = ".by-digest";
 /// The uid and gid commands run as when the harness runs as root.
-pub const DEFAULT_UID: u32 = 10001;
+pub(crate) const DEFAULT_UID: u32 = 10001;
 const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

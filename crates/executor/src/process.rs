@@ -21,7 +21,7 @@ pub struct Exit {
     pub signal: Option<i32>,
 }
 
-pub type Killer = Box<dyn Fn() + Send + Sync>;
+pub(crate) type Killer = Box<dyn Fn() + Send + Sync>;
 
 pub struct Process {
     /// Output in the order it came; closed once every writer is gone.
@@ -51,7 +51,7 @@ pub async fn forward(
     }
 }
 
-pub fn kill_group(pid: i32) {
+pub(crate) fn kill_group(pid: i32) {
     if pid > 0 {
         let _ = nix::sys::signal::killpg(
             nix::unistd::Pid::from_raw(pid),
@@ -99,7 +99,7 @@ fn lookup_path(env: &[(String, String)]) -> String {
 
 /// Starts `argv` on this machine in a process group of its own (a bubblewrap sandbox, or a
 /// command of the development-only host executor), with a clean environment of `env`.
-pub fn spawn_local(
+pub(crate) fn spawn_local(
     argv: &[String],
     cwd: Option<&Path>,
     env: &[(String, String)],
@@ -156,7 +156,11 @@ pub fn spawn_local(
 
 /// Runs `argv` on this machine with this process's standard streams; its exit status, as a
 /// shell reports it (128 + the signal for a killed command).
-pub fn run_inherited(argv: &[String], cwd: Option<&Path>, env: &[(String, String)]) -> Result<i32> {
+pub(crate) fn run_inherited(
+    argv: &[String],
+    cwd: Option<&Path>,
+    env: &[(String, String)],
+) -> Result<i32> {
     let mut cmd = std::process::Command::new(absolute(&argv[0], &lookup_path(env)));
     cmd.args(&argv[1..])
         .env_clear()

@@ -75,7 +75,7 @@ pub fn identity(uid: u32, gid: u32) -> [(&'static str, String); 4] {
 }
 
 /// Writes the identity files into `dir` (bound into bubblewrap sandboxes).
-pub fn write_identity(dir: &Path, uid: u32, gid: u32) -> Result<()> {
+pub(crate) fn write_identity(dir: &Path, uid: u32, gid: u32) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     for (name, text) in identity(uid, gid) {
         let path = dir.join(name);

@@ -29,7 +29,7 @@ pub const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// What `/readyz` answers.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     pub ready: bool,
     pub checks: Vec<Check>,
 }

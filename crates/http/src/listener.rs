@@ -15,10 +15,10 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 /// Connections open at once.
-pub const MAX_CONNECTIONS: usize = 1024;
+pub(crate) const MAX_CONNECTIONS: usize = 1024;
 /// How long a client may take to send a request head (also an idle keep-alive connection's
 /// wait for its next request).
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -59,7 +59,7 @@ impl Limits {
 const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
 
 /// How long requests in flight may take to finish once the server is asked to stop.
-pub const DRAIN: Duration = Duration::from_secs(10);
+pub(crate) const DRAIN: Duration = Duration::from_secs(10);
 
 /// Serves `router` on `listener` until `stop`; then lets open requests finish, for at most
 /// [`DRAIN`] (a slow script run is then cut short by the shutdown that follows).

@@ -16,14 +16,14 @@ use std::time::Duration;
 pub const PAGE: u64 = 64 << 10;
 pub const MAX_PAGE: u64 = 1 << 20;
 /// A workspace handle, a skill name.
-pub const MAX_HANDLE: usize = 64;
-pub const MAX_SKILL: usize = 255;
+pub(crate) const MAX_HANDLE: usize = 64;
+pub(crate) const MAX_SKILL: usize = 255;
 /// `skills_run` arguments: how many, and the bytes of each.
-pub const MAX_ARGS: usize = 256;
-pub const MAX_ARG: usize = 32 << 10;
+pub(crate) const MAX_ARGS: usize = 256;
+pub(crate) const MAX_ARG: usize = 32 << 10;
 /// Skills in one page of `skills_list`: the default, and the most a page may ask for.
-pub const LIST_PAGE: usize = 100;
-pub const MAX_LIST: usize = 1000;
+pub(crate) const LIST_PAGE: usize = 100;
+pub(crate) const MAX_LIST: usize = 1000;
 
 /// A decoded tool call.
 #[derive(Debug)]

@@ -41,7 +41,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use tools::tools;
 
-pub const SESSION_START_PROMPT: &str = "session-start";
+pub(crate) const SESSION_START_PROMPT: &str = "session-start";
 
 #[derive(Clone)]
 pub struct HarnessServer {

@@ -11,17 +11,17 @@ use serde_json::{json, Value};
 use std::cell::Cell;
 
 /// The largest message either transport takes (a stdio line, an HTTP body).
-pub const MAX_MESSAGE: usize = 16 << 20;
+pub(crate) const MAX_MESSAGE: usize = 16 << 20;
 
 /// The most JSON values one message may hold. Once parsed, a value costs tens of bytes
 /// whatever its length as text (16 MiB of `[0,0,…]` would be 8 million of them, half a GiB),
 /// so they are counted, keeping none, before anything is built. The largest real message, a
 /// `skills_run` with every argument it may have, holds a few hundred.
-pub const MAX_VALUES: usize = 1 << 16;
+pub(crate) const MAX_VALUES: usize = 1 << 16;
 
-pub const PARSE_ERROR: i64 = -32700;
-pub const INVALID_REQUEST: i64 = -32600;
-pub const INVALID_PARAMS: i64 = -32602;
+pub(crate) const PARSE_ERROR: i64 = -32700;
+pub(crate) const INVALID_REQUEST: i64 = -32600;
+pub(crate) const INVALID_PARAMS: i64 = -32602;
 
 /// Why a message is refused, and the answer.
 #[derive(Debug, Clone, PartialEq)]

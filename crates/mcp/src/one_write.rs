@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, BodyStream, StreamBody};
 use std::time::Duration;
 
 /// How long the head and priming event wait for the answer behind them.
-pub const HOLD: Duration = Duration::from_millis(20);
+pub(crate) const HOLD: Duration = Duration::from_millis(20);
 
 /// Frames waited for at most before the response goes to hyper.
 const FRAMES: usize = 8;
@@ -22,7 +22,7 @@ type Frame = Result<hyper::body::Frame<Bytes>, axum::Error>;
 /// `response`, and when it is an event stream (the only kind whose frames trickle), once its
 /// stream has ended (or [`HOLD`] has passed, or [`FRAMES`] came), with the frames read in
 /// front of the rest of its body.
-pub async fn coalesce(response: Response) -> Response {
+pub(crate) async fn coalesce(response: Response) -> Response {
     let is_event_stream = response
         .headers()
         .get(axum::http::header::CONTENT_TYPE)

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 /// Put on a request by the guard: an answer to it goes out through [`filling`], so it may
 /// carry placeholders.
 #[derive(Clone, Copy, Debug)]
-pub struct Filled;
+pub(crate) struct Filled;
 
 /// The most bytes of pages held for answers in flight; beyond it answers carry their pages.
 const MAX_WAITING: usize = 256 << 20;
@@ -75,7 +75,7 @@ fn size(page: &ListPage) -> usize {
 /// The text block and the structured value of an answer carrying `page`: placeholders [`fill`]
 /// replaces with the page's bytes. `None` when the pages waiting already hold
 /// [`MAX_WAITING`]: that answer carries the page itself.
-pub fn placeholders(page: &Arc<ListPage>) -> Option<(String, serde_json::Value)> {
+pub(crate) fn placeholders(page: &Arc<ListPage>) -> Option<(String, serde_json::Value)> {
     placeholders_within(page, MAX_WAITING)
 }
 
@@ -204,7 +204,7 @@ fn gone(line: &[u8]) -> Vec<u8> {
 
 /// `response` with its placeholders filled: each event of an event stream as it goes out, a
 /// JSON body whole.
-pub async fn filling(response: Response) -> Response {
+pub(crate) async fn filling(response: Response) -> Response {
     let kind = response
         .headers()
         .get(header::CONTENT_TYPE)

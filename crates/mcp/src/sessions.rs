@@ -158,7 +158,7 @@ impl Sessions {
 
     /// Whether the session `id` is one a principal other than `who` started (a session is
     /// its starter's: another caller holding its id is answered as if it did not exist).
-    pub fn someone_elses(&self, id: &str, who: &str) -> bool {
+    pub(crate) fn someone_elses(&self, id: &str, who: &str) -> bool {
         let owners = self.owners.lock().expect("session owners");
         owners.by_id.get(id).is_some_and(|owner| owner != who)
     }

@@ -14,7 +14,7 @@ use serde::Serialize;
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
-pub const MAX_BYTES_VAR: &str = "TOOLKIT_CACHE_MAX_BYTES";
+pub(crate) const MAX_BYTES_VAR: &str = "TOOLKIT_CACHE_MAX_BYTES";
 
 /// `TOOLKIT_CACHE_MAX_BYTES`, if set.
 pub fn max_bytes_from_env() -> Result<Option<u64>> {

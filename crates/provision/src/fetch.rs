@@ -213,7 +213,7 @@ fn check_download(url: &str, pack_dir: &Path, ceiling: &Ceiling<'_>) -> Result<(
 }
 
 /// The bytes of the packs a fetch into the bare repository `repo` wrote.
-pub fn pack_bytes(repo: &Path) -> u64 {
+pub(crate) fn pack_bytes(repo: &Path) -> u64 {
     bytes_in(&repo.join("objects/pack"))
 }
 

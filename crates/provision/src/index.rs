@@ -102,19 +102,19 @@ pub fn describe(revision: &Revision) -> String {
 }
 
 /// The name of a tag's record: a digest of the repository and the tag.
-pub fn tag_id(url: &str, tag: &str) -> String {
+pub(crate) fn tag_id(url: &str, tag: &str) -> String {
     Digest::of(format!("{url}\0{tag}").as_bytes()).hex()
 }
 
 /// A tag's record: the commit it was resolved to.
-pub fn tag_record(url: &str, tag: &str, commit: &str) -> Vec<u8> {
+pub(crate) fn tag_record(url: &str, tag: &str, commit: &str) -> Vec<u8> {
     serde_json::json!({ "url": url, "tag": tag, "commit": commit })
         .to_string()
         .into_bytes()
 }
 
 /// The commit of a tag's record, if the record is of that repository and tag.
-pub fn commit_of_tag(record: &[u8], url: &str, tag: &str) -> Option<String> {
+pub(crate) fn commit_of_tag(record: &[u8], url: &str, tag: &str) -> Option<String> {
     let v: serde_json::Value = serde_json::from_slice(record).ok()?;
     (v["url"] == url && v["tag"] == tag).then(|| v["commit"].as_str().map(str::to_owned))?
 }
@@ -151,14 +151,14 @@ impl BundleIndex {
 
     /// Notes that the bundle of `key` was just used (its record's mtime), for the cache's
     /// least-recently-used order.
-    pub fn touch(&self, key: &BundleKey) {
+    pub(crate) fn touch(&self, key: &BundleKey) {
         if let Ok(file) = fs::File::open(self.record_path(key)) {
             let _ = file.set_modified(std::time::SystemTime::now());
         }
     }
 
     /// When the bundle of `key` was last used (recorded or started warm).
-    pub fn last_used(&self, key: &BundleKey) -> Option<std::time::SystemTime> {
+    pub(crate) fn last_used(&self, key: &BundleKey) -> Option<std::time::SystemTime> {
         fs::metadata(self.record_path(key))
             .and_then(|m| m.modified())
             .ok()
@@ -215,7 +215,7 @@ impl BundleIndex {
         commit_of_tag(&fs::read(self.tag_path(url, tag)).ok()?, url, tag)
     }
 
-    pub fn set_tag(&self, url: &str, tag: &str, commit: &str) -> Result<()> {
+    pub(crate) fn set_tag(&self, url: &str, tag: &str, commit: &str) -> Result<()> {
         write_atomic(&self.tag_path(url, tag), &tag_record(url, tag, commit))
     }
 

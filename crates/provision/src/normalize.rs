@@ -34,7 +34,7 @@ pub struct SourceInfo {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct ManifestFile {
+pub(crate) struct ManifestFile {
     pub path: String,
     pub kind: Kind,
     pub size: u64,
@@ -42,7 +42,7 @@ pub struct ManifestFile {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct ManifestSkill {
+pub(crate) struct ManifestSkill {
     pub name: String,
     /// Where the skill folder sits in the repository (below the subdirectory).
     pub path: String,
@@ -53,7 +53,7 @@ pub struct ManifestSkill {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Manifest {
+pub(crate) struct Manifest {
     pub normalizer: u32,
     pub source: SourceInfo,
     pub layout: Layout,

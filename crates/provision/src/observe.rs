@@ -26,14 +26,14 @@ impl Observer {
 
     /// Called before going to the network: takes one acquisition of the payer's budget, or
     /// refuses (RESOURCE_EXHAUSTED) when it is used up. Warm starts never get here.
-    pub fn admit_fetch(&self) -> Result<()> {
+    pub(crate) fn admit_fetch(&self) -> Result<()> {
         match &self.payer {
             Some(who) => cloud_harness_control::limits::quotas().acquisition(who),
             None => Ok(()),
         }
     }
 
-    pub fn set_phase(&self, phase: &'static str) {
+    pub(crate) fn set_phase(&self, phase: &'static str) {
         *self.phase.lock().expect("phase lock") = phase;
     }
 
@@ -41,7 +41,7 @@ impl Observer {
         *self.phase.lock().expect("phase lock")
     }
 
-    pub fn set_bytes(&self, n: u64) {
+    pub(crate) fn set_bytes(&self, n: u64) {
         self.bytes.store(n, Ordering::Relaxed);
     }
 
@@ -55,7 +55,7 @@ impl Observer {
         self.cancelled.store(true, Ordering::SeqCst);
     }
 
-    pub fn is_cancelled(&self) -> bool {
+    pub(crate) fn is_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::SeqCst)
     }
 }

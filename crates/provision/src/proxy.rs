@@ -58,7 +58,7 @@ pub struct Refusal {
 
 impl Refusal {
     /// An outage a client should retry, as opposed to a refusal by policy.
-    pub fn is_outage(&self) -> bool {
+    pub(crate) fn is_outage(&self) -> bool {
         matches!(self.status, 502 | 504)
     }
 }
@@ -170,7 +170,7 @@ pub async fn serve(
 }
 
 /// A proxy on a loopback port of its own, in a thread of its own, for in-process fetches.
-pub struct EmbeddedProxy {
+pub(crate) struct EmbeddedProxy {
     pub addr: SocketAddr,
     refusals: Refusals,
     stop: Option<tokio::sync::oneshot::Sender<()>>,

@@ -60,7 +60,7 @@ impl<'a> Publications<'a> {
         write_atomic(&self.marker(record), record.key.url.as_bytes())
     }
 
-    pub fn is_queued(&self, record: &BundleRecord) -> bool {
+    pub(crate) fn is_queued(&self, record: &BundleRecord) -> bool {
         self.marker(record).exists()
     }
 

@@ -10,7 +10,7 @@ use include_dir::{include_dir, Dir, DirEntry};
 static BUILTIN: Dir<'static> = include_dir!("$CARGO_MANIFEST_DIR/../../presets/builtin");
 
 /// Puts the built-in skills into the store and returns their tree.
-pub fn store_builtin(store: &Store) -> Result<Digest> {
+pub(crate) fn store_builtin(store: &Store) -> Result<Digest> {
     let mut writer = store.writer()?;
     let digest = put_dir(&mut writer, &BUILTIN)?;
     writer.commit()?;

@@ -47,7 +47,7 @@ pub fn find(db: &Db, owner: &str, key: &str) -> Result<Option<Bound>> {
 
 /// What a claim of a key found.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Claim {
+pub(crate) enum Claim {
     /// The key is bound to the new workspace.
     Claimed,
     /// Another process bound it first.
@@ -122,7 +122,7 @@ pub fn release(db: &Db, id: &str) -> Result<()> {
 
 /// Frees the key of the workspace `id` if its row was made before `before_ms` (a half-made
 /// workspace found at start-up; an open made since then is left alone).
-pub fn release_stale(db: &Db, id: &str, before_ms: i64) -> Result<()> {
+pub(crate) fn release_stale(db: &Db, id: &str, before_ms: i64) -> Result<()> {
     db.write(|tx| {
         tx.execute(
             "DELETE FROM workspaces WHERE id = $1 AND created_at < $2",

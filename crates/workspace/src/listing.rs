@@ -13,7 +13,7 @@ use std::sync::Arc;
 /// A skill as listings show it.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct SkillView<'a> {
+pub(crate) struct SkillView<'a> {
     name: &'a str,
     description: &'a str,
     tier: Tier,

@@ -17,7 +17,7 @@ use std::path::Path;
 /// toolkits bringing one skill name are resolved like any same-tier collision (an operator
 /// override settles it); a skill of the same name already there with other content is a
 /// CONFLICT naming both digests. Returns the skills written, with their toolkits.
-pub fn workspace_scope(
+pub(crate) fn workspace_scope(
     store: &Store,
     repo: &Path,
     acquired: &[(toolkit::Toolkit, Acquired)],
@@ -108,7 +108,7 @@ fn refuse_link(repo: &Path, place: &str) -> Result<()> {
 
 /// Makes `uid:gid` the owner of everything in the working tree, links included and never
 /// followed, so the executor's user may change the project as its own.
-pub fn hand_over(repo: &Path, uid: u32, gid: u32) -> Result<()> {
+pub(crate) fn hand_over(repo: &Path, uid: u32, gid: u32) -> Result<()> {
     let mut stack = vec![repo.to_path_buf()];
     while let Some(path) = stack.pop() {
         std::os::unix::fs::lchown(&path, Some(uid), Some(gid)).map_err(|e| Error::io(&path, e))?;

@@ -28,7 +28,7 @@ impl OpenRequest {
 }
 
 /// An idempotency key: 1-200 characters, none of them control characters.
-pub fn check_key(key: &str) -> Result<()> {
+pub(crate) fn check_key(key: &str) -> Result<()> {
     if key.is_empty() || key.chars().count() > 200 || key.chars().any(char::is_control) {
         return Err(Error::field(
             Code::InvalidArgument,

@@ -29,7 +29,7 @@ pub fn pin(store: &Store, id: &str, generation: &Generation) -> Result<()> {
 }
 
 /// Drops every root of the workspace (it is closing).
-pub fn unpin(store: &Store, id: &str) -> Result<()> {
+pub(crate) fn unpin(store: &Store, id: &str) -> Result<()> {
     for (name, _) in store.roots()? {
         if name.starts_with(&prefix(id)) {
             store.remove_root(&name)?;

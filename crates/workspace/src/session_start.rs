@@ -43,7 +43,7 @@ fn mentions(text: &str, name: &str) -> bool {
     })
 }
 
-pub fn mapping_for(text: &str) -> Vec<ToolMapping> {
+pub(crate) fn mapping_for(text: &str) -> Vec<ToolMapping> {
     KNOWN_TOOLS
         .iter()
         .filter(|(name, _, _)| mentions(text, name))
@@ -56,7 +56,7 @@ pub fn mapping_for(text: &str) -> Vec<ToolMapping> {
 }
 
 /// The session-start instructions of `skill` in the bundle `bundle`, if it is there.
-pub fn from_bundle(
+pub(crate) fn from_bundle(
     store: &Store,
     bundle: &Digest,
     toolkit: &str,

@@ -21,10 +21,10 @@ pub fn env_number(name: &str, default: u64) -> Result<u64> {
 }
 
 mod settings;
-pub use settings::{Kind, Setting, SETTINGS};
+pub(crate) use settings::{Kind, Setting, SETTINGS};
 
 /// Where a file is looked for when none is named.
-pub const DEFAULT_PATH: &str = "/etc/cloud-harness/config.toml";
+pub(crate) const DEFAULT_PATH: &str = "/etc/cloud-harness/config.toml";
 
 /// Where a setting's value came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,7 +54,7 @@ pub struct Config {
 
 /// The file `args` name with `--config FILE` (or `--config=FILE`), if any: read before the
 /// command line is parsed, since the file feeds the variables its parsing reads.
-pub fn path_in_args(args: &[OsString]) -> Option<PathBuf> {
+pub(crate) fn path_in_args(args: &[OsString]) -> Option<PathBuf> {
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let a = a.to_str()?;
@@ -344,7 +344,7 @@ pub fn check(named: Option<PathBuf>) -> Result<String> {
 
 /// A URL's password (a proxy's, the database's) stays out of what is printed and logged:
 /// `scheme://user:***@host…`.
-pub fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => match url[s + 3..at].split_once(':') {
             Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),

@@ -34,7 +34,7 @@ const fn s(key: &'static str, env: &'static str, kind: Kind, default: &'static s
 }
 
 /// Every setting, in the order `config check` prints them.
-pub const SETTINGS: &[Setting] = &[
+pub(crate) const SETTINGS: &[Setting] = &[
     s(
         "home",
         "CLOUD_HARNESS_HOME",

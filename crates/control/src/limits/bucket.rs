@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 /// new one starts in, so dropping it loses nothing).
 const TRACKED: usize = 10_000;
 
-pub struct Buckets {
+pub(crate) struct Buckets {
     rate: f64,
     burst: f64,
     by_principal: Mutex<HashMap<String, Bucket>>,

@@ -14,7 +14,7 @@ mod slots;
 
 use crate::config::env_number;
 use crate::principal::Principal;
-pub use bucket::Buckets;
+pub(crate) use bucket::Buckets;
 use cloud_harness_error::{Code, Error, Result};
 use serde_json::json;
 pub use slots::{Held, Slots};
@@ -214,7 +214,7 @@ pub struct Quotas {
 /// Threads of the blocking pool (`serve` builds its runtime with this many).
 pub const BLOCKING_THREADS: usize = 512;
 /// Of those, how many principals' work never takes.
-pub const RESERVED_BLOCKING: usize = 64;
+pub(crate) const RESERVED_BLOCKING: usize = 64;
 /// Blocking work of one principal waiting for a slot, per slot; more is refused.
 const BLOCKING_QUEUE_PER_SLOT: usize = 4;
 

@@ -66,7 +66,7 @@ impl Slots {
     }
 
     /// A slot of `who`'s if one is free now.
-    pub fn try_hold(&self, who: &str) -> Option<Held> {
+    pub(crate) fn try_hold(&self, who: &str) -> Option<Held> {
         let share = self.share(who);
         let permit = share.free.clone().try_acquire_owned().ok()?;
         Some(Held { _permit: permit })

@@ -10,9 +10,9 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// Reading connections at most, per process.
-pub const MAX_READERS: usize = 4;
+pub(crate) const MAX_READERS: usize = 4;
 /// How long a statement waits for a connection when all are in use (then TIMEOUT).
-pub const CONNECTION_WAIT: Duration = Duration::from_secs(10);
+pub(crate) const CONNECTION_WAIT: Duration = Duration::from_secs(10);
 
 type Opener = Box<dyn Fn() -> Result<Engine> + Send + Sync>;
 

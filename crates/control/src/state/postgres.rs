@@ -23,9 +23,9 @@ const WRITE_LOCK: i64 = 0x6368_0001;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a statement may wait for a lock (`lock_timeout`): as long as SQLite's busy
 /// timeout.
-pub const LOCK_TIMEOUT: Duration = super::sqlite::BUSY_TIMEOUT;
+pub(crate) const LOCK_TIMEOUT: Duration = super::sqlite::BUSY_TIMEOUT;
 /// How long a statement may run (`statement_timeout`).
-pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long this side waits for any answer before it gives the connection up (a server or a
 /// network that hangs never says `statement_timeout`): that, and a margin.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(35);
@@ -93,7 +93,7 @@ impl Pg {
     }
 
     /// A new connection if the last one is known to be lost.
-    pub fn ensure(&mut self) -> DbResult<()> {
+    pub(crate) fn ensure(&mut self) -> DbResult<()> {
         if self.client.is_closed() || self.lost.get() {
             self.reconnect()?;
         }
@@ -101,7 +101,7 @@ impl Pg {
     }
 
     /// A new connection (the last one failed: the server restarted, a proxy cut it).
-    pub fn reconnect(&mut self) -> DbResult<()> {
+    pub(crate) fn reconnect(&mut self) -> DbResult<()> {
         tracing::warn!(database = %self.target.shown, "the state database connection was lost; connecting again");
         self.client = open(&self.target.config, &self.target.shown)?;
         self.statements.borrow_mut().clear();

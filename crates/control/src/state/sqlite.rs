@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// How long a writer waits for another (a CLI while `serve` writes) before giving up.
-pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn open(path: &Path) -> DbResult<Connection> {
     let conn = Connection::open(path).map_err(error)?;
@@ -31,7 +31,7 @@ pub fn open(path: &Path) -> DbResult<Connection> {
 
 /// A connection for reads only, to a database [`open`] made: WAL is the file's mode already
 /// and durability is the writer's concern, so it only waits as long, and checks keys.
-pub fn open_reader(path: &Path) -> DbResult<Connection> {
+pub(crate) fn open_reader(path: &Path) -> DbResult<Connection> {
     let conn = Connection::open(path).map_err(error)?;
     conn.busy_timeout(BUSY_TIMEOUT).map_err(error)?;
     conn.pragma_update(None, "foreign_keys", "ON")

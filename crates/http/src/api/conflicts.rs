@@ -14,7 +14,7 @@ use serde_json::json;
 
 #[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct ListQuery {
+pub(crate) struct ListQuery {
     /// Also those settled.
     #[serde(default)]
     settled: bool,

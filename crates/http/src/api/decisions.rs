@@ -15,7 +15,7 @@ use serde_json::json;
 
 #[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct ListQuery {
+pub(crate) struct ListQuery {
     /// Also those revoked.
     #[serde(default)]
     revoked: bool,
@@ -23,7 +23,7 @@ pub struct ListQuery {
 
 #[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct RevokeQuery {
+pub(crate) struct RevokeQuery {
     reason: Option<String>,
 }
 
@@ -184,7 +184,7 @@ async fn revoke(
     answer(StatusCode::OK, done)
 }
 
-pub async fn revoke_approval(
+pub(crate) async fn revoke_approval(
     api: State,
     Extension(who): Extension<Identity>,
     Path(id): Path<String>,
@@ -193,7 +193,7 @@ pub async fn revoke_approval(
     revoke(api, Kind::Approval, who, id, q).await
 }
 
-pub async fn revoke_override(
+pub(crate) async fn revoke_override(
     api: State,
     Extension(who): Extension<Identity>,
     Path(id): Path<String>,

@@ -31,7 +31,7 @@ struct Edit {
 
 #[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct RevisionQuery {
+pub(crate) struct RevisionQuery {
     revision: Option<i64>,
 }
 

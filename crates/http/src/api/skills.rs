@@ -14,7 +14,7 @@ use serde_json::json;
 
 #[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct SkillsQuery {
+pub(crate) struct SkillsQuery {
     q: Option<String>,
     tier: Option<String>,
     toolkit: Option<String>,

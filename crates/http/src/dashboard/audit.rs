@@ -12,7 +12,7 @@ use maud::html;
 use std::sync::Arc;
 
 #[derive(serde::Deserialize, Default)]
-pub struct Filters {
+pub(crate) struct Filters {
     #[serde(default)]
     actor: String,
     #[serde(default)]

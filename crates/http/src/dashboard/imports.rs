@@ -22,7 +22,7 @@ const HISTORY: usize = 100;
 /// Both forms' fields; `kind` says which form was sent.
 #[derive(serde::Deserialize, Default, Clone)]
 #[serde(rename_all = "camelCase")]
-pub struct NewImport {
+pub(crate) struct NewImport {
     #[serde(default)]
     kind: String,
     #[serde(default)]
@@ -44,7 +44,7 @@ pub struct NewImport {
 }
 
 #[derive(serde::Deserialize)]
-pub struct Csrf {
+pub(crate) struct Csrf {
     #[serde(default)]
     csrf: String,
 }
@@ -249,7 +249,7 @@ fn jobs_table(who: &Identity, jobs: &[&Job], live: bool) -> Markup {
 }
 
 /// What a job's toolkit is called: its preset id, or its instance id and URL.
-pub fn toolkit_name(t: &Value) -> String {
+pub(crate) fn toolkit_name(t: &Value) -> String {
     match (
         t["id"].as_str(),
         t["instanceId"].as_str(),

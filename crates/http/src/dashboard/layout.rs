@@ -64,7 +64,7 @@ pub fn page(title: &str, current: &str, who: &Identity, body: Markup) -> Respons
     respond(StatusCode::OK, markup)
 }
 
-pub fn respond(status: StatusCode, markup: Markup) -> Response {
+pub(crate) fn respond(status: StatusCode, markup: Markup) -> Response {
     let mut r = (status, markup.into_string()).into_response();
     let h = r.headers_mut();
     h.insert(
@@ -113,7 +113,7 @@ pub fn alert(e: &cloud_harness_error::Error) -> Markup {
 }
 
 /// The message of `e` when it names `field` (or a field inside it), shown beside that field.
-pub fn field_error(e: Option<&cloud_harness_error::Error>, field: &str) -> Markup {
+pub(crate) fn field_error(e: Option<&cloud_harness_error::Error>, field: &str) -> Markup {
     let at = e.filter(|e| {
         e.details["field"].as_str().is_some_and(|f| {
             f == field || f.starts_with(&format!("{field}.")) || f.starts_with(&format!("{field}["))

@@ -16,7 +16,7 @@ const PAGE: usize = 50;
 const SKIPPED_SHOWN: usize = 50;
 
 #[derive(serde::Deserialize, Default)]
-pub struct Filters {
+pub(crate) struct Filters {
     #[serde(default)]
     q: String,
     #[serde(default)]

@@ -2,7 +2,7 @@
 //! rendered by pulldown-cmark, then cleaned by ammonia's allow-list (no scripts, no event
 //! handlers, no `javascript:` URLs, raw HTML reduced to harmless tags).
 
-pub fn render(markdown: &str) -> String {
+pub(crate) fn render(markdown: &str) -> String {
     let mut html = String::new();
     let parser = pulldown_cmark::Parser::new_ext(markdown, pulldown_cmark::Options::ENABLE_TABLES);
     pulldown_cmark::html::push_html(&mut html, parser);

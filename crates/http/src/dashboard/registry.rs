@@ -19,7 +19,7 @@ use super::layout::short;
 
 #[derive(serde::Deserialize, Default, Clone)]
 #[serde(rename_all = "camelCase")]
-pub struct AddForm {
+pub(crate) struct AddForm {
     #[serde(default)]
     id: String,
     #[serde(default)]
@@ -37,7 +37,7 @@ pub struct AddForm {
 }
 
 #[derive(serde::Deserialize)]
-pub struct PinForm {
+pub(crate) struct PinForm {
     #[serde(default)]
     commit: String,
     #[serde(default)]
@@ -47,7 +47,7 @@ pub struct PinForm {
 }
 
 #[derive(serde::Deserialize)]
-pub struct Csrf {
+pub(crate) struct Csrf {
     #[serde(default)]
     csrf: String,
 }

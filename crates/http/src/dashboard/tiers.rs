@@ -74,7 +74,7 @@ fn copies(r: &Resolution) -> Vec<(&Candidate, Mark)> {
 }
 
 /// The drawing of `index`; `caption` says whose resolution it is.
-pub fn drawing(index: &Index, caption: &str) -> Markup {
+pub(crate) fn drawing(index: &Index, caption: &str) -> Markup {
     let rows = index.resolutions();
     html! {
         table.tiers {
@@ -105,7 +105,7 @@ pub fn drawing(index: &Index, caption: &str) -> Markup {
     }
 }
 
-pub fn tier_title(t: Tier) -> &'static str {
+pub(crate) fn tier_title(t: Tier) -> &'static str {
     match t {
         Tier::Builtin => "Built-in",
         Tier::Owner => "Owner",

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use super::layout::short;
 
 #[derive(serde::Deserialize)]
-pub struct Csrf {
+pub(crate) struct Csrf {
     #[serde(default)]
     csrf: String,
 }

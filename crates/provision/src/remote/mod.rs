@@ -312,7 +312,7 @@ impl RemoteStore {
     }
 
     /// Records a resolved tag (create-only: the first runner's resolution stands).
-    pub fn put_tag(&self, url: &str, tag: &str, commit: &str) -> Result<()> {
+    pub(crate) fn put_tag(&self, url: &str, tag: &str, commit: &str) -> Result<()> {
         let json = index::tag_record(url, tag, commit);
         let path = self.tag_path(url, tag);
         let objects = self.objects.clone();

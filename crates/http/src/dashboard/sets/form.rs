@@ -92,7 +92,7 @@ impl Row {
 
 /// The form as sent: the set's fields and its rows, in order, the unused ones dropped.
 #[derive(Default)]
-pub struct SetForm {
+pub(crate) struct SetForm {
     pub id: String,
     pub description: String,
     pub revision: Option<i64>,
@@ -152,7 +152,7 @@ impl SetForm {
 }
 
 impl Row {
-    pub fn instance_id_or_entry(&self) -> String {
+    pub(crate) fn instance_id_or_entry(&self) -> String {
         if self.toolkit == "git" {
             self.instance_id.clone()
         } else {

@@ -94,7 +94,7 @@ fn fields_changed(
         .collect()
 }
 
-pub fn revision_item(id: &str, r: &Revision, changes: &Changes) -> Markup {
+pub(crate) fn revision_item(id: &str, r: &Revision, changes: &Changes) -> Markup {
     html! {
         p {
             a href={ "/sets/" (id) "?revision=" (r.revision) } { "Revision " (r.revision) }
