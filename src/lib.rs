@@ -3,5 +3,5 @@
 //! is a crate of its own (ARCHITECTURE.md).
 
 pub mod cli;
-pub mod notify;
-pub mod serve;
+mod notify;
+mod serve;

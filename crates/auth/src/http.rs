@@ -22,7 +22,7 @@ pub(crate) use super::checks::forget_cached;
 pub(crate) const COOKIE: &str = "__Host-ch_session";
 pub(crate) const CSRF_HEADER: &str = "x-csrf-token";
 /// The field a dashboard form sends the CSRF token in.
-pub(crate) const CSRF_FIELD: &str = "csrf";
+pub const CSRF_FIELD: &str = "csrf";
 /// The largest form body read for its CSRF field (axum's own limit on forms).
 const MAX_FORM: usize = 2 << 20;
 
@@ -178,7 +178,7 @@ pub fn error_response(e: &Error) -> Response {
     response
 }
 
-pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
+pub(crate) fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()

@@ -2,8 +2,10 @@
 //! plain hash is enough: there is nothing to guess), each with a name and a role; one-time
 //! login codes that turn into a browser session (a cookie and its CSRF token).
 //!
-//! It knows principals, tokens and sessions, nothing of workspaces, toolkits or the protocols
-//! that call it: the MCP transport and the operator API both ask it who a request is.
+//! It also owns the route-level access policy (which paths need which role, which are pages)
+//! and the shapes of its refusals, the JSON-RPC one for `/mcp` among them; it knows nothing
+//! of workspaces or toolkits and has no MCP dependency. The MCP transport and the operator API
+//! both ask it who a request is.
 
 mod checks;
 pub mod http;
@@ -61,7 +63,7 @@ pub fn same_secret(sent: &str, expected: &str) -> bool {
 }
 
 /// A token name: 1-64 of letters, digits, `.`, `_`, `-` (it shows in logs and the audit log).
-pub fn check_name(name: &str) -> Result<()> {
+pub(crate) fn check_name(name: &str) -> Result<()> {
     let ok = (1..=64).contains(&name.len())
         && name
             .bytes()
@@ -142,7 +144,7 @@ pub fn list(db: &Db, include_revoked: bool) -> Result<Vec<TokenInfo>> {
 }
 
 /// Revokes the active token named `name`: it stops working at once in this process, within
-/// [`known::CACHE_TTL`] in others; its browser sessions end.
+/// `CACHE_TTL` in others; its browser sessions end.
 pub fn revoke(db: &Db, name: &str, actor: &str) -> Result<TokenInfo> {
     let info = db.write(|tx| {
         let now = state::now_ms();
@@ -179,7 +181,7 @@ pub fn any(db: &Db) -> Result<bool> {
 }
 
 /// The identity of an active token's secret.
-pub fn authenticate(db: &Db, secret: &str) -> Result<Option<Identity>> {
+pub(crate) fn authenticate(db: &Db, secret: &str) -> Result<Option<Identity>> {
     if !secret.starts_with(TOKEN_PREFIX) {
         return Ok(None);
     }

@@ -12,12 +12,12 @@ use std::sync::Arc;
 const LOGINS_AT_ONCE: usize = 2;
 
 #[derive(serde::Deserialize)]
-pub struct LoginQuery {
+pub(crate) struct LoginQuery {
     code: Option<String>,
 }
 
 /// `GET /login?code=…`: a one-time code becomes a browser session.
-pub async fn login(State(auth): State<Arc<Auth>>, Query(q): Query<LoginQuery>) -> Response {
+pub(crate) async fn login(State(auth): State<Arc<Auth>>, Query(q): Query<LoginQuery>) -> Response {
     let Some(code) = q.code.filter(|c| c.len() <= 128) else {
         return error_response(&Error::field(
             Code::InvalidArgument,
@@ -58,7 +58,7 @@ pub async fn login(State(auth): State<Arc<Auth>>, Query(q): Query<LoginQuery>) -
 
 /// `POST /logout`: ends the browser session (a write: the guard checked its origin and CSRF
 /// token) and goes back to the sign-in hint.
-pub async fn logout(State(auth): State<Arc<Auth>>, headers: HeaderMap) -> Response {
+pub(crate) async fn logout(State(auth): State<Arc<Auth>>, headers: HeaderMap) -> Response {
     if let Some(secret) = cookie(&headers, COOKIE) {
         let db = auth.db().clone();
         let ended = tokio::task::spawn_blocking(move || super::logout(&db, &secret)).await;

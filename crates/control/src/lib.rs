@@ -4,14 +4,14 @@
 //! the home folder, the audit log and metrics.
 //!
 //! It knows nothing of how a toolkit is fetched, served or run: no git transport, no Docker,
-//! no FUSE, no HTTP.
+//! no FUSE session (only the mount's counters, for the metrics), no HTTP.
 
 pub mod audit;
 pub mod config;
 pub mod heads;
 pub mod home;
 pub mod hosts;
-pub mod ids;
+pub(crate) mod ids;
 pub mod input;
 pub mod keyed_lock;
 pub mod limits;
@@ -19,6 +19,6 @@ pub mod metrics;
 pub mod operator;
 pub mod presets;
 pub mod principal;
-pub mod scope;
+pub(crate) mod scope;
 pub mod state;
 pub mod toolkit;

@@ -27,7 +27,7 @@ use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, Notify};
 
-pub const LABEL: &str = "io.cloud-harness.executor";
+pub(crate) const LABEL: &str = "io.cloud-harness.executor";
 /// The workspace folder on the host, so an operator (or a test) can tell whose it is.
 pub(crate) const DIR_LABEL: &str = "io.cloud-harness.workspace-dir";
 const MEMORY: i64 = 2 << 30;

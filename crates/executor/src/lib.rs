@@ -17,12 +17,13 @@
 //! sandbox per command) and `host` (development only: commands run on the host).
 //!
 //! The crate owns where and how a command runs; it knows nothing of MCP, HTTP or the control
-//! plane's tables. Its only use of provisioning is the egress proxy on the provisioning network,
-//! a Docker executor's one way out.
+//! plane's tables. From provisioning it takes the Docker engine (`engine`, one client for
+//! helpers and executors) and the egress proxy on the provisioning network, a Docker
+//! executor's one way out.
 
-pub mod bwrap;
+mod bwrap;
 pub mod docker;
-pub mod process;
+mod process;
 mod rlimits;
 pub mod runner;
 pub(crate) mod userland;
@@ -32,10 +33,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
-pub use process::{Exit, Process};
+pub(crate) use process::{Exit, Process};
 pub use rlimits::RunLimits;
 
-pub const WORKSPACE: &str = "/workspace";
+pub(crate) const WORKSPACE: &str = "/workspace";
 /// Where workspace-scope toolkits are materialized, inside the working tree.
 pub const WORKSPACE_SKILLS: &str = ".cloud-harness/skills";
 pub(crate) const ROOT: &str = "/opt/cloud-harness";

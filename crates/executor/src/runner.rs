@@ -10,9 +10,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// Output kept per stream by default (`[limits] run_output`); the rest is read and counted,
-/// not kept.
-pub const OUTPUT_CAP: usize = 256 << 10;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long output may stay open after the command exited and its group was killed (a
@@ -176,6 +173,9 @@ pub async fn supervise(
 
 #[cfg(test)]
 mod tests {
+    /// Output kept per stream, as `[limits] run_output`'s default.
+    const OUTPUT_CAP: usize = 256 << 10;
+
     use super::*;
     use crate::process::spawn_local;
     use cloud_harness_error::Code;

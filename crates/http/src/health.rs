@@ -25,7 +25,7 @@ use tokio::sync::watch;
 /// How often readiness is assessed.
 pub const READY_EVERY: Duration = Duration::from_secs(2);
 /// How long one check may take before it counts as failed.
-pub const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// What `/readyz` answers.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -35,7 +35,7 @@ pub(crate) struct Report {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Check {
+pub(crate) struct Check {
     pub check: &'static str,
     pub ok: bool,
     /// Why not, in words that name no workspace, key or path.

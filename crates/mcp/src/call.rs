@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 /// Default and largest page of `skills_read`.
-pub const PAGE: u64 = 64 << 10;
-pub const MAX_PAGE: u64 = 1 << 20;
+pub(crate) const PAGE: u64 = 64 << 10;
+pub(crate) const MAX_PAGE: u64 = 1 << 20;
 /// A workspace handle, a skill name.
 pub(crate) const MAX_HANDLE: usize = 64;
 pub(crate) const MAX_SKILL: usize = 255;

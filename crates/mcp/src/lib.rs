@@ -6,8 +6,9 @@
 //! not a tool call at all is a JSON-RPC error. Argument objects are flat and their schemas have
 //! no `$ref`.
 //!
-//! The crate owns the protocol only: what a tool does is `cloud-harness-workspace`'s, who may
-//! call is `cloud-harness-auth`'s. Nothing below it knows MCP.
+//! The crate owns the protocol: what a tool does is `cloud-harness-workspace`'s, who may call
+//! is `cloud-harness-auth`'s. Nothing below it depends on rmcp or speaks JSON-RPC (but the
+//! auth guard's refusal of `/mcp`).
 
 mod bound;
 pub mod call;
@@ -16,7 +17,7 @@ pub mod malformed;
 mod one_write;
 mod prewritten;
 pub mod sessions;
-pub mod skills;
+mod skills;
 pub mod stdio;
 mod tools;
 

@@ -19,7 +19,6 @@ use rmcp::ErrorData as McpError;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-pub const EXTENSION: &str = "io.modelcontextprotocol/skills";
 const SCHEME: &str = "skill://";
 /// The extension's per-skill limits.
 const MAX_FILES: usize = 512;

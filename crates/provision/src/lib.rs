@@ -17,7 +17,7 @@ pub mod index;
 pub mod normalize;
 pub mod observe;
 mod ownership;
-pub mod pack;
+pub(crate) mod pack;
 pub mod proxy;
 pub mod publication;
 pub mod remote;

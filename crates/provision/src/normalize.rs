@@ -25,7 +25,7 @@ const MAX_PLUGIN_PATHS: usize = 4096;
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct SourceInfo {
+pub(crate) struct SourceInfo {
     pub url: String,
     pub fetched_url: String,
     pub commit: String,
@@ -62,7 +62,7 @@ pub(crate) struct Manifest {
     pub warnings: Vec<String>,
 }
 
-pub struct Bundle {
+pub(crate) struct Bundle {
     pub tree: Digest,
     pub manifest: Digest,
     pub skills: usize,
@@ -205,7 +205,7 @@ fn files_of(
 }
 
 /// Builds and publishes the bundle of the staged tree `staged`.
-pub fn normalize(
+pub(crate) fn normalize(
     store: &Store,
     staged: Digest,
     toolkit: &Toolkit,

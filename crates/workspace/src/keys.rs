@@ -59,7 +59,7 @@ pub(crate) enum Claim {
 /// Binds `owner`'s `key` to the new workspace `id`, unless the key is bound already or the
 /// owner has `max` workspaces (counted in the same transaction, so concurrent opens, on this
 /// runner or others, cannot pass the limit together).
-pub fn claim(
+pub(crate) fn claim(
     db: &Db,
     owner: &str,
     key: &str,
@@ -136,7 +136,7 @@ pub(crate) fn release_stale(db: &Db, id: &str, before_ms: i64) -> Result<()> {
 /// A workspace found on disk at start-up (its record written before the database held keys,
 /// or the row is there already): its key bound to it. An error when the key is bound to
 /// another workspace.
-pub fn adopt(
+pub(crate) fn adopt(
     db: &Db,
     id: &str,
     owner: &str,

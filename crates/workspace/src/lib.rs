@@ -24,7 +24,7 @@
 
 mod acquire;
 mod activate;
-pub mod builtin;
+mod builtin;
 mod catalog;
 mod discard;
 mod failure;
@@ -72,7 +72,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use cloud_harness_executor::WORKSPACE_SKILLS;
+pub(crate) use cloud_harness_executor::WORKSPACE_SKILLS;
 
 /// Changes of the catalogue a slow listener may fall behind by before it is told only that
 /// something changed.

@@ -46,8 +46,8 @@ pub struct RunRequest {
 
 /// Workspace work (file system, engine calls) off the async threads, in the caller's span (an
 /// MCP call's request id stays on what it logs) and within the share of the principal the
-/// task acts for ([`cloud_harness_control::limits::blocking`]); a task that fails to finish is an internal
-/// error.
+/// task acts for ([`cloud_harness_control::limits::blocking`]); a task that fails to finish is
+/// an internal error.
 pub async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {

@@ -178,7 +178,7 @@ impl Config {
 
     /// Every setting, with the value that takes effect and where it came from. `env` is the
     /// environment as it was before [`Config::apply`]; its values are checked too.
-    pub fn effective(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Effective>> {
+    pub(crate) fn effective(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<Effective>> {
         SETTINGS
             .iter()
             .map(|s| {

@@ -189,7 +189,7 @@ impl Db {
     /// Runs `f` in one write transaction holding the write lock from its start (SQLite's
     /// `BEGIN IMMEDIATE`; on PostgreSQL one advisory lock for the whole fleet), so two
     /// writers serialize instead of failing midway; committed only if `f` succeeds, so
-    /// nothing partial is ever stored. It waits at most [`pool::CONNECTION_WAIT`] for this
+    /// nothing partial is ever stored. It waits at most `CONNECTION_WAIT` for this
     /// process's other writes, then the engine's own bound for the lock.
     pub fn write<T>(&self, f: impl FnOnce(&Conn) -> Result<T>) -> Result<T> {
         let mut lease = self.writer.get()?;

@@ -2,6 +2,7 @@
 
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use cloud_harness_auth::http::CSRF_FIELD;
 use cloud_harness_auth::Identity;
 use maud::{html, Markup, DOCTYPE};
 
@@ -99,7 +100,7 @@ pub fn error(who: &Identity, e: &cloud_harness_error::Error) -> Response {
 
 /// A form's CSRF field: the session's token.
 pub fn csrf(who: &Identity) -> Markup {
-    html! { input type="hidden" name="csrf" value=(who.csrf.as_deref().unwrap_or_default()); }
+    html! { input type="hidden" name=(CSRF_FIELD) value=(who.csrf.as_deref().unwrap_or_default()); }
 }
 
 /// Whether `who` may use the page's forms (the pages show them to operators only).

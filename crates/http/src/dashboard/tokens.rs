@@ -5,6 +5,7 @@ use crate::api::Api;
 use axum::extract::{Path, State};
 use axum::response::Response;
 use axum::{Extension, Form};
+use cloud_harness_auth::http::CSRF_FIELD;
 use cloud_harness_auth::{self as auth, Identity, Role};
 use maud::{html, Markup};
 use std::sync::Arc;
@@ -40,7 +41,7 @@ async fn render(api: &Arc<Api>, who: &Identity, notice: Markup) -> Response {
             (notice)
             h2 { "Make a token" }
             form.filters method="post" action="/tokens" {
-                input type="hidden" name="csrf" value=(csrf);
+                input type="hidden" name=(CSRF_FIELD) value=(csrf);
                 label { "Name" input type="text" name="name" required pattern="[A-Za-z0-9._\\-]{1,64}"; }
                 label { "Role" select name="role" {
                     option value="client" { "client (MCP tools, reads)" }
@@ -58,7 +59,7 @@ async fn render(api: &Arc<Api>, who: &Identity, notice: Markup) -> Response {
                     td { @if t.revoked_at.is_some() { "revoked" } @else { "active" } }
                     td { @if t.revoked_at.is_none() {
                         form.inline method="post" action={ "/tokens/" (t.name) "/revoke" } {
-                            input type="hidden" name="csrf" value=(csrf);
+                            input type="hidden" name=(CSRF_FIELD) value=(csrf);
                             button type="submit" aria-label={ "Revoke " (t.name) } { "Revoke" }
                         }
                     } }

@@ -49,7 +49,7 @@ use std::time::Duration;
 const AT_ONCE: usize = 64;
 
 /// The settings this module reads.
-pub const URL_VAR: &str = "TOOLKIT_STORE_URL";
+pub(crate) const URL_VAR: &str = "TOOLKIT_STORE_URL";
 
 pub use super::index::MAX_RECORD;
 /// The largest tag record read.

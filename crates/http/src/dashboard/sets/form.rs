@@ -2,6 +2,7 @@
 //! into the member the API takes.
 
 use crate::dashboard::patterns;
+use cloud_harness_auth::http::CSRF_FIELD;
 use cloud_harness_control::toolkit::{Scope, ToolkitSpec};
 use cloud_harness_error::{Code, Error};
 use serde_json::{json, Value};
@@ -111,7 +112,7 @@ impl SetForm {
                 "description" => f.description = v,
                 "revision" => f.revision = v.parse().ok(),
                 "action" => f.preview = v == "preview",
-                "csrf" => f.csrf = v,
+                k if k == CSRF_FIELD => f.csrf = v,
                 _ => {
                     let Some((i, field)) = k
                         .strip_prefix('m')

@@ -1,6 +1,7 @@
 //! Skill sets on the control-plane database alone (SQLite in a temporary home): made, edited
 //! by revision, a stale edit refused, bad input refused by field with nothing stored, and a set
-//! expanded into its members.
+//! expanded into its members. The same through the API, on SQLite and on PostgreSQL, is
+//! `tests/sets.rs` and `tests/sets_postgres.rs` at the root.
 
 use cloud_harness_control::hosts::HostPolicy;
 use cloud_harness_control::state::Db;
