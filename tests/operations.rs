@@ -295,6 +295,11 @@ fn metrics_move_with_the_work() {
         .iter()
         .find(|l| l["fields"]["message"] == "acquired")
         .unwrap_or_else(|| panic!("no acquisition logged: {log}"));
+    // Its target names the crate that logged it (a `cloud_harness` filter covers every crate).
+    assert_eq!(
+        acquired["target"], "cloud_harness_provision::acquisitions",
+        "{acquired}"
+    );
     let id = acquired["span"]["request_id"].as_str().unwrap();
     assert!(id.starts_with("req_"), "{acquired}");
     let call = lines

@@ -12,7 +12,8 @@
 //! check at once ([`forget_cached`]); one made elsewhere takes effect here within
 //! [`CACHE_TTL`] (within [`STALE_GRACE`] while this process cannot reach the database).
 
-pub(crate) use super::known::{Kind, CACHE_TTL, CHECK_TIMEOUT};
+pub(crate) use super::known::Kind;
+use super::known::{CACHE_TTL, CHECK_TIMEOUT};
 use super::Identity;
 use cloud_harness_control::state::Db;
 use cloud_harness_error::{Code, Error};
