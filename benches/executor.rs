@@ -21,10 +21,17 @@ use tokio_util::sync::CancellationToken;
 
 const OPENS: usize = 9;
 const RUNS: usize = 31;
+const CONCURRENT: usize = 16;
+const CONCURRENT_ROUNDS: usize = 10;
 
 fn median(mut xs: Vec<Duration>) -> Duration {
     xs.sort();
     xs[xs.len() / 2]
+}
+
+fn p99(mut xs: Vec<Duration>) -> Duration {
+    xs.sort();
+    xs[(xs.len() * 99 / 100).min(xs.len() - 1)]
 }
 
 fn ms(d: Duration) -> f64 {
@@ -149,6 +156,47 @@ fn main() {
             }
         }
     }
+    // Sixteen runs at once in one workspace, rounds interleaved across backends: each run's
+    // own time, against runs alone.
+    let mut concurrent: Vec<Vec<Duration>> = vec![Vec::new(); sets.len()];
+    for _ in 0..CONCURRENT_ROUNDS {
+        for (i, ws) in open.iter().enumerate() {
+            let home = sets[i].1.home().to_owned();
+            let took = runtime.block_on(async {
+                let handles: Vec<_> = (0..CONCURRENT)
+                    .map(|_| {
+                        let (ws, home) = (ws.clone(), home.clone());
+                        tokio::spawn(async move {
+                            let t = Instant::now();
+                            let out = ws
+                                .run(
+                                    &home,
+                                    "bench",
+                                    RunRequest {
+                                        skill: "alpha".into(),
+                                        script: "scripts/ok.sh".into(),
+                                        args: vec![],
+                                        timeout: Duration::from_secs(30),
+                                    },
+                                    CancellationToken::new(),
+                                    |_, _| {},
+                                )
+                                .await
+                                .unwrap();
+                            assert_eq!(out["stdout"], "ok\n", "{out}");
+                            t.elapsed()
+                        })
+                    })
+                    .collect();
+                let mut took = Vec::new();
+                for h in handles {
+                    took.push(h.await.unwrap());
+                }
+                took
+            });
+            concurrent[i].extend(took);
+        }
+    }
     for (ws, (_, set)) in open.iter().zip(&sets) {
         set.close(&ws.id).unwrap();
     }
@@ -185,4 +233,18 @@ fn main() {
         "| `sh ok.sh` directly on the host | — | — | {:.2} ms | 1.0x |",
         ms(direct)
     );
+    println!();
+    println!("| backend | p99 of one run alone | p99 of {CONCURRENT} runs at once ({CONCURRENT_ROUNDS} rounds) | ratio |");
+    println!("|---|---|---|---|");
+    for (i, (kind, _)) in sets.iter().enumerate() {
+        let alone = p99(runs[i].clone());
+        let together = p99(concurrent[i].clone());
+        println!(
+            "| {} | {:.2} ms | {:.2} ms | {:.1}x |",
+            kind.as_str(),
+            ms(alone),
+            ms(together),
+            together.as_secs_f64() / alone.as_secs_f64()
+        );
+    }
 }

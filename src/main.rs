@@ -11,6 +11,18 @@ fn main() -> ExitCode {
     use std::io::IsTerminal;
     // The configuration file becomes the variables everything reads, before any is read.
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // The run agent inside an executor: nothing of the server's set-up, not even its
+    // configuration, happens in there.
+    if args
+        .get(1)
+        .is_some_and(|a| a == cloud_harness_executor::agent::COMMAND)
+    {
+        let rest: Vec<String> = args[2..]
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        return ExitCode::from(cloud_harness_executor::agent::main(&rest).clamp(0, 255) as u8);
+    }
     if let Err(err) = cloud_harness_control::config::init(&args) {
         eprintln!("error: {err}");
         return ExitCode::from(2);

@@ -67,6 +67,29 @@ pub fn harness_with(
         "echo hello from $(pwd)\n",
     );
     write(&src.join("alpha/scripts/long.sh"), "sleep 120\n");
+    // For the runs' tests (tests/executor_runs.rs): a run that leaves a daemon behind, one
+    // that lists the processes of its user, one that tries the agent, and limits' passers.
+    write(
+        &src.join("alpha/scripts/leave.sh"),
+        "setsid sh -c 'sleep 300' </dev/null >/dev/null 2>&1 &\necho left\n",
+    );
+    write(
+        &src.join("alpha/scripts/procs.py"),
+        include_str!("../executor/procs.py"),
+    );
+    write(
+        &src.join("alpha/scripts/agent.py"),
+        include_str!("../executor/agent.py"),
+    );
+    write(&src.join("alpha/scripts/spin.sh"), "while :; do :; done\n");
+    write(
+        &src.join("alpha/scripts/loud.sh"),
+        "head -c 100000 /dev/zero | tr '\\0' x\n",
+    );
+    write(
+        &src.join("alpha/scripts/alloc.py"),
+        "b = bytearray(512 << 20)\nprint('allocated', len(b))\n",
+    );
     let kit = super::warm_toolkit(&store, &src, "kit");
     // Prewarmed as under `serve`: the walker is the real binary.
     let workspaces =

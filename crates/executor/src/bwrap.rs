@@ -1,17 +1,19 @@
-//! The bubblewrap executor: a fresh sandbox per command, with the layout of every executor.
+//! The bubblewrap executor: one sandbox per workspace, made at its first run and kept, whose
+//! pid 1 is the run agent; every run of the workspace is the agent's child.
 //!
 //! New pid, ipc, uts, cgroup and network namespaces (the network one has only its own
-//! loopback), the host's userland read-only, a read-only root, a private `/tmp`, the process
-//! dies with its parent. As root, bubblewrap runs privileged and the command drops to the
-//! executor's uid with `setpriv` (no capabilities, an empty bounding set, no new privileges);
-//! otherwise bubblewrap makes a user namespace and the command keeps this user's uid.
+//! loopback), the host's userland read-only, a read-only root, a private `/tmp`, the sandbox
+//! dies with the harness. As root, bubblewrap runs privileged and the agent keeps only the
+//! capabilities it needs to start runs as the executor's uid (setuid, setgid, setpcap to
+//! empty the runs' bounding set, kill for their groups); a run keeps none. Otherwise
+//! bubblewrap makes a user namespace, and runs keep this user's uid. The agent talks to the
+//! harness over an inherited socket with no name.
 
+use super::link::Link;
 use super::userland::{self, Entry};
-use super::{Places, Spec, ROOT, WORKSPACE};
+use super::{Places, ROOT, WORKSPACE};
 use cloud_harness_error::Error;
 
-/// Processes the executor's user may have at once.
-const NPROC: u32 = 1024;
 const TMP_BYTES: u64 = 1 << 30;
 
 fn as_root() -> bool {
@@ -44,15 +46,14 @@ pub fn explain(e: Error) -> Error {
     }
 }
 
-/// The command line running `command` in a sandbox of `places`, with exactly `env` and, if
-/// given, a run's limits (set by the `prlimit` that already bounds the processes).
-pub fn argv(
-    places: &Places,
-    spec: &Spec,
-    command: &[String],
-    env: &[(String, String)],
-    limits: Option<super::rlimits::RunLimits>,
-) -> Vec<String> {
+/// Where the agent's binary is inside every executor.
+pub(crate) const AGENT: &str = "/run/cloud-harness/agent";
+/// The descriptor the agent's socket is in the sandbox.
+const AGENT_FD: i32 = 3;
+
+/// The command line of a sandbox of `places` whose pid 1 is the agent at `agent` (a host
+/// path), talking on descriptor 3.
+pub fn argv(places: &Places, agent: &std::path::Path) -> Vec<String> {
     let mut a: Vec<String> = [
         "bwrap",
         "--unshare-ipc",
@@ -64,14 +65,16 @@ pub fn argv(
         "executor",
         "--die-with-parent",
         "--new-session",
+        "--as-pid-1",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
     let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
     if as_root() {
-        // Kept only long enough for setpriv to become the executor's user.
-        push(&["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]);
+        for cap in ["CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL"] {
+            push(&["--cap-add", cap]);
+        }
     } else {
         push(&["--unshare-user", "--disable-userns"]);
     }
@@ -102,7 +105,7 @@ pub fn argv(
             }
         }
     }
-    for (name, _) in userland::identity(spec.uid, spec.gid) {
+    for name in userland::IDENTITY {
         let host = places.etc.join(name).display().to_string();
         let inside = format!("/etc/{name}");
         dest(&mut a, &inside);
@@ -111,6 +114,7 @@ pub fn argv(
     let repo = places.repo.display().to_string();
     let mounts = places.mounts.display().to_string();
     dest(&mut a, ROOT);
+    dest(&mut a, AGENT);
     let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
     push(&["--proc", "/proc", "--dev", "/dev"]);
     push(&[
@@ -122,31 +126,60 @@ pub fn argv(
         "/tmp",
     ]);
     push(&["--bind", &repo, WORKSPACE, "--ro-bind", &mounts, ROOT]);
-    push(&["--remount-ro", "/", "--chdir", WORKSPACE, "--clearenv"]);
-    for (k, v) in env {
-        push(&["--setenv", k, v]);
-    }
-    push(&["--"]);
-    if as_root() {
-        push(&[
-            "/usr/bin/setpriv",
-            &format!("--reuid={}", spec.uid),
-            &format!("--regid={}", spec.gid),
-            "--clear-groups",
-            "--no-new-privs",
-            "--bounding-set=-all",
-            "--inh-caps=-all",
-            "--",
-        ]);
-    }
-    push(&["/usr/bin/prlimit", &format!("--nproc={NPROC}")]);
-    if let Some(l) = limits {
-        push(&[
-            &format!("--cpu={}", l.cpu_seconds),
-            &format!("--data={}", l.memory),
-        ]);
-    }
-    push(&["--"]);
-    a.extend(command.iter().cloned());
+    push(&["--ro-bind", &agent.display().to_string(), AGENT]);
+    push(&[
+        "--remount-ro",
+        "/",
+        "--chdir",
+        WORKSPACE,
+        "--clearenv",
+        "--",
+    ]);
+    push(&[AGENT, crate::agent::COMMAND, "--fd", &AGENT_FD.to_string()]);
     a
+}
+
+/// Starts the sandbox of `places` and links to its agent.
+pub fn start(places: &Places, agent: &std::path::Path) -> cloud_harness_error::Result<Link> {
+    use std::os::fd::AsRawFd;
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()
+        .map_err(|e| Error::internal(format!("a socket for the executor's agent: {e}")))?;
+    let argv = argv(places, agent);
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    let fd = theirs.as_raw_fd();
+    cmd.args(&argv[1..])
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true);
+    // SAFETY: only dup2 and fcntl between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            use nix::libc;
+            if fd == AGENT_FD {
+                libc::fcntl(fd, libc::F_SETFD, 0);
+            } else if libc::dup2(fd, AGENT_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    // Reaped by the links' runtime, whichever runtime (if any) the caller is on.
+    let child = {
+        let _inside = super::link::runtime().enter();
+        cmd.spawn()
+    }
+    .map_err(|e| {
+        explain(Error::new(
+            if e.kind() == std::io::ErrorKind::NotFound {
+                cloud_harness_error::Code::NotFound
+            } else {
+                cloud_harness_error::Code::Internal
+            },
+            format!("cannot start bwrap: {e}"),
+        ))
+    })?;
+    drop(theirs);
+    Link::new(ours, Some(child))
 }

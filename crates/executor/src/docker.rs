@@ -1,16 +1,20 @@
 //! The docker executor: one long-lived container per workspace, created when it opens and
-//! removed when it closes. Every capability dropped, no new privileges, a read-only root, a
-//! non-root user, pid and memory limits, and no network (or, with `network: egress`, an
-//! internal network whose only way out is an egress proxy container).
+//! removed when it closes, whose init is the run agent. No new privileges, a read-only root,
+//! pid and memory limits, and no network (or, with `network: egress`, an internal network
+//! whose only way out is an egress proxy container). The agent is root with only the
+//! capabilities it needs to start runs as the executor's non-root user (setuid, setgid,
+//! setpcap, kill); a run keeps none. The agent listens on a socket in a folder of the
+//! workspace's that only root may enter (`<workspace>/agent`, `/run/cloud-harness/socket`).
 //!
 //! Without a registry, the image is made here: an empty root of mount points and identity
 //! files, into which the host's userland is bound read-only. An operator's own image
-//! (`CLOUD_HARNESS_EXECUTOR_IMAGE`) replaces both; it needs `sleep`.
+//! (`CLOUD_HARNESS_EXECUTOR_IMAGE`) replaces both; the agent, bound in from the host, needs
+//! its C library (glibc and libssl 3, as Debian 12 has them).
 
-use super::process::{kill_group, Exit, Process, Stream};
+use super::bwrap::AGENT;
+use super::link::Link;
 use super::userland::{self, Entry};
 use super::{Network, Places, Settings, Spec, ROOT, WORKSPACE};
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::{ContainerCreateBody, HostConfig, NetworkCreateRequest};
 use bollard::query_parameters::{CreateContainerOptions, RemoveContainerOptions};
 use bollard::Docker;
@@ -19,13 +23,10 @@ use cloud_harness_provision::engine::{
     connect, docker_error, ensure_image, remove_container, RootFs,
 };
 use cloud_harness_store::cas::Digest;
-use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
-use tokio::io::AsyncWriteExt;
-use tokio::sync::{mpsc, Notify};
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 pub(crate) const LABEL: &str = "io.cloud-harness.executor";
 /// The workspace folder on the host, so an operator (or a test) can tell whose it is.
@@ -33,6 +34,11 @@ pub(crate) const DIR_LABEL: &str = "io.cloud-harness.workspace-dir";
 const MEMORY: i64 = 2 << 30;
 const PIDS: i64 = 1024;
 const EGRESS_ALIAS: &str = "egress-proxy";
+/// The agent's socket folder inside, and the socket's name in it.
+const SOCKET_DIR: &str = "/run/cloud-harness/socket";
+const SOCKET: &str = "agent.sock";
+/// How long a started container's agent may take to listen.
+const AGENT_START: Duration = Duration::from_secs(15);
 pub(crate) const EGRESS_PROXY_URL: &str = "http://egress-proxy:3128";
 
 /// The egress network and proxy of an executor with `network: egress`.
@@ -53,20 +59,6 @@ pub struct Made {
     pub egress: Option<Egress>,
 }
 
-/// The run limits as the container's ulimits, which every process `docker exec` starts
-/// inherits.
-fn ulimits(limits: super::rlimits::RunLimits) -> Vec<bollard::models::ResourcesUlimits> {
-    let ulimit = |name: &str, value: u64| bollard::models::ResourcesUlimits {
-        name: Some(name.to_owned()),
-        soft: Some(value.min(i64::MAX as u64) as i64),
-        hard: Some(value.min(i64::MAX as u64) as i64),
-    };
-    vec![
-        ulimit("cpu", limits.cpu_seconds),
-        ulimit("data", limits.memory),
-    ]
-}
-
 /// The default image's root: mount points, and the identity files of `uid`.
 fn rootfs(uid: u32, gid: u32) -> Result<Vec<u8>> {
     let mut tar = RootFs::default();
@@ -77,6 +69,7 @@ fn rootfs(uid: u32, gid: u32) -> Result<Vec<u8>> {
         "sys",
         "workspace",
         "opt/cloud-harness",
+        "run/cloud-harness/socket",
     ];
     // Docker binds its init at /sbin/docker-init, which must not lead into the read-only /usr.
     dirs.push("sbin");
@@ -110,6 +103,7 @@ pub fn create(
     settings: &Settings,
     places: &Places,
     workspace: &str,
+    agent: &Path,
     egress_proxy: impl FnOnce() -> Result<EgressProxy>,
 ) -> Result<Made> {
     let proxy = match settings.network {
@@ -119,9 +113,11 @@ pub fn create(
     let settings = settings.clone();
     let places = places.clone();
     let workspace = workspace.to_owned();
+    let agent = agent.to_owned();
+    socket_dir(&places.agent)?;
     cloud_harness_provision::engine::block_on(async move {
         let docker = connect().await?;
-        let made = make(&docker, &settings, &places, &workspace, proxy).await;
+        let made = make(&docker, &settings, &places, &workspace, &agent, proxy).await;
         if made.is_err() {
             remove_container(&docker, &container_name(&workspace)).await;
             remove_egress(&docker, &egress_names(&workspace)).await;
@@ -142,6 +138,7 @@ async fn make(
     settings: &Settings,
     places: &Places,
     workspace: &str,
+    agent: &Path,
     proxy: Option<EgressProxy>,
 ) -> Result<Made> {
     let image = match &settings.image {
@@ -176,6 +173,8 @@ async fn make(
         }
     }
     binds.push(format!("{}:{WORKSPACE}:rw", places.repo.display()));
+    binds.push(format!("{}:{AGENT}:ro", agent.display()));
+    binds.push(format!("{}:{SOCKET_DIR}:rw", places.agent.display()));
     // Slave propagation: the FUSE mounts a restarted server makes show through.
     binds.push(format!("{}:{ROOT}:ro,rslave", places.mounts.display()));
 
@@ -222,13 +221,16 @@ async fn make(
         extra_hosts,
         dns: egress.as_ref().map(|_| vec!["127.0.0.1".to_owned()]),
         cap_drop: Some(vec!["ALL".into()]),
+        cap_add: Some(
+            ["SETUID", "SETGID", "SETPCAP", "KILL"]
+                .map(String::from)
+                .to_vec(),
+        ),
         security_opt: Some(vec!["no-new-privileges".into()]),
         readonly_rootfs: Some(true),
         memory: Some(MEMORY),
         pids_limit: Some(PIDS),
-        // Each process's CPU time and memory, as bubblewrap's runs get them (`[limits]`).
-        ulimits: Some(ulimits(super::rlimits::RunLimits::current())),
-        init: Some(true),
+        init: Some(false),
         tmpfs: Some(tmpfs),
         ..Default::default()
     };
@@ -241,8 +243,13 @@ async fn make(
             }),
             ContainerCreateBody {
                 image: Some(image),
-                cmd: Some(vec!["sleep".into(), "infinity".into()]),
-                user: Some(format!("{}:{}", settings.uid, settings.gid)),
+                entrypoint: Some(vec![AGENT.into()]),
+                cmd: Some(vec![
+                    crate::agent::COMMAND.into(),
+                    "--listen".into(),
+                    format!("{SOCKET_DIR}/{SOCKET}"),
+                ]),
+                user: Some("0:0".into()),
                 working_dir: Some(WORKSPACE.into()),
                 hostname: Some("executor".into()),
                 labels: Some(labels),
@@ -316,191 +323,67 @@ fn gone(container: &str, workspace: &str) -> Error {
     .with_details(serde_json::json!({ "workspace": workspace, "container": container }))
 }
 
-/// Starts `argv` in the container; the exec's input is left open when `stdin` is asked for.
-/// A stopped container (after a reboot, say) is started again first; a missing one is gone.
-async fn start(
-    docker: &Docker,
-    container: &str,
-    workspace: &str,
-    spec: &Spec,
-    argv: &[String],
-    env: &[(String, String)],
-    stdin: bool,
-) -> Result<(String, StartExecResults)> {
-    let options = CreateExecOptions {
-        cmd: Some(argv.to_vec()),
-        env: Some(env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
-        user: Some(format!("{}:{}", spec.uid, spec.gid)),
-        working_dir: Some(WORKSPACE.to_owned()),
-        attach_stdin: Some(stdin),
-        attach_stdout: Some(true),
-        attach_stderr: Some(true),
-        ..Default::default()
-    };
-    let status = |e: &bollard::errors::Error| match e {
-        bollard::errors::Error::DockerResponseServerError { status_code, .. } => *status_code,
-        _ => 0,
-    };
-    let exec = match docker.create_exec(container, options.clone()).await {
-        Ok(exec) => exec,
-        Err(e) if status(&e) == 409 => {
-            docker
-                .start_container(
-                    container,
-                    None::<bollard::query_parameters::StartContainerOptions>,
-                )
-                .await
-                .map_err(|e| docker_error("starting the stopped executor container", e))?;
-            docker
-                .create_exec(container, options)
-                .await
-                .map_err(|e| docker_error("starting a command in the executor", e))?
-        }
-        Err(e) if status(&e) == 404 => return Err(gone(container, workspace)),
-        Err(e) => return Err(docker_error("starting a command in the executor", e)),
-    };
-    let started = docker
-        .start_exec(
-            &exec.id,
-            Some(StartExecOptions {
-                detach: false,
-                tty: false,
-                output_capacity: None,
-            }),
+/// Makes the agent's socket folder on the host: root's only, so runs cannot enter it.
+fn socket_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| Error::io(dir, e))
+}
+
+/// Connects to the socket in `dir` through `/proc/self/fd`, so a long home's path does not
+/// pass the 108 bytes a socket address holds.
+fn dial(dir: &Path) -> std::io::Result<std::os::unix::net::UnixStream> {
+    use std::os::fd::AsRawFd;
+    let folder = std::fs::File::open(dir)?;
+    std::os::unix::net::UnixStream::connect(format!(
+        "/proc/self/fd/{}/{SOCKET}",
+        folder.as_raw_fd()
+    ))
+}
+
+/// Links to the agent of the workspace's container: started again when it stopped (after a
+/// reboot, say), waited for while it starts; a missing container is gone.
+pub async fn link(container: &str, workspace: &str, places: &Places) -> Result<Link> {
+    if let Ok(stream) = dial(&places.agent) {
+        return Link::new(stream, None);
+    }
+    let docker = connect().await?;
+    let running = match docker
+        .inspect_container(
+            container,
+            None::<bollard::query_parameters::InspectContainerOptions>,
         )
         .await
-        .map_err(|e| docker_error("starting a command in the executor", e))?;
-    Ok((exec.id, started))
-}
-
-/// The exec's process on this machine, once it runs (runc makes it a session leader, so its
-/// process group is everything it started that did not leave it).
-async fn host_pid(docker: &Docker, exec: &str) -> i32 {
-    for _ in 0..100 {
-        if let Ok(i) = docker.inspect_exec(exec).await {
-            match i.pid {
-                Some(pid) if pid > 0 => return pid as i32,
-                _ if i.running == Some(false) => return 0,
-                _ => {}
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    0
-}
-
-/// Waits for the exec's own process to end: when its output closes, or (if something it
-/// started keeps the output open) when the engine says it stopped.
-async fn wait_exit(docker: &Docker, exec: &str, closed: &Notify) -> Exit {
-    let mut output_closed = false;
-    loop {
-        let poll = if output_closed {
-            Duration::from_millis(5)
-        } else {
-            Duration::from_millis(250)
-        };
-        tokio::select! {
-            _ = closed.notified(), if !output_closed => output_closed = true,
-            _ = tokio::time::sleep(poll) => {}
-        }
-        match docker.inspect_exec(exec).await {
-            Ok(i) if i.running == Some(false) => {
-                let code = i.exit_code.map(|c| c as i32);
-                // A command killed by a signal reports 128 + the signal, as a shell does.
-                let signal = code.filter(|c| *c > 128 && *c < 160).map(|c| c - 128);
-                return Exit { code, signal };
-            }
-            Ok(_) => {}
-            Err(_) => return Exit::default(),
-        }
-    }
-}
-
-/// Starts `argv` in the container with piped output (for `skills_run`).
-pub async fn spawn(
-    container: &str,
-    workspace: &str,
-    spec: &Spec,
-    argv: &[String],
-    env: &[(String, String)],
-) -> Result<Process> {
-    let docker = connect().await?;
-    let (exec, started) = start(&docker, container, workspace, spec, argv, env, false).await?;
-    let StartExecResults::Attached { mut output, .. } = started else {
-        return Err(Error::internal("the exec did not attach"));
-    };
-    let pid = host_pid(&docker, &exec).await;
-    let (tx, rx) = mpsc::channel(16);
-    let closed = Arc::new(Notify::new());
     {
-        let closed = closed.clone();
-        tokio::spawn(async move {
-            while let Some(Ok(item)) = output.next().await {
-                let sent = match item {
-                    bollard::container::LogOutput::StdOut { message } => {
-                        tx.send((Stream::Stdout, message.to_vec())).await
-                    }
-                    bollard::container::LogOutput::StdErr { message } => {
-                        tx.send((Stream::Stderr, message.to_vec())).await
-                    }
-                    _ => Ok(()),
-                };
-                if sent.is_err() {
-                    break;
-                }
-            }
-            closed.notify_one();
-        });
-    }
-    let exit = Box::pin(async move { wait_exit(&docker, &exec, &closed).await });
-    Ok(Process {
-        output: rx,
-        exit,
-        kill: Box::new(move || kill_group(pid)),
-    })
-}
-
-/// Runs `argv` in the container with this process's standard streams; its exit status.
-pub async fn run_attached(
-    container: &str,
-    workspace: &str,
-    spec: &Spec,
-    argv: &[String],
-    env: &[(String, String)],
-) -> Result<i32> {
-    let docker = connect().await?;
-    let (exec, started) = start(&docker, container, workspace, spec, argv, env, true).await?;
-    let StartExecResults::Attached {
-        mut output,
-        mut input,
-    } = started
-    else {
-        return Err(Error::internal("the exec did not attach"));
+        Ok(c) => c.state.and_then(|s| s.running).unwrap_or(false),
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404, ..
+        }) => return Err(gone(container, workspace)),
+        Err(e) => return Err(docker_error("looking at the executor container", e)),
     };
-    let feed = tokio::spawn(async move {
-        let mut stdin = tokio::io::stdin();
-        let _ = tokio::io::copy(&mut stdin, &mut input).await;
-        let _ = input.shutdown().await;
-    });
-    let mut stdout = tokio::io::stdout();
-    let mut stderr = tokio::io::stderr();
-    while let Some(item) = output.next().await {
-        match item {
-            Ok(bollard::container::LogOutput::StdOut { message }) => {
-                let _ = stdout.write_all(&message).await;
-                let _ = stdout.flush().await;
+    if !running {
+        docker
+            .start_container(
+                container,
+                None::<bollard::query_parameters::StartContainerOptions>,
+            )
+            .await
+            .map_err(|e| docker_error("starting the stopped executor container", e))?;
+    }
+    let started = Instant::now();
+    loop {
+        match dial(&places.agent) {
+            Ok(stream) => return Link::new(stream, None),
+            Err(e) if started.elapsed() > AGENT_START => {
+                return Err(Error::new(
+                    Code::Upstream,
+                    format!(
+                        "the run agent of workspace {workspace}'s executor does not answer ({e}); close the workspace and open it again"
+                    ),
+                ))
             }
-            Ok(bollard::container::LogOutput::StdErr { message }) => {
-                let _ = stderr.write_all(&message).await;
-                let _ = stderr.flush().await;
-            }
-            Ok(_) => {}
-            Err(e) => return Err(docker_error("reading the command's output", e)),
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
         }
     }
-    feed.abort();
-    let closed = Notify::new();
-    closed.notify_one();
-    let exit = wait_exit(&docker, &exec, &closed).await;
-    Ok(exit.code.unwrap_or(125))
 }

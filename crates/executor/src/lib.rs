@@ -13,25 +13,32 @@
 //! executor's own read-only root (the host's userland bound read-only) and a private `/tmp`.
 //! The harness's state (its home, the store, operator decisions) is never inside.
 //!
-//! Backends: `docker` (one long-lived container per workspace), `bwrap` (a fresh bubblewrap
-//! sandbox per command) and `host` (development only: commands run on the host).
+//! Backends: `docker` (one long-lived container per workspace), `bwrap` (one bubblewrap
+//! sandbox per workspace, made at its first run) and `host` (development only: commands run
+//! on the host). In both sandboxes a run agent (`agent`, this project's binary in its
+//! `executor-agent` mode) is pid 1 and starts every command; the harness hands it runs over a
+//! Unix socket (`wire`, `link`).
 //!
 //! The crate owns where and how a command runs; it knows nothing of MCP, HTTP or the control
 //! plane's tables. From provisioning it takes the Docker engine (`engine`, one client for
 //! helpers and executors) and the egress proxy on the provisioning network, a Docker
 //! executor's one way out.
 
+pub mod agent;
 mod bwrap;
 pub mod docker;
+mod link;
 mod process;
 mod rlimits;
 pub mod runner;
 pub(crate) mod userland;
+mod wire;
 
 use cloud_harness_error::{Code, Error, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub(crate) use process::{Exit, Process};
 pub use rlimits::RunLimits;
@@ -47,6 +54,8 @@ pub const BY_DIGEST: &str = ".by-digest";
 /// The uid and gid commands run as when the harness runs as root.
 pub(crate) const DEFAULT_UID: u32 = 10001;
 const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Processes the executor's user may have at once, per run (RLIMIT_NPROC).
+const NPROC: u64 = 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -251,6 +260,8 @@ pub struct Places {
     pub mounts: PathBuf,
     /// The executor's own `/etc/passwd` and `/etc/group`.
     pub etc: PathBuf,
+    /// The folder of a container's agent socket (root's only).
+    pub agent: PathBuf,
 }
 
 impl Places {
@@ -259,6 +270,7 @@ impl Places {
             repo: workspace_dir.join("repo"),
             mounts: workspace_dir.join("mounts"),
             etc: workspace_dir.join("etc"),
+            agent: workspace_dir.join("agent"),
         }
     }
 }
@@ -278,6 +290,32 @@ pub struct Executor {
     pub spec: Spec,
     places: Places,
     workspace: String,
+    /// The link to the sandbox's run agent, made at the first run and again after the agent
+    /// went away.
+    link: tokio::sync::Mutex<Option<Arc<link::Link>>>,
+}
+
+/// The binary the run agent is: `CLOUD_HARNESS_EXECUTOR_AGENT`, else this program when it is
+/// `cloud-harness`, else a `cloud-harness` beside it or one folder up (a test's or a
+/// benchmark's binary sits in `target/*/deps`).
+pub fn agent_binary() -> Result<PathBuf> {
+    if let Some(path) = env("CLOUD_HARNESS_EXECUTOR_AGENT") {
+        return Ok(PathBuf::from(path));
+    }
+    let me = std::env::current_exe().map_err(|e| Error::internal(format!("this program: {e}")))?;
+    if me.file_name().is_some_and(|n| n == "cloud-harness") {
+        return Ok(me);
+    }
+    let dir = me.parent().unwrap_or(Path::new("/"));
+    [dir.join("cloud-harness"), dir.join("../cloud-harness")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            Error::new(
+                Code::NotFound,
+                "the executor's run agent is the cloud-harness binary, and none was found beside this program: set CLOUD_HARNESS_EXECUTOR_AGENT to its path",
+            )
+        })
 }
 
 impl Executor {
@@ -299,15 +337,12 @@ impl Executor {
             gid: settings.gid,
         };
         if kind == Kind::Docker {
-            let made = docker::create(settings, places, workspace, egress_proxy)?;
+            let agent = agent_binary()?;
+            let made = docker::create(settings, places, workspace, &agent, egress_proxy)?;
             spec.id = Some(made.container);
             spec.egress = made.egress;
         }
-        Ok(Executor {
-            spec,
-            places: places.clone(),
-            workspace: workspace.to_owned(),
-        })
+        Ok(Executor::attach(spec, places.clone(), workspace))
     }
 
     /// The executor a record names (after a restart, or for `cloud-harness exec`).
@@ -316,6 +351,7 @@ impl Executor {
             spec,
             places,
             workspace: workspace.to_owned(),
+            link: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -392,21 +428,67 @@ impl Executor {
     /// Starts `command` with piped output (for `skills_run`).
     pub async fn spawn(&self, command: &Command) -> Result<Process> {
         let env = self.full_env(command);
-        let argv = &command.argv;
         match self.spec.kind {
-            // The container carries the limits (set when it was made).
-            Kind::Docker => {
-                docker::spawn(self.container()?, &self.workspace, &self.spec, argv, &env).await
+            Kind::Host => {
+                process::spawn_local(&command.argv, Some(&self.places.repo), &env, command.limits)
             }
-            Kind::Bwrap => {
-                let argv = bwrap::argv(&self.places, &self.spec, argv, &env, command.limits);
-                process::spawn_local(&argv, None, &[], None).map_err(bwrap::explain)
-            }
-            Kind::Host => process::spawn_local(argv, Some(&self.places.repo), &env, command.limits),
+            _ => Ok(self.start(self.run_start(command, env, false)).await?.0),
         }
     }
 
+    fn run_start(&self, command: &Command, env: Vec<(String, String)>, stdin: bool) -> wire::Start {
+        wire::Start {
+            argv: command.argv.clone(),
+            env,
+            cwd: WORKSPACE.to_owned(),
+            uid: self.spec.uid,
+            gid: self.spec.gid,
+            limits: wire::Limits {
+                cpu_seconds: command.limits.map(|l| l.cpu_seconds),
+                memory: command.limits.map(|l| l.memory),
+                processes: NPROC,
+            },
+            stdin,
+        }
+    }
+
+    /// Hands a run to the sandbox's agent: once more to a new agent when the one linked to
+    /// went away, then the error.
+    async fn start(&self, start: wire::Start) -> Result<(Process, u32, Arc<link::Link>)> {
+        let mut retried = false;
+        loop {
+            let link = self.link().await?;
+            match link.spawn(start.clone()).await {
+                Ok((process, run)) => return Ok((process, run, link)),
+                Err(e) if !retried && !link.alive() => {
+                    tracing::warn!(workspace = %self.workspace, error = %e, "the executor's run agent went away; starting it again");
+                    retried = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The link to the agent, made (the sandbox built, or the container started) if there
+    /// is none or it went away.
+    async fn link(&self) -> Result<Arc<link::Link>> {
+        let mut current = self.link.lock().await;
+        if let Some(link) = current.as_ref().filter(|l| l.alive()) {
+            return Ok(link.clone());
+        }
+        *current = None;
+        let link = match self.spec.kind {
+            Kind::Bwrap => bwrap::start(&self.places, &agent_binary()?)?,
+            Kind::Docker => docker::link(self.container()?, &self.workspace, &self.places).await?,
+            Kind::Host => return Err(Error::internal("the host executor has no agent")),
+        };
+        let link = Arc::new(link);
+        *current = Some(link.clone());
+        Ok(link)
+    }
+
     /// Runs `argv` with this process's standard input, output and error; its exit status.
+    /// Not from inside a runtime.
     pub fn run_attached(&self, argv: &[String]) -> Result<i32> {
         let command = Command {
             argv: argv.to_vec(),
@@ -414,22 +496,54 @@ impl Executor {
             limits: None,
         };
         let env = self.full_env(&command);
-        match self.spec.kind {
-            Kind::Docker => {
-                let container = self.container()?.to_owned();
-                let workspace = self.workspace.clone();
-                let spec = self.spec.clone();
-                let argv = argv.to_vec();
-                cloud_harness_provision::engine::block_on(async move {
-                    docker::run_attached(&container, &workspace, &spec, &argv, &env).await
-                })
-            }
-            Kind::Bwrap => {
-                let argv = bwrap::argv(&self.places, &self.spec, argv, &env, None);
-                process::run_inherited(&argv, None, &[]).map_err(bwrap::explain)
-            }
-            Kind::Host => process::run_inherited(argv, Some(&self.places.repo), &env),
+        if self.spec.kind == Kind::Host {
+            return process::run_inherited(argv, Some(&self.places.repo), &env);
         }
+        let start = self.run_start(&command, env, true);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::internal(format!("a runtime: {e}")))?;
+        runtime.block_on(async move {
+            let (mut process, run, link) = self.start(start).await?;
+            // Standard input, read on a thread of its own, goes to the run until its end.
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+            std::thread::spawn(move || {
+                use std::io::Read;
+                let mut stdin = std::io::stdin();
+                let mut buf = vec![0u8; 32 << 10];
+                loop {
+                    let n = stdin.read(&mut buf).unwrap_or(0);
+                    if tx.blocking_send(buf[..n].to_vec()).is_err() || n == 0 {
+                        return;
+                    }
+                }
+            });
+            let feed = link.clone();
+            tokio::spawn(async move {
+                while let Some(bytes) = rx.recv().await {
+                    let end = bytes.is_empty();
+                    if feed.input(run, bytes).is_err() || end {
+                        return;
+                    }
+                }
+            });
+            use std::io::Write;
+            while let Some((stream, bytes)) = process.output.recv().await {
+                let _ = match stream {
+                    process::Stream::Stdout => {
+                        let mut out = std::io::stdout();
+                        out.write_all(&bytes).and_then(|_| out.flush())
+                    }
+                    process::Stream::Stderr => std::io::stderr().write_all(&bytes),
+                };
+            }
+            let exit = process.exit.await;
+            if exit.lost {
+                return Err(link::lost("during the command"));
+            }
+            Ok(exit.code.unwrap_or_else(|| 128 + exit.signal.unwrap_or(0)))
+        })
     }
 
     fn container(&self) -> Result<&str> {

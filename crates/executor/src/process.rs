@@ -19,6 +19,8 @@ pub enum Stream {
 pub struct Exit {
     pub code: Option<i32>,
     pub signal: Option<i32>,
+    /// The executor's agent went away before the command's exit was known.
+    pub lost: bool,
 }
 
 pub(crate) type Killer = Box<dyn Fn() + Send + Sync>;
@@ -143,6 +145,7 @@ pub(crate) fn spawn_local(
             Ok(s) => Exit {
                 code: s.code(),
                 signal: s.signal(),
+                lost: false,
             },
             Err(_) => Exit::default(),
         }

@@ -15,6 +15,8 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long output may stay open after the command exited and its group was killed (a
 /// process that left the group and holds the pipe is not waited for).
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
+/// What a process gets at its CPU-time limit (then SIGKILL a second later).
+const SIGXCPU: i32 = 24;
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -26,6 +28,13 @@ pub struct Outcome {
     pub signal: Option<i32>,
     pub timed_out: bool,
     pub cancelled: bool,
+    /// The limit the run passed, if one ended it or cut its output: `TIMEOUT`, `CPU_LIMIT`
+    /// (its CPU seconds), `OUTPUT_LIMIT` (output past the cap was counted, not kept).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<&'static str>,
+    /// The executor's run agent went away during the run (its exit is unknown).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub executor_lost: bool,
     pub stdout: String,
     pub stderr: String,
     pub stdout_bytes: u64,
@@ -155,12 +164,24 @@ pub async fn supervise(
         }
     }
     let exit = exit.unwrap_or_default();
+    let truncated = out.total > out.kept.len() as u64 || err.total > err.kept.len() as u64;
+    let limit = if timed_out {
+        Some("TIMEOUT")
+    } else if exit.signal == Some(SIGXCPU) {
+        Some("CPU_LIMIT")
+    } else if truncated {
+        Some("OUTPUT_LIMIT")
+    } else {
+        None
+    };
     Outcome {
         command,
         exit_code: exit.code,
         signal: exit.signal,
         timed_out,
         cancelled,
+        limit,
+        executor_lost: exit.lost,
         stdout_truncated: out.total > out.kept.len() as u64,
         stderr_truncated: err.total > err.kept.len() as u64,
         stdout: String::from_utf8_lossy(&out.kept).into_owned(),

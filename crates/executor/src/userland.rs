@@ -52,6 +52,9 @@ fn look() -> Vec<Entry> {
     out
 }
 
+/// The names of the identity files, in `/etc`.
+pub const IDENTITY: [&str; 4] = ["passwd", "group", "hosts", "nsswitch.conf"];
+
 /// The identity files of an executor (`/etc/passwd`, `/etc/group`, `/etc/hosts`,
 /// `/etc/nsswitch.conf`): root and the user commands run as, home `/tmp`.
 pub fn identity(uid: u32, gid: u32) -> [(&'static str, String); 4] {
@@ -63,12 +66,13 @@ pub fn identity(uid: u32, gid: u32) -> [(&'static str, String); 4] {
         ));
         group.push_str(&format!("executor:x:{gid}:\n"));
     }
+    let [passwd_name, group_name, hosts, nsswitch] = IDENTITY;
     [
-        ("passwd", passwd),
-        ("group", group),
-        ("hosts", "127.0.0.1 localhost\n::1 localhost\n".to_owned()),
+        (passwd_name, passwd),
+        (group_name, group),
+        (hosts, "127.0.0.1 localhost\n::1 localhost\n".to_owned()),
         (
-            "nsswitch.conf",
+            nsswitch,
             "passwd: files\ngroup: files\nhosts: files dns\n".to_owned(),
         ),
     ]

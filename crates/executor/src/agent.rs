@@ -1,0 +1,511 @@
+//! The run agent: the one long-lived process inside an executor (`cloud-harness
+//! executor-agent`), the sandbox's pid 1. The harness hands it runs over a Unix socket
+//! ([`crate::wire`]); it starts each as the executor's unprivileged user, in a session and
+//! process group of its own, with the run's rlimits, streams its output back, and kills its
+//! group when the run's first process exits or the harness asks.
+//!
+//! What a run cannot do to the agent, and so to later runs:
+//! - reach its socket: bubblewrap hands it an inherited socket with no name; Docker's is in a
+//!   folder only root may enter, and runs are never root;
+//! - signal it: it is its pid namespace's init, which the kernel shields from signals sent
+//!   inside the namespace, and (as root) another user;
+//! - read or write its memory or descriptors: it is not dumpable (`PR_SET_DUMPABLE` 0), so
+//!   `ptrace` and `/proc/1/{mem,fd}` are closed to runs even of the same uid;
+//! - outlive the runs: once no run is going, every process of the runs' user left in the
+//!   sandbox (a daemon that left its group with `setsid`, say) is killed, so a run that
+//!   starts when none is going finds no process of an earlier one.
+
+use crate::wire::{self, Exited, Frame, Kind, Limits, Refused, Start, Started};
+use nix::libc;
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::fd::{FromRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+
+/// The binary's command that runs the agent.
+pub const COMMAND: &str = "executor-agent";
+/// Runs going at once, over all connections.
+const MAX_RUNS: usize = 64;
+/// Connections at once (Docker: the server and `cloud-harness exec` processes).
+const MAX_CONNECTIONS: usize = 16;
+/// How often the idle sweep looks again for processes that forked meanwhile.
+const SWEEP_PASSES: usize = 64;
+
+/// The agent's entry: `executor-agent --fd N` (an inherited socket: the agent ends with it)
+/// or `executor-agent --listen PATH` (a socket file, for containers).
+pub fn main(args: &[String]) -> i32 {
+    // SAFETY: prctl with integer arguments touches no memory.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    let agent = Arc::new(Agent::default());
+    {
+        let agent = agent.clone();
+        std::thread::spawn(move || agent.reap());
+    }
+    match args {
+        [flag, fd] if flag == "--fd" => {
+            let Ok(fd) = fd.parse::<RawFd>() else {
+                eprintln!("executor-agent: --fd takes a number");
+                return 2;
+            };
+            // SAFETY: the harness passed this descriptor for the agent to own.
+            let stream = unsafe { UnixStream::from_raw_fd(fd) };
+            set_cloexec(fd);
+            agent.serve(stream);
+            0
+        }
+        [flag, path] if flag == "--listen" => {
+            let _ = std::fs::remove_file(path);
+            let listener = match UnixListener::bind(path) {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("executor-agent: cannot listen on {path}: {e}");
+                    return 1;
+                }
+            };
+            let _ =
+                std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600));
+            let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            for stream in listener.incoming().flatten() {
+                if open.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+                    continue;
+                }
+                open.fetch_add(1, Ordering::SeqCst);
+                let (agent, open) = (agent.clone(), open.clone());
+                std::thread::spawn(move || {
+                    agent.serve_one(stream);
+                    open.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+            0
+        }
+        _ => {
+            eprintln!("usage: cloud-harness executor-agent (--fd N | --listen PATH)");
+            2
+        }
+    }
+}
+
+fn set_cloexec(fd: RawFd) {
+    // SAFETY: fcntl on a descriptor this process owns.
+    unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+}
+
+/// One connection: frames out under a lock, and the runs it started.
+struct Conn {
+    out: Mutex<UnixStream>,
+    runs: Mutex<HashMap<u32, Run>>,
+}
+
+struct Run {
+    pid: i32,
+    exited: bool,
+    stdin: Option<mpsc::SyncSender<Vec<u8>>>,
+}
+
+impl Conn {
+    fn send(&self, frame: &Frame) {
+        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = wire::write(&mut *out, frame);
+    }
+}
+
+#[derive(Default)]
+struct Table {
+    /// Runs whose first process has not been reaped, by that process.
+    by_pid: HashMap<i32, (Arc<Conn>, u32)>,
+    /// Bumped at every start, so the reaper knows there are children to wait for.
+    started: u64,
+    /// The user runs are, for the idle sweep.
+    run_uid: Option<u32>,
+}
+
+#[derive(Default)]
+struct Agent {
+    table: Mutex<Table>,
+    children: Condvar,
+}
+
+impl Agent {
+    /// Serves the one connection an inherited socket is; the sandbox ends with it.
+    fn serve(self: &Arc<Self>, stream: UnixStream) {
+        self.serve_one(stream);
+    }
+
+    fn serve_one(self: &Arc<Self>, stream: UnixStream) {
+        let Ok(out) = stream.try_clone() else { return };
+        let conn = Arc::new(Conn {
+            out: Mutex::new(out),
+            runs: Mutex::new(HashMap::new()),
+        });
+        let mut input = stream;
+        while let Ok(Some(frame)) = wire::read(&mut input) {
+            match frame.kind {
+                Kind::Start => match frame.parse::<Start>() {
+                    Ok(start) => self.start(&conn, frame.run, start),
+                    Err(e) => refuse(&conn, frame.run, e.to_string()),
+                },
+                Kind::Stdin => {
+                    let tx = lock(&conn.runs)
+                        .get(&frame.run)
+                        .and_then(|r| r.stdin.clone());
+                    if let Some(tx) = tx {
+                        let close = frame.payload.is_empty();
+                        // Blocks this connection only, while the run does not read.
+                        let _ = tx.send(frame.payload);
+                        if close {
+                            if let Some(r) = lock(&conn.runs).get_mut(&frame.run) {
+                                r.stdin = None;
+                            }
+                        }
+                    }
+                }
+                Kind::Kill => self.kill(&conn, frame.run),
+                _ => break,
+            }
+        }
+        // The harness is gone: so are the runs it started.
+        let ids: Vec<u32> = lock(&conn.runs).keys().copied().collect();
+        for id in ids {
+            self.kill(&conn, id);
+        }
+    }
+
+    fn kill(&self, conn: &Conn, run: u32) {
+        // Under the table's lock: the reaper frees a first process's pid (and so its group's
+        // number) only under it, after marking the run exited.
+        let _table = lock(&self.table);
+        if let Some(r) = lock(&conn.runs).get(&run) {
+            if !r.exited && r.pid > 0 {
+                // SAFETY: a signal to a process group this agent started.
+                unsafe { libc::kill(-r.pid, libc::SIGKILL) };
+            }
+        }
+    }
+
+    fn start(self: &Arc<Self>, conn: &Arc<Conn>, run: u32, start: Start) {
+        if start.argv.is_empty() {
+            return refuse(conn, run, "an empty command".into());
+        }
+        let mut table = lock(&self.table);
+        if table.by_pid.len() >= MAX_RUNS {
+            drop(table);
+            return refuse(
+                conn,
+                run,
+                format!("{MAX_RUNS} runs are going in this executor already"),
+            );
+        }
+        if lock(&conn.runs).contains_key(&run) {
+            drop(table);
+            return refuse(conn, run, format!("run {run} exists"));
+        }
+        let mut cmd = std::process::Command::new(&start.argv[0]);
+        cmd.args(&start.argv[1..])
+            .env_clear()
+            .envs(start.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&start.cwd)
+            .stdin(if start.stdin {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let user = nix::unistd::getuid()
+            .is_root()
+            .then_some((start.uid, start.gid));
+        let limits = start.limits;
+        // SAFETY: between fork and exec only system calls (setsid, prctl, setgroups, setres*id,
+        // capset, setrlimit), touching no memory of the parent's.
+        unsafe { cmd.pre_exec(move || enter(user, limits)) };
+        let mut child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                drop(table);
+                return cannot_start(conn, run, &start.argv[0], e);
+            }
+        };
+        let pid = child.id() as i32;
+        let stdin = child.stdin.take().map(|mut pipe| {
+            let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(16);
+            std::thread::spawn(move || {
+                use std::io::Write;
+                while let Ok(bytes) = rx.recv() {
+                    if bytes.is_empty() || pipe.write_all(&bytes).is_err() {
+                        return;
+                    }
+                }
+            });
+            tx
+        });
+        lock(&conn.runs).insert(
+            run,
+            Run {
+                pid,
+                exited: false,
+                stdin,
+            },
+        );
+        table.by_pid.insert(pid, (conn.clone(), run));
+        table.started += 1;
+        table.run_uid = Some(if nix::unistd::getuid().is_root() {
+            start.uid
+        } else {
+            nix::unistd::getuid().as_raw()
+        });
+        // Before the reaper can say it exited: it needs the table first.
+        conn.send(&Frame::json(Kind::Started, run, &Started { pid }));
+        drop(table);
+        self.children.notify_all();
+        let streams = Arc::new(AtomicU8::new(2));
+        let stdout = child.stdout.take().expect("piped");
+        let stderr = child.stderr.take().expect("piped");
+        forward(conn.clone(), run, Kind::Stdout, stdout, streams.clone());
+        forward(conn.clone(), run, Kind::Stderr, stderr, streams);
+        // The child is reaped by the reaper, never by `Child`.
+        drop(child);
+    }
+
+    /// Waits for children: a run's first process (its exit is the run's; whatever it left in
+    /// its group is killed) or an orphan the kernel gave to this init.
+    fn reap(self: Arc<Self>) {
+        let mut seen = 0;
+        loop {
+            // SAFETY: waitid writes only into `info`.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            // WNOWAIT: the child stays a zombie, so its pid is not reused until the table
+            // says whose it was.
+            let r =
+                unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOWAIT) };
+            if r < 0 {
+                let table = lock(&self.table);
+                if std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+                    let table = self
+                        .children
+                        .wait_while(table, |t| t.started == seen)
+                        .unwrap_or_else(|p| p.into_inner());
+                    seen = table.started;
+                }
+                continue;
+            }
+            // SAFETY: filled in by a successful waitid for an exited child.
+            let pid = unsafe { info.si_pid() };
+            let mut table = lock(&self.table);
+            seen = table.started;
+            let owner = table.by_pid.remove(&pid);
+            if owner.is_some() {
+                // SAFETY: the group of a run's first process, still a zombie.
+                unsafe { libc::kill(-pid, libc::SIGKILL) };
+            }
+            let mut status = 0;
+            // SAFETY: reaps the one child waitid named.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            let Some((conn, run)) = owner else { continue };
+            if let Some(r) = lock(&conn.runs).get_mut(&run) {
+                r.exited = true;
+                r.stdin = None;
+            }
+            if table.by_pid.is_empty() {
+                if let Some(uid) = table.run_uid {
+                    sweep(uid);
+                }
+            }
+            drop(table);
+            let exited = if libc::WIFSIGNALED(status) {
+                Exited {
+                    code: None,
+                    signal: Some(libc::WTERMSIG(status)),
+                }
+            } else {
+                Exited {
+                    code: Some(libc::WEXITSTATUS(status)),
+                    signal: None,
+                }
+            };
+            conn.send(&Frame::json(Kind::Exit, run, &exited));
+            finish(&conn, run);
+        }
+    }
+}
+
+/// Forgets a run once its first process exited (its output may still be draining).
+fn finish(conn: &Conn, run: u32) {
+    lock(&conn.runs).remove(&run);
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn refuse(conn: &Conn, run: u32, message: String) {
+    conn.send(&Frame::json(Kind::Refused, run, &Refused { message }));
+}
+
+/// A command that could not start ends as a shell says so: 127 when it is not there, 126
+/// when it cannot run.
+fn cannot_start(conn: &Conn, run: u32, program: &str, e: std::io::Error) {
+    let code = if e.kind() == std::io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    };
+    conn.send(&Frame::json(Kind::Started, run, &Started { pid: 0 }));
+    conn.send(&Frame {
+        kind: Kind::Stderr,
+        run,
+        payload: format!("cloud-harness: cannot run {program}: {e}\n").into_bytes(),
+    });
+    conn.send(&Frame {
+        kind: Kind::End,
+        run,
+        payload: Vec::new(),
+    });
+    conn.send(&Frame::json(
+        Kind::Exit,
+        run,
+        &Exited {
+            code: Some(code),
+            signal: None,
+        },
+    ));
+}
+
+/// Sends a stream's output as frames; the last stream to close says the run's output ended.
+fn forward(
+    conn: Arc<Conn>,
+    run: u32,
+    kind: Kind,
+    mut stream: impl Read + Send + 'static,
+    open: Arc<AtomicU8>,
+) {
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; wire::CHUNK];
+        loop {
+            match stream.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => conn.send(&Frame {
+                    kind,
+                    run,
+                    payload: buf[..n].to_vec(),
+                }),
+            }
+        }
+        if open.fetch_sub(1, Ordering::SeqCst) == 1 {
+            conn.send(&Frame {
+                kind: Kind::End,
+                run,
+                payload: Vec::new(),
+            });
+        }
+    });
+}
+
+/// What a run's first process does before it execs: a session (and group) of its own; as
+/// root, the run's user with no capability in any set (the bounding set dropped while it
+/// still may); the run's rlimits; no new privileges.
+fn enter(user: Option<(u32, u32)>, limits: Limits) -> std::io::Result<()> {
+    use nix::sys::resource::{setrlimit, Resource};
+    let check = |r: libc::c_long| {
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    nix::unistd::setsid()?;
+    // SAFETY (each call below): system calls with integer arguments or pointers to locals.
+    unsafe {
+        for cap in 0..64 {
+            libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+        }
+        if let Some((uid, gid)) = user {
+            check(libc::setgroups(0, std::ptr::null()) as libc::c_long)?;
+            check(libc::setresgid(gid, gid, gid) as libc::c_long)?;
+            check(libc::setresuid(uid, uid, uid) as libc::c_long)?;
+        }
+        // The inheritable set survives a change of user: empty it (and so the ambient one).
+        let mut header = CapHeader {
+            version: 0x2008_0522,
+            pid: 0,
+        };
+        let data = [CapData::default(); 2];
+        check(libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()))?;
+    }
+    setrlimit(Resource::RLIMIT_NPROC, limits.processes, limits.processes)?;
+    if let Some(cpu) = limits.cpu_seconds {
+        // SIGXCPU at the limit (so the run's end names it), SIGKILL a second later.
+        setrlimit(Resource::RLIMIT_CPU, cpu, cpu.saturating_add(1))?;
+    }
+    if let Some(memory) = limits.memory {
+        setrlimit(Resource::RLIMIT_DATA, memory, memory)?;
+    }
+    // SAFETY: prctl with integer arguments.
+    check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } as libc::c_long)?;
+    Ok(())
+}
+
+/// `capset`'s header and data (version 3: two data words), which libc does not define.
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// Kills every process of `uid` in this pid namespace but the agent, until none is left.
+fn sweep(uid: u32) {
+    let me = std::process::id() as i32;
+    for _ in 0..SWEEP_PASSES {
+        let mut found = false;
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            if pid == me || pid == 1 {
+                continue;
+            }
+            if alive_owner(pid) == Some(uid) {
+                found = true;
+                // SAFETY: a signal to a process of the runs' user.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        if !found {
+            return;
+        }
+    }
+}
+
+/// The real uid of `pid`, from `/proc/PID/status`, unless it is a zombie (dead already,
+/// waiting for the reaper).
+fn alive_owner(pid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+    };
+    if field("State:") == Some("Z") {
+        return None;
+    }
+    field("Uid:")?.parse().ok()
+}

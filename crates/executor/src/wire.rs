@@ -1,0 +1,229 @@
+//! The frames the harness and an executor's run agent exchange over the agent's Unix socket.
+//!
+//! A frame is a 4-byte big-endian length, then a kind byte, a 4-byte run id and the payload
+//! (at most [`MAX_PAYLOAD`] bytes). Starts and exits carry JSON; output and input, raw bytes.
+//! Runs are multiplexed on one connection by their id, chosen by the harness.
+
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+
+/// The largest payload either side accepts; longer frames end the connection.
+pub const MAX_PAYLOAD: usize = 1 << 20;
+/// Output is sent in chunks of at most this many bytes.
+pub const CHUNK: usize = 64 << 10;
+const HEADER: usize = 4 + 1 + 4;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// Harness → agent: start a run ([`Start`]).
+    Start = 1,
+    /// Harness → agent: bytes for the run's standard input; an empty one closes it.
+    Stdin = 2,
+    /// Harness → agent: kill the run's process group.
+    Kill = 3,
+    /// Agent → harness: the run started ([`Started`]).
+    Started = 10,
+    Stdout = 11,
+    Stderr = 12,
+    /// Agent → harness: both output streams of the run closed.
+    End = 13,
+    /// Agent → harness: the run's first process exited ([`Exited`]).
+    Exit = 14,
+    /// Agent → harness: the run was not started ([`Refused`]).
+    Refused = 15,
+}
+
+impl Kind {
+    fn from_byte(b: u8) -> Option<Kind> {
+        Some(match b {
+            1 => Kind::Start,
+            2 => Kind::Stdin,
+            3 => Kind::Kill,
+            10 => Kind::Started,
+            11 => Kind::Stdout,
+            12 => Kind::Stderr,
+            13 => Kind::End,
+            14 => Kind::Exit,
+            15 => Kind::Refused,
+            _ => return None,
+        })
+    }
+}
+
+/// What a run is: the command, its whole environment, and its limits.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Start {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    /// The user and group the run's processes are (the agent's own when it is not root).
+    pub uid: u32,
+    pub gid: u32,
+    pub limits: Limits,
+    /// Whether the run reads standard input from [`Kind::Stdin`] frames (else `/dev/null`).
+    pub stdin: bool,
+}
+
+/// The rlimits of each process of a run.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Limits {
+    pub cpu_seconds: Option<u64>,
+    pub memory: Option<u64>,
+    pub processes: u64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Started {
+    /// The run's first process, in the executor's pid namespace.
+    pub pid: i32,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Exited {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Refused {
+    pub message: String,
+}
+
+/// One frame, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub kind: Kind,
+    pub run: u32,
+    pub payload: Vec<u8>,
+}
+
+impl Frame {
+    pub fn json<T: Serialize>(kind: Kind, run: u32, value: &T) -> Frame {
+        Frame {
+            kind,
+            run,
+            payload: serde_json::to_vec(value).expect("frames serialize"),
+        }
+    }
+
+    pub fn parse<T: for<'de> Deserialize<'de>>(&self) -> std::io::Result<T> {
+        serde_json::from_slice(&self.payload).map_err(|e| invalid(format!("{:?}: {e}", self.kind)))
+    }
+
+    /// The frame as bytes on the wire.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER + self.payload.len());
+        out.extend_from_slice(&((1 + 4 + self.payload.len()) as u32).to_be_bytes());
+        out.push(self.kind as u8);
+        out.extend_from_slice(&self.run.to_be_bytes());
+        out.extend_from_slice(&self.payload);
+        out
+    }
+
+    /// A frame from its length-prefixed body (the bytes after the length).
+    fn decode(body: Vec<u8>) -> std::io::Result<Frame> {
+        let kind = Kind::from_byte(body[0]).ok_or_else(|| invalid("unknown frame kind"))?;
+        let run = u32::from_be_bytes(body[1..5].try_into().expect("four bytes"));
+        Ok(Frame {
+            kind,
+            run,
+            payload: body[5..].to_vec(),
+        })
+    }
+}
+
+fn invalid(message: impl Into<String>) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, message.into())
+}
+
+fn body_length(prefix: [u8; 4]) -> std::io::Result<usize> {
+    let n = u32::from_be_bytes(prefix) as usize;
+    if !(5..=5 + MAX_PAYLOAD).contains(&n) {
+        return Err(invalid(format!("a frame of {n} bytes")));
+    }
+    Ok(n)
+}
+
+/// Reads one frame; `Ok(None)` at a clean end of the stream.
+pub fn read(r: &mut impl Read) -> std::io::Result<Option<Frame>> {
+    let mut prefix = [0u8; 4];
+    match r.read_exact(&mut prefix) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let mut body = vec![0u8; body_length(prefix)?];
+    r.read_exact(&mut body)?;
+    Frame::decode(body).map(Some)
+}
+
+pub fn write(w: &mut impl Write, frame: &Frame) -> std::io::Result<()> {
+    w.write_all(&frame.encode())
+}
+
+/// Reads one frame from an async stream; `Ok(None)` at a clean end.
+pub async fn read_async(
+    r: &mut (impl tokio::io::AsyncRead + Unpin),
+) -> std::io::Result<Option<Frame>> {
+    use tokio::io::AsyncReadExt;
+    let mut prefix = [0u8; 4];
+    match r.read_exact(&mut prefix).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let mut body = vec![0u8; body_length(prefix)?];
+    r.read_exact(&mut body).await?;
+    Frame::decode(body).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_bad_lengths_are_refused() {
+        let start = Start {
+            argv: vec!["sh".into(), "-c".into(), "echo ok".into()],
+            env: vec![("PATH".into(), "/usr/bin".into())],
+            cwd: "/workspace".into(),
+            uid: 10001,
+            gid: 10001,
+            limits: Limits {
+                cpu_seconds: Some(5),
+                memory: None,
+                processes: 64,
+            },
+            stdin: false,
+        };
+        let mut bytes = Frame::json(Kind::Start, 7, &start).encode();
+        bytes.extend(
+            Frame {
+                kind: Kind::Stdout,
+                run: 7,
+                payload: b"ok\n".to_vec(),
+            }
+            .encode(),
+        );
+        let mut r = std::io::Cursor::new(bytes);
+        let first = read(&mut r).unwrap().unwrap();
+        assert_eq!((first.kind, first.run), (Kind::Start, 7));
+        assert_eq!(first.parse::<Start>().unwrap(), start);
+        assert_eq!(read(&mut r).unwrap().unwrap().payload, b"ok\n");
+        assert!(read(&mut r).unwrap().is_none());
+
+        for bad in [0u32, 4, (5 + MAX_PAYLOAD + 1) as u32, u32::MAX] {
+            let mut r = std::io::Cursor::new(bad.to_be_bytes().to_vec());
+            assert!(read(&mut r).is_err(), "{bad}");
+        }
+        let mut unknown = Frame {
+            kind: Kind::Kill,
+            run: 1,
+            payload: vec![],
+        }
+        .encode();
+        unknown[4] = 99;
+        assert!(read(&mut std::io::Cursor::new(unknown)).is_err());
+    }
+}

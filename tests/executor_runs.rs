@@ -1,0 +1,203 @@
+//! Runs in an executor, on both backends, through its run agent: a run cannot change what
+//! later runs see (processes it leaves, the agent's memory, socket and binary), each limit
+//! ends a run with a result naming it, concurrent runs share one sandbox, and an agent killed
+//! mid-run loses that run only: the next one gets a new agent.
+//!
+//! Needs root, `/dev/fuse`, and per backend a Docker engine or bubblewrap: without them the
+//! tests say so and pass, except when `CI` is set.
+
+mod support;
+
+use cloud_harness_executor::Kind;
+use serde_json::{json, Value};
+use support::executors::{available, harness, Harness};
+
+/// The limits these runs get (`[limits]`, read once per process: each test is one).
+fn small_limits() {
+    for (name, value) in [
+        ("CLOUD_HARNESS_LIMIT_RUN_CPU_SECONDS", "1"),
+        ("CLOUD_HARNESS_LIMIT_RUN_OUTPUT", "4096"),
+        (
+            "CLOUD_HARNESS_LIMIT_RUN_MEMORY",
+            &(256u64 << 20).to_string(),
+        ),
+    ] {
+        // SAFETY: set before any thread of this test's reads the environment.
+        unsafe { std::env::set_var(name, value) };
+    }
+}
+
+fn approved(h: &Harness) -> String {
+    let result = h.open("runs");
+    h.approve(&support::skill_digest(&result, "alpha"));
+    result["workspace"].as_str().unwrap().to_owned()
+}
+
+fn ran(h: &Harness, ws: &str, script: &str) -> Value {
+    h.run(ws, script)
+        .unwrap_or_else(|e| panic!("{script}: {e}"))
+}
+
+fn stdout_json(outcome: &Value) -> Value {
+    serde_json::from_str(outcome["stdout"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("{e}: {outcome}"))
+}
+
+fn later_runs_see_nothing_of_earlier_ones(kind: Kind) {
+    small_limits();
+    let h = harness(kind);
+    let ws = approved(&h);
+
+    // A daemon that left the run's process group is gone once the run is over.
+    let left = ran(&h, &ws, "scripts/leave.sh");
+    assert_eq!(left["stdout"], "left\n", "{left}");
+    let procs = ran(&h, &ws, "scripts/procs.py");
+    assert_eq!(stdout_json(&procs), json!([]), "{procs}");
+
+    // The agent's memory, descriptors, binary and socket are closed to a run; signals to it
+    // do nothing; the next run is served by the same agent.
+    let first = stdout_json(&ran(&h, &ws, "scripts/agent.py"));
+    for (what, errno) in [
+        ("readMemory", "EACCES"),
+        ("listFds", "EACCES"),
+        ("readEnviron", "EACCES"),
+    ] {
+        assert_eq!(first[what], errno, "{what}: {first}");
+    }
+    // Root's file on a read-only bind: whichever the kernel checks first.
+    assert!(
+        ["EACCES", "EROFS"].contains(&first["writeBinary"].as_str().unwrap()),
+        "{first}"
+    );
+    let socket = if kind == Kind::Docker {
+        "EACCES"
+    } else {
+        "ENOENT"
+    };
+    assert_eq!(first["socketDir"], socket, "{first}");
+    // As root the agent is another user (EPERM); either way the kernel shields an init.
+    assert!(
+        ["EPERM", "ok"].contains(&first["kill"].as_str().unwrap()),
+        "{first}"
+    );
+    let second = stdout_json(&ran(&h, &ws, "scripts/agent.py"));
+    assert_eq!(first["agentStarted"], second["agentStarted"], "{second}");
+
+    // Each limit ends its run with a result naming it.
+    let spin = ran(&h, &ws, "scripts/spin.sh");
+    assert_eq!(spin["limit"], "CPU_LIMIT", "{spin}");
+    assert_eq!(spin["signal"], 24, "{spin}");
+    let loud = ran(&h, &ws, "scripts/loud.sh");
+    assert_eq!(loud["limit"], "OUTPUT_LIMIT", "{loud}");
+    assert_eq!(loud["stdoutBytes"], 100_000, "{loud}");
+    assert_eq!(loud["stdout"].as_str().unwrap().len(), 4096, "{loud}");
+    let alloc = ran(&h, &ws, "scripts/alloc.py");
+    assert_ne!(alloc["exitCode"], 0, "{alloc}");
+    assert!(
+        alloc["stderr"].as_str().unwrap().contains("MemoryError"),
+        "{alloc}"
+    );
+
+    // Sixteen runs at once, in the one sandbox.
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..16)
+            .map(|_| s.spawn(|| ran(&h, &ws, "scripts/hello.sh")))
+            .collect();
+        for run in runs {
+            let out = run.join().unwrap();
+            assert_eq!(out["stdout"], "hello from /workspace\n", "{out}");
+        }
+    });
+    h.workspaces.close(&ws).unwrap();
+    h.assert_nothing_left();
+}
+
+#[test]
+fn later_runs_see_nothing_of_earlier_ones_on_bwrap() {
+    if available(Kind::Bwrap) {
+        later_runs_see_nothing_of_earlier_ones(Kind::Bwrap);
+    }
+}
+
+#[test]
+fn later_runs_see_nothing_of_earlier_ones_on_docker() {
+    if available(Kind::Docker) {
+        later_runs_see_nothing_of_earlier_ones(Kind::Docker);
+    }
+}
+
+/// The host pid of the workspace's run agent.
+fn agent_pid(kind: Kind, open: &Value) -> i32 {
+    if kind == Kind::Docker {
+        let id = open["executor"]["id"].as_str().unwrap();
+        let out = std::process::Command::new("docker")
+            .args(["inspect", "-f", "{{.State.Pid}}", id])
+            .output()
+            .unwrap();
+        return String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    }
+    // bubblewrap's child of this process, the agent, is the only `executor-agent` whose
+    // parent's parent is this test.
+    let me = std::process::id() as i32;
+    let parent = |pid: i32| -> Option<i32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit(')')
+            .next()?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find(|&pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmdline).contains("executor-agent")
+                && parent(pid).and_then(parent) == Some(me)
+        })
+        .expect("the agent's process")
+}
+
+fn an_agent_killed_mid_run_loses_that_run_only(kind: Kind) {
+    let h = harness(kind);
+    let open = h.open("killed");
+    h.approve(&support::skill_digest(&open, "alpha"));
+    let ws = open["workspace"].as_str().unwrap().to_owned();
+    // The first run makes the agent (bubblewrap builds its sandbox then).
+    ran(&h, &ws, "scripts/hello.sh");
+    let pid = agent_pid(kind, &open);
+    let lost = std::thread::scope(|s| {
+        let long = s.spawn(|| ran(&h, &ws, "scripts/long.sh"));
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        long.join().unwrap()
+    });
+    assert_eq!(lost["executorLost"], true, "{lost}");
+    assert!(lost["millis"].as_u64().unwrap() < 30_000, "{lost}");
+    // The next run starts a new agent (Docker: the container again) and runs.
+    let next = ran(&h, &ws, "scripts/hello.sh");
+    assert_eq!(next["stdout"], "hello from /workspace\n", "{next}");
+    assert_ne!(agent_pid(kind, &open), pid);
+    h.workspaces.close(&ws).unwrap();
+    h.assert_nothing_left();
+}
+
+#[test]
+fn an_agent_killed_mid_run_loses_that_run_only_on_bwrap() {
+    if available(Kind::Bwrap) {
+        an_agent_killed_mid_run_loses_that_run_only(Kind::Bwrap);
+    }
+}
+
+#[test]
+fn an_agent_killed_mid_run_loses_that_run_only_on_docker() {
+    if available(Kind::Docker) {
+        an_agent_killed_mid_run_loses_that_run_only(Kind::Docker);
+    }
+}
