@@ -150,3 +150,97 @@ fn a_start_removes_what_an_open_cut_short_left() {
     drop(again);
     h.assert_nothing_left();
 }
+
+/// The containers under `home` (by the workspace folder each is labelled with).
+fn containers_under(home: &std::path::Path) -> Vec<(String, String)> {
+    let out = Command::new("docker")
+        .args(["ps", "-a", "--no-trunc", "--format"])
+        .arg("{{.ID}} {{.Label \"io.cloud-harness.workspace-dir\"}}")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(_, dir)| std::path::Path::new(dir).starts_with(home))
+        .map(|(id, dir)| (id.to_owned(), dir.to_owned()))
+        .collect()
+}
+
+fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !ready() {
+        assert!(started.elapsed() < Duration::from_secs(60), "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Docker executors made ahead: an open takes one that was running before it; two opens get
+/// two, each bound to its own workspace's folders only, sharing nothing; spares are made
+/// again, and a stop removes them.
+#[test]
+fn spare_docker_executors_are_taken_by_opens_and_never_shared() {
+    if !available(Kind::Docker) {
+        return;
+    }
+    let settings = Settings {
+        spares: 2,
+        ..Settings::with_kind(Kind::Docker)
+    };
+    let h = support::executors::harness_with(settings, support::warm_provisioner);
+    wait_for("two spares", || h.workspaces.spare_executors() == 2);
+    let before: Vec<String> = containers_under(&h.home())
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(before.len(), 2, "{before:?}");
+
+    let a = h.open("spare-a");
+    let b = h.open("spare-b");
+    let (wa, wb) = (
+        a["workspace"].as_str().unwrap().to_owned(),
+        b["workspace"].as_str().unwrap().to_owned(),
+    );
+    let (ca, cb) = (
+        a["executor"]["id"].as_str().unwrap().to_owned(),
+        b["executor"]["id"].as_str().unwrap().to_owned(),
+    );
+    assert_ne!(ca, cb);
+    assert!(before.contains(&ca) && before.contains(&cb), "{a}\n{b}");
+    // Each container is labelled with, and binds, its own workspace's folders only.
+    for (ws, container, other) in [(&wa, &ca, &wb), (&wb, &cb, &wa)] {
+        let labelled = containers_under(&h.home());
+        let dir = &labelled.iter().find(|(id, _)| id == container).unwrap().1;
+        assert!(dir.ends_with(ws.as_str()), "{dir}");
+        let out = Command::new("docker")
+            .args([
+                "inspect",
+                "-f",
+                "{{range .Mounts}}{{.Source}} {{end}}",
+                container,
+            ])
+            .output()
+            .unwrap();
+        let sources = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(sources.contains(ws.as_str()), "{sources}");
+        assert!(!sources.contains(other.as_str()), "{sources}");
+    }
+    // What one workspace's runs write, the other's never see.
+    let (code, _, err) = h.exec(&wa, &["sh", "-c", "echo a > /tmp/mark; echo a > mark"], b"");
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = h.exec(
+        &wb,
+        &["sh", "-c", "cat /tmp/mark mark 2>/dev/null; echo seen"],
+        b"",
+    );
+    assert_eq!((code, out.as_str()), (0, "seen\n"), "{err}");
+    let (code, out, _) = h.exec(&wa, &["cat", "/tmp/mark", "mark"], b"");
+    assert_eq!((code, out.as_str()), (0, "a\na\n"));
+
+    wait_for("the spares made again", || {
+        h.workspaces.spare_executors() == 2
+    });
+    h.workspaces.close(&wa).unwrap();
+    h.workspaces.close(&wb).unwrap();
+    h.workspaces.stop_spares();
+    h.assert_nothing_left();
+}

@@ -201,3 +201,60 @@ fn an_agent_killed_mid_run_loses_that_run_only_on_docker() {
         an_agent_killed_mid_run_loses_that_run_only(Kind::Docker);
     }
 }
+
+/// A harness restart with an open workspace: the new server runs in the same executor
+/// (Docker: the container's agent is found again at its socket; bubblewrap: a new sandbox).
+fn a_restarted_harness_runs_in_the_open_executor(kind: Kind) {
+    let h = harness(kind);
+    let open = h.open("restart");
+    h.approve(&support::skill_digest(&open, "alpha"));
+    let ws = open["workspace"].as_str().unwrap().to_owned();
+    ran(&h, &ws, "scripts/hello.sh");
+    let before = (kind == Kind::Docker).then(|| agent_pid(kind, &open));
+    h.workspaces.shutdown();
+    let store = cloud_harness_store::cas::Store::open(h.tmp.path().join("store")).unwrap();
+    let again = cloud_harness_workspace::Workspaces::with_executors(
+        h.home(),
+        support::warm_provisioner(&store),
+        true,
+        cloud_harness_executor::Settings::with_kind(kind),
+    )
+    .unwrap();
+    let restored = again.get(&ws).expect("restored");
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let out = runtime
+        .block_on(restored.clone().run(
+            &h.home(),
+            "test",
+            cloud_harness_workspace::RunRequest {
+                skill: "alpha".into(),
+                script: "scripts/hello.sh".into(),
+                args: vec![],
+                timeout: std::time::Duration::from_secs(60),
+            },
+            tokio_util::sync::CancellationToken::new(),
+            |_, _| {},
+        ))
+        .unwrap();
+    assert_eq!(out["stdout"], "hello from /workspace\n", "{out}");
+    if let Some(before) = before {
+        assert_eq!(agent_pid(kind, &open), before, "a new container's agent");
+    }
+    drop(restored);
+    again.close(&ws).unwrap();
+    h.assert_nothing_left();
+}
+
+#[test]
+fn a_restarted_harness_runs_in_the_open_executor_on_bwrap() {
+    if available(Kind::Bwrap) {
+        a_restarted_harness_runs_in_the_open_executor(Kind::Bwrap);
+    }
+}
+
+#[test]
+fn a_restarted_harness_runs_in_the_open_executor_on_docker() {
+    if available(Kind::Docker) {
+        a_restarted_harness_runs_in_the_open_executor(Kind::Docker);
+    }
+}

@@ -20,17 +20,6 @@ fn as_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-/// Whether bubblewrap (and, as root, `setpriv`) is installed.
-pub fn available() -> bool {
-    let runs = std::process::Command::new("bwrap")
-        .arg("--version")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    runs && (!as_root() || std::path::Path::new("/usr/bin/setpriv").exists())
-}
-
 /// A sandbox that could not start, said with what to install.
 pub fn explain(e: Error) -> Error {
     if e.code == cloud_harness_error::Code::NotFound {

@@ -31,6 +31,7 @@ mod link;
 mod process;
 mod rlimits;
 pub mod runner;
+mod settings;
 pub(crate) mod userland;
 mod wire;
 
@@ -42,6 +43,7 @@ use std::sync::Arc;
 
 pub(crate) use process::{Exit, Process};
 pub use rlimits::RunLimits;
+pub use settings::{Choice, Kind, Network, Settings};
 
 pub(crate) const WORKSPACE: &str = "/workspace";
 /// Where workspace-scope toolkits are materialized, inside the working tree.
@@ -51,181 +53,9 @@ pub const SKILLS: &str = "/opt/cloud-harness/skills";
 pub const OWNER_SKILLS: &str = "/opt/cloud-harness/owner-skills";
 /// Copies of approved skills, named by digest: the only place scripts run from.
 pub const BY_DIGEST: &str = ".by-digest";
-/// The uid and gid commands run as when the harness runs as root.
-pub(crate) const DEFAULT_UID: u32 = 10001;
 const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Processes the executor's user may have at once, per run (RLIMIT_NPROC).
 const NPROC: u64 = 1024;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    Docker,
-    Bwrap,
-    Host,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Docker => "docker",
-            Kind::Bwrap => "bwrap",
-            Kind::Host => "host",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Network {
-    /// Loopback only.
-    None,
-    /// Through the egress proxy, to `CLOUD_HARNESS_EXECUTOR_ALLOWED_HOSTS` only.
-    Egress,
-}
-
-/// What `CLOUD_HARNESS_EXECUTOR` asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Choice {
-    Auto,
-    /// No executor: skills are served and read, scripts never run.
-    Off,
-    Only(Kind),
-}
-
-/// The operator's executor settings (`CLOUD_HARNESS_EXECUTOR*`).
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub choice: Choice,
-    pub network: Network,
-    /// Hosts the executor may reach with `network: egress`.
-    pub allowed_hosts: String,
-    /// An operator's own image for the docker backend, instead of the host's userland.
-    pub image: Option<String>,
-    pub uid: u32,
-    pub gid: u32,
-}
-
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
-impl Settings {
-    pub fn from_env() -> Result<Settings> {
-        let choice = match env("CLOUD_HARNESS_EXECUTOR").as_deref().map(str::trim) {
-            None | Some("auto") => Choice::Auto,
-            Some("docker") => Choice::Only(Kind::Docker),
-            Some("bwrap") => Choice::Only(Kind::Bwrap),
-            Some("host") => Choice::Only(Kind::Host),
-            Some("none") => Choice::Off,
-            Some(other) => {
-                return Err(Error::invalid(format!(
-                    "CLOUD_HARNESS_EXECUTOR={other:?}: use auto, docker, bwrap, host or none"
-                )))
-            }
-        };
-        let network = match env("CLOUD_HARNESS_EXECUTOR_NETWORK")
-            .as_deref()
-            .map(str::trim)
-        {
-            None | Some("none") => Network::None,
-            Some("egress") => Network::Egress,
-            Some(other) => {
-                return Err(Error::invalid(format!(
-                    "CLOUD_HARNESS_EXECUTOR_NETWORK={other:?}: use none or egress"
-                )))
-            }
-        };
-        let allowed_hosts = env("CLOUD_HARNESS_EXECUTOR_ALLOWED_HOSTS").unwrap_or_default();
-        if !allowed_hosts.is_empty() {
-            cloud_harness_control::hosts::HostPolicy::new(&allowed_hosts, "").map_err(|e| {
-                Error::invalid(format!(
-                    "CLOUD_HARNESS_EXECUTOR_ALLOWED_HOSTS: {}",
-                    e.message
-                ))
-            })?;
-        }
-        if network == Network::Egress && allowed_hosts.is_empty() {
-            return Err(Error::invalid(
-                "CLOUD_HARNESS_EXECUTOR_NETWORK=egress needs CLOUD_HARNESS_EXECUTOR_ALLOWED_HOSTS",
-            ));
-        }
-        let root = nix::unistd::geteuid().is_root();
-        let id = |name: &str, default: u32| -> Result<u32> {
-            match env(name) {
-                None => Ok(default),
-                Some(v) => v
-                    .trim()
-                    .parse()
-                    .map_err(|_| Error::invalid(format!("{name}={v:?} is not a number"))),
-            }
-        };
-        // As root, commands run as an unprivileged uid of their own; otherwise as this user.
-        let (uid, gid) = if root {
-            let uid = id("CLOUD_HARNESS_EXECUTOR_UID", DEFAULT_UID)?;
-            if uid == 0 {
-                return Err(Error::invalid(
-                    "CLOUD_HARNESS_EXECUTOR_UID=0: commands never run as root",
-                ));
-            }
-            (uid, uid)
-        } else {
-            (
-                nix::unistd::geteuid().as_raw(),
-                nix::unistd::getegid().as_raw(),
-            )
-        };
-        Ok(Settings {
-            choice,
-            network,
-            allowed_hosts,
-            image: env("CLOUD_HARNESS_EXECUTOR_IMAGE"),
-            uid,
-            gid,
-        })
-    }
-
-    /// The defaults (no network, the default uid as root) with `kind` chosen: for tests and
-    /// benchmarks, which must not depend on the environment.
-    pub fn with_kind(kind: Kind) -> Settings {
-        let root = nix::unistd::geteuid().is_root();
-        let (uid, gid) = if root {
-            (DEFAULT_UID, DEFAULT_UID)
-        } else {
-            (
-                nix::unistd::geteuid().as_raw(),
-                nix::unistd::getegid().as_raw(),
-            )
-        };
-        Settings {
-            choice: Choice::Only(kind),
-            network: Network::None,
-            allowed_hosts: String::new(),
-            image: None,
-            uid,
-            gid,
-        }
-    }
-
-    /// The backend to use: the one asked for, or (`auto`) docker when an engine answers, else
-    /// bwrap when bubblewrap is installed, else none.
-    pub fn kind(&self) -> Result<Option<Kind>> {
-        let kind = match self.choice {
-            Choice::Only(kind) => Some(kind),
-            Choice::Auto if cloud_harness_provision::engine::version().is_some() => {
-                Some(Kind::Docker)
-            }
-            Choice::Auto if bwrap::available() => Some(Kind::Bwrap),
-            Choice::Auto | Choice::Off => None,
-        };
-        if kind == Some(Kind::Bwrap) && self.network == Network::Egress {
-            return Err(Error::invalid(
-                "CLOUD_HARNESS_EXECUTOR_NETWORK=egress needs the docker executor (bubblewrap sandboxes have no network)",
-            ));
-        }
-        Ok(kind)
-    }
-}
 
 /// The error for a run when no executor exists, saying what to install.
 pub fn missing() -> Error {
@@ -299,7 +129,7 @@ pub struct Executor {
 /// `cloud-harness`, else a `cloud-harness` beside it or one folder up (a test's or a
 /// benchmark's binary sits in `target/*/deps`).
 pub fn agent_binary() -> Result<PathBuf> {
-    if let Some(path) = env("CLOUD_HARNESS_EXECUTOR_AGENT") {
+    if let Some(path) = settings::env("CLOUD_HARNESS_EXECUTOR_AGENT") {
         return Ok(PathBuf::from(path));
     }
     let me = std::env::current_exe().map_err(|e| Error::internal(format!("this program: {e}")))?;
@@ -478,7 +308,15 @@ impl Executor {
         }
         *current = None;
         let link = match self.spec.kind {
-            Kind::Bwrap => bwrap::start(&self.places, &agent_binary()?)?,
+            // Started from the links' runtime thread: bubblewrap's `--die-with-parent` follows
+            // the thread that forked it, which must outlive the sandbox.
+            Kind::Bwrap => {
+                let (places, agent) = (self.places.clone(), agent_binary()?);
+                link::runtime()
+                    .spawn(async move { bwrap::start(&places, &agent) })
+                    .await
+                    .map_err(|e| Error::internal(format!("starting the sandbox: {e}")))??
+            }
             Kind::Docker => docker::link(self.container()?, &self.workspace, &self.places).await?,
             Kind::Host => return Err(Error::internal("the host executor has no agent")),
         };
@@ -542,6 +380,16 @@ impl Executor {
             if exit.lost {
                 return Err(link::lost("during the command"));
             }
+            // What it left holding its output is not waited for long.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+                while let Some((stream, bytes)) = process.output.recv().await {
+                    let _ = match stream {
+                        process::Stream::Stdout => std::io::stdout().write_all(&bytes),
+                        process::Stream::Stderr => std::io::stderr().write_all(&bytes),
+                    };
+                }
+            })
+            .await;
             Ok(exit.code.unwrap_or_else(|| 128 + exit.signal.unwrap_or(0)))
         })
     }
@@ -553,8 +401,13 @@ impl Executor {
             .ok_or_else(|| Error::internal("a docker executor without a container"))
     }
 
-    /// Removes the executor (its container and network); whatever runs in it is killed.
+    /// Removes the executor (its container and network, or its sandbox); whatever runs in it
+    /// is killed.
     pub fn remove(&self) -> Result<()> {
+        // A bubblewrap sandbox is killed with its link.
+        if let Ok(mut link) = self.link.try_lock() {
+            link.take();
+        }
         if self.spec.kind == Kind::Docker {
             let spec = self.spec.clone();
             cloud_harness_provision::engine::block_on(async move { docker::remove(&spec).await })?;
@@ -587,23 +440,6 @@ impl Paths {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn egress_needs_the_docker_backend() {
-        let settings = Settings {
-            network: Network::Egress,
-            allowed_hosts: "example.test".into(),
-            ..Settings::with_kind(Kind::Bwrap)
-        };
-        let err = settings.kind().unwrap_err();
-        assert_eq!(err.code, Code::InvalidArgument);
-        assert!(err.message.contains("docker"), "{err}");
-        let settings = Settings {
-            network: Network::Egress,
-            ..Settings::with_kind(Kind::Docker)
-        };
-        assert_eq!(settings.kind().unwrap(), Some(Kind::Docker));
-    }
 
     #[test]
     fn paths_are_the_executors_except_on_the_host() {

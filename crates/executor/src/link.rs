@@ -164,6 +164,12 @@ impl Link {
             Ok(Err(_)) => return Err(lost("its connection closed")),
             Err(_) => {
                 lock(&self.slots).remove(&run);
+                // Should the agent start it after all, it ends at once.
+                let _ = self.send(Frame {
+                    kind: Kind::Kill,
+                    run,
+                    payload: Vec::new(),
+                });
                 return Err(Error::new(
                     Code::Timeout,
                     format!(
@@ -174,9 +180,15 @@ impl Link {
             }
         }
         let frames = self.frames.clone();
+        // Dropped with the process (a caller that gave up on the run): the run is killed.
+        let guard = KillOnDrop {
+            frames: self.frames.clone(),
+            run,
+        };
         let process = Process {
             output: output_rx,
             exit: Box::pin(async move {
+                let _guard = guard;
                 exit_rx.await.unwrap_or(Exit {
                     lost: true,
                     ..Exit::default()
@@ -209,6 +221,25 @@ impl Link {
         self.frames
             .send(frame.encode())
             .map_err(|_| lost("its connection closed"))
+    }
+}
+
+/// Kills a run when what waits for its exit is dropped (after the exit, the agent ignores it).
+struct KillOnDrop {
+    frames: mpsc::UnboundedSender<Vec<u8>>,
+    run: u32,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.frames.send(
+            Frame {
+                kind: Kind::Kill,
+                run: self.run,
+                payload: Vec::new(),
+            }
+            .encode(),
+        );
     }
 }
 

@@ -3,9 +3,9 @@
 /// What one run's processes may use, as rlimits each process it starts inherits: CPU seconds
 /// (RLIMIT_CPU: SIGXCPU, then SIGKILL) and bytes of memory (RLIMIT_DATA: the heap and private
 /// writable mappings; an allocation past it fails). Per process, not per run: a run's whole
-/// tree is bounded by the executor's own limits (bubblewrap's process count, a container's
-/// memory). Set by the `prlimit` bubblewrap runs each command under (the host's), on the
-/// container (Docker: its ulimits), or by the harness as the command starts (host).
+/// tree is bounded by the executor's own limits (the process count, a container's memory).
+/// Set by the run agent on a run's first process (both sandboxes), or by the harness as the
+/// command starts (host).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunLimits {
     pub cpu_seconds: u64,

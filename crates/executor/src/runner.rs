@@ -15,6 +15,9 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(600);
 /// How long output may stay open after the command exited and its group was killed (a
 /// process that left the group and holds the pipe is not waited for).
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
+/// How long a killed command may take to be reported gone before the run ends without its
+/// exit (an agent that stopped answering).
+const KILL_GRACE: Duration = Duration::from_secs(5);
 /// What a process gets at its CPU-time limit (then SIGKILL a second later).
 const SIGXCPU: i32 = 24;
 
@@ -151,18 +154,22 @@ pub async fn supervise(
                 (process.kill)();
                 drain.as_mut().reset(tokio::time::Instant::now() + DRAIN_GRACE);
             }
-            _ = &mut drain, if exit.is_some() => break,
+            _ = &mut drain, if exit.is_some() || timed_out || cancelled => break,
             _ = &mut deadline, if !timed_out && !cancelled && exit.is_none() => {
                 timed_out = true;
                 (process.kill)();
+                drain.as_mut().reset(tokio::time::Instant::now() + KILL_GRACE);
             }
             _ = cancel.cancelled(), if !timed_out && !cancelled && exit.is_none() => {
                 cancelled = true;
                 (process.kill)();
+                drain.as_mut().reset(tokio::time::Instant::now() + KILL_GRACE);
             }
             _ = ticker.tick() => progress(started.elapsed(), out.total + err.total),
         }
     }
+    // A run killed whose end was never reported: the executor no longer answers.
+    let lost = exit.is_none();
     let exit = exit.unwrap_or_default();
     let truncated = out.total > out.kept.len() as u64 || err.total > err.kept.len() as u64;
     let limit = if timed_out {
@@ -181,7 +188,7 @@ pub async fn supervise(
         timed_out,
         cancelled,
         limit,
-        executor_lost: exit.lost,
+        executor_lost: exit.lost || lost,
         stdout_truncated: out.total > out.kept.len() as u64,
         stderr_truncated: err.total > err.kept.len() as u64,
         stdout: String::from_utf8_lossy(&out.kept).into_owned(),
@@ -281,5 +288,29 @@ mod tests {
         assert_eq!(o.exit_code, Some(0));
         assert_eq!(o.stdout, "started\n");
         assert!(!o.timed_out && o.millis < 10_000, "{o:?}");
+    }
+
+    #[tokio::test]
+    async fn a_run_whose_executor_stops_answering_ends_as_lost() {
+        // Output that stays open, an exit never reported, a kill that does nothing.
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let process = Process {
+            output: rx,
+            exit: Box::pin(std::future::pending()),
+            kill: Box::new(|| {}),
+        };
+        let o = supervise(
+            process,
+            vec!["wedged".into()],
+            Duration::from_millis(100),
+            OUTPUT_CAP,
+            CancellationToken::new(),
+            |_, _| {},
+        )
+        .await;
+        drop(tx);
+        assert!(o.timed_out && o.executor_lost, "{o:?}");
+        assert_eq!(o.limit, Some("TIMEOUT"));
+        assert!(o.millis < 10_000, "{o:?}");
     }
 }

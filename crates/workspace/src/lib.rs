@@ -49,6 +49,7 @@ mod restore;
 mod roots;
 mod run;
 mod served;
+mod spares;
 pub use served::Workspace;
 
 pub use failure::Failure;
@@ -105,6 +106,8 @@ pub struct Workspaces {
     /// Sent whenever what the open workspaces serve, together, changes: one opens or closes,
     /// or a live tier changes one.
     catalogue: tokio::sync::broadcast::Sender<Arc<str>>,
+    /// Docker executors made ahead of the opens that take them.
+    spares: Option<spares::Spares>,
 }
 
 /// Removes a half-made workspace (its executor, mounts and folder) unless disarmed.
@@ -222,13 +225,35 @@ impl Workspaces {
             mounting,
             prewarm,
             catalogue: tokio::sync::broadcast::channel(CATALOGUE_CHANGES).0,
+            spares: None,
         };
+        // Restoring first: it removes the folders of opens that never finished, spares of a
+        // killed server among them, before any new spare is made.
         ws.restore();
+        let mut ws = ws;
+        let want = ws.executors.spares_for(ws.executor_kind);
+        if want > 0 {
+            let spares = spares::Spares::new(want, ws.activator(), ws.home.clone());
+            spares.refill();
+            ws.spares = Some(spares);
+        }
         Ok(ws)
     }
 
     pub fn home(&self) -> &Path {
         &self.home
+    }
+
+    /// How many spare executors are ready for the next opens.
+    pub fn spare_executors(&self) -> usize {
+        self.spares.as_ref().map_or(0, |s| s.ready())
+    }
+
+    /// Removes the spare executors (a stopping server's); opens make their own after.
+    pub fn stop_spares(&self) {
+        if let Some(spares) = &self.spares {
+            spares.stop();
+        }
     }
 
     pub fn db(&self) -> &Db {
@@ -402,6 +427,8 @@ impl Workspaces {
             .drain()
             .map(|(_, w)| w)
             .collect();
+        // Spares have no record: nothing of them stays.
+        self.stop_spares();
         for ws in &all {
             ws.runs.cancel();
         }

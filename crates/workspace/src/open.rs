@@ -9,7 +9,7 @@ use crate::stack::OwnerBundle;
 use cloud_harness_control::principal::Principal;
 use cloud_harness_control::toolkit::{self, Revision, Scope};
 use cloud_harness_error::{Code, Error, Result};
-use cloud_harness_executor::{self as executor, Kind, Places};
+use cloud_harness_executor::{self as executor, Executor, Kind, Places};
 use cloud_harness_provision::{fetch, Acquired};
 use cloud_harness_store::cas::Digest;
 use serde_json::{json, Value};
@@ -33,7 +33,7 @@ struct Asked<'a> {
     actor: &'a str,
 }
 
-fn new_id() -> String {
+pub(crate) fn new_id() -> String {
     format!("ws_{}", uuid::Uuid::new_v4().simple())
 }
 
@@ -107,9 +107,22 @@ impl Workspaces {
         if let Some(bound) = keys::find(&self.db, owner, &key)? {
             return self.replay(&key, bound, digest);
         }
-        let id = new_id();
+        // A spare executor, if one is ready, names the workspace: it was made for that id.
+        let spare = self.spares.as_ref().and_then(|s| s.take());
+        let id = spare.as_ref().map_or_else(new_id, |s| s.id.clone());
         let max = cloud_harness_control::limits::quotas().limits.workspaces;
-        match keys::claim(&self.db, owner, &key, &digest, &id, max)? {
+        let claim = keys::claim(&self.db, owner, &key, &digest, &id, max);
+        let spare = match (spare, &claim) {
+            (Some(spare), Ok(keys::Claim::Claimed)) => Some(spare.executor),
+            (Some(spare), _) => {
+                if let Some(spares) = &self.spares {
+                    spares.give_back(spare);
+                }
+                None
+            }
+            (None, _) => None,
+        };
+        match claim? {
             keys::Claim::Claimed => {}
             keys::Claim::Full => {
                 return Err(cloud_harness_control::limits::exceeded(
@@ -132,7 +145,7 @@ impl Workspaces {
         // A panic is an error like another: the half-made workspace is removed as it unwinds,
         // and the key and its count against the owner's limit are freed here.
         let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.open_new(request, asked, repo_url, digest, &id)
+            self.open_new(request, asked, repo_url, digest, &id, spare)
         }))
         .unwrap_or_else(|_| {
             Err(Error::internal(
@@ -208,6 +221,7 @@ impl Workspaces {
         repo_url: Option<&str>,
         digest: Digest,
         id: &str,
+        spare: Option<Executor>,
     ) -> Result<Value> {
         let Asked {
             toolkits,
@@ -220,7 +234,7 @@ impl Workspaces {
         fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         let mut cleanup = Cleanup {
             dir: Some(dir.clone()),
-            executor: None,
+            executor: spare,
             store: self.store().clone(),
         };
         let places = Places::of(&dir);
@@ -292,7 +306,9 @@ impl Workspaces {
         let mut warnings = Vec::new();
         let act = self.activator();
         let mut ws = act.activate(record, &dir, &overrides, true, &mut warnings)?;
-        cleanup.executor = act.make_executor(&places, &id)?;
+        if cleanup.executor.is_none() {
+            cleanup.executor = act.make_executor(&places, &id)?;
+        }
         ws.record.executor = cleanup.executor.as_ref().map(|e| e.spec.clone());
         match self.executor_kind {
             None => warnings.push(executor::missing().message),

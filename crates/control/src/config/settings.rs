@@ -220,6 +220,12 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "10001",
     ),
     s(
+        "executor.spares",
+        "CLOUD_HARNESS_EXECUTOR_SPARES",
+        Kind::Number,
+        "2",
+    ),
+    s(
         "http.header_timeout",
         "CLOUD_HARNESS_HTTP_HEADER_TIMEOUT",
         Kind::Number,

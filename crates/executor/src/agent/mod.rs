@@ -15,7 +15,11 @@
 //!   sandbox (a daemon that left its group with `setsid`, say) is killed, so a run that
 //!   starts when none is going finds no process of an earlier one.
 
-use crate::wire::{self, Exited, Frame, Kind, Limits, Refused, Start, Started};
+mod entry;
+mod sweep;
+
+use crate::wire::{self, Exited, Frame, Kind, Refused, Start, Started};
+use entry::enter;
 use nix::libc;
 use std::collections::HashMap;
 use std::io::Read;
@@ -25,6 +29,7 @@ use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
+use sweep::sweep;
 
 /// The binary's command that runs the agent.
 pub const COMMAND: &str = "executor-agent";
@@ -32,8 +37,6 @@ pub const COMMAND: &str = "executor-agent";
 const MAX_RUNS: usize = 64;
 /// Connections at once (Docker: the server and `cloud-harness exec` processes).
 const MAX_CONNECTIONS: usize = 16;
-/// How often the idle sweep looks again for processes that forked meanwhile.
-const SWEEP_PASSES: usize = 64;
 
 /// The agent's entry: `executor-agent --fd N` (an inherited socket: the agent ends with it)
 /// or `executor-agent --listen PATH` (a socket file, for containers).
@@ -43,7 +46,10 @@ pub fn main(args: &[String]) -> i32 {
     let agent = Arc::new(Agent::default());
     {
         let agent = agent.clone();
-        std::thread::spawn(move || agent.reap());
+        if thread("reaper", move || agent.reap()).is_none() {
+            eprintln!("executor-agent: cannot start its reaper thread");
+            return 1;
+        }
     }
     match args {
         [flag, fd] if flag == "--fd" => {
@@ -74,11 +80,16 @@ pub fn main(args: &[String]) -> i32 {
                     continue;
                 }
                 open.fetch_add(1, Ordering::SeqCst);
-                let (agent, open) = (agent.clone(), open.clone());
-                std::thread::spawn(move || {
+                let (agent, counted) = (agent.clone(), open.clone());
+                // Without a thread the connection is dropped (closed) and not counted.
+                if thread("connection", move || {
                     agent.serve_one(stream);
+                    counted.fetch_sub(1, Ordering::SeqCst);
+                })
+                .is_none()
+                {
                     open.fetch_sub(1, Ordering::SeqCst);
-                });
+                }
             }
             0
         }
@@ -87,6 +98,16 @@ pub fn main(args: &[String]) -> i32 {
             2
         }
     }
+}
+
+/// A thread of the agent's; `None` when none can be made (the sandbox's processes are at
+/// their limit, say), which each caller handles instead of panicking.
+fn thread(name: &str, work: impl FnOnce() + Send + 'static) -> Option<()> {
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(work)
+        .ok()
+        .map(|_| ())
 }
 
 fn set_cloexec(fd: RawFd) {
@@ -142,6 +163,13 @@ impl Agent {
             runs: Mutex::new(HashMap::new()),
         });
         let mut input = stream;
+        // However this ends, the runs it started are killed and the harness sees the end
+        // (output threads hold clones of the socket: shut it, not just dropped).
+        let _ending = Ending {
+            agent: self.clone(),
+            conn: conn.clone(),
+            socket: input.try_clone().ok(),
+        };
         while let Ok(Some(frame)) = wire::read(&mut input) {
             match frame.kind {
                 Kind::Start => match frame.parse::<Start>() {
@@ -167,11 +195,6 @@ impl Agent {
                 _ => break,
             }
         }
-        // The harness is gone: so are the runs it started.
-        let ids: Vec<u32> = lock(&conn.runs).keys().copied().collect();
-        for id in ids {
-            self.kill(&conn, id);
-        }
     }
 
     fn kill(&self, conn: &Conn, run: u32) {
@@ -189,6 +212,10 @@ impl Agent {
     fn start(self: &Arc<Self>, conn: &Arc<Conn>, run: u32, start: Start) {
         if start.argv.is_empty() {
             return refuse(conn, run, "an empty command".into());
+        }
+        let root = nix::unistd::getuid().is_root();
+        if root && (start.uid == 0 || start.gid == 0) {
+            return refuse(conn, run, "runs never run as root".into());
         }
         let mut table = lock(&self.table);
         if table.by_pid.len() >= MAX_RUNS {
@@ -215,9 +242,7 @@ impl Agent {
             })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let user = nix::unistd::getuid()
-            .is_root()
-            .then_some((start.uid, start.gid));
+        let user = root.then_some((start.uid, start.gid));
         let limits = start.limits;
         // SAFETY: between fork and exec only system calls (setsid, prctl, setgroups, setres*id,
         // capset, setrlimit), touching no memory of the parent's.
@@ -230,17 +255,17 @@ impl Agent {
             }
         };
         let pid = child.id() as i32;
-        let stdin = child.stdin.take().map(|mut pipe| {
+        let stdin = child.stdin.take().and_then(|mut pipe| {
             let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(16);
-            std::thread::spawn(move || {
+            thread("stdin", move || {
                 use std::io::Write;
                 while let Ok(bytes) = rx.recv() {
                     if bytes.is_empty() || pipe.write_all(&bytes).is_err() {
                         return;
                     }
                 }
-            });
-            tx
+            })
+            .map(|()| tx)
         });
         lock(&conn.runs).insert(
             run,
@@ -252,7 +277,7 @@ impl Agent {
         );
         table.by_pid.insert(pid, (conn.clone(), run));
         table.started += 1;
-        table.run_uid = Some(if nix::unistd::getuid().is_root() {
+        table.run_uid = Some(if root {
             start.uid
         } else {
             nix::unistd::getuid().as_raw()
@@ -264,8 +289,12 @@ impl Agent {
         let streams = Arc::new(AtomicU8::new(2));
         let stdout = child.stdout.take().expect("piped");
         let stderr = child.stderr.take().expect("piped");
-        forward(conn.clone(), run, Kind::Stdout, stdout, streams.clone());
-        forward(conn.clone(), run, Kind::Stderr, stderr, streams);
+        let forwarded = forward(conn.clone(), run, Kind::Stdout, stdout, streams.clone())
+            && forward(conn.clone(), run, Kind::Stderr, stderr, streams);
+        if !forwarded {
+            // No thread for its output: the run ends now (its exit is still reported).
+            self.kill(conn, run);
+        }
         // The child is reaped by the reaper, never by `Child`.
         drop(child);
     }
@@ -282,8 +311,9 @@ impl Agent {
             let r =
                 unsafe { libc::waitid(libc::P_ALL, 0, &mut info, libc::WEXITED | libc::WNOWAIT) };
             if r < 0 {
+                let errno = std::io::Error::last_os_error().raw_os_error();
                 let table = lock(&self.table);
-                if std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+                if errno == Some(libc::ECHILD) {
                     let table = self
                         .children
                         .wait_while(table, |t| t.started == seen)
@@ -328,6 +358,25 @@ impl Agent {
             };
             conn.send(&Frame::json(Kind::Exit, run, &exited));
             finish(&conn, run);
+        }
+    }
+}
+
+/// What ends a connection: its runs killed, its socket shut.
+struct Ending {
+    agent: Arc<Agent>,
+    conn: Arc<Conn>,
+    socket: Option<UnixStream>,
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        let ids: Vec<u32> = lock(&self.conn.runs).keys().copied().collect();
+        for id in ids {
+            self.agent.kill(&self.conn, id);
+        }
+        if let Some(socket) = &self.socket {
+            let _ = socket.shutdown(std::net::Shutdown::Both);
         }
     }
 }
@@ -381,8 +430,8 @@ fn forward(
     kind: Kind,
     mut stream: impl Read + Send + 'static,
     open: Arc<AtomicU8>,
-) {
-    std::thread::spawn(move || {
+) -> bool {
+    thread("output", move || {
         let mut buf = vec![0u8; wire::CHUNK];
         loop {
             match stream.read(&mut buf) {
@@ -401,111 +450,6 @@ fn forward(
                 payload: Vec::new(),
             });
         }
-    });
-}
-
-/// What a run's first process does before it execs: a session (and group) of its own; as
-/// root, the run's user with no capability in any set (the bounding set dropped while it
-/// still may); the run's rlimits; no new privileges.
-fn enter(user: Option<(u32, u32)>, limits: Limits) -> std::io::Result<()> {
-    use nix::sys::resource::{setrlimit, Resource};
-    let check = |r: libc::c_long| {
-        if r < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
-    };
-    nix::unistd::setsid()?;
-    // SAFETY (each call below): system calls with integer arguments or pointers to locals.
-    unsafe {
-        for cap in 0..64 {
-            libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
-        }
-        if let Some((uid, gid)) = user {
-            check(libc::setgroups(0, std::ptr::null()) as libc::c_long)?;
-            check(libc::setresgid(gid, gid, gid) as libc::c_long)?;
-            check(libc::setresuid(uid, uid, uid) as libc::c_long)?;
-        }
-        // The inheritable set survives a change of user: empty it (and so the ambient one).
-        let mut header = CapHeader {
-            version: 0x2008_0522,
-            pid: 0,
-        };
-        let data = [CapData::default(); 2];
-        check(libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()))?;
-    }
-    setrlimit(Resource::RLIMIT_NPROC, limits.processes, limits.processes)?;
-    if let Some(cpu) = limits.cpu_seconds {
-        // SIGXCPU at the limit (so the run's end names it), SIGKILL a second later.
-        setrlimit(Resource::RLIMIT_CPU, cpu, cpu.saturating_add(1))?;
-    }
-    if let Some(memory) = limits.memory {
-        setrlimit(Resource::RLIMIT_DATA, memory, memory)?;
-    }
-    // SAFETY: prctl with integer arguments.
-    check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } as libc::c_long)?;
-    Ok(())
-}
-
-/// `capset`'s header and data (version 3: two data words), which libc does not define.
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: i32,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-/// Kills every process of `uid` in this pid namespace but the agent, until none is left.
-fn sweep(uid: u32) {
-    let me = std::process::id() as i32;
-    for _ in 0..SWEEP_PASSES {
-        let mut found = false;
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            if pid == me || pid == 1 {
-                continue;
-            }
-            if alive_owner(pid) == Some(uid) {
-                found = true;
-                // SAFETY: a signal to a process of the runs' user.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-        }
-        if !found {
-            return;
-        }
-    }
-}
-
-/// The real uid of `pid`, from `/proc/PID/status`, unless it is a zombie (dead already,
-/// waiting for the reaper).
-fn alive_owner(pid: i32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-    };
-    if field("State:") == Some("Z") {
-        return None;
-    }
-    field("Uid:")?.parse().ok()
+    })
+    .is_some()
 }
