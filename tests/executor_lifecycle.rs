@@ -176,7 +176,7 @@ fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
 
 /// Docker executors made ahead: an open takes one that was running before it; two opens get
 /// two, each bound to its own workspace's folders only, sharing nothing; spares are made
-/// again, and a stop removes them.
+/// again, one removed behind the harness's back is not handed out, and a stop removes them.
 #[test]
 fn spare_docker_executors_are_taken_by_opens_and_never_shared() {
     if !available(Kind::Docker) {
@@ -239,8 +239,23 @@ fn spare_docker_executors_are_taken_by_opens_and_never_shared() {
     wait_for("the spares made again", || {
         h.workspaces.spare_executors() == 2
     });
-    h.workspaces.close(&wa).unwrap();
-    h.workspaces.close(&wb).unwrap();
+    // Spares whose containers went away behind the harness's back are not handed out.
+    for (id, _) in containers_under(&h.home()) {
+        if id != ca && id != cb {
+            let removed = Command::new("docker")
+                .args(["rm", "-f", &id])
+                .output()
+                .unwrap();
+            assert!(removed.status.success());
+        }
+    }
+    let c = h.open("spare-c");
+    let wc = c["workspace"].as_str().unwrap().to_owned();
+    let (code, out, err) = h.exec(&wc, &["echo", "ok"], b"");
+    assert_eq!((code, out.as_str()), (0, "ok\n"), "{err}");
+    for ws in [&wa, &wb, &wc] {
+        h.workspaces.close(ws).unwrap();
+    }
     h.workspaces.stop_spares();
     h.assert_nothing_left();
 }

@@ -275,7 +275,8 @@ impl World {
         eprintln!("{}", text.trim());
     }
 
-    /// No executor container of this world's workspaces is left but those of open ones.
+    /// No executor container of this world's workspaces is left but those of open ones (and
+    /// of spare executors, whose folders say so).
     fn assert_no_stray_containers(&self) {
         if self.executor != "docker" {
             return;
@@ -295,7 +296,7 @@ impl World {
             let dir = Path::new(dir);
             if dir.starts_with(&home) {
                 assert!(
-                    dir.join("workspace.json").is_file(),
+                    dir.join("workspace.json").is_file() || dir.join("spare").is_file(),
                     "a container of a workspace that is not open: {}",
                     dir.display()
                 );

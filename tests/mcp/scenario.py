@@ -58,6 +58,13 @@ async def refused(c, name, args, code, field=None):
     return out
 
 
+def workspace_folders():
+    """The folders of workspaces under the home, but for spare executors' shells (a spare's
+    folder holds a file `spare` until an open takes it)."""
+    root = os.path.join(CONFIG["home"], "workspaces")
+    return {d for d in os.listdir(root) if not os.path.exists(os.path.join(root, d, "spare"))}
+
+
 def exec_in(handle, script):
     """`cloud-harness exec HANDLE -- sh -c SCRIPT`: what a person or platform runs."""
     r = subprocess.run([CONFIG["binary"], "exec", handle, "--", "sh", "-c", script],
@@ -289,20 +296,20 @@ async def full():
 
         # Conflicts: two owner toolkits with different `review` skills, and a workspace-scope
         # skill that differs from the project's own copy. Neither leaves a workspace behind.
-        before = set(os.listdir(os.path.join(CONFIG["home"], "workspaces")))
+        before = workspace_folders()
         out = await refused(c, "workspace_open", {"idempotencyKey": fx["key"] + "-clash", "toolkits": [fx["team"], fx["clash"]]}, "CONFLICT")
         assert "review" in out["message"] and "team" in out["message"] and "clash" in out["message"], out
         out = await refused(c, "workspace_open", {"idempotencyKey": fx["key"] + "-ws-clash", "repositoryUrl": fx["conflictProject"], "toolkits": [fx["wsScope"]], "allowToolkitWorkspaceChanges": True}, "CONFLICT")
         assert "wsx" in out["message"] and out["details"]["existing"] != out["details"]["incoming"], out
         await refused(c, "workspace_open", {"idempotencyKey": fx["key"] + "-noflag", "toolkits": [fx["wsScope"]]}, "INVALID_ARGUMENT", "allowToolkitWorkspaceChanges")
-        assert set(os.listdir(os.path.join(CONFIG["home"], "workspaces"))) == before
+        assert workspace_folders() == before
 
         # Two workspace-scope toolkits bringing `review`: a same-tier collision like any other,
         # refused with nothing written, then settled by an override naming the source.
         both = {"toolkits": [dict(fx["team"], scope="workspace"), dict(fx["clash"], scope="workspace")], "allowToolkitWorkspaceChanges": True}
         out = await refused(c, "workspace_open", dict(both, idempotencyKey=fx["key"] + "-ws-both"), "CONFLICT")
         assert "review" in out["message"] and "workspace:team" in out["message"] and "workspace:clash" in out["message"], out
-        assert set(os.listdir(os.path.join(CONFIG["home"], "workspaces"))) == before
+        assert workspace_folders() == before
         with open(operator, "w") as f:
             json.dump({"overrides": [{"skill": "review", "source": "workspace:clash"}]}, f)
         settled = await ok(c, "workspace_open", dict(both, idempotencyKey=fx["key"] + "-ws-both-settled"))
@@ -343,7 +350,7 @@ async def full():
         closed = await ok(c, "workspace_close", {"workspace": handle})
         assert closed["closed"] is True
         await refused(c, "skills_list", {"workspace": handle}, "NOT_FOUND", "workspace")
-        assert handle not in os.listdir(os.path.join(CONFIG["home"], "workspaces"))
+        assert handle not in workspace_folders()
         rc, out, err = exec_in(handle, "true")
         assert rc == 125 and "no open workspace" in err, (rc, out, err)
 

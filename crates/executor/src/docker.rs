@@ -333,7 +333,7 @@ fn socket_dir(dir: &Path) -> Result<()> {
 
 /// Connects to the socket in `dir` through `/proc/self/fd`, so a long home's path does not
 /// pass the 108 bytes a socket address holds.
-fn dial(dir: &Path) -> std::io::Result<std::os::unix::net::UnixStream> {
+pub(crate) fn dial(dir: &Path) -> std::io::Result<std::os::unix::net::UnixStream> {
     use std::os::fd::AsRawFd;
     let folder = std::fs::File::open(dir)?;
     std::os::unix::net::UnixStream::connect(format!(

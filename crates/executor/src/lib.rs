@@ -394,6 +394,24 @@ impl Executor {
         })
     }
 
+    /// Whether a Docker executor's agent answers at its socket within `wait` (a spare's,
+    /// before it is handed out). Other backends make their sandbox at the first run.
+    pub fn answers(&self, wait: std::time::Duration) -> bool {
+        if self.spec.kind != Kind::Docker {
+            return true;
+        }
+        let started = std::time::Instant::now();
+        loop {
+            if docker::dial(&self.places.agent).is_ok() {
+                return true;
+            }
+            if started.elapsed() >= wait {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     fn container(&self) -> Result<&str> {
         self.spec
             .id

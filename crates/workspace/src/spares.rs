@@ -8,6 +8,7 @@
 //! workspace's alone once taken; no container, folder or agent is ever handed on. A shell has
 //! no record, so a server killed with spares leaves folders its next start removes as opens
 //! that never finished (with their containers, by label); a server that stops removes them.
+//! Until an open takes it, a shell's folder holds a file named [`MARKER`].
 
 use super::activate::Activator;
 use super::{mounts, Cleanup};
@@ -16,6 +17,13 @@ use cloud_harness_executor::{Executor, Places};
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The file that marks a workspace folder as a spare's shell (until an open takes it), for
+/// an operator or a test looking at `<home>/workspaces`.
+pub const MARKER: &str = "spare";
+/// How long a new spare's agent may take to listen.
+const AGENT_START: Duration = Duration::from_secs(15);
 
 pub(crate) struct Spare {
     pub id: String,
@@ -33,6 +41,8 @@ struct Inner {
 pub(crate) struct Spares {
     want: usize,
     inner: Arc<Mutex<Inner>>,
+    /// The refill thread, if one was started: a stop waits for it.
+    filler: Mutex<Option<std::thread::JoinHandle<()>>>,
     act: Activator,
     home: PathBuf,
 }
@@ -46,16 +56,30 @@ impl Spares {
                 filling: false,
                 stopped: false,
             })),
+            filler: Mutex::new(None),
             act,
             home,
         }
     }
 
-    /// A spare for an open, if one is ready; a refill starts either way.
+    /// A spare for an open, if one is ready and its agent answers (one whose container went
+    /// away, a Docker engine restarted say, is removed); a refill starts either way.
     pub fn take(&self) -> Option<Spare> {
-        let spare = self.lock().ready.pop_front();
+        let mut taken = None;
+        loop {
+            let next = self.lock().ready.pop_front();
+            let Some(spare) = next else { break };
+            if spare.executor.answers(Duration::ZERO) {
+                let marker = dir_of(&self.home, &spare.id).join(MARKER);
+                let _ = std::fs::remove_file(marker);
+                taken = Some(spare);
+                break;
+            }
+            tracing::warn!(workspace = %spare.id, "a spare executor no longer answers: removed");
+            discard(&self.act, &self.home, spare);
+        }
         self.refill();
-        spare
+        taken
     }
 
     /// Gives back a spare an open did not use.
@@ -115,18 +139,24 @@ impl Spares {
                     return;
                 }
             });
-        if spawned.is_err() {
-            self.lock().filling = false;
+        match spawned {
+            Ok(handle) => {
+                // The one before has ended: `filling` was false.
+                *self.filler.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+            }
+            Err(_) => self.lock().filling = false,
         }
     }
 
-    /// Removes every spare (at a server's stop); none is made after.
+    /// Removes every spare (at a server's stop), after the one being made; none is made
+    /// after.
     pub fn stop(&self) {
-        let spares: Vec<Spare> = {
-            let mut inner = self.lock();
-            inner.stopped = true;
-            inner.ready.drain(..).collect()
-        };
+        self.lock().stopped = true;
+        let filler = self.filler.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(filler) = filler {
+            let _ = filler.join();
+        }
+        let spares: Vec<Spare> = self.lock().ready.drain(..).collect();
         for spare in spares {
             discard(&self.act, &self.home, spare);
         }
@@ -152,6 +182,8 @@ fn make(act: &Activator, home: &std::path::Path) -> Result<Spare> {
     let id = super::open::new_id();
     let dir = dir_of(home, &id);
     std::fs::create_dir_all(&dir).map_err(|e| cloud_harness_error::Error::io(&dir, e))?;
+    std::fs::write(dir.join(MARKER), b"")
+        .map_err(|e| cloud_harness_error::Error::io(&dir.join(MARKER), e))?;
     let mut cleanup = Cleanup {
         dir: Some(dir.clone()),
         executor: None,
@@ -162,6 +194,17 @@ fn make(act: &Activator, home: &std::path::Path) -> Result<Spare> {
         .map_err(|e| cloud_harness_error::Error::io(&places.repo, e))?;
     mounts::share(&places.mounts)?;
     cleanup.executor = act.make_executor(&places, &id)?;
+    // Ready only once its agent listens.
+    if !cleanup
+        .executor
+        .as_ref()
+        .is_some_and(|e| e.answers(AGENT_START))
+    {
+        return Err(cloud_harness_error::Error::new(
+            cloud_harness_error::Code::Upstream,
+            "a spare executor's agent did not start",
+        ));
+    }
     let executor = cleanup.disarm().ok_or_else(|| {
         cloud_harness_error::Error::internal("a spare executor without a backend")
     })?;
