@@ -142,10 +142,14 @@ pub fn raw_as(
     let mut out = Vec::new();
     // An SSE answer stays open: one read of its event is enough.
     let mut buf = [0u8; 65536];
-    while let Ok(n) = s.read(&mut buf) {
-        if n == 0 {
-            break;
-        }
+    loop {
+        let n = match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            // A signal to this process (a child of it that ended) is not the end.
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
         out.extend_from_slice(&buf[..n]);
         if String::from_utf8_lossy(&out).contains("\"jsonrpc\"") {
             break;
