@@ -450,17 +450,21 @@ fn calls_in_flight_are_bounded_per_principal() {
         })
         .collect();
     // Watched by the operator: a request of Alice's own would take one of her two slots, and
-    // a run arriving meanwhile would be refused.
+    // a run arriving meanwhile would be refused. Until both POSTs have had their answers'
+    // heads, each holds an HTTP slot as well as its call's (4 in flight, not 2): a request
+    // then is refused before it is a call.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let usage = w.op("GET", "/api/v1/usage", None);
-        let runs = usage["principals"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["principal"] == "token:alice")
-            .map(|p| p["usage"]["runs"]["used"].clone());
-        if runs == Some(json!(2)) {
+        let used = |limit: &str| {
+            usage["principals"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["principal"] == "token:alice")
+                .map(|p| p["usage"][limit]["used"].clone())
+        };
+        if used("runs") == Some(json!(2)) && used("requests_in_flight") == Some(json!(2)) {
             break;
         }
         assert!(

@@ -142,19 +142,22 @@ pub fn raw_as(
     let mut out = Vec::new();
     // An SSE answer stays open: one read of its event is enough.
     let mut buf = [0u8; 65536];
-    loop {
+    let started = std::time::Instant::now();
+    let ended = loop {
         let n = match s.read(&mut buf) {
-            Ok(0) => break,
+            Ok(0) => break format!("the end of the stream after {:?}", started.elapsed()),
             Ok(n) => n,
             // A signal to this process (a child of it that ended) is not the end.
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
+            Err(e) => break format!("{e} after {:?}", started.elapsed()),
         };
         out.extend_from_slice(&buf[..n]);
         if String::from_utf8_lossy(&out).contains("\"jsonrpc\"") {
-            break;
+            return String::from_utf8_lossy(&out).into_owned();
         }
-    }
+    };
+    // Said where the answer is looked for, which fails with the answer's text.
+    eprintln!("raw_as: no JSON-RPC message before {ended}");
     String::from_utf8_lossy(&out).into_owned()
 }
 
