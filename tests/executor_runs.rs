@@ -160,6 +160,128 @@ fn agent_pid(kind: Kind, open: &Value) -> i32 {
         .expect("the agent's process")
 }
 
+/// The executor as a whole holds `[limits] run_memory` and 1,024 processes: a container's
+/// limits in Docker, a cgroup of the sandbox's own in bubblewrap (where its agent is), gone
+/// with the workspace. A run whose processes together pass the memory ends as MEMORY_LIMIT.
+fn the_executor_is_bounded_as_a_whole(kind: Kind) {
+    small_limits();
+    let h = harness(kind);
+    let open = h.open("whole");
+    h.approve(&support::skill_digest(&open, "alpha"));
+    let ws = open["workspace"].as_str().unwrap().to_owned();
+    ran(&h, &ws, "scripts/hello.sh");
+    let group = memory_group(agent_pid(kind, &open));
+    let limit = ["memory.limit_in_bytes", "memory.max"]
+        .iter()
+        .find_map(|f| std::fs::read_to_string(group.join(f)).ok())
+        .expect("the executor's memory limit");
+    assert_eq!(
+        limit.trim(),
+        (256u64 << 20).to_string(),
+        "{}",
+        group.display()
+    );
+    let crowd = ran(&h, &ws, "scripts/crowd.sh");
+    assert_eq!(crowd["limit"], "MEMORY_LIMIT", "{crowd}");
+    // The executor survives it: the next run is served.
+    let next = ran(&h, &ws, "scripts/hello.sh");
+    assert_eq!(next["stdout"], "hello from /workspace\n", "{next}");
+    h.workspaces.close(&ws).unwrap();
+    h.assert_nothing_left();
+    if kind == Kind::Bwrap {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while group.exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} is left",
+                group.display()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+/// The folder of the memory cgroup of `pid` (cgroup v1's memory hierarchy, or v2).
+fn memory_group(pid: i32) -> std::path::PathBuf {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let (v1, path) = cgroups
+        .lines()
+        .find_map(|l| {
+            let mut parts = l.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            let v1 = controllers.split(',').any(|c| c == "memory");
+            (v1 || controllers.is_empty()).then(|| (v1, path.to_owned()))
+        })
+        .unwrap();
+    let base = if v1 {
+        "/sys/fs/cgroup/memory"
+    } else {
+        "/sys/fs/cgroup"
+    };
+    std::path::Path::new(base).join(path.trim_start_matches('/'))
+}
+
+#[test]
+fn the_executor_is_bounded_as_a_whole_on_bwrap() {
+    if available(Kind::Bwrap) {
+        the_executor_is_bounded_as_a_whole(Kind::Bwrap);
+    }
+}
+
+#[test]
+fn the_executor_is_bounded_as_a_whole_on_docker() {
+    if available(Kind::Docker) {
+        the_executor_is_bounded_as_a_whole(Kind::Docker);
+    }
+}
+
+/// Without a cgroup (none to be had, or `off`), bubblewrap runs are refused, saying what to
+/// do; an operator who allows it gets runs with their rlimits only, and a note.
+fn without_a_cgroup(allow: bool) {
+    for (name, value) in [
+        ("CLOUD_HARNESS_EXECUTOR_CGROUP", "off"),
+        (
+            "CLOUD_HARNESS_EXECUTOR_WITHOUT_CGROUP",
+            if allow { "allow" } else { "refuse" },
+        ),
+    ] {
+        // SAFETY: set before any thread of this test's reads the environment.
+        unsafe { std::env::set_var(name, value) };
+    }
+    let h = harness(Kind::Bwrap);
+    let ws = approved(&h);
+    let status = h.workspaces.executor_limits();
+    match allow {
+        true => {
+            assert!(status.as_ref().unwrap().is_some(), "{status:?}");
+            let out = ran(&h, &ws, "scripts/hello.sh");
+            assert_eq!(out["stdout"], "hello from /workspace\n", "{out}");
+        }
+        false => {
+            assert!(status.is_err(), "{status:?}");
+            let e = h.run(&ws, "scripts/hello.sh").unwrap_err();
+            assert_eq!(e.code, cloud_harness_error::Code::Forbidden, "{e}");
+            assert!(e.message.contains("WITHOUT_CGROUP=allow"), "{e}");
+        }
+    }
+    h.workspaces.close(&ws).unwrap();
+    h.assert_nothing_left();
+}
+
+#[test]
+fn bwrap_runs_without_a_cgroup_are_refused() {
+    if available(Kind::Bwrap) {
+        without_a_cgroup(false);
+    }
+}
+
+#[test]
+fn bwrap_runs_without_a_cgroup_run_when_allowed() {
+    if available(Kind::Bwrap) {
+        without_a_cgroup(true);
+    }
+}
+
 fn an_agent_killed_mid_run_loses_that_run_only(kind: Kind) {
     let h = harness(kind);
     let open = h.open("killed");

@@ -581,3 +581,69 @@ fn processes_under(root: &str) -> bool {
         text.contains(root) && text.contains("bwrap")
     })
 }
+
+/// A server whose bubblewrap executors can have no cgroup says so at start in its log and in
+/// `/readyz`: not ready while their runs would be refused, ready with a note once the
+/// operator allows runs with their rlimits only.
+#[test]
+fn readyz_says_when_bubblewrap_executors_have_no_cgroup() {
+    if !support::executor_backend("bwrap") {
+        assert!(std::env::var_os("CI").is_none(), "bubblewrap is missing");
+        return;
+    }
+    for allow in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let w = world_of(server_in(
+            tmp,
+            &[],
+            &[
+                ("CLOUD_HARNESS_EXECUTOR", "bwrap"),
+                ("CLOUD_HARNESS_EXECUTOR_CGROUP", "off"),
+                (
+                    "CLOUD_HARNESS_EXECUTOR_WITHOUT_CGROUP",
+                    if allow { "allow" } else { "refuse" },
+                ),
+                ("CLOUD_HARNESS_CONTAINERS", "off"),
+            ],
+        ));
+        let want = if allow { 200 } else { 503 };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let body = loop {
+            let r = w.http.get(w.url("/readyz")).send().unwrap();
+            let status = r.status().as_u16();
+            let body = r.text().unwrap();
+            if status == want {
+                break body;
+            }
+            assert!(Instant::now() < deadline, "{status}: {body}");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let v: Value = serde_json::from_str(&body).unwrap();
+        let check = v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == "executor limits")
+            .unwrap_or_else(|| panic!("{body}"));
+        assert_eq!(check["ok"], allow, "{body}");
+        let said = if allow {
+            &check["note"]
+        } else {
+            &check["error"]
+        };
+        assert!(said.as_str().unwrap().contains("no cgroup"), "{body}");
+        assert!(!body.contains('/'), "{body}");
+        // Said once in the log (which the server writes as it goes).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let said = || {
+            let log = w.server.log.lock().unwrap().clone();
+            (log.matches("executors have no cgroup").count(), log)
+        };
+        while said().0 == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(cloud_harness_http::health::READY_EVERY);
+        let (count, log) = said();
+        assert_eq!(count, 1, "{log}");
+    }
+}

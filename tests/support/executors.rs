@@ -86,6 +86,12 @@ pub fn harness_with(
         &src.join("alpha/scripts/loud.sh"),
         "head -c 100000 /dev/zero | tr '\\0' x\n",
     );
+    // Two processes, each within a run's memory (256 MiB in these tests), together past the
+    // executor's: pages touched, so they are really held.
+    write(
+        &src.join("alpha/scripts/crowd.sh"),
+        "hold='b = bytearray(160 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nimport time; time.sleep(3)'\npython3 -c \"$hold\" & python3 -c \"$hold\" & wait\necho crowded\n",
+    );
     write(
         &src.join("alpha/scripts/alloc.py"),
         "b = bytearray(512 << 20)\nprint('allocated', len(b))\n",

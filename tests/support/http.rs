@@ -71,16 +71,18 @@ pub fn server_mounting(tmp: tempfile::TempDir, args: &[&str], env: &[(&str, &str
         .spawn()
         .unwrap();
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
+    let (mut line, mut early) = (String::new(), String::new());
     let addr = loop {
         line.clear();
         assert!(stderr.read_line(&mut line).unwrap() > 0, "serve ended");
+        early.push_str(&line);
         if let Some(rest) = line.split("at http://").nth(1) {
             break rest.trim().trim_end_matches("/mcp").parse().unwrap();
         }
     };
-    // Keep reading its log so it never blocks on a full pipe.
-    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    // Keep reading its log so it never blocks on a full pipe (what came before the address
+    // is in it too).
+    let log = std::sync::Arc::new(std::sync::Mutex::new(early));
     let kept = log.clone();
     std::thread::spawn(move || {
         let mut line = String::new();

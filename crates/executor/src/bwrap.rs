@@ -128,24 +128,34 @@ pub fn argv(places: &Places, agent: &std::path::Path) -> Vec<String> {
     a
 }
 
-/// Starts the sandbox of `places` and links to its agent.
-pub fn start(places: &Places, agent: &std::path::Path) -> cloud_harness_error::Result<Link> {
+/// Starts the sandbox of `places` in `group` (if any) and links to its agent.
+pub fn start(
+    places: &Places,
+    agent: &std::path::Path,
+    group: Option<super::cgroup::Group>,
+) -> cloud_harness_error::Result<Link> {
     use std::os::fd::AsRawFd;
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()
         .map_err(|e| Error::internal(format!("a socket for the executor's agent: {e}")))?;
     let argv = argv(places, agent);
     let mut cmd = tokio::process::Command::new(&argv[0]);
     let fd = theirs.as_raw_fd();
+    let joins = group
+        .as_ref()
+        .map(super::cgroup::Group::join_fds)
+        .unwrap_or_default();
     cmd.args(&argv[1..])
         .env_clear()
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::inherit())
         .kill_on_drop(true);
-    // SAFETY: only dup2 and fcntl between fork and exec.
+    // SAFETY: only write, dup2 and fcntl between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             use nix::libc;
+            // In its group before bubblewrap makes anything: all the sandbox is counted.
+            super::cgroup::join(&joins)?;
             if fd == AGENT_FD {
                 libc::fcntl(fd, libc::F_SETFD, 0);
             } else if libc::dup2(fd, AGENT_FD) < 0 {
@@ -170,5 +180,5 @@ pub fn start(places: &Places, agent: &std::path::Path) -> cloud_harness_error::R
         ))
     })?;
     drop(theirs);
-    Link::new(ours, Some(child))
+    Ok(Link::new(ours, Some(child))?.with_group(group))
 }

@@ -31,8 +31,6 @@ use std::time::{Duration, Instant};
 pub(crate) const LABEL: &str = "io.cloud-harness.executor";
 /// The workspace folder on the host, so an operator (or a test) can tell whose it is.
 pub(crate) const DIR_LABEL: &str = "io.cloud-harness.workspace-dir";
-const MEMORY: i64 = 2 << 30;
-const PIDS: i64 = 1024;
 const EGRESS_ALIAS: &str = "egress-proxy";
 /// The agent's socket folder inside, and the socket's name in it.
 const SOCKET_DIR: &str = "/run/cloud-harness/socket";
@@ -215,6 +213,7 @@ async fn make(
         "/tmp".to_owned(),
         "rw,nosuid,nodev,size=1g,mode=1777".to_owned(),
     );
+    let limits = super::executor_limits();
     let host = HostConfig {
         binds: Some(binds),
         network_mode: Some(network_mode),
@@ -228,8 +227,8 @@ async fn make(
         ),
         security_opt: Some(vec!["no-new-privileges".into()]),
         readonly_rootfs: Some(true),
-        memory: Some(MEMORY),
-        pids_limit: Some(PIDS),
+        memory: Some(limits.memory as i64),
+        pids_limit: Some(limits.processes as i64),
         init: Some(false),
         tmpfs: Some(tmpfs),
         ..Default::default()
@@ -346,7 +345,7 @@ pub(crate) fn dial(dir: &Path) -> std::io::Result<std::os::unix::net::UnixStream
 /// reboot, say), waited for while it starts; a missing container is gone.
 pub async fn link(container: &str, workspace: &str, places: &Places) -> Result<Link> {
     if let Ok(stream) = dial(&places.agent) {
-        return Link::new(stream, None);
+        return linked(stream);
     }
     let docker = connect().await?;
     let running = match docker
@@ -374,7 +373,7 @@ pub async fn link(container: &str, workspace: &str, places: &Places) -> Result<L
     let started = Instant::now();
     loop {
         match dial(&places.agent) {
-            Ok(stream) => return Link::new(stream, None),
+            Ok(stream) => return linked(stream),
             Err(e) if started.elapsed() > AGENT_START => {
                 return Err(Error::new(
                     Code::Upstream,
@@ -386,4 +385,15 @@ pub async fn link(container: &str, workspace: &str, places: &Places) -> Result<L
             Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
         }
     }
+}
+
+/// A link over a socket connected to a container's agent, whose runs report on the
+/// container's memory (found from the agent's host pid, which the socket knows).
+fn linked(stream: std::os::unix::net::UnixStream) -> Result<Link> {
+    use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+    let memory = getsockopt(&stream, PeerCredentials)
+        .ok()
+        .and_then(|c| u32::try_from(c.pid()).ok())
+        .and_then(super::cgroup::Memory::of_process);
+    Ok(Link::new(stream, None)?.with_memory(memory))
 }

@@ -26,6 +26,7 @@
 
 pub mod agent;
 mod bwrap;
+pub mod cgroup;
 pub mod docker;
 mod link;
 mod process;
@@ -56,6 +57,18 @@ pub const BY_DIGEST: &str = ".by-digest";
 const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Processes the executor's user may have at once, per run (RLIMIT_NPROC).
 const NPROC: u64 = 1024;
+/// Processes a whole executor may have at once (a container's pids limit, a sandbox's
+/// cgroup).
+pub(crate) const PROCESSES: u64 = 1024;
+
+/// What a whole executor may hold: `[limits] run_memory` of memory for its runs together
+/// (each run's processes are also bounded by it one by one), and [`PROCESSES`].
+pub(crate) fn executor_limits() -> cgroup::Limits {
+    cgroup::Limits {
+        memory: cloud_harness_control::limits::quotas().limits.run_memory,
+        processes: PROCESSES,
+    }
+}
 
 /// The error for a run when no executor exists, saying what to install.
 pub fn missing() -> Error {
@@ -312,8 +325,9 @@ impl Executor {
             // the thread that forked it, which must outlive the sandbox.
             Kind::Bwrap => {
                 let (places, agent) = (self.places.clone(), agent_binary()?);
+                let group = cgroup::availability().group(executor_limits())?;
                 link::runtime()
-                    .spawn(async move { bwrap::start(&places, &agent) })
+                    .spawn(async move { bwrap::start(&places, &agent, group) })
                     .await
                     .map_err(|e| Error::internal(format!("starting the sandbox: {e}")))??
             }

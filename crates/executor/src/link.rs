@@ -2,6 +2,7 @@
 //! routed back to each run's [`Process`]. A link whose agent is gone says so
 //! ([`Link::alive`]); its runs end as lost, and the executor starts a new agent.
 
+use crate::cgroup;
 use crate::process::{Exit, Process, Stream};
 use crate::wire::{self, Exited, Frame, Kind, Refused, Start, Started};
 use cloud_harness_error::{Code, Error, Result};
@@ -32,6 +33,10 @@ pub struct Link {
     alive: Arc<AtomicBool>,
     /// What keeps the agent (the bubblewrap process: killed with the link).
     _keep: Option<tokio::process::Child>,
+    /// The sandbox's cgroup (bubblewrap), removed once the sandbox is gone.
+    _group: Option<cgroup::Group>,
+    /// Where the kernel counts the executor's kills for memory, if it can be read.
+    memory: Option<Arc<cgroup::Memory>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -122,8 +127,23 @@ impl Link {
             next: AtomicU32::new(1),
             alive,
             _keep: keep,
+            _group: None,
+            memory: None,
             tasks: vec![writer, reader],
         })
+    }
+
+    /// The link, keeping the sandbox's `group` (whose memory its runs report on).
+    pub fn with_group(mut self, group: Option<cgroup::Group>) -> Link {
+        self.memory = group.as_ref().map(cgroup::Group::memory);
+        self._group = group;
+        self
+    }
+
+    /// The link, its runs reporting on `memory`.
+    pub fn with_memory(mut self, memory: Option<cgroup::Memory>) -> Link {
+        self.memory = memory.map(Arc::new);
+        self
     }
 
     pub fn alive(&self) -> bool {
@@ -186,6 +206,7 @@ impl Link {
             run,
         };
         let process = Process {
+            memory: self.memory.clone(),
             output: output_rx,
             exit: Box::pin(async move {
                 let _guard = guard;

@@ -32,6 +32,8 @@ pub struct Process {
     pub exit: Pin<Box<dyn Future<Output = Exit> + Send>>,
     /// Kills the command and everything it started (idempotent).
     pub kill: Killer,
+    /// Where the kernel counts its executor's kills for memory, if anywhere.
+    pub memory: Option<std::sync::Arc<crate::cgroup::Memory>>,
 }
 
 /// Forwards a stream into `tx` until its end.
@@ -151,6 +153,7 @@ pub(crate) fn spawn_local(
         }
     });
     Ok(Process {
+        memory: None,
         output: rx,
         exit,
         kill: Box::new(move || kill_group(pid)),

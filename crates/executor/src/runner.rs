@@ -31,8 +31,10 @@ pub struct Outcome {
     pub signal: Option<i32>,
     pub timed_out: bool,
     pub cancelled: bool,
-    /// The limit the run passed, if one ended it or cut its output: `TIMEOUT`, `CPU_LIMIT`
-    /// (its CPU seconds), `OUTPUT_LIMIT` (output past the cap was counted, not kept).
+    /// The limit the run passed, if one ended it or cut its output: `TIMEOUT`,
+    /// `MEMORY_LIMIT` (the kernel killed a process of its executor for memory while it ran),
+    /// `CPU_LIMIT` (its CPU seconds), `OUTPUT_LIMIT` (output past the cap was counted, not
+    /// kept).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<&'static str>,
     /// The executor's run agent went away during the run (its exit is unknown).
@@ -131,6 +133,8 @@ pub async fn supervise(
     progress: impl Fn(Duration, u64),
 ) -> Outcome {
     let started = Instant::now();
+    let memory = process.memory.clone();
+    let oom_before = memory.as_ref().and_then(|m| m.oom_kills());
     let (mut out, mut err) = (Capped::new(cap), Capped::new(cap));
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline);
@@ -172,8 +176,16 @@ pub async fn supervise(
     let lost = exit.is_none();
     let exit = exit.unwrap_or_default();
     let truncated = out.total > out.kept.len() as u64 || err.total > err.kept.len() as u64;
+    // A kill for memory in its executor while it ran (in a process of its own, most likely:
+    // the kernel picks the largest).
+    let oom = match (oom_before, memory.as_ref().and_then(|m| m.oom_kills())) {
+        (Some(before), Some(after)) => after > before,
+        _ => false,
+    };
     let limit = if timed_out {
         Some("TIMEOUT")
+    } else if oom {
+        Some("MEMORY_LIMIT")
     } else if exit.signal == Some(SIGXCPU) {
         Some("CPU_LIMIT")
     } else if truncated {
@@ -295,6 +307,7 @@ mod tests {
         // Output that stays open, an exit never reported, a kill that does nothing.
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         let process = Process {
+            memory: None,
             output: rx,
             exit: Box::pin(std::future::pending()),
             kill: Box::new(|| {}),

@@ -139,6 +139,8 @@ impl Settings {
             )
         };
         let spares = id("CLOUD_HARNESS_EXECUTOR_SPARES", 2)? as usize;
+        // Read where a sandbox is made; checked here, so a typo stops the start.
+        crate::cgroup::choice_from_env()?;
         if spares > 64 {
             return Err(Error::invalid("CLOUD_HARNESS_EXECUTOR_SPARES: at most 64"));
         }

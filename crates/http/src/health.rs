@@ -41,6 +41,9 @@ pub(crate) struct Check {
     /// Why not, in words that name no workspace, key or path.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What an operator should know although it passed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 impl Check {
@@ -49,6 +52,7 @@ impl Check {
             check,
             ok: outcome.is_ok(),
             error: outcome.err(),
+            note: None,
         }
     }
 }
@@ -230,6 +234,14 @@ impl Checks {
             _ => Err("a workspace's mount does not answer".to_owned()),
         };
         checks.push(Check::of("workspace mounts", said));
+        // Said at start in the log as well; the same whichever the moment.
+        checks.push(match ws.executor_limits() {
+            Ok(note) => Check {
+                note,
+                ..Check::of("executor limits", Ok(()))
+            },
+            Err(why) => Check::of("executor limits", Err(why)),
+        });
         let ready = checks.iter().all(|c| c.ok);
         (Report { ready, checks }, failures)
     }

@@ -184,7 +184,9 @@ impl Workspaces {
         match executor_kind {
             None => tracing::warn!("no executor: install bubblewrap or start a Docker engine; skills_run refuses to run scripts"),
             Some(Kind::Host) => tracing::warn!("CLOUD_HARNESS_EXECUTOR=host: scripts run on the host, for development only"),
-            Some(_) => {}
+            // Found (and said in the log) now, not at the first run.
+            Some(Kind::Bwrap) => drop(executor::cgroup::availability()),
+            Some(Kind::Docker) => {}
         }
         let db = Db::open(&home)?;
         tracing::info!(
@@ -276,6 +278,15 @@ impl Workspaces {
     /// The kind of executor new workspaces get (none: scripts cannot run).
     pub fn executor_kind(&self) -> Option<Kind> {
         self.executor_kind
+    }
+
+    /// Whether executors get their whole-executor limits: nothing to say, a note, or why runs
+    /// are refused (bubblewrap without a cgroup).
+    pub fn executor_limits(&self) -> std::result::Result<Option<String>, String> {
+        match self.executor_kind {
+            Some(Kind::Bwrap) => executor::cgroup::availability().status(),
+            _ => Ok(None),
+        }
     }
 
     /// Where fetches run: the mode, the engine and its warnings (asking the engine once).

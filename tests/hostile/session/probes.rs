@@ -28,7 +28,12 @@ fn probes_name_no_workspace_nor_path() {
         .collect();
     assert_eq!(
         checks,
-        ["store writable", "database usable", "workspace mounts"]
+        [
+            "store writable",
+            "database usable",
+            "workspace mounts",
+            "executor limits"
+        ]
     );
     // A flood of probes is answered from the last assessment.
     let probes: Vec<_> = (0..64)

@@ -226,6 +226,18 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "2",
     ),
     s(
+        "executor.cgroup",
+        "CLOUD_HARNESS_EXECUTOR_CGROUP",
+        Kind::Text,
+        "auto",
+    ),
+    s(
+        "executor.without_cgroup",
+        "CLOUD_HARNESS_EXECUTOR_WITHOUT_CGROUP",
+        Kind::Choice(&["refuse", "allow"]),
+        "refuse",
+    ),
+    s(
         "http.header_timeout",
         "CLOUD_HARNESS_HTTP_HEADER_TIMEOUT",
         Kind::Number,
