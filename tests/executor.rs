@@ -186,30 +186,59 @@ fn exec_refuses_bad_input_on_bwrap() {
 
 /// With `network: egress`, the executor reaches exactly its allowed hosts, through its own
 /// egress proxy: not the metadata address, not loopback, not a host off the list, not the
-/// host's services directly.
-#[test]
-fn egress_goes_through_the_proxy_to_allowed_hosts_only() {
-    if !available(Kind::Docker) {
-        return;
-    }
-    let bridge = support::bridge_address();
-    let listener = std::net::TcpListener::bind((bridge.as_str(), 0)).unwrap();
+/// host's services directly. Docker: a proxy container on the executor's internal network;
+/// bubblewrap: the harness's proxy, listening inside the sandbox's network namespace.
+fn egress_goes_through_the_proxy_to_allowed_hosts_only(kind: Kind) {
+    // The allowed host: the Docker bridge's address (what a container reaches), or for
+    // bubblewrap a loopback address of a network namespace this test makes for itself, so
+    // nothing the proxy (in this process) dials can leave the machine.
+    let allowed = match kind {
+        Kind::Docker => support::bridge_address(),
+        _ => {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let up = Command::new("ip")
+                .args(["link", "set", "lo", "up"])
+                .status()
+                .unwrap();
+            assert!(up.success());
+            "127.0.0.2".to_owned()
+        }
+    };
+    let listener = std::net::TcpListener::bind((allowed.as_str(), 0)).unwrap();
     let port = listener.local_addr().unwrap().port();
     // A service of the host's on every address: the executor must not reach it by any.
     let everywhere = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
     let host_port = everywhere.local_addr().unwrap().port();
-    let mut settings = Settings::with_kind(Kind::Docker);
+    let mut settings = Settings::with_kind(kind);
     settings.network = cloud_harness_executor::Network::Egress;
     settings.allowed_hosts = format!("allowed.test:{port}");
+    if kind == Kind::Bwrap {
+        // `cloud-harness exec` serves a bubblewrap sandbox's proxy itself, with the policy
+        // of the configuration it reads (as `serve` does).
+        for (name, value) in [
+            (
+                "CLOUD_HARNESS_EXECUTOR_ALLOWED_HOSTS",
+                settings.allowed_hosts.clone(),
+            ),
+            ("CLOUD_HARNESS_ALLOW_CIDRS", format!("{allowed}/32")),
+            ("CLOUD_HARNESS_RESOLVE", format!("allowed.test={allowed}")),
+        ] {
+            // SAFETY: set before this test starts a thread.
+            unsafe { std::env::set_var(name, value) };
+        }
+    }
     let h = harness_with(settings, |store| {
-        support::warm_provisioner_with(
+        let p = support::warm_provisioner_with(
             store,
-            &format!("{bridge}/32"),
-            &format!("allowed.test={bridge}"),
-        )
-        .with_sandbox(cloud_harness_provision::sandbox::Sandbox::detect(
-            PathBuf::from(BIN),
-        ))
+            &format!("{allowed}/32"),
+            &format!("allowed.test={allowed}"),
+        );
+        match kind {
+            Kind::Docker => p.with_sandbox(cloud_harness_provision::sandbox::Sandbox::detect(
+                PathBuf::from(BIN),
+            )),
+            _ => p,
+        }
     });
     let result = h.open("egress");
     let ws = result["workspace"].as_str().unwrap().to_owned();
@@ -218,8 +247,9 @@ fn egress_goes_through_the_proxy_to_allowed_hosts_only() {
         r#"
 import errno, json, os, socket
 out = {{"proxyEnv": os.environ.get("HTTPS_PROXY")}}
+proxy = os.environ["HTTPS_PROXY"].removeprefix("http://").split(":")
 def via_proxy(target):
-    s = socket.create_connection(("egress-proxy", 3128), timeout=10)
+    s = socket.create_connection((proxy[0], int(proxy[1])), timeout=10)
     s.sendall(f"CONNECT {{target}} HTTP/1.1\r\nHost: {{target}}\r\n\r\n".encode())
     line = s.recv(4096).split(b"\r\n")[0].decode()
     s.close()
@@ -234,10 +264,10 @@ def direct(host, port):
         return errno.errorcode.get(e.errno, str(e))
 out["allowed"] = via_proxy("allowed.test:{port}")
 for name, target in [("metadata", "169.254.169.254:443"), ("loopback", "127.0.0.1:{port}"),
-                     ("unlisted", "unlisted.test:443"), ("byAddress", "{bridge}:{port}"),
+                     ("unlisted", "unlisted.test:443"), ("byAddress", "{allowed}:{port}"),
                      ("otherPort", "allowed.test:443")]:
     out[name] = via_proxy(target)
-out["direct"] = direct("{bridge}", {port})
+out["direct"] = direct("{allowed}", {port})
 gateways = {{socket.inet_ntoa(bytes.fromhex(l.split()[2])[::-1]) for l in open("/proc/net/route").read().splitlines()[1:]}}
 gateways |= {{socket.inet_ntoa(bytes.fromhex(l.split()[1])[::-1][:3] + b"\x01") for l in open("/proc/net/route").read().splitlines()[1:]}}
 out["hostServices"] = {{g: direct(g, {host_port}) for g in gateways if g != "0.0.0.0"}}
@@ -247,7 +277,11 @@ print(json.dumps(out))
     let (code, out, err) = h.exec(&ws, &["python3", "-c", &probe], b"");
     assert_eq!(code, 0, "{out}{err}");
     let seen: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
-    assert_eq!(seen["proxyEnv"], "http://egress-proxy:3128", "{seen}");
+    let proxy = match kind {
+        Kind::Docker => "http://egress-proxy:3128",
+        _ => "http://127.0.0.1:3128",
+    };
+    assert_eq!(seen["proxyEnv"], proxy, "{seen}");
     assert!(seen["allowed"].as_str().unwrap().contains(" 200"), "{seen}");
     for refused in ["metadata", "loopback", "unlisted", "byAddress", "otherPort"] {
         assert!(
@@ -266,15 +300,40 @@ print(json.dumps(out))
         reached.is_empty(),
         "the host's own services are reachable: {seen}"
     );
+    // A skill's script run by the server goes the same way.
+    h.approve(&support::skill_digest(&result, "alpha"));
+    let tree = h.home().join("workspaces").join(&ws).join("repo");
+    std::fs::write(tree.join("target.txt"), format!("allowed.test:{port}")).unwrap();
+    let ran = h.run(&ws, "scripts/egress.py").unwrap();
+    assert!(ran["stdout"].as_str().unwrap().contains(" 200"), "{ran}");
+    std::fs::write(tree.join("target.txt"), "169.254.169.254:80").unwrap();
+    let ran = h.run(&ws, "scripts/egress.py").unwrap();
+    assert!(ran["stdout"].as_str().unwrap().contains(" 403"), "{ran}");
     drop((listener, everywhere));
     h.workspaces.close(&ws).unwrap();
     h.assert_nothing_left();
-    let networks = Command::new("docker")
-        .args(["network", "ls", "-q", "--filter"])
-        .arg(format!("name=cloud-harness-exec-net-{ws}"))
-        .output()
-        .unwrap();
-    assert!(networks.stdout.is_empty(), "the egress network was left");
+    if kind == Kind::Docker {
+        let networks = Command::new("docker")
+            .args(["network", "ls", "-q", "--filter"])
+            .arg(format!("name=cloud-harness-exec-net-{ws}"))
+            .output()
+            .unwrap();
+        assert!(networks.stdout.is_empty(), "the egress network was left");
+    }
+}
+
+#[test]
+fn egress_goes_through_the_proxy_to_allowed_hosts_only_on_docker() {
+    if available(Kind::Docker) {
+        egress_goes_through_the_proxy_to_allowed_hosts_only(Kind::Docker);
+    }
+}
+
+#[test]
+fn egress_goes_through_the_proxy_to_allowed_hosts_only_on_bwrap() {
+    if available(Kind::Bwrap) {
+        egress_goes_through_the_proxy_to_allowed_hosts_only(Kind::Bwrap);
+    }
 }
 
 /// Without an executor, a workspace still opens and its skills are read; scripts never run

@@ -154,6 +154,7 @@ fn start(port: u16) -> Proxy {
         Arc::new(policy),
         r,
         Refusals::default(),
+        proxy::AT_ONCE,
     ));
     Proxy {
         addr,

@@ -55,7 +55,15 @@ fn exec(args: &ExecArgs) -> Result<i32> {
             args.workspace
         );
     }
+    // A bubblewrap sandbox with egress gets its proxy here, with the policy `serve` has.
+    let policy = cloud_harness_provision::egress::EgressPolicy::from_env(
+        cloud_harness_control::hosts::HostPolicy::new(
+            &cloud_harness_executor::Settings::from_env()?.allowed_hosts,
+            "",
+        )?,
+    )?;
     Executor::attach(spec, places, &args.workspace)
+        .with_egress(policy)
         .run_attached(&args.command)
         .map_err(|e| Error::new(e.code, e.message))
 }

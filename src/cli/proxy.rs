@@ -33,7 +33,7 @@ pub fn run(args: &ProxyArgs) -> Result<u8> {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| Error::internal(e.to_string()))?;
         tokio::select! {
-            _ = proxy::serve(listener, policy, Arc::new(SystemResolver), proxy::Refusals::default()) => {}
+            _ = proxy::serve(listener, policy, Arc::new(SystemResolver), proxy::Refusals::default(), proxy::AT_ONCE) => {}
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }

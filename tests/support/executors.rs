@@ -86,6 +86,11 @@ pub fn harness_with(
         &src.join("alpha/scripts/loud.sh"),
         "head -c 100000 /dev/zero | tr '\\0' x\n",
     );
+    // A CONNECT through the executor's egress proxy to the target the test wrote in the tree.
+    write(
+        &src.join("alpha/scripts/egress.py"),
+        "import os, socket\nhost, port = os.environ['HTTPS_PROXY'].removeprefix('http://').split(':')\ntarget = open('target.txt').read().strip()\ns = socket.create_connection((host, int(port)), timeout=10)\ns.sendall(f'CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n'.encode())\nprint(s.recv(4096).split(b'\\r\\n')[0].decode())\n",
+    );
     // Two processes, each within a run's memory (256 MiB in these tests), together past the
     // executor's: pages touched, so they are really held.
     write(

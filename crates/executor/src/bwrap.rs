@@ -128,18 +128,33 @@ pub fn argv(places: &Places, agent: &std::path::Path) -> Vec<String> {
     a
 }
 
-/// Starts the sandbox of `places` in `group` (if any) and links to its agent.
-pub fn start(
+/// Starts the sandbox of `places` in `group` (if any), with a way out through the egress
+/// proxy when `egress` has its policy, and links to its agent. On the links' runtime.
+pub async fn start(
     places: &Places,
     agent: &std::path::Path,
     group: Option<super::cgroup::Group>,
+    egress: Option<std::sync::Arc<cloud_harness_provision::egress::EgressPolicy>>,
 ) -> cloud_harness_error::Result<Link> {
     use std::os::fd::AsRawFd;
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()
         .map_err(|e| Error::internal(format!("a socket for the executor's agent: {e}")))?;
-    let argv = argv(places, agent);
+    let mut argv = argv(places, agent);
+    // bubblewrap says the pid of the sandbox's first process there: the proxy's listener is
+    // made in its network namespace.
+    let info = match egress {
+        Some(_) => {
+            let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                .map_err(|e| Error::internal(format!("a pipe for bubblewrap: {e}")))?;
+            argv.insert(1, INFO_FD.to_string());
+            argv.insert(1, "--info-fd".to_owned());
+            Some((read, write))
+        }
+        None => None,
+    };
     let mut cmd = tokio::process::Command::new(&argv[0]);
     let fd = theirs.as_raw_fd();
+    let info_fd = info.as_ref().map(|(_, w)| w.as_raw_fd());
     let joins = group
         .as_ref()
         .map(super::cgroup::Group::join_fds)
@@ -156,10 +171,23 @@ pub fn start(
             use nix::libc;
             // In its group before bubblewrap makes anything: all the sandbox is counted.
             super::cgroup::join(&joins)?;
-            if fd == AGENT_FD {
-                libc::fcntl(fd, libc::F_SETFD, 0);
-            } else if libc::dup2(fd, AGENT_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
+            // Out of the way first (either may be the other's number), then in place; dup2
+            // leaves the copies open across exec, the first ones close there.
+            // (No allocation here: another thread may have held the allocator's lock.)
+            let moves = [(fd, AGENT_FD), (info_fd.unwrap_or(-1), INFO_FD)];
+            let mut high = [-1; 2];
+            for (i, &(from, _)) in moves.iter().enumerate() {
+                if from >= 0 {
+                    high[i] = libc::fcntl(from, libc::F_DUPFD_CLOEXEC, 10);
+                    if high[i] < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+            }
+            for (i, &(_, to)) in moves.iter().enumerate() {
+                if high[i] >= 0 && libc::dup2(high[i], to) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });
@@ -180,5 +208,51 @@ pub fn start(
         ))
     })?;
     drop(theirs);
-    Ok(Link::new(ours, Some(child))?.with_group(group))
+    let link = Link::new(ours, Some(child))?.with_group(group);
+    let (Some(policy), Some((read, write))) = (egress, info) else {
+        return Ok(link);
+    };
+    drop(write);
+    let pid = first_pid(read).await?;
+    let listener = super::egress::listen_in(pid)?;
+    Ok(link.with_task(super::egress::serve(listener, policy)?))
+}
+
+/// The descriptor bubblewrap writes its information to, with egress.
+const INFO_FD: i32 = 4;
+
+/// The host pid of the sandbox's first process, as bubblewrap writes it (`{"child-pid": N}`).
+async fn first_pid(read: std::os::fd::OwnedFd) -> cloud_harness_error::Result<u32> {
+    use tokio::io::AsyncReadExt;
+    let failed = |why: String| Error::internal(format!("bubblewrap's information: {why}"));
+    let mut pipe =
+        tokio::net::unix::pipe::Receiver::from_owned_fd(read).map_err(|e| failed(e.to_string()))?;
+    let mut text = Vec::new();
+    let mut chunk = [0u8; 512];
+    let read = async {
+        // Its first object is all that is needed; bubblewrap keeps the descriptor open.
+        loop {
+            let n = pipe.read(&mut chunk).await?;
+            text.extend_from_slice(&chunk[..n]);
+            if n == 0 || text.contains(&b'}') || text.len() > 4096 {
+                return Ok::<_, std::io::Error>(());
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), read)
+        .await
+        .map_err(|_| failed("none within 10 s".into()))?
+        .map_err(|e| failed(e.to_string()))?;
+    #[derive(serde::Deserialize)]
+    struct Info {
+        #[serde(rename = "child-pid")]
+        child_pid: u32,
+    }
+    let end = text
+        .iter()
+        .position(|&b| b == b'}')
+        .map_or(text.len(), |i| i + 1);
+    serde_json::from_slice::<Info>(&text[..end])
+        .map(|i| i.child_pid)
+        .map_err(|e| failed(format!("{e}: {}", String::from_utf8_lossy(&text))))
 }

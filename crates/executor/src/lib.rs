@@ -28,6 +28,7 @@ pub mod agent;
 mod bwrap;
 pub mod cgroup;
 pub mod docker;
+mod egress;
 mod link;
 mod process;
 mod rlimits;
@@ -136,6 +137,9 @@ pub struct Executor {
     /// The link to the sandbox's run agent, made at the first run and again after the agent
     /// went away.
     link: tokio::sync::Mutex<Option<Arc<link::Link>>>,
+    /// What a bubblewrap sandbox with `network: egress` may reach, through the proxy the
+    /// harness serves in it.
+    egress: Option<Arc<cloud_harness_provision::egress::EgressPolicy>>,
 }
 
 /// The binary the run agent is: `CLOUD_HARNESS_EXECUTOR_AGENT`, else this program when it is
@@ -195,7 +199,20 @@ impl Executor {
             places,
             workspace: workspace.to_owned(),
             link: tokio::sync::Mutex::new(None),
+            egress: None,
         }
+    }
+
+    /// The executor, its bubblewrap sandbox reaching out through a proxy with `policy` when
+    /// its network is `egress` (a Docker executor's proxy is a container of its own).
+    pub fn with_egress(
+        mut self,
+        policy: cloud_harness_provision::egress::EgressPolicy,
+    ) -> Executor {
+        if self.spec.kind == Kind::Bwrap && self.spec.network == Network::Egress {
+            self.egress = Some(Arc::new(policy));
+        }
+        self
     }
 
     pub fn kind(&self) -> Kind {
@@ -254,7 +271,10 @@ impl Executor {
             ),
         ];
         if self.spec.network == Network::Egress {
-            let proxy = docker::EGRESS_PROXY_URL.to_owned();
+            let proxy = match self.spec.kind {
+                Kind::Bwrap => egress::PROXY_URL.to_owned(),
+                _ => docker::EGRESS_PROXY_URL.to_owned(),
+            };
             for name in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
                 env.push((name.to_owned(), proxy.clone()));
             }
@@ -326,8 +346,14 @@ impl Executor {
             Kind::Bwrap => {
                 let (places, agent) = (self.places.clone(), agent_binary()?);
                 let group = cgroup::availability().group(executor_limits())?;
+                let egress = match self.spec.network {
+                    Network::Egress => Some(self.egress.clone().ok_or_else(|| {
+                        Error::internal("a bubblewrap executor with egress has no proxy policy")
+                    })?),
+                    Network::None => None,
+                };
                 link::runtime()
-                    .spawn(async move { bwrap::start(&places, &agent, group) })
+                    .spawn(async move { bwrap::start(&places, &agent, group, egress).await })
                     .await
                     .map_err(|e| Error::internal(format!("starting the sandbox: {e}")))??
             }

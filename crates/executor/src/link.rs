@@ -140,6 +140,12 @@ impl Link {
         self
     }
 
+    /// The link, with a task of its sandbox's (its egress proxy) that ends with it.
+    pub fn with_task(mut self, task: tokio::task::JoinHandle<()>) -> Link {
+        self.tasks.push(task);
+        self
+    }
+
     /// The link, its runs reporting on `memory`.
     pub fn with_memory(mut self, memory: Option<cgroup::Memory>) -> Link {
         self.memory = memory.map(Arc::new);

@@ -208,9 +208,14 @@ impl Settings {
                 "the docker executor needs the harness to run as root (its agent's socket folder is root's); as another user, use CLOUD_HARNESS_EXECUTOR=bwrap",
             ));
         }
-        if kind == Some(Kind::Bwrap) && self.network == Network::Egress {
+        // The proxy's listener is made in the sandbox's network namespace, which takes
+        // entering it (CAP_SYS_ADMIN).
+        if kind == Some(Kind::Bwrap)
+            && self.network == Network::Egress
+            && !nix::unistd::geteuid().is_root()
+        {
             return Err(Error::invalid(
-                "CLOUD_HARNESS_EXECUTOR_NETWORK=egress needs the docker executor (bubblewrap sandboxes have no network)",
+                "CLOUD_HARNESS_EXECUTOR_NETWORK=egress with bubblewrap needs the harness to run as root (its proxy listens inside each sandbox's network namespace)",
             ));
         }
         Ok(kind)
@@ -223,15 +228,19 @@ mod tests {
     use cloud_harness_error::Code;
 
     #[test]
-    fn egress_needs_the_docker_backend() {
+    fn egress_with_bubblewrap_needs_root() {
         let settings = Settings {
             network: Network::Egress,
             allowed_hosts: "example.test".into(),
             ..Settings::with_kind(Kind::Bwrap)
         };
-        let err = settings.kind().unwrap_err();
-        assert_eq!(err.code, Code::InvalidArgument);
-        assert!(err.message.contains("docker"), "{err}");
+        if nix::unistd::geteuid().is_root() {
+            assert_eq!(settings.kind().unwrap(), Some(Kind::Bwrap));
+        } else {
+            let err = settings.kind().unwrap_err();
+            assert_eq!(err.code, Code::InvalidArgument);
+            assert!(err.message.contains("root"), "{err}");
+        }
         let settings = Settings {
             network: Network::Egress,
             ..Settings::with_kind(Kind::Docker)

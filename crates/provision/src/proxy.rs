@@ -144,22 +144,31 @@ async fn handle(
     let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
 }
 
-/// Serves until the listener fails.
+/// Connections a proxy serves at once, unless told fewer: more wait in the listener's
+/// backlog.
+pub const AT_ONCE: usize = 1024;
+
+/// Serves until the listener fails, `at_once` connections at a time.
 pub async fn serve(
     listener: TcpListener,
     policy: Arc<EgressPolicy>,
     resolver: Arc<dyn Resolve>,
     refusals: Refusals,
+    at_once: usize,
 ) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(at_once));
     loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         match listener.accept().await {
             Ok((stream, _)) => {
-                tokio::spawn(handle(
-                    stream,
-                    policy.clone(),
-                    resolver.clone(),
-                    refusals.clone(),
-                ));
+                let (policy, resolver, refusals) =
+                    (policy.clone(), resolver.clone(), refusals.clone());
+                tokio::spawn(async move {
+                    handle(stream, policy, resolver, refusals).await;
+                    drop(slot);
+                });
             }
             Err(e) => {
                 tracing::error!(error = %e, "proxy accept failed");
@@ -199,7 +208,7 @@ impl EmbeddedProxy {
                 runtime.block_on(async move {
                     let listener = TcpListener::from_std(std_listener).expect("a listener");
                     tokio::select! {
-                        _ = serve(listener, Arc::new(policy), Arc::new(SystemResolver), seen) => {}
+                        _ = serve(listener, Arc::new(policy), Arc::new(SystemResolver), seen, AT_ONCE) => {}
                         _ = stopped => {}
                     }
                 });

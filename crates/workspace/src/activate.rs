@@ -75,7 +75,18 @@ impl Activator {
         };
         let made = Executor::create(&self.executors, kind, places, id, egress_proxy)?;
         cloud_harness_control::metrics::executor_started(kind.as_str());
-        Ok(Some(made))
+        Ok(Some(self.equip(made)?))
+    }
+
+    /// `executor`, given the egress policy a bubblewrap sandbox's proxy applies when its
+    /// network is `egress` (a new executor's, or one a record names after a restart).
+    pub(super) fn equip(&self, executor: Executor) -> Result<Executor> {
+        if executor.spec.network != executor::Network::Egress {
+            return Ok(executor);
+        }
+        let hosts =
+            cloud_harness_control::hosts::HostPolicy::new(&self.executors.allowed_hosts, "")?;
+        Ok(executor.with_egress(self.provisioner.egress.with_hosts(hosts)))
     }
 
     /// Builds a workspace's stack from its record and mounts it. A new workspace

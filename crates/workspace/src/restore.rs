@@ -408,7 +408,7 @@ fn restore_one(
     let places = Places::of(dir);
     // The container (if any) lives on; a record from before executors gets one now.
     let executor = match record.executor.clone() {
-        Some(spec) => Some(Executor::attach(spec, places.clone(), &id)),
+        Some(spec) => Some(act.equip(Executor::attach(spec, places.clone(), &id))?),
         None => act.make_executor(&places, &id).ok().flatten(),
     };
     let mut ws = act.activate(record, dir, overrides, false, &mut Vec::new())?;
