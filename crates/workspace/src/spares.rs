@@ -102,6 +102,9 @@ impl Spares {
         if self.want == 0 {
             return;
         }
+        // Held until the new thread's handle is kept: a stop waits for it, so it never misses
+        // a filler started as it stops.
+        let mut filler = self.filler.lock().unwrap_or_else(|p| p.into_inner());
         {
             let mut inner = self.lock();
             if inner.filling || inner.stopped || inner.ready.len() >= self.want {
@@ -142,7 +145,7 @@ impl Spares {
         match spawned {
             Ok(handle) => {
                 // The one before has ended: `filling` was false.
-                *self.filler.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+                *filler = Some(handle);
             }
             Err(_) => self.lock().filling = false,
         }
