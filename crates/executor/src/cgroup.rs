@@ -40,9 +40,13 @@ pub enum Choice {
     At(PathBuf),
 }
 
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
 /// `CLOUD_HARNESS_EXECUTOR_CGROUP` and `…_WITHOUT_CGROUP`, checked.
 pub fn choice_from_env() -> Result<(Choice, bool)> {
-    let choice = match super::settings::env("CLOUD_HARNESS_EXECUTOR_CGROUP").as_deref().map(str::trim) {
+    let choice = match env("CLOUD_HARNESS_EXECUTOR_CGROUP").as_deref().map(str::trim) {
         None | Some("auto") => Choice::Auto,
         Some("off") => Choice::Off,
         Some(path) if path.starts_with('/') => Choice::At(PathBuf::from(path)),
@@ -52,7 +56,7 @@ pub fn choice_from_env() -> Result<(Choice, bool)> {
             )))
         }
     };
-    let allowed = match super::settings::env("CLOUD_HARNESS_EXECUTOR_WITHOUT_CGROUP")
+    let allowed = match env("CLOUD_HARNESS_EXECUTOR_WITHOUT_CGROUP")
         .as_deref()
         .map(str::trim)
     {
@@ -386,23 +390,35 @@ pub fn join(fds: &[RawFd]) -> std::io::Result<()> {
     Ok(())
 }
 
-impl Drop for Group {
-    fn drop(&mut self) {
-        // The sandbox dies with its link, a moment after: its group is removed once empty.
+impl Group {
+    /// Removes the group once its processes are gone (a sandbox dies a moment after its
+    /// link): awaited on a runtime, not in a drop.
+    pub fn removed(mut self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let dirs = std::mem::take(&mut self.dirs);
-        super::link::runtime().spawn(async move {
+        async move {
             for _ in 0..100 {
-                let left: Vec<_> = dirs
-                    .iter()
-                    .filter(|d| std::fs::remove_dir(d).is_err() && d.exists())
-                    .collect();
-                if left.is_empty() {
+                if remove(&dirs) {
                     return;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
             tracing::warn!(?dirs, "a sandbox's cgroup is still not empty");
-        });
+        }
+    }
+}
+
+/// Removes `dirs`; whether none is left.
+fn remove(dirs: &[PathBuf]) -> bool {
+    dirs.iter()
+        .filter(|d| std::fs::remove_dir(d).is_err() && d.exists())
+        .count()
+        == 0
+}
+
+impl Drop for Group {
+    /// A group dropped without [`Group::removed`] (its sandbox never started) is empty.
+    fn drop(&mut self) {
+        remove(&self.dirs);
     }
 }
 

@@ -34,7 +34,7 @@ pub struct Link {
     /// What keeps the agent (the bubblewrap process: killed with the link).
     _keep: Option<tokio::process::Child>,
     /// The sandbox's cgroup (bubblewrap), removed once the sandbox is gone.
-    _group: Option<cgroup::Group>,
+    group: Option<cgroup::Group>,
     /// Where the kernel counts the executor's kills for memory, if it can be read.
     memory: Option<Arc<cgroup::Memory>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -44,6 +44,9 @@ impl Drop for Link {
     fn drop(&mut self) {
         for task in &self.tasks {
             task.abort();
+        }
+        if let Some(group) = self.group.take() {
+            runtime().spawn(group.removed());
         }
     }
 }
@@ -127,7 +130,7 @@ impl Link {
             next: AtomicU32::new(1),
             alive,
             _keep: keep,
-            _group: None,
+            group: None,
             memory: None,
             tasks: vec![writer, reader],
         })
@@ -136,7 +139,7 @@ impl Link {
     /// The link, keeping the sandbox's `group` (whose memory its runs report on).
     pub fn with_group(mut self, group: Option<cgroup::Group>) -> Link {
         self.memory = group.as_ref().map(cgroup::Group::memory);
-        self._group = group;
+        self.group = group;
         self
     }
 
