@@ -106,15 +106,16 @@ pub fn availability() -> &'static Availability {
 }
 
 impl Availability {
-    /// For `/readyz`: nothing to say (a cgroup per sandbox), a note (none, allowed), or why
-    /// runs are refused.
-    pub fn status(&self) -> std::result::Result<Option<String>, String> {
+    /// For `/readyz`: nothing to say (a cgroup per sandbox), or what an operator should
+    /// know (no cgroup: runs refused, or allowed with their rlimits only). Not a failure: the
+    /// server still serves skills, and an operator chooses which it should be.
+    pub fn status(&self) -> Option<String> {
         match (&self.tree, self.allowed_without) {
-            (Ok(_), _) => Ok(None),
-            (Err(_), true) => Ok(Some(
+            (Ok(_), _) => None,
+            (Err(_), true) => Some(
                 "bubblewrap executors have no cgroup: runs keep their rlimits only".into(),
-            )),
-            (Err(_), false) => Err(
+            ),
+            (Err(_), false) => Some(
                 "bubblewrap executors have no cgroup for their memory and process limits: their runs are refused".into(),
             ),
         }

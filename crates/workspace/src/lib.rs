@@ -280,12 +280,12 @@ impl Workspaces {
         self.executor_kind
     }
 
-    /// Whether executors get their whole-executor limits: nothing to say, a note, or why runs
-    /// are refused (bubblewrap without a cgroup).
-    pub fn executor_limits(&self) -> std::result::Result<Option<String>, String> {
+    /// Whether executors get their whole-executor limits: nothing to say, or a note
+    /// (bubblewrap without a cgroup: its runs refused, or allowed with rlimits only).
+    pub fn executor_limits(&self) -> Option<String> {
         match self.executor_kind {
             Some(Kind::Bwrap) => executor::cgroup::availability().status(),
-            _ => Ok(None),
+            _ => None,
         }
     }
 
