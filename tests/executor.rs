@@ -113,7 +113,13 @@ fn containment(kind: Kind) {
             let memory: u64 = limits["memoryMax"].as_str().unwrap().parse().unwrap();
             assert!((4u64 << 30) - memory <= 4096, "{seen}");
         }
-        _ => assert_eq!(limits["nproc"], 1024, "{seen}"),
+        // The sandbox's cgroup bounds its processes (a test of its own forks past them): the
+        // uid's RLIMIT_NPROC, shared by every workspace, is left as the server has it.
+        // (Python says -1 for no limit.)
+        _ => assert!(
+            limits["nproc"] == -1 || limits["nproc"].as_u64().unwrap() > 1024,
+            "{seen}"
+        ),
     }
     drop(listener);
 

@@ -201,6 +201,35 @@ fn the_executor_is_bounded_as_a_whole(kind: Kind) {
     }
 }
 
+/// A run cannot have more processes than its executor's 1,024 (a container's pids limit, a
+/// sandbox's cgroup): the next `fork` fails with EAGAIN, and the executor serves the next run.
+fn a_run_cannot_fork_past_the_executor_s_processes(kind: Kind) {
+    let h = harness(kind);
+    let ws = approved(&h);
+    let forks = stdout_json(&ran(&h, &ws, "scripts/forks.py"));
+    assert_eq!(forks["error"], "EAGAIN", "{forks}");
+    let spawned = forks["spawned"].as_u64().unwrap();
+    assert!((900..1024).contains(&spawned), "{forks}");
+    let next = ran(&h, &ws, "scripts/hello.sh");
+    assert_eq!(next["stdout"], "hello from /workspace\n", "{next}");
+    h.workspaces.close(&ws).unwrap();
+    h.assert_nothing_left();
+}
+
+#[test]
+fn a_run_cannot_fork_past_the_executor_s_processes_on_bwrap() {
+    if available(Kind::Bwrap) {
+        a_run_cannot_fork_past_the_executor_s_processes(Kind::Bwrap);
+    }
+}
+
+#[test]
+fn a_run_cannot_fork_past_the_executor_s_processes_on_docker() {
+    if available(Kind::Docker) {
+        a_run_cannot_fork_past_the_executor_s_processes(Kind::Docker);
+    }
+}
+
 /// The folder of the memory cgroup of `pid` (cgroup v1's memory hierarchy, or v2).
 fn memory_group(pid: i32) -> std::path::PathBuf {
     let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();

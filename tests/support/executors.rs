@@ -86,6 +86,11 @@ pub fn harness_with(
         &src.join("alpha/scripts/loud.sh"),
         "head -c 100000 /dev/zero | tr '\\0' x\n",
     );
+    // Processes (each a `sleep`, small) until the executor refuses one; how many, and why.
+    write(
+        &src.join("alpha/scripts/forks.py"),
+        "import errno, json, os, signal\npids, error = [], None\nwhile len(pids) < 1100:\n    try:\n        pids.append(os.posix_spawn('/bin/sleep', ['sleep', '30'], {}))\n    except OSError as e:\n        error = errno.errorcode.get(e.errno, str(e))\n        break\nfor pid in pids:\n    os.kill(pid, signal.SIGKILL)\nprint(json.dumps({'spawned': len(pids), 'error': error}))\n",
+    );
     // A CONNECT through the executor's egress proxy to the target the test wrote in the tree.
     write(
         &src.join("alpha/scripts/egress.py"),

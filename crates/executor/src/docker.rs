@@ -395,5 +395,7 @@ fn linked(stream: std::os::unix::net::UnixStream) -> Result<Link> {
         .ok()
         .and_then(|c| u32::try_from(c.pid()).ok())
         .and_then(super::cgroup::Memory::of_process);
-    Ok(Link::new(stream, None)?.with_memory(memory))
+    Ok(Link::new(stream, None)?
+        .with_memory(memory)
+        .bounded_by_its_container())
 }

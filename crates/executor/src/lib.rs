@@ -56,7 +56,8 @@ pub const OWNER_SKILLS: &str = "/opt/cloud-harness/owner-skills";
 /// Copies of approved skills, named by digest: the only place scripts run from.
 pub const BY_DIGEST: &str = ".by-digest";
 const SAFE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-/// Processes the executor's user may have at once, per run (RLIMIT_NPROC).
+/// Processes the executor's user may have at once (RLIMIT_NPROC), where nothing bounds the
+/// executor as a whole (a bubblewrap sandbox allowed to run without a cgroup).
 const NPROC: u64 = 1024;
 /// Processes a whole executor may have at once (a container's pids limit, a sandbox's
 /// cgroup).
@@ -321,7 +322,14 @@ impl Executor {
         let mut retried = false;
         loop {
             let link = self.link().await?;
-            match link.spawn(start.clone()).await {
+            let mut start = start.clone();
+            // An executor bounded as a whole (a container, a sandbox's cgroup) bounds its
+            // processes itself: the uid's RLIMIT_NPROC, which every workspace of that uid
+            // shares, is left as it is (one workspace's runs cannot use up another's).
+            if link.bounded() {
+                start.limits.processes = u64::MAX;
+            }
+            match link.spawn(start).await {
                 Ok((process, run)) => return Ok((process, run, link)),
                 Err(e) if !retried && !link.alive() => {
                     tracing::warn!(workspace = %self.workspace, error = %e, "the executor's run agent went away; starting it again");

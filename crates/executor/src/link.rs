@@ -37,6 +37,8 @@ pub struct Link {
     group: Option<cgroup::Group>,
     /// Where the kernel counts the executor's kills for memory, if it can be read.
     memory: Option<Arc<cgroup::Memory>>,
+    /// Its memory and processes are bounded as a whole (a container, a cgroup).
+    bounded: bool,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -132,6 +134,7 @@ impl Link {
             _keep: keep,
             group: None,
             memory: None,
+            bounded: false,
             tasks: vec![writer, reader],
         })
     }
@@ -139,8 +142,20 @@ impl Link {
     /// The link, keeping the sandbox's `group` (whose memory its runs report on).
     pub fn with_group(mut self, group: Option<cgroup::Group>) -> Link {
         self.memory = group.as_ref().map(cgroup::Group::memory);
+        self.bounded = group.is_some();
         self.group = group;
         self
+    }
+
+    /// The link of an executor bounded as a whole by limits of its own (a container).
+    pub fn bounded_by_its_container(mut self) -> Link {
+        self.bounded = true;
+        self
+    }
+
+    /// Whether the executor's memory and processes are bounded as a whole.
+    pub fn bounded(&self) -> bool {
+        self.bounded
     }
 
     /// The link, with a task of its sandbox's (its egress proxy) that ends with it.

@@ -35,7 +35,11 @@ pub(super) fn enter(user: Option<(u32, u32)>, limits: Limits) -> std::io::Result
         let data = [CapData::default(); 2];
         check(libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()))?;
     }
-    setrlimit(Resource::RLIMIT_NPROC, limits.processes, limits.processes)?;
+    // No higher than the hard limit this process has (raising it takes a capability runs
+    // never have): "as many as allowed" is the inherited limit.
+    let (_, hard) = nix::sys::resource::getrlimit(Resource::RLIMIT_NPROC)?;
+    let processes = limits.processes.min(hard);
+    setrlimit(Resource::RLIMIT_NPROC, processes, processes)?;
     if let Some(cpu) = limits.cpu_seconds {
         // SIGXCPU at the limit (so the run's end names it), SIGKILL a second later.
         setrlimit(Resource::RLIMIT_CPU, cpu, cpu.saturating_add(1))?;
