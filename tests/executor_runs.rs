@@ -45,8 +45,20 @@ fn stdout_json(outcome: &Value) -> Value {
 
 fn later_runs_see_nothing_of_earlier_ones(kind: Kind) {
     small_limits();
+    // A descriptor of the harness's that is not close-on-exec (as one just received from
+    // fusermount is for a moment) never reaches a sandbox.
+    let leaked = std::fs::File::open("/proc/self/status").unwrap();
+    nix::fcntl::fcntl(
+        &leaked,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+    )
+    .unwrap();
     let h = harness(kind);
     let ws = approved(&h);
+    let fds = ran(&h, &ws, "scripts/fds.py");
+    // Its standard streams, and the folder it lists.
+    assert_eq!(fds["stdout"], "[0, 1, 2, 3]\n", "{fds}");
+    drop(leaked);
 
     // A daemon that left the run's process group is gone once the run is over.
     let left = ran(&h, &ws, "scripts/leave.sh");

@@ -86,6 +86,11 @@ pub fn harness_with(
         &src.join("alpha/scripts/loud.sh"),
         "head -c 100000 /dev/zero | tr '\\0' x\n",
     );
+    // The descriptors a run has.
+    write(
+        &src.join("alpha/scripts/fds.py"),
+        "import os\nprint(sorted(int(f) for f in os.listdir('/proc/self/fd')))\n",
+    );
     // Processes (each a `sleep`, small) until the executor refuses one; how many, and why.
     write(
         &src.join("alpha/scripts/forks.py"),

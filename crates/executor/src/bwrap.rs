@@ -189,6 +189,26 @@ pub async fn start(
                     return Err(std::io::Error::last_os_error());
                 }
             }
+            // Nothing else of the harness's reaches the sandbox: a descriptor another thread
+            // has not marked yet (another workspace's /dev/fuse, just received) closes at
+            // exec like the rest.
+            let first = if info_fd.is_some() {
+                INFO_FD + 1
+            } else {
+                AGENT_FD + 1
+            };
+            if libc::syscall(
+                libc::SYS_close_range,
+                first as libc::c_uint,
+                libc::c_uint::MAX,
+                4,
+            ) < 0
+            {
+                // Before Linux 5.11 (no CLOSE_RANGE_CLOEXEC): one by one.
+                for fd in first..4096 {
+                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                }
+            }
             Ok(())
         });
     }
@@ -214,7 +234,10 @@ pub async fn start(
     };
     drop(write);
     let pid = first_pid(read).await?;
-    let listener = super::egress::listen_in(pid)?;
+    // Off the links' one thread: it enters a namespace and may wait for its loopback.
+    let listener = tokio::task::spawn_blocking(move || super::egress::listen_in(pid))
+        .await
+        .map_err(|e| Error::internal(format!("the sandbox's egress proxy: {e}")))??;
     Ok(link.with_task(super::egress::serve(listener, policy)?))
 }
 
@@ -230,7 +253,7 @@ async fn first_pid(read: std::os::fd::OwnedFd) -> cloud_harness_error::Result<u3
     let mut text = Vec::new();
     let mut chunk = [0u8; 512];
     let read = async {
-        // Its first object is all that is needed; bubblewrap keeps the descriptor open.
+        // Its first object is all that is needed (bubblewrap closes the descriptor after it).
         loop {
             let n = pipe.read(&mut chunk).await?;
             text.extend_from_slice(&chunk[..n]);

@@ -5,9 +5,10 @@
 //!
 //! Where the groups go (`CLOUD_HARNESS_EXECUTOR_CGROUP`):
 //! - `auto` (the default): cgroup v2 where this process's own cgroup may have children with
-//!   the memory and pids controllers (a systemd unit with `Delegate=yes`; the harness moves
-//!   itself into a leaf `harness` first, as v2 requires), else the memory and pids
-//!   hierarchies of cgroup v1 where this process may write (root, on a hybrid host);
+//!   the memory and pids controllers and holds this process alone (a systemd unit with
+//!   `Delegate=yes`; the harness moves itself into a leaf `harness` first, as v2 requires),
+//!   else the memory and pids hierarchies of cgroup v1 where this process may write (root,
+//!   on a hybrid host);
 //! - a path: a delegated cgroup v2 folder, used as it is (it must hold no process);
 //! - `off`: none.
 //!
@@ -161,7 +162,20 @@ fn find(choice: &Choice) -> std::result::Result<Tree, String> {
             Err(v2) => own_v1().map_err(|v1| format!("cgroup v2: {v2}; cgroup v1: {v1}"))?,
         },
     };
-    prepare(&tree).map_err(|e| format!("{tree:?}: {e}"))?;
+    let explicit = matches!(choice, Choice::At(_));
+    // A move of processes may race with a fork, and the controllers' write then fails for a
+    // moment (EBUSY): a few tries before giving up for this process's life.
+    let mut tries = 0;
+    loop {
+        match prepare(&tree, explicit) {
+            Ok(()) => break,
+            Err(e) if tries < 3 && e.kind() != std::io::ErrorKind::PermissionDenied => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => return Err(format!("{tree:?}: {e}")),
+        }
+    }
     Ok(tree)
 }
 
@@ -238,7 +252,7 @@ fn write(path: &Path, value: &str) -> std::io::Result<()> {
 
 /// Makes the folder of groups (and for v2, the controllers its children need); a v2 base
 /// holding processes (this one) moves them into a leaf first.
-fn prepare(tree: &Tree) -> std::io::Result<()> {
+fn prepare(tree: &Tree, explicit: bool) -> std::io::Result<()> {
     match tree {
         Tree::V1 { memory, pids } => {
             for base in [memory, pids] {
@@ -249,12 +263,22 @@ fn prepare(tree: &Tree) -> std::io::Result<()> {
             let procs = std::fs::read_to_string(base.join("cgroup.procs"))?;
             let is_root = !base.join("cgroup.type").exists();
             if !procs.trim().is_empty() && !is_root {
+                // Only this process is moved, and only out of its own cgroup (a unit with
+                // Delegate=yes holds the server alone): a cgroup holding others (a login
+                // session's scope, say) is not this process's to rearrange.
+                let me = std::process::id().to_string();
+                if explicit || procs.split_whitespace().any(|p| p != me) {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        format!(
+                            "{} holds processes other than this one (not a cgroup delegated to it)",
+                            base.display()
+                        ),
+                    ));
+                }
                 let leaf = base.join("harness");
                 mkdir(&leaf)?;
-                for pid in procs.split_whitespace() {
-                    // Another process's move may race with its exit: that one is gone anyway.
-                    let _ = write(&leaf.join("cgroup.procs"), pid);
-                }
+                write(&leaf.join("cgroup.procs"), &me)?;
             }
             write(&base.join("cgroup.subtree_control"), "+memory +pids")?;
             let ours = base.join(OURS);

@@ -228,6 +228,8 @@ async fn make(
         security_opt: Some(vec!["no-new-privileges".into()]),
         readonly_rootfs: Some(true),
         memory: Some(limits.memory as i64),
+        // No swap beyond it (Docker would allow as much again).
+        memory_swap: Some(limits.memory as i64),
         pids_limit: Some(limits.processes as i64),
         init: Some(false),
         tmpfs: Some(tmpfs),

@@ -28,6 +28,17 @@ pub fn listen_in(pid: u32) -> Result<std::net::TcpListener> {
     };
     let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
         .map_err(|e| failed("its network namespace", e))?;
+    // A sandbox gone and its pid reused by a process of the host's namespace: never listen
+    // there.
+    let inode = |m: std::io::Result<std::fs::Metadata>| {
+        use std::os::unix::fs::MetadataExt;
+        m.map(|m| (m.dev(), m.ino()))
+    };
+    if inode(ns.metadata()).ok() == inode(std::fs::metadata("/proc/self/ns/net")).ok() {
+        return Err(Error::internal(
+            "the sandbox's egress proxy: its process is in the harness's own network namespace",
+        ));
+    }
     // A thread of its own enters the namespace (a namespace is per thread) and ends there.
     std::thread::scope(|s| {
         s.spawn(|| {

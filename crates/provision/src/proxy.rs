@@ -157,7 +157,11 @@ pub async fn serve(
     at_once: usize,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(at_once));
+    // Connections end with the server: dropping this future (an executor's proxy whose
+    // sandbox is gone) aborts them.
+    let mut connections = tokio::task::JoinSet::new();
     loop {
+        while connections.try_join_next().is_some() {}
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
@@ -165,7 +169,7 @@ pub async fn serve(
             Ok((stream, _)) => {
                 let (policy, resolver, refusals) =
                     (policy.clone(), resolver.clone(), refusals.clone());
-                tokio::spawn(async move {
+                connections.spawn(async move {
                     handle(stream, policy, resolver, refusals).await;
                     drop(slot);
                 });
