@@ -26,6 +26,16 @@ const RUNS: usize = 31;
 const CONCURRENT: usize = 16;
 const CONCURRENT_ROUNDS: usize = 10;
 
+/// The run every figure times: `scripts/ok.sh` of the approved skill.
+fn ok_run() -> RunRequest {
+    RunRequest {
+        skill: "alpha".into(),
+        script: "scripts/ok.sh".into(),
+        args: vec![],
+        timeout: Duration::from_secs(30),
+    }
+}
+
 fn median(mut xs: Vec<Duration>) -> Duration {
     xs.sort();
     xs[xs.len() / 2]
@@ -154,12 +164,7 @@ fn main() {
                 .block_on(ws.clone().run(
                     sets[i].1.home(),
                     "bench",
-                    RunRequest {
-                        skill: "alpha".into(),
-                        script: "scripts/ok.sh".into(),
-                        args: vec![],
-                        timeout: Duration::from_secs(30),
-                    },
+                    ok_run(),
                     CancellationToken::new(),
                     |_, _| {},
                 ))
@@ -187,12 +192,7 @@ fn main() {
                                 .run(
                                     &home,
                                     "bench",
-                                    RunRequest {
-                                        skill: "alpha".into(),
-                                        script: "scripts/ok.sh".into(),
-                                        args: vec![],
-                                        timeout: Duration::from_secs(30),
-                                    },
+                                    ok_run(),
                                     CancellationToken::new(),
                                     |_, _| {},
                                 )

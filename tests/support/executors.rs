@@ -62,55 +62,40 @@ pub fn harness_with(
         &src.join("alpha/SKILL.md"),
         "---\nname: alpha\ndescription: The alpha skill.\n---\nAlpha.\n",
     );
-    write(
-        &src.join("alpha/scripts/hello.sh"),
-        "echo hello from $(pwd)\n",
-    );
-    write(&src.join("alpha/scripts/long.sh"), "sleep 120\n");
-    // For the runs' tests (tests/executor_runs.rs): a run that leaves a daemon behind, one
-    // that lists the processes of its user, one that tries the agent, and limits' passers.
-    write(
-        &src.join("alpha/scripts/leave.sh"),
-        "setsid sh -c 'sleep 300' </dev/null >/dev/null 2>&1 &\necho left\n",
-    );
-    write(
-        &src.join("alpha/scripts/procs.py"),
-        include_str!("../executor/procs.py"),
-    );
-    write(
-        &src.join("alpha/scripts/agent.py"),
-        include_str!("../executor/agent.py"),
-    );
-    write(&src.join("alpha/scripts/spin.sh"), "while :; do :; done\n");
-    write(
-        &src.join("alpha/scripts/loud.sh"),
-        "head -c 100000 /dev/zero | tr '\\0' x\n",
-    );
-    // The descriptors a run has.
-    write(
-        &src.join("alpha/scripts/fds.py"),
-        "import os\nprint(sorted(int(f) for f in os.listdir('/proc/self/fd')))\n",
-    );
-    // Processes (each a `sleep`, small) until the executor refuses one; how many, and why.
-    write(
-        &src.join("alpha/scripts/forks.py"),
-        "import errno, json, os, signal\npids, error = [], None\nwhile len(pids) < 1100:\n    try:\n        pids.append(os.posix_spawn('/bin/sleep', ['sleep', '30'], {}))\n    except OSError as e:\n        error = errno.errorcode.get(e.errno, str(e))\n        break\nfor pid in pids:\n    os.kill(pid, signal.SIGKILL)\nprint(json.dumps({'spawned': len(pids), 'error': error}))\n",
-    );
-    // A CONNECT through the executor's egress proxy to the target the test wrote in the tree.
-    write(
-        &src.join("alpha/scripts/egress.py"),
-        "import os, socket\nhost, port = os.environ['HTTPS_PROXY'].removeprefix('http://').split(':')\ntarget = open('target.txt').read().strip()\ns = socket.create_connection((host, int(port)), timeout=10)\ns.sendall(f'CONNECT {target} HTTP/1.1\\r\\nHost: {target}\\r\\n\\r\\n'.encode())\nprint(s.recv(4096).split(b'\\r\\n')[0].decode())\n",
-    );
-    // Two processes, each within a run's memory (256 MiB in these tests), together past the
-    // executor's: pages touched, so they are really held.
-    write(
-        &src.join("alpha/scripts/crowd.sh"),
-        "hold='b = bytearray(160 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nimport time; time.sleep(3)'\npython3 -c \"$hold\" & python3 -c \"$hold\" & wait\necho crowded\n",
-    );
-    write(
-        &src.join("alpha/scripts/alloc.py"),
-        "b = bytearray(512 << 20)\nprint('allocated', len(b))\n",
-    );
+    // For the runs' tests (tests/executor_runs.rs, tests/executor.rs): a run that leaves a
+    // daemon behind, one that lists the processes of its user, one that tries the agent, the
+    // limits' passers, the descriptors a run has, egress through the proxy.
+    let scripts: &[(&str, &str)] = &[
+        ("hello.sh", "echo hello from $(pwd)\n"),
+        ("long.sh", "sleep 120\n"),
+        (
+            "leave.sh",
+            "setsid sh -c 'sleep 300' </dev/null >/dev/null 2>&1 &\necho left\n",
+        ),
+        ("procs.py", include_str!("../executor/procs.py")),
+        ("agent.py", include_str!("../executor/agent.py")),
+        ("spin.sh", "while :; do :; done\n"),
+        ("loud.sh", "head -c 100000 /dev/zero | tr '\\0' x\n"),
+        (
+            "fds.py",
+            "import os\nprint(sorted(int(f) for f in os.listdir('/proc/self/fd')))\n",
+        ),
+        ("forks.py", include_str!("../executor/forks.py")),
+        ("egress.py", include_str!("../executor/egress.py")),
+        // Two processes, each within a run's memory (256 MiB in these tests), together past
+        // the executor's: pages touched, so they are really held.
+        (
+            "crowd.sh",
+            "hold='b = bytearray(160 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\nimport time; time.sleep(3)'\npython3 -c \"$hold\" & python3 -c \"$hold\" & wait\necho crowded\n",
+        ),
+        (
+            "alloc.py",
+            "b = bytearray(512 << 20)\nprint('allocated', len(b))\n",
+        ),
+    ];
+    for (name, text) in scripts {
+        write(&src.join("alpha/scripts").join(name), text);
+    }
     let kit = super::warm_toolkit(&store, &src, "kit");
     // Prewarmed as under `serve`: the walker is the real binary.
     let workspaces =

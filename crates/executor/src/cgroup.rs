@@ -342,47 +342,49 @@ impl Group {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
+        // Its folders (memory's first, pids' last: one folder in v2), the file its memory's
+        // kills are counted in, and its memory limit's files (the swap one, if accounted).
+        let bytes = limits.memory.to_string();
+        let (dirs, events, memory_files) = match tree {
+            Tree::V2(base) => {
+                let dir = base.join(OURS).join(&name);
+                let events = dir.join("memory.events");
+                (
+                    vec![dir],
+                    events,
+                    [("memory.max", bytes.as_str()), ("memory.swap.max", "0")],
+                )
+            }
+            Tree::V1 { memory, pids } => {
+                let m = memory.join(OURS).join(&name);
+                let events = m.join("memory.oom_control");
+                let files = [
+                    ("memory.limit_in_bytes", bytes.as_str()),
+                    ("memory.memsw.limit_in_bytes", bytes.as_str()),
+                ];
+                (vec![m, pids.join(OURS).join(&name)], events, files)
+            }
+        };
+        let failed = |e: std::io::Error| Error::internal(format!("the sandbox's cgroup: {e}"));
         let mut group = Group {
             dirs: Vec::new(),
             joins: Vec::new(),
-            memory: std::sync::Arc::new(Memory {
-                events: PathBuf::new(),
-            }),
+            memory: std::sync::Arc::new(Memory { events }),
         };
-        let failed = |e: std::io::Error| Error::internal(format!("the sandbox's cgroup: {e}"));
-        match tree {
-            Tree::V2(base) => {
-                let dir = base.join(OURS).join(&name);
-                mkdir(&dir).map_err(failed)?;
-                group.dirs.push(dir.clone());
-                write(&dir.join("memory.max"), &limits.memory.to_string()).map_err(failed)?;
-                if dir.join("memory.swap.max").exists() {
-                    write(&dir.join("memory.swap.max"), "0").map_err(failed)?;
-                }
-                write(&dir.join("pids.max"), &limits.processes.to_string()).map_err(failed)?;
-                group.memory = std::sync::Arc::new(Memory {
-                    events: dir.join("memory.events"),
-                });
-            }
-            Tree::V1 { memory, pids } => {
-                let (m, p) = (memory.join(OURS).join(&name), pids.join(OURS).join(&name));
-                mkdir(&m).map_err(failed)?;
-                group.dirs.push(m.clone());
-                mkdir(&p).map_err(failed)?;
-                group.dirs.push(p.clone());
-                let bytes = limits.memory.to_string();
-                write(&m.join("memory.limit_in_bytes"), &bytes).map_err(failed)?;
-                // Without swap accounting there is no such file, and no swap to escape to
-                // that the host has not chosen.
-                if m.join("memory.memsw.limit_in_bytes").exists() {
-                    write(&m.join("memory.memsw.limit_in_bytes"), &bytes).map_err(failed)?;
-                }
-                write(&p.join("pids.max"), &limits.processes.to_string()).map_err(failed)?;
-                group.memory = std::sync::Arc::new(Memory {
-                    events: m.join("memory.oom_control"),
-                });
+        for dir in dirs {
+            mkdir(&dir).map_err(failed)?;
+            // Kept as soon as made: a failure below removes it with the group.
+            group.dirs.push(dir);
+        }
+        let (memory_dir, pids_dir) = (&group.dirs[0], &group.dirs[group.dirs.len() - 1]);
+        for (i, (file, value)) in memory_files.iter().enumerate() {
+            // The swap file exists only where the kernel accounts swap (no swap to escape to
+            // that the host has not chosen).
+            if i == 0 || memory_dir.join(file).exists() {
+                write(&memory_dir.join(file), value).map_err(failed)?;
             }
         }
+        write(&pids_dir.join("pids.max"), &limits.processes.to_string()).map_err(failed)?;
         for dir in &group.dirs {
             let procs = std::fs::OpenOptions::new()
                 .write(true)

@@ -397,7 +397,5 @@ fn linked(stream: std::os::unix::net::UnixStream) -> Result<Link> {
         .ok()
         .and_then(|c| u32::try_from(c.pid()).ok())
         .and_then(super::cgroup::Memory::of_process);
-    Ok(Link::new(stream, None)?
-        .with_memory(memory)
-        .bounded_by_its_container())
+    Ok(Link::new(stream, None)?.of_container(memory))
 }

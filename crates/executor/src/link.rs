@@ -147,9 +147,11 @@ impl Link {
         self
     }
 
-    /// The link of an executor bounded as a whole by limits of its own (a container).
-    pub fn bounded_by_its_container(mut self) -> Link {
+    /// The link of a container's agent: bounded as a whole by the container's limits, its
+    /// runs reporting on the container's `memory` (when it could be found).
+    pub fn of_container(mut self, memory: Option<cgroup::Memory>) -> Link {
         self.bounded = true;
+        self.memory = memory.map(Arc::new);
         self
     }
 
@@ -161,12 +163,6 @@ impl Link {
     /// The link, with a task of its sandbox's (its egress proxy) that ends with it.
     pub fn with_task(mut self, task: tokio::task::JoinHandle<()>) -> Link {
         self.tasks.push(task);
-        self
-    }
-
-    /// The link, its runs reporting on `memory`.
-    pub fn with_memory(mut self, memory: Option<cgroup::Memory>) -> Link {
-        self.memory = memory.map(Arc::new);
         self
     }
 
