@@ -138,6 +138,55 @@ fn later_runs_see_nothing_of_earlier_ones_on_docker() {
     }
 }
 
+/// A command starts as a shell would start it: looked up in `PATH`, a file without `#!` run
+/// by `/bin/sh`, 126 for a file that may not run, 127 for one that is not there, and no
+/// signal blocked or ignored (whatever the agent's own: a pipe's reader that ends early
+/// ends its writer quietly).
+fn commands_start_as_a_shell_starts_them(kind: Kind) {
+    let h = harness(kind);
+    let ws = h.open("start")["workspace"].as_str().unwrap().to_owned();
+    let (code, out, err) = h.exec(&ws, &["grep", "^Sig[BI]", "/proc/self/status"], b"");
+    assert_eq!(
+        (code, out.as_str()),
+        (0, "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n"),
+        "{err}"
+    );
+    let (code, out, err) = h.exec(&ws, &["sh", "-c", "yes | head -n 1"], b"");
+    assert_eq!((code, out.as_str(), err.as_str()), (0, "y\n", ""));
+    let (code, _, err) = h.exec(
+        &ws,
+        &[
+            "sh",
+            "-c",
+            "printf 'echo from sh: $1\\n' > plain && chmod 755 plain",
+        ],
+        b"",
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = h.exec(&ws, &["./plain", "an argument"], b"");
+    assert_eq!((code, out.as_str()), (0, "from sh: an argument\n"), "{err}");
+    let (code, _, err) = h.exec(&ws, &["/etc/passwd"], b"");
+    assert_eq!(code, 126, "{err}");
+    let (code, _, err) = h.exec(&ws, &["no-such-program"], b"");
+    assert_eq!(code, 127, "{err}");
+    assert!(err.contains("cannot run no-such-program"), "{err}");
+    h.workspaces.close(&ws).unwrap();
+}
+
+#[test]
+fn commands_start_as_a_shell_starts_them_on_bwrap() {
+    if available(Kind::Bwrap) {
+        commands_start_as_a_shell_starts_them(Kind::Bwrap);
+    }
+}
+
+#[test]
+fn commands_start_as_a_shell_starts_them_on_docker() {
+    if available(Kind::Docker) {
+        commands_start_as_a_shell_starts_them(Kind::Docker);
+    }
+}
+
 /// The host pid of the workspace's run agent.
 fn agent_pid(kind: Kind, open: &Value) -> i32 {
     if kind == Kind::Docker {

@@ -1,55 +1,49 @@
-//! What a run's first process does between the agent's fork and its exec: it is in the
-//! child of a multi-threaded process, so only system calls.
+//! What a run's first process does between its clone and its exec ([`super::spawn`]): it
+//! shares the agent's memory and its calling thread's libc state, so it makes raw system
+//! calls only, on what the parent prepared, and reports a failure in `errno`.
+//!
+//! In order: every signal back to its default and unblocked last (a handler of the agent's
+//! must never run here); the standard streams; the working folder; a session (and group) of
+//! its own; as root, the run's user with no capability in any set (the bounding set dropped
+//! while it still may); the run's rlimits; no new privileges; then `execve`.
 
 use crate::wire::Limits;
-use nix::libc;
+use nix::libc::{self, c_char, c_int, c_long};
+use std::os::fd::RawFd;
 
-/// What a run's first process does before it execs: a session (and group) of its own; as
-/// root, the run's user with no capability in any set (the bounding set dropped while it
-/// still may); the run's rlimits; no new privileges.
-pub(super) fn enter(user: Option<(u32, u32)>, limits: Limits) -> std::io::Result<()> {
-    use nix::sys::resource::{setrlimit, Resource};
-    let check = |r: libc::c_long| {
-        if r < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
-    };
-    nix::unistd::setsid()?;
-    // SAFETY (each call below): system calls with integer arguments or pointers to locals.
-    unsafe {
-        for cap in 0..64 {
-            libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
-        }
-        if let Some((uid, gid)) = user {
-            check(libc::setgroups(0, std::ptr::null()) as libc::c_long)?;
-            check(libc::setresgid(gid, gid, gid) as libc::c_long)?;
-            check(libc::setresuid(uid, uid, uid) as libc::c_long)?;
-        }
-        // The inheritable set survives a change of user: empty it (and so the ambient one).
-        let mut header = CapHeader {
-            version: 0x2008_0522,
-            pid: 0,
-        };
-        let data = [CapData::default(); 2];
-        check(libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()))?;
-    }
-    // No higher than the hard limit this process has (raising it takes a capability runs
-    // never have): "as many as allowed" is the inherited limit.
-    let (_, hard) = nix::sys::resource::getrlimit(Resource::RLIMIT_NPROC)?;
-    let processes = limits.processes.min(hard);
-    setrlimit(Resource::RLIMIT_NPROC, processes, processes)?;
-    if let Some(cpu) = limits.cpu_seconds {
-        // SIGXCPU at the limit (so the run's end names it), SIGKILL a second later.
-        setrlimit(Resource::RLIMIT_CPU, cpu, cpu.saturating_add(1))?;
-    }
-    if let Some(memory) = limits.memory {
-        setrlimit(Resource::RLIMIT_DATA, memory, memory)?;
-    }
-    // SAFETY: prctl with integer arguments.
-    check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } as libc::c_long)?;
-    Ok(())
+/// What the child reads (and, for `errno` and `sh_argv[1]`, writes) in its parent's memory.
+pub(super) struct Entry<'a> {
+    /// The programs to try, in order (null-terminated).
+    pub programs: &'a [*const c_char],
+    pub argv: *const *const c_char,
+    /// `/bin/sh`, a placeholder for the program, then the run's arguments: what runs a file
+    /// the kernel does not know how to run (no `#!`), as `execvp` does.
+    pub sh_argv: *mut *const c_char,
+    pub envp: *const *const c_char,
+    pub cwd: *const c_char,
+    /// Moved onto 0, 1 and 2.
+    pub fds: [RawFd; 3],
+    pub user: Option<(u32, u32)>,
+    pub limits: Limits,
+    /// Why it did not exec (0 until then).
+    pub errno: c_int,
+}
+
+/// The kernel's `struct sigaction` (x86_64 and aarch64 alike: handler, flags, restorer, mask).
+#[repr(C)]
+struct KernelSigaction {
+    handler: usize,
+    flags: u64,
+    restorer: usize,
+    mask: u64,
+}
+
+/// `prlimit64`'s limits.
+#[repr(C)]
+#[derive(Default)]
+struct Rlimit {
+    current: u64,
+    max: u64,
 }
 
 /// `capset`'s header and data (version 3: two data words), which libc does not define.
@@ -65,4 +59,172 @@ struct CapData {
     effective: u32,
     permitted: u32,
     inheritable: u32,
+}
+
+fn errno() -> c_int {
+    // SAFETY: the calling thread's errno (the parent thread's, which waits meanwhile).
+    unsafe { *libc::__errno_location() }
+}
+
+/// A raw system call's result: its value, or the errno it set.
+fn check(r: c_long) -> Result<c_long, c_int> {
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(r)
+    }
+}
+
+/// Runs in the child: never returns (execs or exits 127 with `errno` set).
+pub(super) fn run(entry: &mut Entry) -> c_int {
+    let why = match prepare(entry) {
+        Ok(()) => exec(entry),
+        Err(e) => e,
+    };
+    // SAFETY: a write to the parent's `Entry`, which waits for this child's exit; then the
+    // child's own exit (exit_group of its one thread).
+    unsafe {
+        std::ptr::write_volatile(&mut entry.errno, if why == 0 { libc::EIO } else { why });
+        libc::syscall(libc::SYS_exit_group, 127);
+    }
+    127
+}
+
+fn prepare(e: &Entry) -> Result<(), c_int> {
+    // SAFETY (each call below): raw system calls with integer arguments, pointers to locals,
+    // or pointers the parent prepared and keeps alive until this child execs or exits.
+    unsafe {
+        let default = KernelSigaction {
+            handler: 0, // SIG_DFL
+            flags: 0,
+            restorer: 0,
+            mask: 0,
+        };
+        for signal in 1..=64 {
+            if signal != libc::SIGKILL && signal != libc::SIGSTOP {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    signal,
+                    &default as *const KernelSigaction,
+                    std::ptr::null_mut::<KernelSigaction>(),
+                    8,
+                );
+            }
+        }
+        for (target, &fd) in e.fds.iter().enumerate() {
+            let target = target as c_int;
+            if fd == target {
+                check(libc::syscall(libc::SYS_fcntl, fd, libc::F_SETFD, 0))?;
+            } else {
+                check(libc::syscall(libc::SYS_dup3, fd, target, 0))?;
+            }
+        }
+        check(libc::syscall(libc::SYS_chdir, e.cwd))?;
+        check(libc::syscall(libc::SYS_setsid))?;
+        for cap in 0..64 {
+            libc::syscall(libc::SYS_prctl, libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+        }
+        if let Some((uid, gid)) = e.user {
+            check(libc::syscall(
+                libc::SYS_setgroups,
+                0,
+                std::ptr::null::<libc::gid_t>(),
+            ))?;
+            check(libc::syscall(libc::SYS_setresgid, gid, gid, gid))?;
+            check(libc::syscall(libc::SYS_setresuid, uid, uid, uid))?;
+        }
+        // The inheritable set survives a change of user: empty it (and so the ambient one).
+        let mut header = CapHeader {
+            version: 0x2008_0522,
+            pid: 0,
+        };
+        let data = [CapData::default(); 2];
+        check(libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()))?;
+        // No higher than the hard limit this process has (raising it takes a capability runs
+        // never have): "as many as allowed" is the inherited limit.
+        let mut nproc = Rlimit::default();
+        check(libc::syscall(
+            libc::SYS_prlimit64,
+            0,
+            libc::RLIMIT_NPROC,
+            std::ptr::null::<Rlimit>(),
+            &mut nproc as *mut Rlimit,
+        ))?;
+        let processes = e.limits.processes.min(nproc.max);
+        set_limit(libc::RLIMIT_NPROC as c_int, processes, processes)?;
+        if let Some(cpu) = e.limits.cpu_seconds {
+            // SIGXCPU at the limit (so the run's end names it), SIGKILL a second later.
+            set_limit(libc::RLIMIT_CPU as c_int, cpu, cpu.saturating_add(1))?;
+        }
+        if let Some(memory) = e.limits.memory {
+            set_limit(libc::RLIMIT_DATA as c_int, memory, memory)?;
+        }
+        check(libc::syscall(
+            libc::SYS_prctl,
+            libc::PR_SET_NO_NEW_PRIVS,
+            1,
+            0,
+            0,
+            0,
+        ))?;
+        let none: u64 = 0;
+        check(libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &none as *const u64,
+            std::ptr::null_mut::<u64>(),
+            8,
+        ))?;
+    }
+    Ok(())
+}
+
+fn set_limit(resource: c_int, current: u64, max: u64) -> Result<(), c_int> {
+    let limit = Rlimit { current, max };
+    // SAFETY: prlimit64 of this process, reading a local.
+    check(unsafe {
+        libc::syscall(
+            libc::SYS_prlimit64,
+            0,
+            resource,
+            &limit as *const Rlimit,
+            std::ptr::null_mut::<Rlimit>(),
+        )
+    })
+    .map(|_| ())
+}
+
+/// Tries each program as `execvp` would: past one that is not there, remembering one that
+/// may not be run; a file without `#!` is run by `/bin/sh`. Returns why none ran.
+fn exec(e: &Entry) -> c_int {
+    let mut denied = false;
+    let mut last = libc::ENOENT;
+    for &program in e.programs.iter().take_while(|p| !p.is_null()) {
+        // SAFETY: execve with null-terminated arrays the parent prepared; on success this
+        // never returns. Writing `sh_argv[1]`: the parent's array, reserved for it.
+        unsafe {
+            libc::syscall(libc::SYS_execve, program, e.argv, e.envp);
+            last = errno();
+            if last == libc::ENOEXEC {
+                *e.sh_argv.add(1) = program;
+                libc::syscall(
+                    libc::SYS_execve,
+                    c"/bin/sh".as_ptr(),
+                    e.sh_argv as *const *const c_char,
+                    e.envp,
+                );
+                return errno();
+            }
+        }
+        match last {
+            libc::ENOENT | libc::ENOTDIR => {}
+            libc::EACCES => denied = true,
+            _ => return last,
+        }
+    }
+    if denied {
+        libc::EACCES
+    } else {
+        last
+    }
 }

@@ -16,17 +16,15 @@
 //!   starts when none is going finds no process of an earlier one.
 
 mod entry;
+mod spawn;
 mod sweep;
 
 use crate::wire::{self, Exited, Frame, Kind, Refused, Start, Started};
-use entry::enter;
 use nix::libc;
 use std::collections::HashMap;
 use std::io::Read;
 use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::os::unix::process::CommandExt;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use sweep::sweep;
@@ -43,6 +41,7 @@ const MAX_CONNECTIONS: usize = 16;
 pub fn main(args: &[String]) -> i32 {
     // SAFETY: prctl with integer arguments touches no memory.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    standard_streams_open();
     let agent = Arc::new(Agent::default());
     {
         let agent = agent.clone();
@@ -108,6 +107,20 @@ fn thread(name: &str, work: impl FnOnce() + Send + 'static) -> Option<()> {
         .spawn(work)
         .ok()
         .map(|_| ())
+}
+
+/// Opens `/dev/null` on whichever of 0, 1 and 2 is closed, so no pipe of a run's is ever
+/// made on one of them (the run's streams are moved onto those numbers).
+fn standard_streams_open() {
+    for fd in 0..3 {
+        // SAFETY: fcntl and open with a static path; an opened /dev/null takes the lowest
+        // free number, which is `fd` (the lower ones are open by now).
+        unsafe {
+            if libc::fcntl(fd, libc::F_GETFD) < 0 {
+                libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            }
+        }
+    }
 }
 
 fn set_cloexec(fd: RawFd) {
@@ -230,32 +243,23 @@ impl Agent {
             drop(table);
             return refuse(conn, run, format!("run {run} exists"));
         }
-        let mut cmd = std::process::Command::new(&start.argv[0]);
-        cmd.args(&start.argv[1..])
-            .env_clear()
-            .envs(start.env.iter().map(|(k, v)| (k, v)))
-            .current_dir(&start.cwd)
-            .stdin(if start.stdin {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let user = root.then_some((start.uid, start.gid));
-        let limits = start.limits;
-        // SAFETY: between fork and exec only system calls (setsid, prctl, setgroups, setres*id,
-        // capset, setrlimit), touching no memory of the parent's.
-        unsafe { cmd.pre_exec(move || enter(user, limits)) };
-        let mut child = match cmd.spawn() {
+        let plan = spawn::Plan {
+            argv: &start.argv,
+            env: &start.env,
+            cwd: &start.cwd,
+            user: root.then_some((start.uid, start.gid)),
+            limits: start.limits,
+            stdin: start.stdin,
+        };
+        let child = match spawn::spawn(&plan) {
             Ok(child) => child,
             Err(e) => {
                 drop(table);
                 return cannot_start(conn, run, &start.argv[0], e);
             }
         };
-        let pid = child.id() as i32;
-        let stdin = child.stdin.take().and_then(|mut pipe| {
+        let pid = child.pid;
+        let stdin = child.stdin.and_then(|mut pipe| {
             let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(16);
             thread("stdin", move || {
                 use std::io::Write;
@@ -287,16 +291,17 @@ impl Agent {
         drop(table);
         self.children.notify_all();
         let streams = Arc::new(AtomicU8::new(2));
-        let stdout = child.stdout.take().expect("piped");
-        let stderr = child.stderr.take().expect("piped");
-        let forwarded = forward(conn.clone(), run, Kind::Stdout, stdout, streams.clone())
-            && forward(conn.clone(), run, Kind::Stderr, stderr, streams);
+        let forwarded = forward(
+            conn.clone(),
+            run,
+            Kind::Stdout,
+            child.stdout,
+            streams.clone(),
+        ) && forward(conn.clone(), run, Kind::Stderr, child.stderr, streams);
         if !forwarded {
             // No thread for its output: the run ends now (its exit is still reported).
             self.kill(conn, run);
         }
-        // The child is reaped by the reaper, never by `Child`.
-        drop(child);
     }
 
     /// Waits for children: a run's first process (its exit is the run's; whatever it left in
