@@ -32,6 +32,7 @@ mod egress;
 mod link;
 mod process;
 mod rlimits;
+mod run_stream;
 pub mod runner;
 mod settings;
 pub(crate) mod userland;
@@ -391,7 +392,7 @@ impl Executor {
             .build()
             .map_err(|e| Error::internal(format!("a runtime: {e}")))?;
         runtime.block_on(async move {
-            let (mut process, run, link) = self.start(start).await?;
+            let (mut process, _, _link) = self.start(start).await?;
             // Standard input, read on a thread of its own, goes to the run until its end.
             let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
             std::thread::spawn(move || {
@@ -405,39 +406,51 @@ impl Executor {
                     }
                 }
             });
-            let feed = link.clone();
-            tokio::spawn(async move {
-                while let Some(bytes) = rx.recv().await {
-                    let end = bytes.is_empty();
-                    if feed.input(run, bytes).is_err() || end {
-                        return;
+            if let Some(mut input) = process.take_input() {
+                tokio::spawn(async move {
+                    while let Some(bytes) = rx.recv().await {
+                        let end = bytes.is_empty();
+                        if input.send(bytes).await.is_err() || end {
+                            return;
+                        }
                     }
-                }
-            });
+                });
+            }
             use std::io::Write;
-            while let Some((stream, bytes)) = process.output.recv().await {
+            let write = |stream: process::Stream, bytes: &[u8]| {
                 let _ = match stream {
                     process::Stream::Stdout => {
                         let mut out = std::io::stdout();
-                        out.write_all(&bytes).and_then(|_| out.flush())
+                        out.write_all(bytes).and_then(|_| out.flush())
                     }
-                    process::Stream::Stderr => std::io::stderr().write_all(&bytes),
+                    process::Stream::Stderr => std::io::stderr().write_all(bytes),
                 };
+            };
+            let mut exit = None;
+            let mut open = true;
+            while let Some(event) = process.next().await {
+                match event {
+                    process::Event::Output(stream, bytes) => write(stream, &bytes),
+                    process::Event::Closed => open = false,
+                    process::Event::Exited(status) => {
+                        exit = Some(status);
+                        break;
+                    }
+                }
             }
-            let exit = process.exit.await;
+            let exit = exit.unwrap_or_default();
             if exit.lost {
                 return Err(link::lost("during the command"));
             }
             // What it left holding its output is not waited for long.
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), async {
-                while let Some((stream, bytes)) = process.output.recv().await {
-                    let _ = match stream {
-                        process::Stream::Stdout => std::io::stdout().write_all(&bytes),
-                        process::Stream::Stderr => std::io::stderr().write_all(&bytes),
-                    };
-                }
-            })
-            .await;
+            if open {
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+                    while let Some(process::Event::Output(stream, bytes)) = process.next().await {
+                        write(stream, &bytes);
+                    }
+                })
+                .await;
+            }
             Ok(exit.code.unwrap_or_else(|| 128 + exit.signal.unwrap_or(0)))
         })
     }

@@ -1,34 +1,27 @@
-//! The harness's end of a run agent's socket: runs started over it, their output and exits
-//! routed back to each run's [`Process`]. A link whose agent is gone says so
-//! ([`Link::alive`]); its runs end as lost, and the executor starts a new agent.
+//! The harness's end of a run agent's control socket: each run is handed to the agent as a
+//! socket of its own ([`crate::wire`]), read by whoever waits on the run. A link whose agent
+//! is gone says so ([`Link::alive`]); the executor starts a new agent.
 
 use crate::cgroup;
-use crate::process::{Exit, Process, Stream};
-use crate::wire::{self, Exited, Frame, Kind, Refused, Start, Started};
+use crate::process::Process;
+use crate::run_stream::{self, Ender, RunInput, RunStream};
+use crate::wire::{Frame, Kind, Start};
 use cloud_harness_error::{Code, Error, Result};
-use std::collections::HashMap;
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+use std::io::IoSlice;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::io::AsyncReadExt;
 use tokio::io::AsyncWriteExt;
-use tokio::net::UnixStream;
-use tokio::sync::{mpsc, oneshot};
 
 /// How long a start may wait for the agent's answer (a frozen sandbox, say).
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-#[derive(Default)]
-struct Slot {
-    started: Option<oneshot::Sender<std::result::Result<i32, String>>>,
-    output: Option<mpsc::Sender<(Stream, Vec<u8>)>>,
-    exit: Option<oneshot::Sender<Exit>>,
-}
-
-type Slots = Arc<Mutex<HashMap<u32, Slot>>>;
-
 pub struct Link {
-    frames: mpsc::UnboundedSender<Vec<u8>>,
-    slots: Slots,
+    /// The control socket: runs' sockets go to the agent over it.
+    control: OwnedFd,
     next: AtomicU32,
     alive: Arc<AtomicBool>,
     /// What keeps the agent (the bubblewrap process: killed with the link).
@@ -51,10 +44,6 @@ impl Drop for Link {
             runtime().spawn(group.removed());
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The error of a run whose agent went away before it started.
@@ -80,7 +69,7 @@ pub fn runtime() -> &'static tokio::runtime::Runtime {
 }
 
 impl Link {
-    /// A link over a connected socket; `keep` lives (and dies) with it.
+    /// A link over a connected control socket; `keep` lives (and dies) with it.
     pub fn new(
         stream: std::os::unix::net::UnixStream,
         keep: Option<tokio::process::Child>,
@@ -88,54 +77,28 @@ impl Link {
         let _inside = runtime().enter();
         let socket =
             |e: std::io::Error| Error::internal(format!("the executor's agent socket: {e}"));
+        let control = OwnedFd::from(stream.try_clone().map_err(socket)?);
         stream.set_nonblocking(true).map_err(socket)?;
-        let stream = UnixStream::from_std(stream).map_err(socket)?;
-        let (mut read, mut write) = stream.into_split();
-        let (frames, mut queued) = mpsc::unbounded_channel::<Vec<u8>>();
-        let slots: Slots = Arc::default();
+        let mut watched = tokio::net::UnixStream::from_std(stream).map_err(socket)?;
         let alive = Arc::new(AtomicBool::new(true));
-        let writer = {
+        // The agent says nothing on it: its end is the agent's.
+        let watch = {
             let alive = alive.clone();
             tokio::spawn(async move {
-                while let Some(bytes) = queued.recv().await {
-                    if write.write_all(&bytes).await.is_err() {
-                        break;
-                    }
-                }
+                let mut byte = [0u8; 1];
+                while let Ok(1..) = watched.read(&mut byte).await {}
                 alive.store(false, Ordering::SeqCst);
-            })
-        };
-        let reader = {
-            let (slots, alive) = (slots.clone(), alive.clone());
-            tokio::spawn(async move {
-                while let Ok(Some(frame)) = wire::read_async(&mut read).await {
-                    route(&slots, frame).await;
-                }
-                alive.store(false, Ordering::SeqCst);
-                // Every run still going ends as lost; its output closes.
-                for (_, slot) in lock(&slots).drain() {
-                    if let Some(tx) = slot.started {
-                        let _ = tx.send(Err("its connection closed".into()));
-                    }
-                    if let Some(tx) = slot.exit {
-                        let _ = tx.send(Exit {
-                            lost: true,
-                            ..Exit::default()
-                        });
-                    }
-                }
             })
         };
         Ok(Link {
-            frames,
-            slots,
+            control,
             next: AtomicU32::new(1),
             alive,
             _keep: keep,
             group: None,
             memory: None,
             bounded: false,
-            tasks: vec![writer, reader],
+            tasks: vec![watch],
         })
     }
 
@@ -170,178 +133,109 @@ impl Link {
         self.alive.load(Ordering::SeqCst)
     }
 
-    /// Starts a run; its output, exit and kill.
+    /// Hands the agent its end of a new run's socket: one byte carrying the descriptor.
+    /// The agent reads its control socket all the time; should it not (a frozen sandbox),
+    /// the hand-over is tried again until the start's time is up.
+    async fn hand(&self, theirs: &OwnedFd) -> Result<()> {
+        let fds = [theirs.as_raw_fd()];
+        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+        loop {
+            let sent = sendmsg::<()>(
+                self.control.as_raw_fd(),
+                &[IoSlice::new(&[0])],
+                &[ControlMessage::ScmRights(&fds)],
+                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+                None,
+            );
+            match sent {
+                Ok(_) => return Ok(()),
+                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR)
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err(nix::errno::Errno::EAGAIN) => return Err(not_started()),
+                Err(e) => {
+                    self.alive.store(false, Ordering::SeqCst);
+                    return Err(lost(&format!("its connection closed: {e}")));
+                }
+            }
+        }
+    }
+
+    /// Starts a run: its socket made and handed over, the start sent, the agent's answer
+    /// read. The run is read by the caller's task from then on.
     pub async fn spawn(&self, start: Start) -> Result<(Process, u32)> {
         let run = self.next.fetch_add(1, Ordering::SeqCst);
-        let (started_tx, started_rx) = oneshot::channel();
-        let (exit_tx, exit_rx) = oneshot::channel();
-        let (output_tx, output_rx) = mpsc::channel(16);
-        lock(&self.slots).insert(
-            run,
-            Slot {
-                started: Some(started_tx),
-                output: Some(output_tx),
-                exit: Some(exit_tx),
-            },
-        );
-        if !self.alive() || self.send(Frame::json(Kind::Start, run, &start)).is_err() {
-            lock(&self.slots).remove(&run);
-            return Err(lost("its connection closed"));
-        }
-        match tokio::time::timeout(START_TIMEOUT, started_rx).await {
-            Ok(Ok(Ok(_pid))) => {}
-            Ok(Ok(Err(message))) => {
-                lock(&self.slots).remove(&run);
-                return Err(if self.alive() {
-                    Error::new(
-                        Code::ResourceExhausted,
-                        format!("the executor refused the run: {message}"),
-                    )
-                } else {
-                    lost(&message)
-                });
+        let socket = |e: std::io::Error| Error::internal(format!("a run's socket: {e}"));
+        let (mine, theirs) = std::os::unix::net::UnixStream::pair().map_err(socket)?;
+        self.hand(&OwnedFd::from(theirs)).await?;
+        let ender = Ender(Arc::new(OwnedFd::from(mine.try_clone().map_err(socket)?)));
+        mine.set_nonblocking(true).map_err(socket)?;
+        let (read, mut write) = tokio::net::UnixStream::from_std(mine)
+            .map_err(socket)?
+            .into_split();
+        let stdin = start.stdin;
+        let mut stream = RunStream::new(read);
+        let answer = tokio::time::timeout(START_TIMEOUT, async {
+            let frame = Frame::json(Kind::Start, run, &start).encode();
+            if write.write_all(&frame).await.is_err() {
+                return run_stream::Start::Ended;
             }
-            Ok(Err(_)) => return Err(lost("its connection closed")),
-            Err(_) => {
-                lock(&self.slots).remove(&run);
-                // Should the agent start it after all, it ends at once.
-                let _ = self.send(Frame {
-                    kind: Kind::Kill,
-                    run,
-                    payload: Vec::new(),
-                });
+            stream.started().await
+        });
+        match answer.await {
+            Ok(run_stream::Start::Started) => {}
+            Ok(run_stream::Start::Refused(message)) => {
                 return Err(Error::new(
-                    Code::Timeout,
-                    format!(
-                        "the executor did not start the run within {} s",
-                        START_TIMEOUT.as_secs()
-                    ),
-                ));
+                    Code::ResourceExhausted,
+                    format!("the executor refused the run: {message}"),
+                ))
             }
+            Ok(run_stream::Start::Ended) => {
+                // Dropped runs and a gone agent look alike here; the watch tells them apart
+                // soon after, and a send on the control socket at once.
+                if !self.answers() {
+                    self.alive.store(false, Ordering::SeqCst);
+                }
+                return Err(lost("its connection closed"));
+            }
+            // Should the agent start it after all, it ends at once (the socket is closed).
+            Err(_) => return Err(not_started()),
         }
-        let frames = self.frames.clone();
-        // Dropped with the process (a caller that gave up on the run): the run is killed.
-        let guard = KillOnDrop {
-            frames: self.frames.clone(),
-            run,
+        // Without input the write half is let go as it is: dropped, it would shut the socket.
+        let input = if stdin {
+            Some(RunInput::new(write, run))
+        } else {
+            write.forget();
+            None
         };
-        let process = Process {
-            memory: self.memory.clone(),
-            output: output_rx,
-            exit: Box::pin(async move {
-                let _guard = guard;
-                exit_rx.await.unwrap_or(Exit {
-                    lost: true,
-                    ..Exit::default()
-                })
-            }),
-            kill: Box::new(move || {
-                let _ = frames.send(
-                    Frame {
-                        kind: Kind::Kill,
-                        run,
-                        payload: Vec::new(),
-                    }
-                    .encode(),
-                );
-            }),
-        };
-        Ok((process, run))
-    }
-
-    /// Bytes for a run's standard input (started with `stdin`); empty closes it.
-    pub fn input(&self, run: u32, bytes: Vec<u8>) -> Result<()> {
-        self.send(Frame {
-            kind: Kind::Stdin,
+        Ok((
+            Process::of_run(stream, input, ender, self.memory.clone()),
             run,
-            payload: bytes,
-        })
+        ))
     }
 
-    fn send(&self, frame: Frame) -> Result<()> {
-        self.frames
-            .send(frame.encode())
-            .map_err(|_| lost("its connection closed"))
-    }
-}
-
-/// Kills a run when what waits for its exit is dropped (after the exit, the agent ignores it).
-struct KillOnDrop {
-    frames: mpsc::UnboundedSender<Vec<u8>>,
-    run: u32,
-}
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.frames.send(
-            Frame {
-                kind: Kind::Kill,
-                run: self.run,
-                payload: Vec::new(),
-            }
-            .encode(),
-        );
+    /// Whether the agent still holds its end of the control socket.
+    fn answers(&self) -> bool {
+        let mut fd = nix::libc::pollfd {
+            fd: self.control.as_raw_fd(),
+            events: nix::libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: poll of one descriptor this link owns, without waiting.
+        let ready = unsafe { nix::libc::poll(&mut fd, 1, 0) };
+        ready == 0
+            || fd.revents & (nix::libc::POLLRDHUP | nix::libc::POLLHUP | nix::libc::POLLERR) == 0
     }
 }
 
-/// Hands one frame from the agent to its run.
-async fn route(slots: &Slots, frame: Frame) {
-    let run = frame.run;
-    match frame.kind {
-        Kind::Started => {
-            let pid = frame.parse::<Started>().map(|s| s.pid).unwrap_or(0);
-            if let Some(tx) = lock(slots).get_mut(&run).and_then(|s| s.started.take()) {
-                let _ = tx.send(Ok(pid));
-            }
-        }
-        Kind::Refused => {
-            let message = frame
-                .parse::<Refused>()
-                .map(|r| r.message)
-                .unwrap_or_else(|e| e.to_string());
-            if let Some(slot) = lock(slots).remove(&run) {
-                if let Some(tx) = slot.started {
-                    let _ = tx.send(Err(message));
-                }
-            }
-        }
-        Kind::Stdout | Kind::Stderr => {
-            let stream = if frame.kind == Kind::Stdout {
-                Stream::Stdout
-            } else {
-                Stream::Stderr
-            };
-            let tx = lock(slots).get(&run).and_then(|s| s.output.clone());
-            if let Some(tx) = tx {
-                // Waits while the run's reader is behind: output stays bounded.
-                let _ = tx.send((stream, frame.payload)).await;
-            }
-        }
-        Kind::End => {
-            let mut slots = lock(slots);
-            if let Some(slot) = slots.get_mut(&run) {
-                slot.output = None;
-                if slot.exit.is_none() {
-                    slots.remove(&run);
-                }
-            }
-        }
-        Kind::Exit => {
-            let exited = frame.parse::<Exited>().unwrap_or_default();
-            let mut slots = lock(slots);
-            if let Some(slot) = slots.get_mut(&run) {
-                if let Some(tx) = slot.exit.take() {
-                    let _ = tx.send(Exit {
-                        code: exited.code,
-                        signal: exited.signal,
-                        lost: false,
-                    });
-                }
-                if slot.output.is_none() {
-                    slots.remove(&run);
-                }
-            }
-        }
-        Kind::Start | Kind::Stdin | Kind::Kill => {}
-    }
+fn not_started() -> Error {
+    Error::new(
+        Code::Timeout,
+        format!(
+            "the executor did not start the run within {} s",
+            START_TIMEOUT.as_secs()
+        ),
+    )
 }

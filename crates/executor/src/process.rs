@@ -1,6 +1,7 @@
 //! A command started in an executor, as the runner sees it whatever the backend: its output as
 //! chunks, its exit, and a way to kill everything it started.
 
+use crate::run_stream::{Ender, RunInput, RunStream};
 use cloud_harness_error::{Code, Error, Result};
 use std::future::Future;
 use std::path::Path;
@@ -25,15 +26,116 @@ pub struct Exit {
 
 pub(crate) type Killer = Box<dyn Fn() + Send + Sync>;
 
+/// What happens to a started command: output chunks in order per stream, the output's end,
+/// the command's exit (these two in either order).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Event {
+    Output(Stream, Vec<u8>),
+    Closed,
+    Exited(Exit),
+}
+
 pub struct Process {
-    /// Output in the order it came; closed once every writer is gone.
-    pub output: mpsc::Receiver<(Stream, Vec<u8>)>,
-    /// Resolves when the command itself has exited.
-    pub exit: Pin<Box<dyn Future<Output = Exit> + Send>>,
+    events: Events,
     /// Kills the command and everything it started (idempotent).
     pub kill: Killer,
     /// Where the kernel counts its executor's kills for memory, if anywhere.
     pub memory: Option<std::sync::Arc<crate::cgroup::Memory>>,
+    input: Option<RunInput>,
+    /// Ends an agent's run when the process is dropped.
+    _ender: Option<EndOnDrop>,
+}
+
+enum Events {
+    /// A process of this machine's: output from reader tasks, its exit from its child.
+    Local {
+        output: mpsc::Receiver<(Stream, Vec<u8>)>,
+        exit: Pin<Box<dyn Future<Output = Exit> + Send>>,
+        open: bool,
+        exited: bool,
+    },
+    /// A run of an executor's agent: frames on its own socket.
+    Agent(RunStream),
+}
+
+struct EndOnDrop(Ender);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        self.0.end();
+    }
+}
+
+impl Process {
+    /// A command whose output arrives on `output` and whose exit `exit` resolves to.
+    pub fn local(
+        output: mpsc::Receiver<(Stream, Vec<u8>)>,
+        exit: Pin<Box<dyn Future<Output = Exit> + Send>>,
+        kill: Killer,
+    ) -> Process {
+        Process {
+            events: Events::Local {
+                output,
+                exit,
+                open: true,
+                exited: false,
+            },
+            kill,
+            memory: None,
+            input: None,
+            _ender: None,
+        }
+    }
+
+    /// A run of an agent's, read on `stream`; `ender` ends it.
+    pub(crate) fn of_run(
+        stream: RunStream,
+        input: Option<RunInput>,
+        ender: Ender,
+        memory: Option<std::sync::Arc<crate::cgroup::Memory>>,
+    ) -> Process {
+        let kill = ender.clone();
+        Process {
+            events: Events::Agent(stream),
+            kill: Box::new(move || kill.kill()),
+            memory,
+            input,
+            _ender: Some(EndOnDrop(ender)),
+        }
+    }
+
+    /// The command's standard input, if it was started with one (once).
+    pub fn take_input(&mut self) -> Option<RunInput> {
+        self.input.take()
+    }
+
+    /// The next event; `None` once the output closed and the exit is known. Cancel-safe.
+    pub async fn next(&mut self) -> Option<Event> {
+        match &mut self.events {
+            Events::Agent(stream) => stream.next().await,
+            Events::Local {
+                output,
+                exit,
+                open,
+                exited,
+            } => {
+                tokio::select! {
+                    chunk = output.recv(), if *open => Some(match chunk {
+                        Some((stream, bytes)) => Event::Output(stream, bytes),
+                        None => {
+                            *open = false;
+                            Event::Closed
+                        }
+                    }),
+                    status = exit, if !*exited => {
+                        *exited = true;
+                        Some(Event::Exited(status))
+                    }
+                    else => None,
+                }
+            }
+        }
+    }
 }
 
 /// Forwards a stream into `tx` until its end.
@@ -152,12 +254,7 @@ pub(crate) fn spawn_local(
             Err(_) => Exit::default(),
         }
     });
-    Ok(Process {
-        memory: None,
-        output: rx,
-        exit,
-        kill: Box::new(move || kill_group(pid)),
-    })
+    Ok(Process::local(rx, exit, Box::new(move || kill_group(pid))))
 }
 
 /// Runs `argv` on this machine with this process's standard streams; its exit status, as a

@@ -2,7 +2,7 @@
 //! and the supervision of that command in the workspace's executor: a timeout, capped output,
 //! progress, and a kill of everything it started on a timeout or a cancellation.
 
-use crate::process::Stream;
+use crate::process::{Event, Stream};
 use crate::{Exit, Process};
 use cloud_harness_error::{Error, Result};
 use serde::Serialize;
@@ -147,17 +147,18 @@ pub async fn supervise(
     let mut open = true;
     while open || exit.is_none() {
         tokio::select! {
-            chunk = process.output.recv(), if open => match chunk {
-                Some((Stream::Stdout, bytes)) => out.add(&bytes),
-                Some((Stream::Stderr, bytes)) => err.add(&bytes),
-                None => open = false,
+            event = process.next() => match event {
+                Some(Event::Output(Stream::Stdout, bytes)) => out.add(&bytes),
+                Some(Event::Output(Stream::Stderr, bytes)) => err.add(&bytes),
+                Some(Event::Closed) => open = false,
+                Some(Event::Exited(status)) => {
+                    exit = Some(status);
+                    // Whatever the script left running in its group goes too.
+                    (process.kill)();
+                    drain.as_mut().reset(tokio::time::Instant::now() + DRAIN_GRACE);
+                }
+                None => break,
             },
-            status = &mut process.exit, if exit.is_none() => {
-                exit = Some(status);
-                // Whatever the script left running in its group goes too.
-                (process.kill)();
-                drain.as_mut().reset(tokio::time::Instant::now() + DRAIN_GRACE);
-            }
             _ = &mut drain, if exit.is_some() || timed_out || cancelled => break,
             _ = &mut deadline, if !timed_out && !cancelled && exit.is_none() => {
                 timed_out = true;
@@ -306,12 +307,7 @@ mod tests {
     async fn a_run_whose_executor_stops_answering_ends_as_lost() {
         // Output that stays open, an exit never reported, a kill that does nothing.
         let (tx, rx) = tokio::sync::mpsc::channel(1);
-        let process = Process {
-            memory: None,
-            output: rx,
-            exit: Box::pin(std::future::pending()),
-            kill: Box::new(|| {}),
-        };
+        let process = Process::local(rx, Box::pin(std::future::pending()), Box::new(|| {}));
         let o = supervise(
             process,
             vec!["wedged".into()],

@@ -1,8 +1,13 @@
-//! The frames the harness and an executor's run agent exchange over the agent's Unix socket.
+//! What the harness and an executor's run agent exchange.
+//!
+//! Each run has a socket of its own: the harness makes a pair, hands one end to the agent
+//! over the agent's control socket (one byte carrying the descriptor, `SCM_RIGHTS`), and
+//! speaks frames on the other. So a run's output never waits behind another run's reader,
+//! and the harness's task that waits on a run reads its socket itself (no thread between).
+//! The harness ending its end (a shutdown, or the close when it drops the run) kills the run.
 //!
 //! A frame is a 4-byte big-endian length, then a kind byte, a 4-byte run id and the payload
 //! (at most [`MAX_PAYLOAD`] bytes). Starts and exits carry JSON; output and input, raw bytes.
-//! Runs are multiplexed on one connection by their id, chosen by the harness.
 
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
@@ -16,12 +21,10 @@ const HEADER: usize = 4 + 1 + 4;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum Kind {
-    /// Harness → agent: start a run ([`Start`]).
+    /// Harness → agent: start a run ([`Start`]); the first frame on a run's socket.
     Start = 1,
     /// Harness → agent: bytes for the run's standard input; an empty one closes it.
     Stdin = 2,
-    /// Harness → agent: kill the run's process group.
-    Kill = 3,
     /// Agent → harness: the run started ([`Started`]).
     Started = 10,
     Stdout = 11,
@@ -39,7 +42,6 @@ impl Kind {
         Some(match b {
             1 => Kind::Start,
             2 => Kind::Stdin,
-            3 => Kind::Kill,
             10 => Kind::Started,
             11 => Kind::Stdout,
             12 => Kind::Stderr,
@@ -162,19 +164,17 @@ pub fn write(w: &mut impl Write, frame: &Frame) -> std::io::Result<()> {
     w.write_all(&frame.encode())
 }
 
-/// Reads one frame from an async stream; `Ok(None)` at a clean end.
-pub async fn read_async(
-    r: &mut (impl tokio::io::AsyncRead + Unpin),
-) -> std::io::Result<Option<Frame>> {
-    use tokio::io::AsyncReadExt;
-    let mut prefix = [0u8; 4];
-    match r.read_exact(&mut prefix).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
+/// Takes the first whole frame off the front of `buf` (bytes read so far), if there is one.
+pub fn take(buf: &mut Vec<u8>) -> std::io::Result<Option<Frame>> {
+    let Some(prefix) = buf.first_chunk::<4>() else {
+        return Ok(None);
+    };
+    let n = body_length(*prefix)?;
+    if buf.len() < 4 + n {
+        return Ok(None);
     }
-    let mut body = vec![0u8; body_length(prefix)?];
-    r.read_exact(&mut body).await?;
+    let body = buf[4..4 + n].to_vec();
+    buf.drain(..4 + n);
     Frame::decode(body).map(Some)
 }
 
@@ -218,12 +218,37 @@ mod tests {
             assert!(read(&mut r).is_err(), "{bad}");
         }
         let mut unknown = Frame {
-            kind: Kind::Kill,
+            kind: Kind::End,
             run: 1,
             payload: vec![],
         }
         .encode();
         unknown[4] = 99;
-        assert!(read(&mut std::io::Cursor::new(unknown)).is_err());
+        assert!(read(&mut std::io::Cursor::new(unknown.clone())).is_err());
+        assert!(take(&mut unknown).is_err());
+    }
+
+    #[test]
+    fn frames_are_taken_whole_from_what_was_read_so_far() {
+        let mut wire = Frame::json(Kind::Exit, 3, &Exited::default()).encode();
+        wire.extend(
+            Frame {
+                kind: Kind::End,
+                run: 3,
+                payload: vec![],
+            }
+            .encode(),
+        );
+        let mut buf = Vec::new();
+        let mut taken = Vec::new();
+        // A byte at a time, as a socket may hand them.
+        for byte in wire {
+            buf.push(byte);
+            while let Some(frame) = take(&mut buf).unwrap() {
+                taken.push(frame.kind);
+            }
+        }
+        assert_eq!(taken, [Kind::Exit, Kind::End]);
+        assert!(buf.is_empty());
     }
 }

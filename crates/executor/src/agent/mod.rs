@@ -1,12 +1,14 @@
 //! The run agent: the one long-lived process inside an executor (`cloud-harness
-//! executor-agent`), the sandbox's pid 1. The harness hands it runs over a Unix socket
-//! ([`crate::wire`]); it starts each as the executor's unprivileged user, in a session and
-//! process group of its own, with the run's rlimits, streams its output back, and kills its
-//! group when the run's first process exits or the harness asks.
+//! executor-agent`), the sandbox's pid 1. The harness hands it each run as a socket of its
+//! own over the agent's control socket ([`crate::wire`]); it starts the run as the executor's
+//! unprivileged user, in a session and process group of its own, with the run's rlimits,
+//! relays its output and exit on the run's socket ([`relay`]), and kills its group when the
+//! run's first process exits or the harness ends its end.
 //!
 //! What a run cannot do to the agent, and so to later runs:
-//! - reach its socket: bubblewrap hands it an inherited socket with no name; Docker's is in a
-//!   folder only root may enter, and runs are never root;
+//! - reach its sockets: bubblewrap hands it an inherited socket with no name; Docker's is in a
+//!   folder only root may enter, and runs are never root; a run's own process gets only its
+//!   standard streams (every descriptor of the agent's is close-on-exec);
 //! - signal it: it is its pid namespace's init, which the kernel shields from signals sent
 //!   inside the namespace, and (as root) another user;
 //! - read or write its memory or descriptors: it is not dumpable (`PR_SET_DUMPABLE` 0), so
@@ -16,17 +18,20 @@
 //!   starts when none is going finds no process of an earlier one.
 
 mod entry;
+mod relay;
 mod spawn;
 mod sweep;
 
 use crate::wire::{self, Exited, Frame, Kind, Refused, Start, Started};
 use nix::libc;
+use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
 use std::collections::HashMap;
-use std::io::Read;
-use std::os::fd::{FromRawFd, RawFd};
+use std::io::IoSliceMut;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 use sweep::sweep;
 
 /// The binary's command that runs the agent.
@@ -59,7 +64,7 @@ pub fn main(args: &[String]) -> i32 {
             // SAFETY: the harness passed this descriptor for the agent to own.
             let stream = unsafe { UnixStream::from_raw_fd(fd) };
             set_cloexec(fd);
-            agent.serve(stream);
+            agent.serve_control(stream);
             0
         }
         [flag, path] if flag == "--listen" => {
@@ -82,7 +87,7 @@ pub fn main(args: &[String]) -> i32 {
                 let (agent, counted) = (agent.clone(), open.clone());
                 // Without a thread the connection is dropped (closed) and not counted.
                 if thread("connection", move || {
-                    agent.serve_one(stream);
+                    agent.serve_control(stream);
                     counted.fetch_sub(1, Ordering::SeqCst);
                 })
                 .is_none()
@@ -128,29 +133,41 @@ fn set_cloexec(fd: RawFd) {
     unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
 }
 
-/// One connection: frames out under a lock, and the runs it started.
-struct Conn {
-    out: Mutex<UnixStream>,
-    runs: Mutex<HashMap<u32, Run>>,
+/// A run whose first process the reaper has not collected yet: how it ended, once it has,
+/// and the eventfd its relay waits on for that.
+struct Running {
+    exited: Mutex<Option<Exited>>,
+    wake: OwnedFd,
 }
 
-struct Run {
-    pid: i32,
-    exited: bool,
-    stdin: Option<mpsc::SyncSender<Vec<u8>>>,
-}
+impl Running {
+    fn new() -> std::io::Result<Arc<Running>> {
+        // SAFETY: eventfd makes a new descriptor, owned here.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Arc::new(Running {
+            exited: Mutex::new(None),
+            // SAFETY: just made, owned by no one else.
+            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+        }))
+    }
 
-impl Conn {
-    fn send(&self, frame: &Frame) {
-        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = wire::write(&mut *out, frame);
+    fn exit(&self, exited: Exited) {
+        *lock(&self.exited) = Some(exited);
+        let one: u64 = 1;
+        // SAFETY: an 8-byte write to this run's eventfd.
+        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
 }
 
 #[derive(Default)]
 struct Table {
     /// Runs whose first process has not been reaped, by that process.
-    by_pid: HashMap<i32, (Arc<Conn>, u32)>,
+    by_pid: HashMap<i32, Arc<Running>>,
+    /// Runs being started: their first process exists, and is not in `by_pid` yet.
+    spawning: usize,
     /// Bumped at every start, so the reaper knows there are children to wait for.
     started: u64,
     /// The user runs are, for the idle sweep.
@@ -161,88 +178,104 @@ struct Table {
 struct Agent {
     table: Mutex<Table>,
     children: Condvar,
+    /// Runs' threads alive (a run's relay outlives its first process while output drains).
+    relays: AtomicUsize,
 }
 
 impl Agent {
-    /// Serves the one connection an inherited socket is; the sandbox ends with it.
-    fn serve(self: &Arc<Self>, stream: UnixStream) {
-        self.serve_one(stream);
-    }
-
-    fn serve_one(self: &Arc<Self>, stream: UnixStream) {
-        let Ok(out) = stream.try_clone() else { return };
-        let conn = Arc::new(Conn {
-            out: Mutex::new(out),
-            runs: Mutex::new(HashMap::new()),
-        });
-        let mut input = stream;
-        // However this ends, the runs it started are killed and the harness sees the end
-        // (output threads hold clones of the socket: shut it, not just dropped).
-        let _ending = Ending {
-            agent: self.clone(),
-            conn: conn.clone(),
-            socket: input.try_clone().ok(),
-        };
-        while let Ok(Some(frame)) = wire::read(&mut input) {
-            match frame.kind {
-                Kind::Start => match frame.parse::<Start>() {
-                    Ok(start) => self.start(&conn, frame.run, start),
-                    Err(e) => refuse(&conn, frame.run, e.to_string()),
-                },
-                Kind::Stdin => {
-                    let tx = lock(&conn.runs)
-                        .get(&frame.run)
-                        .and_then(|r| r.stdin.clone());
-                    if let Some(tx) = tx {
-                        let close = frame.payload.is_empty();
-                        // Blocks this connection only, while the run does not read.
-                        let _ = tx.send(frame.payload);
-                        if close {
-                            if let Some(r) = lock(&conn.runs).get_mut(&frame.run) {
-                                r.stdin = None;
-                            }
-                        }
+    /// Takes runs' sockets off a control connection until it ends: each gets a thread that
+    /// starts the run and relays it. The harness says nothing else on it.
+    fn serve_control(self: &Arc<Self>, control: UnixStream) {
+        loop {
+            let mut byte = [0u8; 1];
+            let mut iov = [IoSliceMut::new(&mut byte)];
+            let mut space = nix::cmsg_space!([RawFd; 4]);
+            let received = recvmsg::<()>(
+                control.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            );
+            let message = match received {
+                Ok(m) if m.bytes > 0 => m,
+                Err(nix::errno::Errno::EINTR) => continue,
+                _ => return,
+            };
+            let mut fds = Vec::new();
+            if let Ok(cmsgs) = message.cmsgs() {
+                for cmsg in cmsgs {
+                    if let ControlMessageOwned::ScmRights(received) = cmsg {
+                        // SAFETY: descriptors the kernel just made in this process.
+                        fds.extend(
+                            received
+                                .into_iter()
+                                .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                        );
                     }
                 }
-                Kind::Kill => self.kill(&conn, frame.run),
-                _ => break,
+            }
+            // One socket per byte; anything more is closed.
+            let Some(socket) = fds.into_iter().next() else {
+                continue;
+            };
+            let mut socket = UnixStream::from(socket);
+            if self.relays.load(Ordering::SeqCst) >= 2 * MAX_RUNS {
+                refuse(
+                    &mut socket,
+                    0,
+                    "the executor is relaying too many runs".into(),
+                );
+                continue;
+            }
+            let (agent, refusal) = (self.clone(), socket.try_clone());
+            self.relays.fetch_add(1, Ordering::SeqCst);
+            let started = thread("run", move || {
+                agent.run(socket);
+                agent.relays.fetch_sub(1, Ordering::SeqCst);
+            });
+            if started.is_none() {
+                self.relays.fetch_sub(1, Ordering::SeqCst);
+                if let Ok(mut socket) = refusal {
+                    refuse(
+                        &mut socket,
+                        0,
+                        "the executor cannot take another run now".into(),
+                    );
+                }
             }
         }
     }
 
-    fn kill(&self, conn: &Conn, run: u32) {
-        // Under the table's lock: the reaper frees a first process's pid (and so its group's
-        // number) only under it, after marking the run exited.
-        let _table = lock(&self.table);
-        if let Some(r) = lock(&conn.runs).get(&run) {
-            if !r.exited && r.pid > 0 {
-                // SAFETY: a signal to a process group this agent started.
-                unsafe { libc::kill(-r.pid, libc::SIGKILL) };
-            }
+    /// One run, on its socket: the start read, the first process started, then relayed.
+    fn run(self: &Arc<Self>, mut socket: UnixStream) {
+        // The harness sends the start right after the socket: one that does not is dropped.
+        let _ = socket.set_read_timeout(Some(Duration::from_secs(30)));
+        let Ok(Some(frame)) = wire::read(&mut socket) else {
+            return;
+        };
+        let run = frame.run;
+        if frame.kind != Kind::Start {
+            return refuse(
+                &mut socket,
+                run,
+                "a run's socket starts with its start".into(),
+            );
         }
-    }
-
-    fn start(self: &Arc<Self>, conn: &Arc<Conn>, run: u32, start: Start) {
+        let start = match frame.parse::<Start>() {
+            Ok(start) => start,
+            Err(e) => return refuse(&mut socket, run, e.to_string()),
+        };
         if start.argv.is_empty() {
-            return refuse(conn, run, "an empty command".into());
+            return refuse(&mut socket, run, "an empty command".into());
         }
         let root = nix::unistd::getuid().is_root();
         if root && (start.uid == 0 || start.gid == 0) {
-            return refuse(conn, run, "runs never run as root".into());
+            return refuse(&mut socket, run, "runs never run as root".into());
         }
-        let mut table = lock(&self.table);
-        if table.by_pid.len() >= MAX_RUNS {
-            drop(table);
-            return refuse(
-                conn,
-                run,
-                format!("{MAX_RUNS} runs are going in this executor already"),
-            );
-        }
-        if lock(&conn.runs).contains_key(&run) {
-            drop(table);
-            return refuse(conn, run, format!("run {run} exists"));
-        }
+        let running = match Running::new() {
+            Ok(r) => r,
+            Err(e) => return refuse(&mut socket, run, format!("no eventfd: {e}")),
+        };
         let plan = spawn::Plan {
             argv: &start.argv,
             env: &start.env,
@@ -251,56 +284,56 @@ impl Agent {
             limits: start.limits,
             stdin: start.stdin,
         };
-        let child = match spawn::spawn(&plan) {
+        // Started outside the table's lock (an exec under load can take milliseconds, and
+        // the reaper must not wait on it); the reaper keeps a child it does not know yet
+        // unreaped while a start is going, so the pid is the run's when it is entered.
+        {
+            let mut table = lock(&self.table);
+            if table.by_pid.len() + table.spawning >= MAX_RUNS {
+                drop(table);
+                return refuse(
+                    &mut socket,
+                    run,
+                    format!("{MAX_RUNS} runs are going in this executor already"),
+                );
+            }
+            table.spawning += 1;
+        }
+        let spawned = spawn::spawn(&plan);
+        let mut table = lock(&self.table);
+        table.spawning -= 1;
+        // A child that did not exec is a zombie by now: the reaper looks either way.
+        table.started += 1;
+        let child = match spawned {
             Ok(child) => child,
             Err(e) => {
                 drop(table);
-                return cannot_start(conn, run, &start.argv[0], e);
+                self.children.notify_all();
+                return cannot_start(&mut socket, run, &start.argv[0], e);
             }
         };
-        let pid = child.pid;
-        let stdin = child.stdin.and_then(|mut pipe| {
-            let (tx, rx) = mpsc::sync_channel::<Vec<u8>>(16);
-            thread("stdin", move || {
-                use std::io::Write;
-                while let Ok(bytes) = rx.recv() {
-                    if bytes.is_empty() || pipe.write_all(&bytes).is_err() {
-                        return;
-                    }
-                }
-            })
-            .map(|()| tx)
-        });
-        lock(&conn.runs).insert(
-            run,
-            Run {
-                pid,
-                exited: false,
-                stdin,
-            },
-        );
-        table.by_pid.insert(pid, (conn.clone(), run));
-        table.started += 1;
+        table.by_pid.insert(child.pid, running.clone());
         table.run_uid = Some(if root {
             start.uid
         } else {
             nix::unistd::getuid().as_raw()
         });
-        // Before the reaper can say it exited: it needs the table first.
-        conn.send(&Frame::json(Kind::Started, run, &Started { pid }));
         drop(table);
         self.children.notify_all();
-        let streams = Arc::new(AtomicU8::new(2));
-        let forwarded = forward(
-            conn.clone(),
-            run,
-            Kind::Stdout,
-            child.stdout,
-            streams.clone(),
-        ) && forward(conn.clone(), run, Kind::Stderr, child.stderr, streams);
-        if !forwarded {
-            // No thread for its output: the run ends now (its exit is still reported).
-            self.kill(conn, run);
+        let _ = wire::write(
+            &mut socket,
+            &Frame::json(Kind::Started, run, &Started { pid: child.pid }),
+        );
+        relay::relay(self, run, socket, child, &running);
+    }
+
+    /// Kills the group of a run's first process unless the reaper has collected it (it frees
+    /// the pid, and so the group's number, only under the table's lock).
+    fn kill(&self, pid: i32) {
+        let table = lock(&self.table);
+        if table.by_pid.contains_key(&pid) {
+            // SAFETY: a signal to a process group this agent started.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
         }
     }
 
@@ -329,7 +362,13 @@ impl Agent {
             }
             // SAFETY: filled in by a successful waitid for an exited child.
             let pid = unsafe { info.si_pid() };
-            let mut table = lock(&self.table);
+            // A child not in the table while a start is going may be that start's.
+            let mut table = self
+                .children
+                .wait_while(lock(&self.table), |t| {
+                    !t.by_pid.contains_key(&pid) && t.spawning > 0
+                })
+                .unwrap_or_else(|p| p.into_inner());
             seen = table.started;
             let owner = table.by_pid.remove(&pid);
             if owner.is_some() {
@@ -339,18 +378,14 @@ impl Agent {
             let mut status = 0;
             // SAFETY: reaps the one child waitid named.
             unsafe { libc::waitpid(pid, &mut status, 0) };
-            let Some((conn, run)) = owner else { continue };
-            if let Some(r) = lock(&conn.runs).get_mut(&run) {
-                r.exited = true;
-                r.stdin = None;
-            }
-            if table.by_pid.is_empty() {
+            let Some(running) = owner else { continue };
+            if table.by_pid.is_empty() && table.spawning == 0 {
                 if let Some(uid) = table.run_uid {
                     sweep(uid);
                 }
             }
             drop(table);
-            let exited = if libc::WIFSIGNALED(status) {
+            running.exit(if libc::WIFSIGNALED(status) {
                 Exited {
                     code: None,
                     signal: Some(libc::WTERMSIG(status)),
@@ -360,101 +395,53 @@ impl Agent {
                     code: Some(libc::WEXITSTATUS(status)),
                     signal: None,
                 }
-            };
-            conn.send(&Frame::json(Kind::Exit, run, &exited));
-            finish(&conn, run);
+            });
         }
     }
-}
-
-/// What ends a connection: its runs killed, its socket shut.
-struct Ending {
-    agent: Arc<Agent>,
-    conn: Arc<Conn>,
-    socket: Option<UnixStream>,
-}
-
-impl Drop for Ending {
-    fn drop(&mut self) {
-        let ids: Vec<u32> = lock(&self.conn.runs).keys().copied().collect();
-        for id in ids {
-            self.agent.kill(&self.conn, id);
-        }
-        if let Some(socket) = &self.socket {
-            let _ = socket.shutdown(std::net::Shutdown::Both);
-        }
-    }
-}
-
-/// Forgets a run once its first process exited (its output may still be draining).
-fn finish(conn: &Conn, run: u32) {
-    lock(&conn.runs).remove(&run);
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn refuse(conn: &Conn, run: u32, message: String) {
-    conn.send(&Frame::json(Kind::Refused, run, &Refused { message }));
+fn refuse(socket: &mut UnixStream, run: u32, message: String) {
+    let _ = wire::write(
+        socket,
+        &Frame::json(Kind::Refused, run, &Refused { message }),
+    );
 }
 
 /// A command that could not start ends as a shell says so: 127 when it is not there, 126
 /// when it cannot run.
-fn cannot_start(conn: &Conn, run: u32, program: &str, e: std::io::Error) {
+fn cannot_start(socket: &mut UnixStream, run: u32, program: &str, e: std::io::Error) {
     let code = if e.kind() == std::io::ErrorKind::NotFound {
         127
     } else {
         126
     };
-    conn.send(&Frame::json(Kind::Started, run, &Started { pid: 0 }));
-    conn.send(&Frame {
-        kind: Kind::Stderr,
-        run,
-        payload: format!("cloud-harness: cannot run {program}: {e}\n").into_bytes(),
-    });
-    conn.send(&Frame {
-        kind: Kind::End,
-        run,
-        payload: Vec::new(),
-    });
-    conn.send(&Frame::json(
-        Kind::Exit,
-        run,
-        &Exited {
-            code: Some(code),
-            signal: None,
+    for frame in [
+        Frame::json(Kind::Started, run, &Started { pid: 0 }),
+        Frame {
+            kind: Kind::Stderr,
+            run,
+            payload: format!("cloud-harness: cannot run {program}: {e}\n").into_bytes(),
         },
-    ));
-}
-
-/// Sends a stream's output as frames; the last stream to close says the run's output ended.
-fn forward(
-    conn: Arc<Conn>,
-    run: u32,
-    kind: Kind,
-    mut stream: impl Read + Send + 'static,
-    open: Arc<AtomicU8>,
-) -> bool {
-    thread("output", move || {
-        let mut buf = vec![0u8; wire::CHUNK];
-        loop {
-            match stream.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => conn.send(&Frame {
-                    kind,
-                    run,
-                    payload: buf[..n].to_vec(),
-                }),
-            }
+        Frame {
+            kind: Kind::End,
+            run,
+            payload: Vec::new(),
+        },
+        Frame::json(
+            Kind::Exit,
+            run,
+            &Exited {
+                code: Some(code),
+                signal: None,
+            },
+        ),
+    ] {
+        if wire::write(socket, &frame).is_err() {
+            return;
         }
-        if open.fetch_sub(1, Ordering::SeqCst) == 1 {
-            conn.send(&Frame {
-                kind: Kind::End,
-                run,
-                payload: Vec::new(),
-            });
-        }
-    })
-    .is_some()
+    }
 }

@@ -1,0 +1,177 @@
+//! The harness's end of one run's socket ([`crate::wire`]): the frames the agent sends, read
+//! by the task that waits on the run, as the runner's [`Event`]s; and the run's standard
+//! input. Ending it ends the run: the agent kills the run's group when this end is shut
+//! down or closed.
+
+use crate::process::{Event, Exit, Stream};
+use crate::wire::{self, Exited, Frame, Kind, Refused, Started};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+
+/// Frames from the agent, read as they come.
+pub struct RunStream {
+    read: OwnedReadHalf,
+    /// Bytes read and not yet a whole frame.
+    buf: Vec<u8>,
+    closed: bool,
+    exited: bool,
+    /// The socket ended (or broke): what is still unsaid is said as lost.
+    ended: bool,
+}
+
+/// What the agent said of a start.
+pub enum Start {
+    Started,
+    Refused(String),
+    /// The socket ended first.
+    Ended,
+}
+
+impl RunStream {
+    pub fn new(read: OwnedReadHalf) -> RunStream {
+        RunStream {
+            read,
+            buf: Vec::new(),
+            closed: false,
+            exited: false,
+            ended: false,
+        }
+    }
+
+    /// The next whole frame; `None` once the socket ended. Cancel-safe: bytes read are kept
+    /// in `buf` until they make a frame.
+    async fn frame(&mut self) -> Option<Frame> {
+        loop {
+            match wire::take(&mut self.buf) {
+                Ok(Some(frame)) => return Some(frame),
+                Ok(None) => {}
+                Err(_) => return None,
+            }
+            self.buf.reserve(wire::CHUNK);
+            match self.read.read_buf(&mut self.buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Whether the agent started the run.
+    pub async fn started(&mut self) -> Start {
+        match self.frame().await {
+            Some(f) if f.kind == Kind::Started && f.parse::<Started>().is_ok() => Start::Started,
+            Some(f) if f.kind == Kind::Refused => Start::Refused(
+                f.parse::<Refused>()
+                    .map(|r| r.message)
+                    .unwrap_or_else(|e| e.to_string()),
+            ),
+            _ => {
+                self.ended = true;
+                Start::Ended
+            }
+        }
+    }
+
+    /// The run's next event; `None` once its output closed and its exit is known. An end of
+    /// the socket before either is said is the output's end and a lost exit.
+    pub async fn next(&mut self) -> Option<Event> {
+        while !self.ended {
+            let Some(frame) = self.frame().await else {
+                self.ended = true;
+                break;
+            };
+            match frame.kind {
+                Kind::Stdout if !self.closed => {
+                    return Some(Event::Output(Stream::Stdout, frame.payload))
+                }
+                Kind::Stderr if !self.closed => {
+                    return Some(Event::Output(Stream::Stderr, frame.payload))
+                }
+                Kind::End if !self.closed => {
+                    self.closed = true;
+                    return Some(Event::Closed);
+                }
+                Kind::Exit if !self.exited => {
+                    self.exited = true;
+                    let exited = frame.parse::<Exited>().unwrap_or_default();
+                    return Some(Event::Exited(Exit {
+                        code: exited.code,
+                        signal: exited.signal,
+                        lost: false,
+                    }));
+                }
+                // Anything else is not the agent's to say now: the run is over for us.
+                _ => self.ended = true,
+            }
+        }
+        if !self.closed {
+            self.closed = true;
+            return Some(Event::Closed);
+        }
+        if !self.exited {
+            self.exited = true;
+            return Some(Event::Exited(Exit {
+                lost: true,
+                ..Exit::default()
+            }));
+        }
+        None
+    }
+}
+
+/// A run's standard input: bytes as frames; empty bytes close it. Dropped, it leaves the
+/// socket as it is (a shutdown would end the run).
+pub struct RunInput {
+    write: Option<OwnedWriteHalf>,
+    run: u32,
+}
+
+impl RunInput {
+    pub(crate) fn new(write: OwnedWriteHalf, run: u32) -> RunInput {
+        RunInput {
+            write: Some(write),
+            run,
+        }
+    }
+
+    pub async fn send(&mut self, bytes: Vec<u8>) -> std::io::Result<()> {
+        let frame = Frame {
+            kind: Kind::Stdin,
+            run: self.run,
+            payload: bytes,
+        };
+        match self.write.as_mut() {
+            Some(write) => write.write_all(&frame.encode()).await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for RunInput {
+    fn drop(&mut self) {
+        if let Some(write) = self.write.take() {
+            write.forget();
+        }
+    }
+}
+
+/// Ends the run when it is dropped or asked to: a shutdown of the run's socket, which the
+/// agent answers by killing the run's group (a descriptor of its own, so the run's input
+/// held elsewhere does not keep the run going).
+#[derive(Clone)]
+pub struct Ender(pub(crate) Arc<OwnedFd>);
+
+impl Ender {
+    /// No more from the harness: the agent kills the run, and still says how it ended.
+    pub fn kill(&self) {
+        // SAFETY: shutdown of a socket this process owns.
+        unsafe { nix::libc::shutdown(self.0.as_raw_fd(), nix::libc::SHUT_WR) };
+    }
+
+    /// The harness is gone from the run altogether.
+    pub fn end(&self) {
+        // SAFETY: as above.
+        unsafe { nix::libc::shutdown(self.0.as_raw_fd(), nix::libc::SHUT_RDWR) };
+    }
+}
