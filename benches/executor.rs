@@ -3,7 +3,8 @@
 //! `skills_run` of a trivial script per backend against running that script directly on the
 //! host. Medians of interleaved runs, warm store, no network. Docker keeps two spare
 //! executors (made again between rounds of opens); sixteen runs at once in one workspace are
-//! measured against runs alone.
+//! measured against as many runs alone just before them. Each run is a task of the
+//! runtime's, as a server's calls are.
 //!
 //! `cargo bench --bench executor` (as root, with /dev/fuse; a backend that is not available
 //! is left out and named).
@@ -13,9 +14,9 @@ mod support;
 
 use cloud_harness_executor::{Kind, Settings};
 use cloud_harness_store::cas::Store;
-use cloud_harness_workspace::{OpenRequest, RunRequest, Workspaces};
+use cloud_harness_workspace::{OpenRequest, RunRequest, Workspace, Workspaces};
 use serde_json::json;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,6 +35,37 @@ fn ok_run() -> RunRequest {
         args: vec![],
         timeout: Duration::from_secs(30),
     }
+}
+
+/// One run of `ok.sh` in `ws`, in a task of the runtime's (as a server's calls run): its time.
+async fn timed_run(ws: Arc<Workspace>, home: PathBuf) -> Duration {
+    tokio::spawn(async move {
+        let t = Instant::now();
+        let out = ws
+            .run(
+                &home,
+                "bench",
+                ok_run(),
+                CancellationToken::new(),
+                |_, _| {},
+            )
+            .await
+            .unwrap();
+        let took = t.elapsed();
+        assert_eq!(out["stdout"], "ok\n", "{out}");
+        took
+    })
+    .await
+    .unwrap()
+}
+
+/// `sh ok.sh` directly on the host: its time.
+fn direct_run(script: &Path) -> Duration {
+    let t = Instant::now();
+    let out = Command::new("sh").arg(script).output().unwrap();
+    let took = t.elapsed();
+    assert_eq!(out.stdout, b"ok\n");
+    took
 }
 
 fn median(mut xs: Vec<Duration>) -> Duration {
@@ -151,57 +183,42 @@ fn main() {
     let mut direct = Vec::new();
     let mut runs: Vec<Vec<Duration>> = vec![Vec::new(); sets.len()];
     for round in 0..RUNS + 1 {
-        let t = Instant::now();
-        let out = Command::new("sh").arg(&script).output().unwrap();
-        let took = t.elapsed();
-        assert_eq!(out.stdout, b"ok\n");
+        let took = direct_run(&script);
         if round > 0 {
             direct.push(took);
         }
         for (i, ws) in open.iter().enumerate() {
-            let t = Instant::now();
-            let out = runtime
-                .block_on(ws.clone().run(
-                    sets[i].1.home(),
-                    "bench",
-                    ok_run(),
-                    CancellationToken::new(),
-                    |_, _| {},
-                ))
-                .unwrap();
-            let took = t.elapsed();
-            assert_eq!(out["stdout"], "ok\n", "{out}");
+            let took = runtime.block_on(timed_run(ws.clone(), sets[i].1.home().to_owned()));
             if round > 0 {
                 runs[i].push(took);
             }
         }
     }
-    // Sixteen runs at once in one workspace, rounds interleaved across backends: each run's
-    // own time, against runs alone.
+    // Sixteen runs at once in one workspace, against as many runs alone just before, in
+    // rounds interleaved across backends: each run's own time.
+    // The same for the script directly on the host: what the machine itself allows.
+    let mut alone: Vec<Vec<Duration>> = vec![Vec::new(); sets.len()];
     let mut concurrent: Vec<Vec<Duration>> = vec![Vec::new(); sets.len()];
+    let (mut direct_alone, mut direct_concurrent) = (Vec::new(), Vec::new());
     for _ in 0..CONCURRENT_ROUNDS {
+        direct_alone.extend((0..CONCURRENT).map(|_| direct_run(&script)));
+        direct_concurrent.extend(std::thread::scope(|s| {
+            let handles: Vec<_> = (0..CONCURRENT)
+                .map(|_| s.spawn(|| direct_run(&script)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        }));
         for (i, ws) in open.iter().enumerate() {
             let home = sets[i].1.home().to_owned();
+            for _ in 0..CONCURRENT {
+                alone[i].push(runtime.block_on(timed_run(ws.clone(), home.clone())));
+            }
             let took = runtime.block_on(async {
                 let handles: Vec<_> = (0..CONCURRENT)
-                    .map(|_| {
-                        let (ws, home) = (ws.clone(), home.clone());
-                        tokio::spawn(async move {
-                            let t = Instant::now();
-                            let out = ws
-                                .run(
-                                    &home,
-                                    "bench",
-                                    ok_run(),
-                                    CancellationToken::new(),
-                                    |_, _| {},
-                                )
-                                .await
-                                .unwrap();
-                            assert_eq!(out["stdout"], "ok\n", "{out}");
-                            t.elapsed()
-                        })
-                    })
+                    .map(|_| tokio::spawn(timed_run(ws.clone(), home.clone())))
                     .collect();
                 let mut took = Vec::new();
                 for h in handles {
@@ -249,10 +266,10 @@ fn main() {
         ms(direct)
     );
     println!();
-    println!("| backend | p99 of one run alone | p99 of {CONCURRENT} runs at once ({CONCURRENT_ROUNDS} rounds) | ratio |");
+    println!("| backend | p99 of runs alone ({CONCURRENT} before each round) | p99 of {CONCURRENT} runs at once ({CONCURRENT_ROUNDS} rounds) | ratio |");
     println!("|---|---|---|---|");
     for (i, (kind, _)) in sets.iter().enumerate() {
-        let alone = p99(runs[i].clone());
+        let alone = p99(alone[i].clone());
         let together = p99(concurrent[i].clone());
         println!(
             "| {} | {:.2} ms | {:.2} ms | {:.1}x |",
@@ -262,4 +279,11 @@ fn main() {
             together.as_secs_f64() / alone.as_secs_f64()
         );
     }
+    let (alone, together) = (p99(direct_alone), p99(direct_concurrent));
+    println!(
+        "| `sh ok.sh` directly on the host | {:.2} ms | {:.2} ms | {:.1}x |",
+        ms(alone),
+        ms(together),
+        together.as_secs_f64() / alone.as_secs_f64()
+    );
 }

@@ -155,9 +155,20 @@ impl Link {
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 Err(nix::errno::Errno::EAGAIN) => return Err(not_started()),
-                Err(e) => {
+                Err(
+                    e @ (nix::errno::Errno::EPIPE
+                    | nix::errno::Errno::ECONNRESET
+                    | nix::errno::Errno::ENOTCONN),
+                ) => {
                     self.alive.store(false, Ordering::SeqCst);
                     return Err(lost(&format!("its connection closed: {e}")));
+                }
+                // Too many descriptors in flight, no memory: this run, not the agent.
+                Err(e) => {
+                    return Err(Error::new(
+                        Code::ResourceExhausted,
+                        format!("the run could not be handed to the executor: {e}"),
+                    ))
                 }
             }
         }
@@ -179,9 +190,9 @@ impl Link {
         let mut stream = RunStream::new(read);
         let answer = tokio::time::timeout(START_TIMEOUT, async {
             let frame = Frame::json(Kind::Start, run, &start).encode();
-            if write.write_all(&frame).await.is_err() {
-                return run_stream::Start::Ended;
-            }
+            // A write that fails still reads the agent's answer: a refusal sent before it
+            // closed its end says why.
+            let _ = write.write_all(&frame).await;
             stream.started().await
         });
         match answer.await {

@@ -13,8 +13,8 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 /// Frames from the agent, read as they come.
 pub struct RunStream {
     read: OwnedReadHalf,
-    /// Bytes read and not yet a whole frame.
-    buf: Vec<u8>,
+    /// Bytes read and not yet taken as frames.
+    frames: wire::Frames,
     closed: bool,
     exited: bool,
     /// The socket ended (or broke): what is still unsaid is said as lost.
@@ -33,7 +33,7 @@ impl RunStream {
     pub fn new(read: OwnedReadHalf) -> RunStream {
         RunStream {
             read,
-            buf: Vec::new(),
+            frames: wire::Frames::default(),
             closed: false,
             exited: false,
             ended: false,
@@ -41,16 +41,17 @@ impl RunStream {
     }
 
     /// The next whole frame; `None` once the socket ended. Cancel-safe: bytes read are kept
-    /// in `buf` until they make a frame.
+    /// in `frames` until they make a frame.
     async fn frame(&mut self) -> Option<Frame> {
         loop {
-            match wire::take(&mut self.buf) {
+            match self.frames.take() {
                 Ok(Some(frame)) => return Some(frame),
                 Ok(None) => {}
                 Err(_) => return None,
             }
-            self.buf.reserve(wire::CHUNK);
-            match self.read.read_buf(&mut self.buf).await {
+            self.frames.compact();
+            self.frames.buf.reserve(wire::CHUNK);
+            match self.read.read_buf(&mut self.frames.buf).await {
                 Ok(0) | Err(_) => return None,
                 Ok(_) => {}
             }
@@ -135,6 +136,7 @@ impl RunInput {
         }
     }
 
+    /// Not cancel-safe: a send cut short leaves half a frame, and the agent ends the run.
     pub async fn send(&mut self, bytes: Vec<u8>) -> std::io::Result<()> {
         let frame = Frame {
             kind: Kind::Stdin,

@@ -164,18 +164,41 @@ pub fn write(w: &mut impl Write, frame: &Frame) -> std::io::Result<()> {
     w.write_all(&frame.encode())
 }
 
-/// Takes the first whole frame off the front of `buf` (bytes read so far), if there is one.
-pub fn take(buf: &mut Vec<u8>) -> std::io::Result<Option<Frame>> {
-    let Some(prefix) = buf.first_chunk::<4>() else {
-        return Ok(None);
-    };
-    let n = body_length(*prefix)?;
-    if buf.len() < 4 + n {
-        return Ok(None);
+/// Bytes read from a stream, taken off as whole frames. What is taken is dropped from the
+/// front once per [`Frames::compact`], not per frame (many small frames cost no more than
+/// one large one).
+#[derive(Default)]
+pub struct Frames {
+    pub buf: Vec<u8>,
+    taken: usize,
+}
+
+impl Frames {
+    /// The next whole frame, if the bytes hold one.
+    pub fn take(&mut self) -> std::io::Result<Option<Frame>> {
+        let rest = &self.buf[self.taken..];
+        let Some(prefix) = rest.first_chunk::<4>() else {
+            return Ok(None);
+        };
+        let n = body_length(*prefix)?;
+        if rest.len() < 4 + n {
+            return Ok(None);
+        }
+        let body = rest[4..4 + n].to_vec();
+        self.taken += 4 + n;
+        Frame::decode(body).map(Some)
     }
-    let body = buf[4..4 + n].to_vec();
-    buf.drain(..4 + n);
-    Frame::decode(body).map(Some)
+
+    /// Drops the bytes taken, before more are read.
+    pub fn compact(&mut self) {
+        self.buf.drain(..self.taken);
+        self.taken = 0;
+    }
+
+    /// Bytes read and not yet taken.
+    pub fn pending(&self) -> usize {
+        self.buf.len() - self.taken
+    }
 }
 
 #[cfg(test)]
@@ -225,7 +248,11 @@ mod tests {
         .encode();
         unknown[4] = 99;
         assert!(read(&mut std::io::Cursor::new(unknown.clone())).is_err());
-        assert!(take(&mut unknown).is_err());
+        let mut frames = Frames {
+            buf: unknown,
+            taken: 0,
+        };
+        assert!(frames.take().is_err());
     }
 
     #[test]
@@ -239,16 +266,17 @@ mod tests {
             }
             .encode(),
         );
-        let mut buf = Vec::new();
+        let mut frames = Frames::default();
         let mut taken = Vec::new();
         // A byte at a time, as a socket may hand them.
         for byte in wire {
-            buf.push(byte);
-            while let Some(frame) = take(&mut buf).unwrap() {
+            frames.compact();
+            frames.buf.push(byte);
+            while let Some(frame) = frames.take().unwrap() {
                 taken.push(frame.kind);
             }
         }
         assert_eq!(taken, [Kind::Exit, Kind::End]);
-        assert!(buf.is_empty());
+        assert_eq!(frames.pending(), 0);
     }
 }

@@ -4,8 +4,8 @@
 //!
 //! In order: every signal back to its default and unblocked last (a handler of the agent's
 //! must never run here); the standard streams; the working folder; a session (and group) of
-//! its own; as root, the run's user with no capability in any set (the bounding set dropped
-//! while it still may); the run's rlimits; no new privileges; then `execve`.
+//! its own; as root, the run's user with no capability in any set (the bounding set is the
+//! agent's, emptied at its start); the run's rlimits; no new privileges; then `execve`.
 
 use crate::wire::Limits;
 use nix::libc::{self, c_char, c_int, c_long};
@@ -29,7 +29,9 @@ pub(super) struct Entry<'a> {
     pub errno: c_int,
 }
 
-/// The kernel's `struct sigaction` (x86_64 and aarch64 alike: handler, flags, restorer, mask).
+/// The kernel's `struct sigaction` as x86_64 has it (handler, flags, restorer, mask). Only
+/// ever all zeros (SIG_DFL, no flags, an empty mask), so the field order of another
+/// architecture cannot matter; the kernel reads no more than its own struct's size.
 #[repr(C)]
 struct KernelSigaction {
     handler: usize,
@@ -121,9 +123,6 @@ fn prepare(e: &Entry) -> Result<(), c_int> {
         }
         check(libc::syscall(libc::SYS_chdir, e.cwd))?;
         check(libc::syscall(libc::SYS_setsid))?;
-        for cap in 0..64 {
-            libc::syscall(libc::SYS_prctl, libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
-        }
         if let Some((uid, gid)) = e.user {
             check(libc::syscall(
                 libc::SYS_setgroups,
@@ -132,6 +131,17 @@ fn prepare(e: &Entry) -> Result<(), c_int> {
             ))?;
             check(libc::syscall(libc::SYS_setresgid, gid, gid, gid))?;
             check(libc::syscall(libc::SYS_setresuid, uid, uid, uid))?;
+            // The change of user set the dumpable flag of the memory this child still shares
+            // with the agent to the system's `suid_dumpable`: not dumpable again, so no
+            // process of the run's user may trace this child before its exec.
+            check(libc::syscall(
+                libc::SYS_prctl,
+                libc::PR_SET_DUMPABLE,
+                0,
+                0,
+                0,
+                0,
+            ))?;
         }
         // The inheritable set survives a change of user: empty it (and so the ambient one).
         let mut header = CapHeader {

@@ -29,9 +29,9 @@ use std::collections::HashMap;
 use std::io::IoSliceMut;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use sweep::sweep;
 
 /// The binary's command that runs the agent.
@@ -47,11 +47,14 @@ pub fn main(args: &[String]) -> i32 {
     // SAFETY: prctl with integer arguments touches no memory.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     standard_streams_open();
+    empty_bounding_set();
     let agent = Arc::new(Agent::default());
     {
-        let agent = agent.clone();
-        if thread("reaper", move || agent.reap()).is_none() {
-            eprintln!("executor-agent: cannot start its reaper thread");
+        let (reaper, watcher) = (agent.clone(), agent.clone());
+        if thread("reaper", move || reaper.reap()).is_none()
+            || thread("starts", move || watcher.watch_starts()).is_none()
+        {
+            eprintln!("executor-agent: cannot start its reaper threads");
             return 1;
         }
     }
@@ -128,6 +131,16 @@ fn standard_streams_open() {
     }
 }
 
+/// Drops every capability from the bounding set, once for all runs (each inherits it): no
+/// run can gain one by executing a file that carries it. The agent keeps what it holds (it
+/// needs none from the bounding set, which only limits what an exec may grant).
+fn empty_bounding_set() {
+    for cap in 0..64 {
+        // SAFETY: prctl with integer arguments; past the last capability it fails, harmlessly.
+        unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+    }
+}
+
 fn set_cloexec(fd: RawFd) {
     // SAFETY: fcntl on a descriptor this process owns.
     unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
@@ -162,12 +175,24 @@ impl Running {
     }
 }
 
+/// A start in flight: its first process's pid (written by the kernel at the clone, before
+/// the process runs; 0 until then) and since when it has been starting.
+struct Spawning {
+    pid: AtomicI32,
+    since: Instant,
+}
+
+/// How long a start may take before its first process is killed: one stopped (SIGSTOP from
+/// another run of its user) or stuck before its exec would hold its thread for good.
+const START_LIMIT: Duration = Duration::from_secs(10);
+
 #[derive(Default)]
 struct Table {
     /// Runs whose first process has not been reaped, by that process.
     by_pid: HashMap<i32, Arc<Running>>,
-    /// Runs being started: their first process exists, and is not in `by_pid` yet.
-    spawning: usize,
+    /// Runs being started: the first process of each (its pid once cloned) exists, and is
+    /// not in `by_pid` yet.
+    spawning: Vec<Arc<Spawning>>,
     /// Bumped at every start, so the reaper knows there are children to wait for.
     started: u64,
     /// The user runs are, for the idle sweep.
@@ -287,9 +312,13 @@ impl Agent {
         // Started outside the table's lock (an exec under load can take milliseconds, and
         // the reaper must not wait on it); the reaper keeps a child it does not know yet
         // unreaped while a start is going, so the pid is the run's when it is entered.
+        let spawning = Arc::new(Spawning {
+            pid: AtomicI32::new(0),
+            since: Instant::now(),
+        });
         {
             let mut table = lock(&self.table);
-            if table.by_pid.len() + table.spawning >= MAX_RUNS {
+            if table.by_pid.len() + table.spawning.len() >= MAX_RUNS {
                 drop(table);
                 return refuse(
                     &mut socket,
@@ -297,11 +326,12 @@ impl Agent {
                     format!("{MAX_RUNS} runs are going in this executor already"),
                 );
             }
-            table.spawning += 1;
+            table.spawning.push(spawning.clone());
         }
-        let spawned = spawn::spawn(&plan);
+        self.children.notify_all();
+        let spawned = spawn::spawn(&plan, &spawning.pid);
         let mut table = lock(&self.table);
-        table.spawning -= 1;
+        table.spawning.retain(|s| !Arc::ptr_eq(s, &spawning));
         // A child that did not exec is a zombie by now: the reaper looks either way.
         table.started += 1;
         let child = match spawned {
@@ -328,12 +358,41 @@ impl Agent {
     }
 
     /// Kills the group of a run's first process unless the reaper has collected it (it frees
-    /// the pid, and so the group's number, only under the table's lock).
-    fn kill(&self, pid: i32) {
+    /// the pid, and so the group's number, only under the table's lock): the pid must still
+    /// be this run's, not a later run's that got the same number.
+    fn kill(&self, pid: i32, running: &Arc<Running>) {
         let table = lock(&self.table);
-        if table.by_pid.contains_key(&pid) {
+        if table
+            .by_pid
+            .get(&pid)
+            .is_some_and(|r| Arc::ptr_eq(r, running))
+        {
             // SAFETY: a signal to a process group this agent started.
             unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+    }
+
+    /// Kills the first process of a start that takes longer than [`START_LIMIT`] (its pid
+    /// cannot be another's: the reaper keeps it until the start ends).
+    fn watch_starts(self: Arc<Self>) {
+        let mut table = lock(&self.table);
+        loop {
+            table = self
+                .children
+                .wait_while(table, |t| t.spawning.is_empty())
+                .unwrap_or_else(|p| p.into_inner());
+            for start in &table.spawning {
+                let pid = start.pid.load(Ordering::SeqCst);
+                if pid > 0 && start.since.elapsed() > START_LIMIT {
+                    // SAFETY: a signal to a child of this process's, not yet reaped.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            }
+            table = self
+                .children
+                .wait_timeout(table, Duration::from_secs(1))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 
@@ -362,11 +421,13 @@ impl Agent {
             }
             // SAFETY: filled in by a successful waitid for an exited child.
             let pid = unsafe { info.si_pid() };
-            // A child not in the table while a start is going may be that start's.
+            // A child that is a start's in flight is that run's once entered: kept till then.
             let mut table = self
                 .children
                 .wait_while(lock(&self.table), |t| {
-                    !t.by_pid.contains_key(&pid) && t.spawning > 0
+                    t.spawning
+                        .iter()
+                        .any(|s| s.pid.load(Ordering::SeqCst) == pid)
                 })
                 .unwrap_or_else(|p| p.into_inner());
             seen = table.started;
@@ -379,7 +440,7 @@ impl Agent {
             // SAFETY: reaps the one child waitid named.
             unsafe { libc::waitpid(pid, &mut status, 0) };
             let Some(running) = owner else { continue };
-            if table.by_pid.is_empty() && table.spawning == 0 {
+            if table.by_pid.is_empty() && table.spawning.is_empty() {
                 if let Some(uid) = table.run_uid {
                     sweep(uid);
                 }

@@ -70,7 +70,7 @@ pub(super) fn relay(
     let mut harness_sends = true;
     let mut killed = false;
     let mut to_harness: Vec<u8> = Vec::new();
-    let mut from_harness: Vec<u8> = Vec::new();
+    let mut from_harness = wire::Frames::default();
     let mut to_run: Vec<u8> = Vec::new();
     let mut close_input = false;
     let mut exited = false;
@@ -78,7 +78,7 @@ pub(super) fn relay(
     let kill = |killed: &mut bool| {
         if !*killed {
             *killed = true;
-            agent.kill(pid);
+            agent.kill(pid, running);
         }
     };
     loop {
@@ -109,22 +109,27 @@ pub(super) fn relay(
         let mut fds = [
             watch(stdout.as_raw_fd(), libc::POLLIN, out_open && read_more),
             watch(stderr.as_raw_fd(), libc::POLLIN, err_open && read_more),
+            // Once the harness has ended its end, only what is left to say to it is watched
+            // for (a shut end stays readable: watched, it would wake poll at every turn);
+            // POLLHUP, its close, is reported whatever is asked.
             watch(
                 socket.as_raw_fd(),
-                libc::POLLRDHUP
-                    | if harness_sends
-                        && from_harness.len() < wire::MAX_PAYLOAD + 9
-                        && to_run.len() < IN_PENDING
-                    {
-                        libc::POLLIN
-                    } else {
-                        0
-                    }
-                    | if to_harness.is_empty() {
-                        0
-                    } else {
-                        libc::POLLOUT
-                    },
+                (if harness_sends {
+                    libc::POLLRDHUP
+                        | if from_harness.pending() <= wire::MAX_PAYLOAD + 9
+                            && to_run.len() < IN_PENDING
+                        {
+                            libc::POLLIN
+                        } else {
+                            0
+                        }
+                } else {
+                    0
+                }) | if to_harness.is_empty() {
+                    0
+                } else {
+                    libc::POLLOUT
+                },
                 true,
             ),
             watch(
@@ -177,14 +182,15 @@ pub(super) fn relay(
         }
         let from = revents(2);
         if from & libc::POLLIN != 0 {
+            from_harness.compact();
             match socket.read(&mut buf) {
                 Ok(0) => harness_sends = false,
-                Ok(n) => from_harness.extend_from_slice(&buf[..n]),
+                Ok(n) => from_harness.buf.extend_from_slice(&buf[..n]),
                 Err(e) if would_block(&e) => {}
                 Err(_) => harness_sends = false,
             }
             loop {
-                match wire::take(&mut from_harness) {
+                match from_harness.take() {
                     Ok(Some(frame)) if frame.kind == Kind::Stdin => {
                         if frame.payload.is_empty() {
                             close_input = true;
@@ -205,6 +211,12 @@ pub(super) fn relay(
             harness_sends = false;
             kill(&mut killed);
         }
+        // Closed both ways with nothing left to say, or broken: no one reads any more.
+        if from & (libc::POLLHUP | libc::POLLERR) != 0
+            && (to_harness.is_empty() || from & libc::POLLERR != 0)
+        {
+            return;
+        }
         if from & libc::POLLOUT != 0 {
             match socket.write(&to_harness) {
                 Ok(n) => {
@@ -217,9 +229,6 @@ pub(super) fn relay(
                     return;
                 }
             }
-        } else if from & (libc::POLLHUP | libc::POLLERR) != 0 {
-            // Closed both ways: no one reads what is left.
-            return;
         }
         if revents(3) != 0 {
             if let Some(s) = stdin.as_mut() {

@@ -16,9 +16,18 @@ use nix::libc;
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::AtomicI32;
 
 /// The child's stack, above a guard page: ample for a handful of system calls.
 const STACK: usize = 64 * 1024;
+
+fn page_size() -> usize {
+    // SAFETY: sysconf reads a constant of the system.
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .ok()
+        .filter(|&p| p > 0)
+        .unwrap_or(4096)
+}
 
 /// A run's first process, and the agent's ends of its standard streams.
 pub(super) struct Spawned {
@@ -93,8 +102,8 @@ struct Stack {
 
 impl Stack {
     fn new() -> std::io::Result<Stack> {
-        let page = 4096;
-        let size = STACK + page;
+        let page = page_size();
+        let size = STACK.next_multiple_of(page) + page;
         // SAFETY: a fresh private mapping; no existing memory is touched.
         let base = unsafe {
             libc::mmap(
@@ -133,26 +142,39 @@ impl Drop for Stack {
 }
 
 /// Blocks every signal of the calling thread while it lives, so that no handler of the
-/// agent's runs in the child before the child resets them.
-struct Blocked(libc::sigset_t);
+/// agent's runs in the child before the child resets them. A raw `rt_sigprocmask`: glibc's
+/// wrappers leave its own two signals unblocked, whose handlers must not run there either.
+struct Blocked(u64);
 
 impl Blocked {
     fn all() -> Blocked {
-        // SAFETY: sigset operations on locals.
+        let (all, mut old) = (u64::MAX, 0u64);
+        // SAFETY: the kernel's mask of this thread, from and into locals (8-byte sets).
         unsafe {
-            let mut all: libc::sigset_t = std::mem::zeroed();
-            let mut old: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-            Blocked(old)
-        }
+            libc::syscall(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_SETMASK,
+                &all as *const u64,
+                &mut old as *mut u64,
+                8,
+            )
+        };
+        Blocked(old)
     }
 }
 
 impl Drop for Blocked {
     fn drop(&mut self) {
         // SAFETY: restores the mask saved in `all`.
-        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.0, std::ptr::null_mut()) };
+        unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_SETMASK,
+                &self.0 as *const u64,
+                std::ptr::null_mut::<u64>(),
+                8,
+            )
+        };
     }
 }
 
@@ -163,9 +185,10 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
     entry::run(entry)
 }
 
-/// Starts `plan` as a child of this process. Returns once it runs the program, or with why
-/// it could not (nothing of it is left then but a zombie the reaper collects).
-pub(super) fn spawn(plan: &Plan) -> std::io::Result<Spawned> {
+/// Starts `plan` as a child of this process; the kernel writes its pid into `pid` as it
+/// makes it (before it runs). Returns once it runs the program, or with why it could not
+/// (nothing of it is left then but a zombie the reaper collects).
+pub(super) fn spawn(plan: &Plan, pid: &AtomicI32) -> std::io::Result<Spawned> {
     let program = plan
         .argv
         .first()
@@ -221,15 +244,21 @@ pub(super) fn spawn(plan: &Plan) -> std::io::Result<Spawned> {
         // SAFETY: the child runs `child` on its own stack with this process's memory while
         // this thread is suspended (CLONE_VFORK); it only reads `entry` and makes system
         // calls, then execs or exits. SIGCHLD: the reaper waits for it as for any child.
+        // CLONE_PARENT_SETTID: its pid, into `pid`.
         unsafe {
             libc::clone(
                 child,
                 stack.top(),
-                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-                std::ptr::addr_of_mut!(entry).cast(),
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PARENT_SETTID | libc::SIGCHLD,
+                std::ptr::addr_of_mut!(entry).cast::<libc::c_void>(),
+                pid.as_ptr(),
             )
         }
     };
+    // The child's change of user set the memory's dumpable flag, the agent's until the
+    // child's exec, to the system's `suid_dumpable`: the agent's own again.
+    // SAFETY: prctl with integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     drop(stack);
     if pid < 0 {
         return Err(std::io::Error::last_os_error());
