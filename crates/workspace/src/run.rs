@@ -97,6 +97,45 @@ impl Workspace {
         }
     }
 
+    /// The command that runs `script` of the approved skill tree `digest` from its verified
+    /// copy (`run_as`: the script's path as the executor sees it). A script that is a link
+    /// leaving its skill, or not a file, does not run.
+    fn approved_script(
+        &self,
+        digest: &Digest,
+        skill: &str,
+        script: &str,
+        run_as: &str,
+    ) -> Result<Vec<String>> {
+        let copy = self.approved_copy(digest)?;
+        let host_script = copy.join(script);
+        let script_error = |code: Code, what: String| {
+            Error::new(code, format!("script: {what}")).with_details(json!({ "field": "script" }))
+        };
+        let resolved = std::fs::canonicalize(&host_script).map_err(|_| {
+            script_error(
+                Code::NotFound,
+                format!("skill `{skill}` has no script {script:?}"),
+            )
+        })?;
+        let root = std::fs::canonicalize(&copy).map_err(|e| Error::io(&copy, e))?;
+        if !resolved.starts_with(&root) {
+            return Err(script_error(
+                Code::Forbidden,
+                format!(
+                    "{script:?} is a link that leaves the skill; only the approved skill's own files run"
+                ),
+            ));
+        }
+        if !resolved.is_file() {
+            return Err(script_error(
+                Code::InvalidArgument,
+                format!("{script:?} is not a file"),
+            ));
+        }
+        runner::command_for(&host_script, run_as)
+    }
+
     /// Runs a script of a served, approved skill in the executor.
     /// `actor` is who asked (the audit log names them when the run is refused).
     pub async fn run(
@@ -134,23 +173,29 @@ impl Workspace {
         let digest = self.skill(&request.skill)?;
         // A script the skill does not have is NOT_FOUND whether or not the skill is approved.
         self.served_script(&request.skill, &request.script)?;
-        let approved = {
+        let skill_dir = executor.paths().by_digest(&digest.hex());
+        // The approval, the verified copy and the script's checks: one trip to the blocking
+        // pool (each trip is a wake-up of another thread, a run's largest cost after its
+        // process).
+        let prepared = {
             let (db, home, ws) = (self.db.clone(), home.to_owned(), self.clone());
-            let (skill, script, actor) = (
+            let (skill, script, actor, run_as) = (
                 request.skill.clone(),
                 request.script.clone(),
                 actor.to_owned(),
+                format!("{skill_dir}/{}", request.script),
             );
             blocking(move || {
-                let approved = decisions::in_force(&db, &home)?.is_approved(&digest);
-                if !approved {
+                if !decisions::in_force(&db, &home)?.is_approved(&digest) {
                     decisions::refused_run(&db, &digest, &skill, &script, &ws.id, &actor)?;
+                    return Ok(None);
                 }
-                Ok(approved)
+                ws.approved_script(&digest, &skill, &script, &run_as)
+                    .map(Some)
             })
             .await?
         };
-        if !approved {
+        let Some(mut argv) = prepared else {
             let file = cloud_harness_control::operator::Operator::path(home);
             return Err(Error::new(
                 Code::Forbidden,
@@ -165,44 +210,7 @@ impl Workspace {
                 "digest": digest,
                 "approve": { "cli": format!("cloud-harness approve add {digest}"), "api": "POST /api/v1/approvals", "file": file, "approvedSkills": [digest] },
             })));
-        }
-        let ws = self.clone();
-        let copy = {
-            let ws = ws.clone();
-            blocking(move || ws.approved_copy(&digest)).await?
         };
-        let host_script = copy.join(&request.script);
-        let script_error = |code: Code, what: String| {
-            Error::new(code, format!("script: {what}")).with_details(json!({ "field": "script" }))
-        };
-        let resolved = std::fs::canonicalize(&host_script).map_err(|_| {
-            script_error(
-                Code::NotFound,
-                format!(
-                    "skill `{}` has no script {:?}",
-                    request.skill, request.script
-                ),
-            )
-        })?;
-        let root = std::fs::canonicalize(&copy).map_err(|e| Error::io(&copy, e))?;
-        if !resolved.starts_with(&root) {
-            return Err(script_error(
-                Code::Forbidden,
-                format!(
-                    "{:?} is a link that leaves the skill; only the approved skill's own files run",
-                    request.script
-                ),
-            ));
-        }
-        if !resolved.is_file() {
-            return Err(script_error(
-                Code::InvalidArgument,
-                format!("{:?} is not a file", request.script),
-            ));
-        }
-        let skill_dir = executor.paths().by_digest(&digest.hex());
-        let mut argv =
-            runner::command_for(&host_script, &format!("{skill_dir}/{}", request.script))?;
         argv.extend(request.args.iter().cloned());
         let limits = cloud_harness_control::limits::quotas().limits;
         let process = executor
