@@ -29,6 +29,7 @@ mod bwrap;
 pub mod cgroup;
 pub mod docker;
 mod egress;
+mod event;
 mod link;
 mod process;
 mod rlimits;

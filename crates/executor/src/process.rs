@@ -1,6 +1,7 @@
 //! A command started in an executor, as the runner sees it whatever the backend: its output as
 //! chunks, its exit, and a way to kill everything it started.
 
+pub use crate::event::{Event, Exit, Stream};
 use crate::run_stream::{Ender, RunInput, RunStream};
 use cloud_harness_error::{Code, Error, Result};
 use std::future::Future;
@@ -10,30 +11,7 @@ use std::process::Stdio;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stream {
-    Stdout,
-    Stderr,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Exit {
-    pub code: Option<i32>,
-    pub signal: Option<i32>,
-    /// The executor's agent went away before the command's exit was known.
-    pub lost: bool,
-}
-
 pub(crate) type Killer = Box<dyn Fn() + Send + Sync>;
-
-/// What happens to a started command: output chunks in order per stream, the output's end,
-/// the command's exit (these two in either order).
-#[derive(Debug, PartialEq, Eq)]
-pub enum Event {
-    Output(Stream, Vec<u8>),
-    Closed,
-    Exited(Exit),
-}
 
 pub struct Process {
     events: Events,

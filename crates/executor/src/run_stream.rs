@@ -3,7 +3,7 @@
 //! input. Ending it ends the run: the agent kills the run's group when this end is shut
 //! down or closed.
 
-use crate::process::{Event, Exit, Stream};
+use crate::event::{Event, Exit, Stream};
 use crate::wire::{self, Exited, Frame, Kind, Refused, Started};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
