@@ -187,6 +187,64 @@ fn commands_start_as_a_shell_starts_them_on_docker() {
     }
 }
 
+/// A run whose output nobody reads holds up no other run of its executor: each run has a
+/// socket of its own, so a second run starts, prints and ends while the first one's output
+/// fills every buffer between it and the harness.
+fn a_run_nobody_reads_holds_up_no_other(kind: Kind) {
+    use cloud_harness_executor::{runner, Command, Executor, Places};
+    use std::time::Duration;
+    let h = harness(kind);
+    let ws = h.open("unread")["workspace"].as_str().unwrap().to_owned();
+    let (dir, record) = cloud_harness_workspace::Record::find(&h.home(), &ws).unwrap();
+    let executor = Executor::attach(record.executor.unwrap(), Places::of(&dir), &ws);
+    let command = |argv: &[&str]| Command {
+        argv: argv.iter().map(|a| a.to_string()).collect(),
+        env: Vec::new(),
+        limits: None,
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let flood = executor.spawn(&command(&["yes"])).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let second = tokio::time::timeout(Duration::from_secs(20), async {
+            let ok = executor.spawn(&command(&["echo", "ok"])).await.unwrap();
+            runner::supervise(
+                ok,
+                vec!["echo".into()],
+                Duration::from_secs(20),
+                1 << 20,
+                tokio_util::sync::CancellationToken::new(),
+                |_, _| {},
+            )
+            .await
+        })
+        .await
+        .expect("the second run was held up by the first");
+        assert_eq!(
+            (second.exit_code, second.stdout.as_str()),
+            (Some(0), "ok\n")
+        );
+        drop(flood);
+    });
+    drop(executor);
+    h.workspaces.close(&ws).unwrap();
+    h.assert_nothing_left();
+}
+
+#[test]
+fn a_run_nobody_reads_holds_up_no_other_on_bwrap() {
+    if available(Kind::Bwrap) {
+        a_run_nobody_reads_holds_up_no_other(Kind::Bwrap);
+    }
+}
+
+#[test]
+fn a_run_nobody_reads_holds_up_no_other_on_docker() {
+    if available(Kind::Docker) {
+        a_run_nobody_reads_holds_up_no_other(Kind::Docker);
+    }
+}
+
 /// The host pid of the workspace's run agent.
 fn agent_pid(kind: Kind, open: &Value) -> i32 {
     if kind == Kind::Docker {

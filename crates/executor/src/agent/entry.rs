@@ -130,10 +130,12 @@ fn prepare(e: &Entry) -> Result<(), c_int> {
                 std::ptr::null::<libc::gid_t>(),
             ))?;
             check(libc::syscall(libc::SYS_setresgid, gid, gid, gid))?;
-            check(libc::syscall(libc::SYS_setresuid, uid, uid, uid))?;
-            // The change of user set the dumpable flag of the memory this child still shares
-            // with the agent to the system's `suid_dumpable`: not dumpable again, so no
-            // process of the run's user may trace this child before its exec.
+            // The saved uid stays root until the exec (which sets it to the effective one):
+            // no process of the run's user may trace or open the memory of this child, which
+            // is still the agent's, whatever the system's `suid_dumpable`.
+            check(libc::syscall(libc::SYS_setresuid, uid, uid, 0))?;
+            // The change of user set the memory's dumpable flag to `suid_dumpable`: not
+            // dumpable again (the agent sets it again too, once the child has exec'd).
             check(libc::syscall(
                 libc::SYS_prctl,
                 libc::PR_SET_DUMPABLE,

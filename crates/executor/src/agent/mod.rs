@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use std::io::IoSliceMut;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use sweep::sweep;
@@ -180,6 +180,8 @@ impl Running {
 struct Spawning {
     pid: AtomicI32,
     since: Instant,
+    /// Killed for taking too long: the run did not start.
+    killed: AtomicBool,
 }
 
 /// How long a start may take before its first process is killed: one stopped (SIGSTOP from
@@ -275,8 +277,11 @@ impl Agent {
     fn run(self: &Arc<Self>, mut socket: UnixStream) {
         // The harness sends the start right after the socket: one that does not is dropped.
         let _ = socket.set_read_timeout(Some(Duration::from_secs(30)));
-        let Ok(Some(frame)) = wire::read(&mut socket) else {
-            return;
+        let frame = match wire::read(&mut socket) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return,
+            // Too long, malformed, or not sent in time: said, if the harness still listens.
+            Err(e) => return refuse(&mut socket, 0, format!("the run's start: {e}")),
         };
         let run = frame.run;
         if frame.kind != Kind::Start {
@@ -312,11 +317,7 @@ impl Agent {
         // Started outside the table's lock (an exec under load can take milliseconds, and
         // the reaper must not wait on it); the reaper keeps a child it does not know yet
         // unreaped while a start is going, so the pid is the run's when it is entered.
-        let spawning = Arc::new(Spawning {
-            pid: AtomicI32::new(0),
-            since: Instant::now(),
-        });
-        {
+        let spawning = {
             let mut table = lock(&self.table);
             if table.by_pid.len() + table.spawning.len() >= MAX_RUNS {
                 drop(table);
@@ -326,8 +327,14 @@ impl Agent {
                     format!("{MAX_RUNS} runs are going in this executor already"),
                 );
             }
+            let spawning = Arc::new(Spawning {
+                pid: AtomicI32::new(0),
+                since: Instant::now(),
+                killed: AtomicBool::new(false),
+            });
             table.spawning.push(spawning.clone());
-        }
+            spawning
+        };
         self.children.notify_all();
         let spawned = spawn::spawn(&plan, &spawning.pid);
         let mut table = lock(&self.table);
@@ -335,6 +342,19 @@ impl Agent {
         // A child that did not exec is a zombie by now: the reaper looks either way.
         table.started += 1;
         let child = match spawned {
+            // Killed before its exec: a zombie the reaper takes as no run's.
+            Ok(_) if spawning.killed.load(Ordering::SeqCst) => {
+                drop(table);
+                self.children.notify_all();
+                return refuse(
+                    &mut socket,
+                    run,
+                    format!(
+                        "the run did not start within {} s (stopped or stuck before its exec)",
+                        START_LIMIT.as_secs()
+                    ),
+                );
+            }
             Ok(child) => child,
             Err(e) => {
                 drop(table);
@@ -384,6 +404,7 @@ impl Agent {
             for start in &table.spawning {
                 let pid = start.pid.load(Ordering::SeqCst);
                 if pid > 0 && start.since.elapsed() > START_LIMIT {
+                    start.killed.store(true, Ordering::SeqCst);
                     // SAFETY: a signal to a child of this process's, not yet reaped.
                     unsafe { libc::kill(pid, libc::SIGKILL) };
                 }

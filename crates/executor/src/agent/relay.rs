@@ -211,10 +211,8 @@ pub(super) fn relay(
             harness_sends = false;
             kill(&mut killed);
         }
-        // Closed both ways with nothing left to say, or broken: no one reads any more.
-        if from & (libc::POLLHUP | libc::POLLERR) != 0
-            && (to_harness.is_empty() || from & libc::POLLERR != 0)
-        {
+        // Closed both ways, or broken: nothing queued can reach anyone any more.
+        if from & (libc::POLLHUP | libc::POLLERR) != 0 {
             return;
         }
         if from & libc::POLLOUT != 0 {

@@ -31,9 +31,21 @@ pub(super) fn sweep(uid: u32) {
         }
     }
     if pid > 0 {
-        let mut status = 0;
-        // SAFETY: reaps the one child just made.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
+        // Stopped by a process it was to kill (it is their user), it would be waited for
+        // forever with the table held: killed instead.
+        loop {
+            let mut status = 0;
+            // SAFETY: waits for the one child just made, and signals only it.
+            unsafe {
+                if libc::waitpid(pid, &mut status, libc::WUNTRACED) < 0 {
+                    return;
+                }
+                if !libc::WIFSTOPPED(status) {
+                    return;
+                }
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
     }
 }
 
