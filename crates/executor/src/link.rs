@@ -1,6 +1,7 @@
 //! The harness's end of a run agent's control socket: each run is handed to the agent as a
 //! socket of its own ([`crate::wire`]), read by whoever waits on the run. A link whose agent
-//! is gone says so ([`Link::alive`]); the executor starts a new agent.
+//! is gone (its end of the control socket closed) says so ([`Link::alive`]); the executor
+//! starts a new agent.
 
 use crate::cgroup;
 use crate::process::Process;
@@ -10,10 +11,9 @@ use cloud_harness_error::{Code, Error, Result};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use std::io::IoSlice;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
 use tokio::io::AsyncWriteExt;
 
 /// How long a start may wait for the agent's answer (a frozen sandbox, say).
@@ -23,7 +23,6 @@ pub struct Link {
     /// The control socket: runs' sockets go to the agent over it.
     control: OwnedFd,
     next: AtomicU32,
-    alive: Arc<AtomicBool>,
     /// What keeps the agent (the bubblewrap process: killed with the link).
     _keep: Option<tokio::process::Child>,
     /// The sandbox's cgroup (bubblewrap), removed once the sandbox is gone.
@@ -74,31 +73,14 @@ impl Link {
         stream: std::os::unix::net::UnixStream,
         keep: Option<tokio::process::Child>,
     ) -> Result<Link> {
-        let _inside = runtime().enter();
-        let socket =
-            |e: std::io::Error| Error::internal(format!("the executor's agent socket: {e}"));
-        let control = OwnedFd::from(stream.try_clone().map_err(socket)?);
-        stream.set_nonblocking(true).map_err(socket)?;
-        let mut watched = tokio::net::UnixStream::from_std(stream).map_err(socket)?;
-        let alive = Arc::new(AtomicBool::new(true));
-        // The agent says nothing on it: its end is the agent's.
-        let watch = {
-            let alive = alive.clone();
-            tokio::spawn(async move {
-                let mut byte = [0u8; 1];
-                while let Ok(1..) = watched.read(&mut byte).await {}
-                alive.store(false, Ordering::SeqCst);
-            })
-        };
         Ok(Link {
-            control,
+            control: OwnedFd::from(stream),
             next: AtomicU32::new(1),
-            alive,
             _keep: keep,
             group: None,
             memory: None,
             bounded: false,
-            tasks: vec![watch],
+            tasks: Vec::new(),
         })
     }
 
@@ -129,8 +111,18 @@ impl Link {
         self
     }
 
+    /// Whether the agent still holds its end of the control socket (it never writes on it:
+    /// a hang-up is all there is to see).
     pub fn alive(&self) -> bool {
-        self.alive.load(Ordering::SeqCst)
+        let mut fd = nix::libc::pollfd {
+            fd: self.control.as_raw_fd(),
+            events: nix::libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: poll of one descriptor this link owns, without waiting.
+        let ready = unsafe { nix::libc::poll(&mut fd, 1, 0) };
+        ready == 0
+            || fd.revents & (nix::libc::POLLRDHUP | nix::libc::POLLHUP | nix::libc::POLLERR) == 0
     }
 
     /// Hands the agent its end of a new run's socket: one byte carrying the descriptor.
@@ -159,10 +151,7 @@ impl Link {
                     e @ (nix::errno::Errno::EPIPE
                     | nix::errno::Errno::ECONNRESET
                     | nix::errno::Errno::ENOTCONN),
-                ) => {
-                    self.alive.store(false, Ordering::SeqCst);
-                    return Err(lost(&format!("its connection closed: {e}")));
-                }
+                ) => return Err(lost(&format!("its connection closed: {e}"))),
                 // Too many descriptors in flight, no memory: this run, not the agent.
                 Err(e) => {
                     return Err(Error::new(
@@ -181,7 +170,7 @@ impl Link {
         let socket = |e: std::io::Error| Error::internal(format!("a run's socket: {e}"));
         let (mine, theirs) = std::os::unix::net::UnixStream::pair().map_err(socket)?;
         self.hand(&OwnedFd::from(theirs)).await?;
-        let ender = Ender(Arc::new(OwnedFd::from(mine.try_clone().map_err(socket)?)));
+        let ender = Ender(Arc::new(mine.try_clone().map_err(socket)?));
         mine.set_nonblocking(true).map_err(socket)?;
         let (read, mut write) = tokio::net::UnixStream::from_std(mine)
             .map_err(socket)?
@@ -203,14 +192,8 @@ impl Link {
                     format!("the executor refused the run: {message}"),
                 ))
             }
-            Ok(run_stream::Start::Ended) => {
-                // Dropped runs and a gone agent look alike here; the watch tells them apart
-                // soon after, and a send on the control socket at once.
-                if !self.answers() {
-                    self.alive.store(false, Ordering::SeqCst);
-                }
-                return Err(lost("its connection closed"));
-            }
+            // A gone agent, or a run it dropped: `alive` tells them apart.
+            Ok(run_stream::Start::Ended) => return Err(lost("its connection closed")),
             // Should the agent start it after all, it ends at once (the socket is closed).
             Err(_) => return Err(not_started()),
         }
@@ -225,19 +208,6 @@ impl Link {
             Process::of_run(stream, input, ender, self.memory.clone()),
             run,
         ))
-    }
-
-    /// Whether the agent still holds its end of the control socket.
-    fn answers(&self) -> bool {
-        let mut fd = nix::libc::pollfd {
-            fd: self.control.as_raw_fd(),
-            events: nix::libc::POLLRDHUP,
-            revents: 0,
-        };
-        // SAFETY: poll of one descriptor this link owns, without waiting.
-        let ready = unsafe { nix::libc::poll(&mut fd, 1, 0) };
-        ready == 0
-            || fd.revents & (nix::libc::POLLRDHUP | nix::libc::POLLHUP | nix::libc::POLLERR) == 0
     }
 }
 

@@ -156,7 +156,7 @@ fn start_error(program: &str, e: std::io::Error) -> Error {
 /// `program` as an absolute path, searched in `path` (a `PATH` value) when it has no slash.
 /// Spawning an absolute path lets the standard library use `posix_spawn` instead of forking
 /// a large server (which costs milliseconds per page-table copy).
-fn absolute(program: &str, path: &str) -> String {
+pub(crate) fn absolute(program: &str, path: &str) -> String {
     if program.contains('/') {
         return program.to_owned();
     }
@@ -173,7 +173,7 @@ fn absolute(program: &str, path: &str) -> String {
 }
 
 /// The `PATH` a command is looked up in: its own, else this process's.
-fn lookup_path(env: &[(String, String)]) -> String {
+pub(crate) fn lookup_path(env: &[(String, String)]) -> String {
     env.iter()
         .find(|(k, _)| k == "PATH")
         .map(|(_, v)| v.clone())
@@ -254,4 +254,20 @@ pub(crate) fn run_inherited(
     Ok(status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_program_is_looked_up_in_the_command_s_path() {
+        let env = vec![("PATH".to_owned(), "/nowhere:/bin".to_owned())];
+        assert_eq!(absolute("sh", &lookup_path(&env)), "/bin/sh");
+        assert_eq!(absolute("./x", &lookup_path(&env)), "./x");
+        assert_eq!(
+            absolute("no-such-program", &lookup_path(&env)),
+            "no-such-program"
+        );
+    }
 }

@@ -5,7 +5,6 @@
 
 use crate::event::{Event, Exit, Stream};
 use crate::wire::{self, Exited, Frame, Kind, Refused, Started};
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -158,22 +157,20 @@ impl Drop for RunInput {
     }
 }
 
-/// Ends the run when it is dropped or asked to: a shutdown of the run's socket, which the
-/// agent answers by killing the run's group (a descriptor of its own, so the run's input
-/// held elsewhere does not keep the run going).
+/// Ends the run when asked to: a shutdown of the run's socket, which the agent answers by
+/// killing the run's group (through a descriptor of its own, so the run's input held
+/// elsewhere does not keep the run going).
 #[derive(Clone)]
-pub struct Ender(pub(crate) Arc<OwnedFd>);
+pub struct Ender(pub(crate) Arc<std::os::unix::net::UnixStream>);
 
 impl Ender {
     /// No more from the harness: the agent kills the run, and still says how it ended.
     pub fn kill(&self) {
-        // SAFETY: shutdown of a socket this process owns.
-        unsafe { nix::libc::shutdown(self.0.as_raw_fd(), nix::libc::SHUT_WR) };
+        let _ = self.0.shutdown(std::net::Shutdown::Write);
     }
 
     /// The harness is gone from the run altogether.
     pub fn end(&self) {
-        // SAFETY: as above.
-        unsafe { nix::libc::shutdown(self.0.as_raw_fd(), nix::libc::SHUT_RDWR) };
+        let _ = self.0.shutdown(std::net::Shutdown::Both);
     }
 }

@@ -116,10 +116,7 @@ impl Frame {
     /// The frame as bytes on the wire.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEADER + self.payload.len());
-        out.extend_from_slice(&((1 + 4 + self.payload.len()) as u32).to_be_bytes());
-        out.push(self.kind as u8);
-        out.extend_from_slice(&self.run.to_be_bytes());
-        out.extend_from_slice(&self.payload);
+        append(&mut out, self.kind, self.run, &self.payload);
         out
     }
 
@@ -164,6 +161,15 @@ pub fn write(w: &mut impl Write, frame: &Frame) -> std::io::Result<()> {
     w.write_all(&frame.encode())
 }
 
+/// Appends a frame of `payload` to `out`, as [`Frame::encode`] would make it (without a
+/// copy of the payload of its own).
+pub fn append(out: &mut Vec<u8>, kind: Kind, run: u32, payload: &[u8]) {
+    out.extend_from_slice(&((1 + 4 + payload.len()) as u32).to_be_bytes());
+    out.push(kind as u8);
+    out.extend_from_slice(&run.to_be_bytes());
+    out.extend_from_slice(payload);
+}
+
 /// Bytes read from a stream, taken off as whole frames. What is taken is dropped from the
 /// front once per [`Frames::compact`], not per frame (many small frames cost no more than
 /// one large one).
@@ -193,11 +199,6 @@ impl Frames {
     pub fn compact(&mut self) {
         self.buf.drain(..self.taken);
         self.taken = 0;
-    }
-
-    /// Bytes read and not yet taken.
-    pub fn pending(&self) -> usize {
-        self.buf.len() - self.taken
     }
 }
 
@@ -277,6 +278,7 @@ mod tests {
             }
         }
         assert_eq!(taken, [Kind::Exit, Kind::End]);
-        assert_eq!(frames.pending(), 0);
+        frames.compact();
+        assert!(frames.buf.is_empty());
     }
 }

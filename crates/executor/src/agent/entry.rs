@@ -11,14 +11,14 @@ use crate::wire::Limits;
 use nix::libc::{self, c_char, c_int, c_long};
 use std::os::fd::RawFd;
 
-/// What the child reads (and, for `errno` and `sh_argv[1]`, writes) in its parent's memory.
-pub(super) struct Entry<'a> {
-    /// The programs to try, in order (null-terminated).
-    pub programs: &'a [*const c_char],
+/// What the child reads (and, for `errno`, writes) in its parent's memory.
+pub(super) struct Entry {
+    /// The program, looked up in the run's `PATH` already.
+    pub program: *const c_char,
     pub argv: *const *const c_char,
-    /// `/bin/sh`, a placeholder for the program, then the run's arguments: what runs a file
-    /// the kernel does not know how to run (no `#!`), as `execvp` does.
-    pub sh_argv: *mut *const c_char,
+    /// `/bin/sh`, the program, then the run's arguments: what runs a file the kernel does
+    /// not know how to run (no `#!`), as `execvp` does.
+    pub sh_argv: *const *const c_char,
     pub envp: *const *const c_char,
     pub cwd: *const c_char,
     /// Moved onto 0, 1 and 2.
@@ -61,6 +61,23 @@ struct CapData {
     effective: u32,
     permitted: u32,
     inheritable: u32,
+}
+
+/// Sets the calling thread's signal mask with the raw system call (glibc's wrappers keep
+/// their own two signals unblocked); the mask it had.
+pub(super) fn set_signal_mask(mask: u64) -> u64 {
+    let mut old = 0u64;
+    // SAFETY: the kernel's mask of this thread, from and into locals (8-byte sets).
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &mask as *const u64,
+            &mut old as *mut u64,
+            8,
+        )
+    };
+    old
 }
 
 fn errno() -> c_int {
@@ -179,15 +196,8 @@ fn prepare(e: &Entry) -> Result<(), c_int> {
             0,
             0,
         ))?;
-        let none: u64 = 0;
-        check(libc::syscall(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_SETMASK,
-            &none as *const u64,
-            std::ptr::null_mut::<u64>(),
-            8,
-        ))?;
     }
+    set_signal_mask(0);
     Ok(())
 }
 
@@ -206,37 +216,16 @@ fn set_limit(resource: c_int, current: u64, max: u64) -> Result<(), c_int> {
     .map(|_| ())
 }
 
-/// Tries each program as `execvp` would: past one that is not there, remembering one that
-/// may not be run; a file without `#!` is run by `/bin/sh`. Returns why none ran.
+/// Runs the program; a file without `#!` is run by `/bin/sh`, as `execvp` does. Returns why
+/// it did not run.
 fn exec(e: &Entry) -> c_int {
-    let mut denied = false;
-    let mut last = libc::ENOENT;
-    for &program in e.programs.iter().take_while(|p| !p.is_null()) {
-        // SAFETY: execve with null-terminated arrays the parent prepared; on success this
-        // never returns. Writing `sh_argv[1]`: the parent's array, reserved for it.
-        unsafe {
-            libc::syscall(libc::SYS_execve, program, e.argv, e.envp);
-            last = errno();
-            if last == libc::ENOEXEC {
-                *e.sh_argv.add(1) = program;
-                libc::syscall(
-                    libc::SYS_execve,
-                    c"/bin/sh".as_ptr(),
-                    e.sh_argv as *const *const c_char,
-                    e.envp,
-                );
-                return errno();
-            }
-        }
-        match last {
-            libc::ENOENT | libc::ENOTDIR => {}
-            libc::EACCES => denied = true,
-            _ => return last,
+    // SAFETY: execve with null-terminated arrays the parent prepared; on success it never
+    // returns.
+    unsafe {
+        libc::syscall(libc::SYS_execve, e.program, e.argv, e.envp);
+        if errno() == libc::ENOEXEC {
+            libc::syscall(libc::SYS_execve, c"/bin/sh".as_ptr(), e.sh_argv, e.envp);
         }
     }
-    if denied {
-        libc::EACCES
-    } else {
-        last
-    }
+    errno()
 }

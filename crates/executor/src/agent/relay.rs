@@ -53,14 +53,13 @@ pub(super) fn relay(
 ) {
     let Spawned {
         pid,
-        stdin,
+        mut stdin,
         mut stdout,
         mut stderr,
     } = child;
     for fd in [socket.as_raw_fd(), stdout.as_raw_fd(), stderr.as_raw_fd()] {
         nonblocking(fd);
     }
-    let mut stdin = stdin;
     if let Some(s) = &stdin {
         nonblocking(s.as_raw_fd());
     }
@@ -84,14 +83,7 @@ pub(super) fn relay(
     loop {
         if !out_open && !err_open && !end_said {
             end_said = true;
-            to_harness.extend(
-                Frame {
-                    kind: Kind::End,
-                    run,
-                    payload: Vec::new(),
-                }
-                .encode(),
-            );
+            wire::append(&mut to_harness, Kind::End, run, &[]);
         }
         if exited && !exit_said {
             if let Some(exit) = super::lock(&running.exited).take() {
@@ -111,21 +103,15 @@ pub(super) fn relay(
             watch(stderr.as_raw_fd(), libc::POLLIN, err_open && read_more),
             // Once the harness has ended its end, only what is left to say to it is watched
             // for (a shut end stays readable: watched, it would wake poll at every turn);
-            // POLLHUP, its close, is reported whatever is asked.
+            // POLLHUP, its close, is reported whatever is asked. Input is read while the run
+            // takes it (what is read and not yet a frame is under one frame's length).
             watch(
                 socket.as_raw_fd(),
-                (if harness_sends {
-                    libc::POLLRDHUP
-                        | if from_harness.pending() <= wire::MAX_PAYLOAD + 9
-                            && to_run.len() < IN_PENDING
-                        {
-                            libc::POLLIN
-                        } else {
-                            0
-                        }
-                } else {
-                    0
-                }) | if to_harness.is_empty() {
+                match (harness_sends, to_run.len() < IN_PENDING) {
+                    (true, true) => libc::POLLRDHUP | libc::POLLIN,
+                    (true, false) => libc::POLLRDHUP,
+                    (false, _) => 0,
+                } | if to_harness.is_empty() {
                     0
                 } else {
                     libc::POLLOUT
@@ -162,14 +148,7 @@ pub(super) fn relay(
             };
             match stream.read(&mut buf) {
                 Ok(0) => *open = false,
-                Ok(n) => to_harness.extend(
-                    Frame {
-                        kind,
-                        run,
-                        payload: buf[..n].to_vec(),
-                    }
-                    .encode(),
-                ),
+                Ok(n) => wire::append(&mut to_harness, kind, run, &buf[..n]),
                 Err(e) if would_block(&e) => {}
                 Err(_) => *open = false,
             }

@@ -48,22 +48,6 @@ pub(super) struct Plan<'a> {
     pub stdin: bool,
 }
 
-/// The programs to try in order: `program` itself when it names a path, else it in each
-/// folder of `PATH` (the run's own, as `execvp` would).
-fn candidates(program: &str, env: &[(String, String)]) -> Vec<String> {
-    if program.contains('/') {
-        return vec![program.to_owned()];
-    }
-    let path = env
-        .iter()
-        .find(|(k, _)| k == "PATH")
-        .map_or("/bin:/usr/bin", |(_, v)| v.as_str());
-    path.split(':')
-        .filter(|d| !d.is_empty())
-        .map(|d| format!("{}/{program}", d.trim_end_matches('/')))
-        .collect()
-}
-
 fn c_string(s: &str) -> std::io::Result<CString> {
     CString::new(s).map_err(|_| {
         std::io::Error::new(
@@ -142,39 +126,18 @@ impl Drop for Stack {
 }
 
 /// Blocks every signal of the calling thread while it lives, so that no handler of the
-/// agent's runs in the child before the child resets them. A raw `rt_sigprocmask`: glibc's
-/// wrappers leave its own two signals unblocked, whose handlers must not run there either.
+/// agent's runs in the child before the child resets them.
 struct Blocked(u64);
 
 impl Blocked {
     fn all() -> Blocked {
-        let (all, mut old) = (u64::MAX, 0u64);
-        // SAFETY: the kernel's mask of this thread, from and into locals (8-byte sets).
-        unsafe {
-            libc::syscall(
-                libc::SYS_rt_sigprocmask,
-                libc::SIG_SETMASK,
-                &all as *const u64,
-                &mut old as *mut u64,
-                8,
-            )
-        };
-        Blocked(old)
+        Blocked(entry::set_signal_mask(u64::MAX))
     }
 }
 
 impl Drop for Blocked {
     fn drop(&mut self) {
-        // SAFETY: restores the mask saved in `all`.
-        unsafe {
-            libc::syscall(
-                libc::SYS_rt_sigprocmask,
-                libc::SIG_SETMASK,
-                &self.0 as *const u64,
-                std::ptr::null_mut::<u64>(),
-                8,
-            )
-        };
+        entry::set_signal_mask(self.0);
     }
 }
 
@@ -193,10 +156,10 @@ pub(super) fn spawn(plan: &Plan, pid: &AtomicI32) -> std::io::Result<Spawned> {
         .argv
         .first()
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "an empty command"))?;
-    let programs = candidates(program, plan.env)
-        .iter()
-        .map(|p| c_string(p))
-        .collect::<std::io::Result<Vec<_>>>()?;
+    let program = c_string(&crate::process::absolute(
+        program,
+        &crate::process::lookup_path(plan.env),
+    ))?;
     let argv = plan
         .argv
         .iter()
@@ -208,10 +171,9 @@ pub(super) fn spawn(plan: &Plan, pid: &AtomicI32) -> std::io::Result<Spawned> {
         .map(|(k, v)| c_string(&format!("{k}={v}")))
         .collect::<std::io::Result<Vec<_>>>()?;
     let cwd = c_string(plan.cwd)?;
-    let (program_ptrs, argv_ptrs, envp_ptrs) =
-        (pointers(&programs), pointers(&argv), pointers(&envp));
-    // `/bin/sh`, the program (the child fills it in), the arguments.
-    let mut sh_argv: Vec<*const libc::c_char> = vec![c"/bin/sh".as_ptr(), std::ptr::null()];
+    let (argv_ptrs, envp_ptrs) = (pointers(&argv), pointers(&envp));
+    // `/bin/sh`, the program, the arguments.
+    let mut sh_argv: Vec<*const libc::c_char> = vec![c"/bin/sh".as_ptr(), program.as_ptr()];
     sh_argv.extend_from_slice(&argv_ptrs[1..]);
 
     let (stdin_read, stdin_write) = if plan.stdin {
@@ -225,9 +187,9 @@ pub(super) fn spawn(plan: &Plan, pid: &AtomicI32) -> std::io::Result<Spawned> {
     let (stderr_read, stderr_write) = pipe()?;
     let stack = Stack::new()?;
     let mut entry = Entry {
-        programs: &program_ptrs,
+        program: program.as_ptr(),
         argv: argv_ptrs.as_ptr(),
-        sh_argv: sh_argv.as_mut_ptr(),
+        sh_argv: sh_argv.as_ptr(),
         envp: envp_ptrs.as_ptr(),
         cwd: cwd.as_ptr(),
         fds: [
@@ -274,17 +236,4 @@ pub(super) fn spawn(plan: &Plan, pid: &AtomicI32) -> std::io::Result<Spawned> {
         stdout: File::from(stdout_read),
         stderr: File::from(stderr_read),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_bare_program_is_looked_up_in_the_run_s_path() {
-        let env = vec![("PATH".to_owned(), "/a:/b/:".to_owned())];
-        assert_eq!(candidates("sh", &env), ["/a/sh", "/b/sh"]);
-        assert_eq!(candidates("./x", &env), ["./x"]);
-        assert_eq!(candidates("sh", &[]), ["/bin/sh", "/usr/bin/sh"]);
-    }
 }
