@@ -121,6 +121,7 @@ fn main() {
         "trio",
         "",
         &trio,
+        Default::default(),
         "bench",
     )
     .unwrap();

@@ -20,6 +20,9 @@ pub struct LibraryArgs {
     /// Only skills with warnings.
     #[arg(long)]
     warnings: bool,
+    /// Only skills that break the Agent Skills specification.
+    #[arg(long)]
+    problems: bool,
     #[arg(long, default_value_t = 50)]
     limit: usize,
 }
@@ -48,6 +51,7 @@ pub fn run(store: &Store, args: LibraryArgs) -> Result<u8> {
         tier: args.tier,
         toolkit: args.toolkit,
         warnings: args.warnings,
+        problems: args.problems,
         offset: 0,
         limit: args.limit,
     };

@@ -1,6 +1,7 @@
 //! The `cloud-harness` command line.
 
 mod cas;
+mod check;
 mod control;
 mod exec;
 mod fetch_pack;
@@ -159,6 +160,8 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Audit { home, args } => return control::audit(&home, args),
         Command::Set { home, command } => return sets::run(&home, command),
         Command::Acquisitions { home, limit } => return control::acquisitions(&home, limit),
+        // A check needs no store but a scratch one of its own.
+        Command::Skills(skills::SkillsCommand::Check(args)) => return check::run(&args),
         Command::Config(ConfigCommand::Check { file }) => {
             print!(
                 "{}",

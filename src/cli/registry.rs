@@ -8,6 +8,7 @@ use cloud_harness_curation::registry::{self, NewEntry};
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_provision::Provisioner;
 use cloud_harness_skills::discovery::Layout;
+use cloud_harness_skills::spec::Validation;
 use cloud_harness_store::cas::Store;
 use serde_json::json;
 
@@ -38,7 +39,14 @@ pub enum RegistryCommand {
         scope: String,
         #[arg(long)]
         session_start_skill: Option<String>,
+        /// Skills that break the Agent Skills specification: `warn` (served, with their
+        /// problems) or `refuse` (not served).
+        #[arg(long, default_value = "warn")]
+        validation: Validation,
     },
+    /// Set what opens of ID do with skills that break the Agent Skills specification:
+    /// `warn` or `refuse` (audited).
+    Validation { id: String, validation: Validation },
     /// Move the pin of ID to COMMIT (acquired first; the old pin stays in the history).
     Pin {
         id: String,
@@ -78,6 +86,7 @@ pub fn run(store: &Store, home: &HomeArg, cmd: RegistryCommand) -> Result<u8> {
             not_recursive,
             scope,
             session_start_skill,
+            validation,
         } => {
             let defaults = Layout::default();
             let layout = Layout {
@@ -109,9 +118,16 @@ pub fn run(store: &Store, home: &HomeArg, cmd: RegistryCommand) -> Result<u8> {
                 default_scope,
                 session_start_skill,
                 commit,
+                validation,
             };
             print(json!(registry::add(&db, &provisioner()?, new, &actor())?));
         }
+        RegistryCommand::Validation { id, validation } => print(json!(registry::set_validation(
+            &db,
+            &id,
+            validation,
+            &actor()
+        )?)),
         RegistryCommand::Pin { id, commit, reason } => print(json!(registry::pin(
             &db,
             &provisioner()?,

@@ -5,6 +5,7 @@ use clap::Subcommand;
 use cloud_harness_control::hosts::HostPolicy;
 use cloud_harness_curation::sets;
 use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_skills::spec::Validation;
 use serde_json::{json, Value};
 
 #[derive(Debug, Subcommand)]
@@ -17,6 +18,10 @@ pub enum SetCommand {
         /// A member as JSON, as workspace_open takes a toolkit (repeatable; git members with `ref`).
         #[arg(long = "member", value_name = "JSON", required = true)]
         members: Vec<String>,
+        /// Skills that break the Agent Skills specification: `warn` (served, with their
+        /// problems) or `refuse` (not served).
+        #[arg(long, default_value = "warn")]
+        validation: Validation,
     },
     /// Every set at its latest revision.
     List,
@@ -36,6 +41,9 @@ pub enum SetCommand {
         /// The members of the new revision, replacing all of them (repeatable).
         #[arg(long = "member", value_name = "JSON")]
         members: Vec<String>,
+        /// `warn` or `refuse` (default: as the revision was).
+        #[arg(long)]
+        validation: Option<Validation>,
     },
     /// The revisions of the set ID, newest first, with what changed.
     Revisions { id: String },
@@ -64,6 +72,7 @@ pub fn run(home: &HomeArg, cmd: SetCommand) -> Result<u8> {
             id,
             description,
             members: m,
+            validation,
         } => {
             let made = sets::create(
                 &db,
@@ -71,6 +80,7 @@ pub fn run(home: &HomeArg, cmd: SetCommand) -> Result<u8> {
                 &id,
                 &description,
                 &members(&m)?,
+                validation,
                 &actor(),
             )?;
             print(json!(made));
@@ -82,6 +92,7 @@ pub fn run(home: &HomeArg, cmd: SetCommand) -> Result<u8> {
             revision,
             description,
             members: m,
+            validation,
         } => {
             let m = members(&m)?;
             let given = (!m.is_empty()).then_some(m.as_slice());
@@ -92,6 +103,7 @@ pub fn run(home: &HomeArg, cmd: SetCommand) -> Result<u8> {
                 revision,
                 description.as_deref(),
                 given,
+                validation,
                 &actor(),
             )?;
             print(json!(made));

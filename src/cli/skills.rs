@@ -12,6 +12,10 @@ pub enum SkillsCommand {
     /// Print the resolved view of the tiers: winners, shadowed copies, conflicts, skipped
     /// skills and warnings. Exits 1 when a same-tier conflict is unsettled.
     Resolve(ResolveArgs),
+    /// Check the skills of a folder against the Agent Skills specification, as the harness
+    /// checks every skill it serves. Exits 0 when all follow it, 1 when one does not, 2 when
+    /// the folder is missing.
+    Check(super::check::CheckArgs),
 }
 
 #[derive(Debug, Args)]
@@ -26,6 +30,7 @@ pub struct ResolveArgs {
 pub fn run(store: &Store, cmd: SkillsCommand) -> Result<u8> {
     match cmd {
         SkillsCommand::Resolve(args) => resolve_cmd(store, &args),
+        SkillsCommand::Check(args) => super::check::run(&args),
     }
 }
 

@@ -55,6 +55,7 @@ impl TierArgs {
                 ))
             })?;
             owner_bundles.push(OwnerBundle {
+                validation: Default::default(),
                 instance_id: record.instance_id,
                 bundle: *digest,
                 url: record.key.url,

@@ -99,6 +99,7 @@ impl AddArgs {
         let skills = (!self.include.is_empty() || !self.exclude.is_empty()).then(|| SkillFilter {
             include: self.include.clone(),
             exclude: self.exclude.clone(),
+            validation: None,
         });
         Ok(ToolkitSpec::Git(GitSpec {
             instance_id: self.instance_id.clone().unwrap_or_default(),

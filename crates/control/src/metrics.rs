@@ -119,7 +119,19 @@ impl Collector for Scraped {
             let labels: Labels = vec![("op", op.as_str().to_owned())];
             ConstCounter::new(STATS.ops(op)).encode(family.encode_family(&labels)?)?;
         }
+        let problems = ConstCounter::new(0u64);
+        let mut family = encoder.encode_descriptor(
+            "cloud_harness_skill_problems",
+            "Problems of the Agent Skills specification found in the skill folders parsed (each distinct folder once), by rule",
+            None,
+            problems.metric_type(),
+        )?;
+        for (rule, n) in SKILL_STATS.problems() {
+            let labels: Labels = vec![("rule", rule.as_str().to_owned())];
+            ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+        }
         let counters = [
+            ("cloud_harness_skills_refused", "Skills not served for breaking the Agent Skills specification (validation: refuse), counted at each resolution", &SKILL_STATS.skills_refused),
             ("cloud_harness_fuse_negative_lookups", "Lookups of names the mounts do not have (cached by the kernel as negative entries)", &STATS.negative_lookups),
             ("cloud_harness_fuse_read_bytes", "Bytes the mounts served to reads", &STATS.read_bytes),
             ("cloud_harness_skill_cache_hits", "Skill folders whose parse came from the skill cache", &SKILL_STATS.skill_cache_hits),

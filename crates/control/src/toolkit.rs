@@ -91,6 +91,10 @@ pub struct SkillFilter {
     pub include: Vec<String>,
     #[serde(default)]
     pub exclude: Vec<String>,
+    /// Skills that break the Agent Skills specification: served with their problems (`warn`,
+    /// the default) or not served (`refuse`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation: Option<cloud_harness_skills::spec::Validation>,
 }
 
 /// Which commit to take.
@@ -327,7 +331,10 @@ impl ToolkitSpec {
                     url: preset.url.clone(),
                     revision,
                     subdirectory: String::new(),
-                    layout: preset.layout.clone(),
+                    layout: Layout {
+                        validation: entry.validation,
+                        ..preset.layout.clone()
+                    },
                     plugin_manifest: false,
                     scope: p.scope.unwrap_or(preset.default_scope),
                     session_start_skill: preset.session_start_skill.clone(),
@@ -352,6 +359,7 @@ impl ToolkitSpec {
                     recursive: spec_layout.recursive.unwrap_or(defaults.recursive),
                     include: filter.include,
                     exclude: filter.exclude,
+                    validation: filter.validation.unwrap_or_default(),
                 };
                 layout.validate()?;
                 Ok(Toolkit {

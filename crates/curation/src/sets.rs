@@ -4,7 +4,7 @@
 //! names the revision it changes: a stale one is CONFLICT, so two operators never overwrite
 //! each other unknowingly.
 
-use crate::registry::Registry;
+use crate::registry::{validation_from, validation_str, Registry};
 use cloud_harness_control::audit;
 use cloud_harness_control::hosts::HostPolicy;
 use cloud_harness_control::params;
@@ -12,6 +12,7 @@ use cloud_harness_control::state::Optional;
 use cloud_harness_control::state::{self, Db};
 use cloud_harness_control::toolkit::{self, ToolkitSpec};
 use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_skills::spec::Validation;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -26,6 +27,9 @@ pub struct Revision {
     pub revision: i64,
     pub description: String,
     pub members: Vec<ToolkitSpec>,
+    /// What opens do with its members' skills that break the Agent Skills specification
+    /// (`refuse` wins over a member's own `warn`).
+    pub validation: Validation,
     pub actor: String,
     pub created_at: i64,
 }
@@ -127,6 +131,7 @@ fn row(r: &state::Row) -> state::DbResult<Revision> {
         revision: r.get("revision")?,
         description: r.get("description")?,
         members: serde_json::from_str(&members).unwrap_or_default(),
+        validation: validation_from(&r.get::<String>("validation")?),
         actor: r.get("actor")?,
         created_at: r.get("created_at")?,
     })
@@ -139,6 +144,7 @@ pub fn create(
     id: &str,
     description: &str,
     members: &[Value],
+    validation: Validation,
     actor: &str,
 ) -> Result<Revision> {
     check_id(id)?;
@@ -161,22 +167,24 @@ pub fn create(
                 state::internal(e)
             }
         })?;
-        insert(tx, id, 1, description, &members, actor, now)
+        insert(tx, id, 1, description, &members, validation, actor, now)
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn insert(
     tx: &state::Conn,
     id: &str,
     revision: i64,
     description: &str,
     members: &[ToolkitSpec],
+    validation: Validation,
     actor: &str,
     now: i64,
 ) -> Result<Revision> {
     tx.execute(
-        "INSERT INTO set_revisions (set_id, revision, description, members, actor, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
-        params![id, revision, description, serde_json::to_string(members).expect("specs serialize"), actor, now],
+        "INSERT INTO set_revisions (set_id, revision, description, members, validation, actor, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        params![id, revision, description, serde_json::to_string(members).expect("specs serialize"), validation_str(validation), actor, now],
     )
     .map_err(|e| {
         if state::is_constraint(&e) {
@@ -194,13 +202,14 @@ fn insert(
             "set.edit"
         },
         &format!("set:{id}"),
-        &json!({ "revision": revision }),
+        &json!({ "revision": revision, "validation": validation }),
     )?;
     Ok(Revision {
         id: id.to_owned(),
         revision,
         description: description.to_owned(),
         members: members.to_vec(),
+        validation,
         actor: actor.to_owned(),
         created_at: now,
     })
@@ -219,6 +228,7 @@ fn stale(id: &str, revision: i64) -> Error {
 
 /// A new revision of `id`, made from `revision` (which must be the latest); what is not given
 /// stays as it was.
+#[allow(clippy::too_many_arguments)]
 pub fn edit(
     db: &Db,
     hosts: &HostPolicy,
@@ -226,9 +236,11 @@ pub fn edit(
     revision: i64,
     description: Option<&str>,
     members: Option<&[Value]>,
+    validation: Option<Validation>,
     actor: &str,
 ) -> Result<Revision> {
     let current = get(db, id, None)?;
+    let validation = validation.unwrap_or(current.validation);
     if let Some(d) = description {
         check_description(d)?;
     }
@@ -255,6 +267,7 @@ pub fn edit(
             revision + 1,
             description,
             &members,
+            validation,
             actor,
             state::now_ms(),
         )
@@ -266,7 +279,7 @@ pub fn get(db: &Db, id: &str, revision: Option<i64>) -> Result<Revision> {
     check_id(id)?;
     db.with(|c| {
         c.prepare_cached(
-            "SELECT set_id, revision, description, members, actor, created_at FROM set_revisions
+            "SELECT set_id, revision, description, members, validation, actor, created_at FROM set_revisions
              WHERE set_id = $1 AND (CAST($2 AS BIGINT) IS NULL OR revision = $2) ORDER BY revision DESC LIMIT 1",
         )?
         .query_row(params![id, revision], row)
@@ -286,7 +299,7 @@ pub fn get(db: &Db, id: &str, revision: Option<i64>) -> Result<Revision> {
 pub fn list(db: &Db) -> Result<Vec<Revision>> {
     db.with(|c| {
         c.prepare_cached(
-            "SELECT r.set_id, r.revision, r.description, r.members, r.actor, r.created_at FROM set_revisions r
+            "SELECT r.set_id, r.revision, r.description, r.members, r.validation, r.actor, r.created_at FROM set_revisions r
              WHERE r.revision = (SELECT MAX(revision) FROM set_revisions WHERE set_id = r.set_id) ORDER BY r.set_id",
         )?
         .query_map(params![], row)?
@@ -308,7 +321,7 @@ pub fn every_revision(db: &Db, id: &str) -> Result<Vec<Revision>> {
     check_id(id)?;
     let all: Vec<Revision> = db.with(|c| {
         c.prepare_cached(
-            "SELECT set_id, revision, description, members, actor, created_at FROM set_revisions WHERE set_id = $1 ORDER BY revision",
+            "SELECT set_id, revision, description, members, validation, actor, created_at FROM set_revisions WHERE set_id = $1 ORDER BY revision",
         )?
         .query_map(params![id], row)?
         .collect()
@@ -358,16 +371,29 @@ pub struct Expanded {
     pub specs: Vec<ToolkitSpec>,
     /// For each of `specs`, the set and revision it came from.
     pub origins: Vec<Option<Value>>,
+    /// For each of `specs`, the validation its set asks for (`warn` outside a set).
+    pub validation: Vec<Validation>,
     /// How the request names each toolkit it gave, for its digest: a set as asked (its id and
     /// the revision asked for, if any), so that the same request after an edit of the set
     /// replays the workspace it opened; any other toolkit by its index in `specs`.
     pub asked: Vec<Result<usize, Value>>,
 }
 
+impl Expanded {
+    /// Resolved toolkits with their sets' validation applied: the stricter of a member's own
+    /// and its set's.
+    pub fn apply_validation(&self, toolkits: &mut [toolkit::Toolkit]) {
+        for (t, v) in toolkits.iter_mut().zip(&self.validation) {
+            t.layout.validation = t.layout.validation.stricter(*v);
+        }
+    }
+}
+
 pub fn expand(db: &Db, specs: &[ToolkitSpec]) -> Result<Expanded> {
     let mut out = Expanded {
         specs: Vec::new(),
         origins: Vec::new(),
+        validation: Vec::new(),
         asked: Vec::new(),
     };
     for (i, spec) in specs.iter().enumerate() {
@@ -383,6 +409,7 @@ pub fn expand(db: &Db, specs: &[ToolkitSpec]) -> Result<Expanded> {
                     .push(Err(json!({ "set": s.id, "revision": s.revision })));
                 for m in set.members {
                     out.specs.push(m);
+                    out.validation.push(set.validation);
                     out.origins
                         .push(Some(json!({ "id": set.id, "revision": set.revision })));
                 }
@@ -391,6 +418,7 @@ pub fn expand(db: &Db, specs: &[ToolkitSpec]) -> Result<Expanded> {
                 out.asked.push(Ok(out.specs.len()));
                 out.specs.push(other.clone());
                 out.origins.push(None);
+                out.validation.push(Validation::Warn);
             }
         }
     }

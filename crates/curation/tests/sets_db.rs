@@ -8,6 +8,7 @@ use cloud_harness_control::state::Db;
 use cloud_harness_control::toolkit::{self, ToolkitSpec};
 use cloud_harness_curation::sets;
 use cloud_harness_error::Code;
+use cloud_harness_skills::spec::Validation;
 use serde_json::{json, Value};
 
 const HOST: &str = "git.example.test";
@@ -36,11 +37,22 @@ fn a_set_is_made_and_edited_by_revision_and_a_stale_edit_is_refused() {
         "backend",
         "What the backend team uses.",
         &[member("kit-a"), member("kit-b")],
+        Validation::Warn,
         "alice",
     )
     .unwrap();
     assert_eq!((made.revision, made.members.len()), (1, 2));
-    let again = sets::create(&db, &hosts, "backend", "", &[member("kit-a")], "bob").unwrap_err();
+    assert_eq!(made.validation, Validation::Warn);
+    let again = sets::create(
+        &db,
+        &hosts,
+        "backend",
+        "",
+        &[member("kit-a")],
+        Default::default(),
+        "bob",
+    )
+    .unwrap_err();
     assert_eq!(again.code, Code::Conflict, "{again}");
 
     let edited = sets::edit(
@@ -50,12 +62,23 @@ fn a_set_is_made_and_edited_by_revision_and_a_stale_edit_is_refused() {
         1,
         None,
         Some(&[member("kit-a")]),
+        Some(Validation::Refuse),
         "bob",
     )
     .unwrap();
     assert_eq!((edited.revision, edited.members.len()), (2, 1));
+    // What an edit does not give stays: the policy, read back from the database.
+    assert_eq!(
+        sets::get(&db, "backend", None).unwrap().validation,
+        Validation::Refuse
+    );
+    assert_eq!(
+        sets::get(&db, "backend", Some(1)).unwrap().validation,
+        Validation::Warn
+    );
     assert_eq!(edited.description, "What the backend team uses.");
-    let stale = sets::edit(&db, &hosts, "backend", 1, Some("late"), None, "carol").unwrap_err();
+    let stale =
+        sets::edit(&db, &hosts, "backend", 1, Some("late"), None, None, "carol").unwrap_err();
     assert_eq!(stale.code, Code::Conflict, "{stale}");
 
     // Every revision stays readable; the latest is the default.
@@ -98,7 +121,8 @@ fn bad_input_is_refused_by_field_and_stores_nothing() {
         ("x", vec![elsewhere], "members[0].url", Code::Forbidden),
     ];
     for (id, members, field, code) in cases {
-        let e = sets::create(&db, &hosts, id, "", &members, "alice").unwrap_err();
+        let e =
+            sets::create(&db, &hosts, id, "", &members, Default::default(), "alice").unwrap_err();
         assert_eq!(e.code, code, "{id} {members:?}: {e}");
         assert_eq!(e.details["field"], field, "{id} {members:?}: {e}");
     }
@@ -117,6 +141,7 @@ fn a_set_in_a_request_expands_into_its_members_in_place() {
         "team",
         "",
         &[member("kit-a"), member("kit-b")],
+        Validation::Refuse,
         "alice",
     )
     .unwrap();
@@ -139,4 +164,9 @@ fn a_set_in_a_request_expands_into_its_members_in_place() {
         Some(json!({"id": "team", "revision": 1}))
     );
     assert!(expanded.origins[2].is_none());
+    // The set's policy goes with its members alone.
+    assert_eq!(
+        expanded.validation,
+        [Validation::Refuse, Validation::Refuse, Validation::Warn]
+    );
 }

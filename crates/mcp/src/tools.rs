@@ -132,7 +132,8 @@ fn build_tools() -> Vec<Tool> {
                 "type": "object",
                 "properties": {
                     "include": patterns,
-                    "exclude": patterns
+                    "exclude": patterns,
+                    "validation": { "type": "string", "enum": ["warn", "refuse"], "description": "skills that break the Agent Skills specification: served with their problems (warn, the default) or not served (refuse)" }
                 }
             }
         },
@@ -166,7 +167,7 @@ fn build_tools() -> Vec<Tool> {
         ),
         Tool::new(
             "skills_list",
-            "List the skills of a workspace (or of one tier) with their tier, toolkit and digest, and the copies they shadow; the first page also lists the skills left out (skipped), each with its reason.",
+            "List the skills of a workspace (or of one tier) with their tier, toolkit and digest, the rules of the Agent Skills specification each breaks (problems), and the copies they shadow; the first page also lists the skills left out (skipped), each with its reason.",
             schema(json!({
                 "type": "object",
                 "properties": {
@@ -182,7 +183,7 @@ fn build_tools() -> Vec<Tool> {
         ),
         Tool::new(
             "skills_read",
-            "Read a file of a skill (default SKILL.md), as agents see it on the skills mount. Large files come in pages: pass nextOffset back as offset.",
+            "Read a file of a skill (default SKILL.md), as agents see it on the skills mount; with SKILL.md, what the skill breaks of the Agent Skills specification (problems). Large files come in pages: pass nextOffset back as offset.",
             schema(json!({
                 "type": "object",
                 "properties": {

@@ -7,6 +7,7 @@ use cloud_harness_control::home::write_atomic;
 use cloud_harness_control::toolkit::{Revision, Toolkit};
 use cloud_harness_error::{Error, Result};
 use cloud_harness_skills::discovery::{Layout, Skipped};
+use cloud_harness_skills::spec::Validation;
 use cloud_harness_store::cas::{Digest, Kind, ObjectKind, Store};
 use serde::{Deserialize, Serialize};
 use std::fs;
@@ -30,7 +31,12 @@ impl BundleKey {
             url: toolkit.url.clone(),
             commit: commit.to_owned(),
             subdirectory: toolkit.subdirectory.clone(),
-            layout: toolkit.layout.clone(),
+            // What is served of a bundle (`validation`) is decided when it is served: the
+            // same bundle serves every policy.
+            layout: Layout {
+                validation: Validation::Warn,
+                ..toolkit.layout.clone()
+            },
             plugin_manifest: toolkit.plugin_manifest,
             normalizer: NORMALIZER_VERSION,
         }

@@ -35,7 +35,9 @@ use serde::Serialize;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime};
 
-/// An acquired toolkit's bundle as a source of `tier`, named `<tier>:<instanceId>`.
+/// An acquired toolkit's bundle as a source of `tier`, named `<tier>:<instanceId>`, its
+/// skills that break the Agent Skills specification served or not by `validation`.
+#[allow(clippy::too_many_arguments)]
 pub fn bundle_source(
     store: &Store,
     cache: &cloud_harness_skills::discovery::SkillCache,
@@ -44,6 +46,7 @@ pub fn bundle_source(
     url: &str,
     commit: &str,
     bundle: cloud_harness_store::cas::Digest,
+    validation: cloud_harness_skills::spec::Validation,
 ) -> Result<cloud_harness_skills::resolver::Source> {
     use cloud_harness_skills::resolver::Provenance;
     cloud_harness_skills::stack::tree_source(
@@ -58,7 +61,10 @@ pub fn bundle_source(
             path: None,
         },
         bundle,
-        &cloud_harness_skills::discovery::Layout::folder(),
+        &cloud_harness_skills::discovery::Layout {
+            validation,
+            ..cloud_harness_skills::discovery::Layout::folder()
+        },
     )
 }
 

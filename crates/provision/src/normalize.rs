@@ -4,6 +4,7 @@
 use cloud_harness_control::toolkit::{Toolkit, MAX_PATH, MAX_ROOTS};
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_skills::discovery::{discover, Layout, SkillCache, Skipped};
+use cloud_harness_skills::spec::Validation;
 use cloud_harness_store::cas::{Digest, Entry, Kind, Store, Tree, WalkBudget};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -213,7 +214,12 @@ pub(crate) fn normalize(
     mut warnings: Vec<String>,
 ) -> Result<Bundle> {
     let root = store.tree(&staged)?;
-    let mut layout = toolkit.layout.clone();
+    // Every skill goes into the bundle; a policy that refuses some is applied when it is
+    // served (`bundle_source`).
+    let mut layout = Layout {
+        validation: Validation::Warn,
+        ..toolkit.layout.clone()
+    };
     let manifest = plugin_layout(store, &root, &layout, &mut warnings)?;
     let mut unused_manifest = None;
     match manifest {

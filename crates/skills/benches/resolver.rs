@@ -27,6 +27,7 @@ fn source(id: &str, tier: Tier, names: impl Iterator<Item = String>) -> Source {
                         ..SkillMeta::default()
                     },
                     warnings: Vec::new(),
+                    problems: Vec::new(),
                     links,
                 }),
                 name: SkillName::new(&name).unwrap(),

@@ -7,6 +7,7 @@
 
 use crate::relpath;
 use crate::skill::{self, SkillMeta};
+use crate::spec::{self, Problem, Validation};
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_store::cas::{Digest, Kind, Store, Tree, WalkBudget};
 use serde::{Deserialize, Serialize};
@@ -25,6 +26,10 @@ pub struct Layout {
     pub recursive: bool,
     pub include: Vec<String>,
     pub exclude: Vec<String>,
+    /// What happens to skills that break the Agent Skills specification: served with their
+    /// problems (`warn`), or skipped as SPEC_VIOLATION (`refuse`).
+    #[serde(skip_serializing_if = "Validation::is_warn")]
+    pub validation: Validation,
 }
 
 impl Default for Layout {
@@ -34,6 +39,7 @@ impl Default for Layout {
             recursive: true,
             include: Vec::new(),
             exclude: Vec::new(),
+            validation: Validation::Warn,
         }
     }
 }
@@ -89,6 +95,9 @@ pub struct SkillInfo {
     pub digest: Digest,
     pub meta: SkillMeta,
     pub warnings: Vec<String>,
+    /// What the skill breaks of the Agent Skills specification ([`crate::spec`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<Problem>,
     /// Names `X` this skill's files point at as `../X/…`: links to sibling skills.
     #[serde(skip_serializing_if = "BTreeSet::is_empty")]
     pub links: BTreeSet<String>,
@@ -148,11 +157,12 @@ pub struct Discovery {
 /// A parsed skill folder, or why it was skipped.
 type SkillRead = std::result::Result<Arc<SkillInfo>, Error>;
 
-/// Parsed skill folders by digest, shared between discoveries (a live tier that changes one
-/// skill re-reads only that skill). Bounded: the least recently used go first.
+/// Parsed skill folders by digest and folder name (a skill's problems depend on its name),
+/// shared between discoveries (a live tier that changes one skill re-reads only that skill).
+/// Bounded: the least recently used go first.
 #[derive(Debug)]
 pub struct SkillCache {
-    parsed: Mutex<lru::LruCache<Digest, SkillRead>>,
+    parsed: Mutex<lru::LruCache<(Digest, Option<String>), SkillRead>>,
 }
 
 /// Enough for the largest stacks measured (10,000 skills) several times over.
@@ -286,9 +296,38 @@ pub fn discover(
         });
     }
     out.skills = kept;
+    if layout.validation == Validation::Refuse {
+        let (kept, refused): (Vec<Found>, Vec<Found>) = out
+            .skills
+            .into_iter()
+            .partition(|s| s.info.problems.is_empty());
+        out.skills = kept;
+        out.skipped
+            .extend(refused.into_iter().map(|s| spec_violation(&s)));
+    }
     out.skills
         .sort_by(|a, b| (&a.name, &a.path).cmp(&(&b.name, &b.path)));
     Ok(out)
+}
+
+/// A skill refused for its problems (a toolkit with `validation: refuse`).
+fn spec_violation(found: &Found) -> Skipped {
+    let rules: BTreeSet<&str> = found
+        .info
+        .problems
+        .iter()
+        .map(|p| p.rule.as_str())
+        .collect();
+    crate::stats::Stats::add(&crate::stats::STATS.skills_refused, 1);
+    Skipped {
+        path: found.path.clone(),
+        code: "SPEC_VIOLATION".into(),
+        reason: format!(
+            "breaks the Agent Skills specification ({}) and its toolkit refuses such skills",
+            rules.into_iter().collect::<Vec<_>>().join(", ")
+        ),
+        details: serde_json::json!({ "problems": found.info.problems }),
+    }
 }
 
 struct Walk<'a> {
@@ -334,13 +373,14 @@ impl Walk<'_> {
         if !self.seen.insert(path.to_owned()) {
             return Ok(());
         }
+        let key = (digest, folder_name.clone());
         let parsed = {
             let cached = self
                 .cache
                 .parsed
                 .lock()
                 .expect("skill cache lock")
-                .get(&digest)
+                .get(&key)
                 .cloned();
             let stats = &crate::stats::STATS;
             match cached {
@@ -351,11 +391,14 @@ impl Walk<'_> {
                 None => {
                     crate::stats::Stats::add(&stats.skill_cache_misses, 1);
                     let p = read_skill(self.store, folder_name.as_deref(), &digest);
+                    if let Ok(info) = &p {
+                        crate::stats::count_problems(&info.problems);
+                    }
                     self.cache
                         .parsed
                         .lock()
                         .expect("skill cache lock")
-                        .put(digest, p.clone());
+                        .put(key, p.clone());
                     p
                 }
             }
@@ -390,7 +433,7 @@ impl Walk<'_> {
 /// Reads and parses one skill folder. An error here skips the skill with its reason; only
 /// store failures (a missing or corrupt object) are hard errors, and those are reported as a
 /// skip too so one bad folder never hides the rest.
-fn read_skill(store: &Store, folder_name: Option<&str>, digest: &Digest) -> SkillRead {
+pub fn read_skill(store: &Store, folder_name: Option<&str>, digest: &Digest) -> SkillRead {
     // Every walk of the skill's folders below (its links, gathered and checked) counts
     // against one budget.
     let mut budget = WalkBudget::default();
@@ -418,16 +461,64 @@ fn read_skill(store: &Store, folder_name: Option<&str>, digest: &Digest) -> Skil
         .or_else(|| parsed.meta.declared_name.clone())
         .unwrap_or_default();
     let (digest, dropped) = crate::links::contain(store, digest, &served_as, &mut budget)?;
-    let mut warnings = parsed.warnings;
-    warnings.extend(dropped.iter().map(|path| {
-        format!("the link {path} leads outside the skills it is served with; it is not served")
-    }));
+    let warnings = dropped
+        .iter()
+        .map(|path| {
+            format!("the link {path} leads outside the skills it is served with; it is not served")
+        })
+        .collect();
+    let mut problems = parsed.problems;
+    for reference in &parsed.references {
+        if !has_path(store, &tree, reference, &mut budget)? {
+            problems.push(Problem {
+                rule: spec::Rule::ReferenceMissing,
+                message: format!(
+                    "SKILL.md links to `{}`, which is not in the skill",
+                    reference.chars().take(200).collect::<String>()
+                ),
+            });
+        }
+    }
     Ok(Arc::new(SkillInfo {
         digest,
         meta: parsed.meta,
         warnings,
+        problems,
         links,
     }))
+}
+
+/// Whether the skill folder `tree` holds `path` (`/`-separated; `..` steps that stay inside
+/// the folder are followed, a link is taken as present).
+fn has_path(store: &Store, tree: &Tree, path: &str, budget: &mut WalkBudget) -> Result<bool> {
+    let mut stack: Vec<Tree> = vec![tree.clone()];
+    let segments: Vec<&str> = path
+        .split('/')
+        .filter(|s| !s.is_empty() && *s != ".")
+        .collect();
+    for (i, seg) in segments.iter().enumerate() {
+        if *seg == ".." {
+            if stack.len() == 1 {
+                // Out of the skill: a sibling skill's file, checked by the link rules.
+                return Ok(true);
+            }
+            stack.pop();
+            continue;
+        }
+        let here = stack.last().expect("the skill's folder stays");
+        let Some(entry) = here.get(seg) else {
+            return Ok(false);
+        };
+        match entry.kind {
+            Kind::Tree if i + 1 < segments.len() => {
+                let next = budget.tree(store, &entry.digest)?;
+                stack.push(next);
+            }
+            Kind::Tree | Kind::Symlink => return Ok(true),
+            _ => return Ok(i + 1 == segments.len()),
+        }
+    }
+    Ok(true)
 }
 
 /// Gathers the `X` of every `../X/` in the skill's text files and symlink targets. What a

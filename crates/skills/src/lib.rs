@@ -14,5 +14,6 @@ pub mod namespace;
 pub mod relpath;
 pub mod resolver;
 pub mod skill;
+pub mod spec;
 pub mod stack;
 pub mod stats;

@@ -1,14 +1,15 @@
 //! The skill model: what a `SKILL.md` says about its skill, parsed as agents parse it.
 //!
-//! Lenient where agents are lenient: unknown front-matter fields, a name that differs from its
-//! folder or breaks the Agent Skills naming rules, and an over-long description are warnings
-//! kept with the skill. A skill is skipped, with the reason, only when its `SKILL.md` has no
+//! Lenient where agents are lenient: what breaks the Agent Skills specification (unknown
+//! front-matter fields, a name that differs from its folder or breaks the naming rules, an
+//! over-long description, …) is a [`crate::spec::Problem`] kept with the skill. A skill is skipped, with the reason, only when its `SKILL.md` has no
 //! front matter, broken YAML, front matter that is not a mapping, no description, is not UTF-8
 //! text, or is too large to be a skill: the file, or its front matter past a bound of
 //! [`crate::front_matter`] (size, nesting, values and text with aliases expanded, keys, string
 //! length).
 
 use crate::front_matter;
+use crate::spec::{self, Problem};
 use cloud_harness_error::{Error, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -17,26 +18,7 @@ use std::collections::BTreeMap;
 pub const MAX_SKILL_MD: usize = 1 << 20;
 /// The file that makes a folder a skill.
 pub const SKILL_MD: &str = "SKILL.md";
-const MAX_DESCRIPTION: usize = 1024;
 const MAX_NAME: usize = 64;
-
-/// Fields of the Agent Skills specification and the agent extensions seen in real toolkits.
-const KNOWN_FIELDS: &[&str] = &[
-    "name",
-    "description",
-    "license",
-    "compatibility",
-    "metadata",
-    "allowed-tools",
-    "disable-model-invocation",
-    "user-invocable",
-    "argument-hint",
-    "model",
-    "context",
-    "agent",
-    "hooks",
-    "version",
-];
 
 /// What the front matter of a `SKILL.md` declares.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -62,7 +44,12 @@ pub struct SkillMeta {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ParsedSkill {
     pub meta: SkillMeta,
-    pub warnings: Vec<String>,
+    /// What the skill breaks of the Agent Skills specification (its front matter's rules;
+    /// the files it links to are checked where its folder is known).
+    pub problems: Vec<Problem>,
+    /// The relative files its body links to ([`spec::references`]).
+    #[serde(skip)]
+    pub references: Vec<String>,
 }
 
 /// A skill's identity, checked once where skills are found (discovery) and used as it is
@@ -201,7 +188,8 @@ pub fn too_large(size: u64) -> Error {
     }))
 }
 
-/// Parses the `SKILL.md` of the folder `folder_name`. An error is the reason to skip the skill;
+/// Parses the `SKILL.md` of the folder `folder_name` (empty for a skill at a toolkit's top,
+/// named by its front matter). An error is the reason to skip the skill;
 /// its details name the file (and the bound, for one).
 pub fn parse(folder_name: &str, bytes: &[u8]) -> Result<ParsedSkill> {
     parse_file(folder_name, bytes).map_err(|mut e| {
@@ -224,26 +212,23 @@ fn parse_file(folder_name: &str, bytes: &[u8]) -> Result<ParsedSkill> {
     if text.contains('\0') {
         return Err(Error::invalid("SKILL.md is binary (it holds NUL bytes)"));
     }
-    let (front, _body) = split_front_matter(text)?;
+    let (front, body) = split_front_matter(text)?;
     let yaml_serde::Value::Mapping(map) = front_matter::parse(front)? else {
         return Err(Error::invalid(
             "SKILL.md front matter is not a mapping of fields",
         ));
     };
 
-    let mut warnings = Vec::new();
+    let folder = (!folder_name.is_empty()).then_some(folder_name);
+    let problems = spec::check(folder, &map);
     let mut meta = SkillMeta::default();
     let mut description = None;
     for (key, value) in &map {
         let Some(key) = key.as_str() else {
-            warnings.push(format!("front-matter key {key:?} is not a string; ignored"));
             continue;
         };
         match key {
-            "name" => match scalar_text(value) {
-                Some(name) => meta.declared_name = Some(name),
-                None => warnings.push("front-matter `name` is not a string; ignored".into()),
-            },
+            "name" => meta.declared_name = scalar_text(value),
             "description" => description = scalar_text(value),
             "license" => meta.license = scalar_text(value),
             "compatibility" => meta.compatibility = scalar_text(value),
@@ -264,9 +249,6 @@ fn parse_file(folder_name: &str, bytes: &[u8]) -> Result<ParsedSkill> {
                     || scalar_text(value).as_deref() == Some("true")
             }
             _ => {
-                if !KNOWN_FIELDS.contains(&key) {
-                    warnings.push(format!("unknown front-matter field `{key}` (kept)"));
-                }
                 let json = serde_json::to_value(value).unwrap_or(serde_json::Value::Null);
                 meta.extra.insert(key.to_owned(), json);
             }
@@ -277,26 +259,11 @@ fn parse_file(folder_name: &str, bytes: &[u8]) -> Result<ParsedSkill> {
         Some(d) if !d.is_empty() => d,
         _ => return Err(Error::invalid("SKILL.md front matter has no description")),
     };
-    if meta.description.chars().count() > MAX_DESCRIPTION {
-        warnings.push(format!(
-            "description is longer than {MAX_DESCRIPTION} characters"
-        ));
-    }
-    match &meta.declared_name {
-        None => warnings.push(format!(
-            "front matter has no `name`; the folder name `{folder_name}` is used"
-        )),
-        Some(name) if name != folder_name => warnings.push(format!(
-            "front-matter name `{name}` differs from its folder `{folder_name}`; the folder name is used"
-        )),
-        Some(_) => {}
-    }
-    if !is_spec_name(folder_name) {
-        warnings.push(format!(
-            "name `{folder_name}` does not follow the Agent Skills rule (1-64 lowercase letters, digits and single hyphens)"
-        ));
-    }
-    Ok(ParsedSkill { meta, warnings })
+    Ok(ParsedSkill {
+        meta,
+        problems,
+        references: spec::references(body),
+    })
 }
 
 #[cfg(test)]
@@ -305,27 +272,33 @@ mod tests {
     use cloud_harness_error::Code;
 
     #[test]
-    fn parses_a_spec_skill_without_warnings() {
+    fn parses_a_spec_skill_without_problems() {
         let md = "---\nname: tdd\ndescription: Test-driven development.\nlicense: MIT\nallowed-tools: Bash Read\n---\n# TDD\n";
         let parsed = parse("tdd", md.as_bytes()).unwrap();
         assert_eq!(parsed.meta.description, "Test-driven development.");
         assert_eq!(parsed.meta.license.as_deref(), Some("MIT"));
         assert_eq!(parsed.meta.allowed_tools.as_deref(), Some("Bash Read"));
-        assert!(parsed.warnings.is_empty(), "{:?}", parsed.warnings);
+        assert!(parsed.problems.is_empty(), "{:?}", parsed.problems);
     }
 
     #[test]
-    fn unknown_fields_and_name_mismatch_are_warnings() {
+    fn unknown_fields_and_name_mismatch_are_problems_of_a_served_skill() {
         let md = "---\r\nname: Other\r\ndescription: \"x\"\r\nfavourite-colour: blue\r\ndisable-model-invocation: true\r\n---\r\nbody";
         let parsed = parse("tdd", md.as_bytes()).unwrap();
         assert!(parsed.meta.user_only);
         assert_eq!(parsed.meta.extra["favourite-colour"], "blue");
-        let all = parsed.warnings.join("\n");
-        assert!(
-            all.contains("unknown front-matter field `favourite-colour`"),
-            "{all}"
+        let rules: Vec<_> = parsed.problems.iter().map(|p| p.rule).collect();
+        use crate::spec::Rule;
+        assert_eq!(
+            rules,
+            [
+                Rule::NameForm,
+                Rule::NameFolder,
+                Rule::FieldUnknown,
+                Rule::FieldClient
+            ]
         );
-        assert!(all.contains("differs from its folder"), "{all}");
+        assert!(parsed.problems[2].message.contains("`favourite-colour`"));
     }
 
     #[test]

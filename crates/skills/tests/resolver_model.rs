@@ -84,6 +84,7 @@ fn build(specs: &[SourceSpec]) -> Vec<Source> {
                                 ..SkillMeta::default()
                             },
                             warnings: Vec::new(),
+                            problems: Vec::new(),
                             links: BTreeSet::new(),
                         }),
                     })
@@ -229,6 +230,7 @@ fn shadowing_a_sibling_is_a_warning_naming_the_link() {
                 ..SkillMeta::default()
             },
             warnings: vec![],
+            problems: Vec::new(),
             links: links.iter().map(|s| s.to_string()).collect(),
         }),
     };

@@ -17,6 +17,14 @@ pub struct SkillFile {
     pub size: u64,
 }
 
+/// One child of a skill's folder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FolderEntry {
+    pub name: String,
+    /// A file's size; `None` for a folder.
+    pub size: Option<u64>,
+}
+
 impl Workspace {
     /// The served skills, in name order.
     pub fn served_names(&self) -> Vec<String> {
@@ -58,6 +66,49 @@ impl Workspace {
         }
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
+    }
+
+    /// The direct children of the folder `path` (`/`-separated, empty for the skill's own
+    /// folder) of the served skill `name`, in name order: `None` when there is no such folder.
+    /// A link is listed as the file it leads to inside the mount, or left out.
+    pub fn skill_folder(
+        &self,
+        name: &str,
+        path: &str,
+    ) -> cloud_harness_error::Result<Option<Vec<FolderEntry>>> {
+        let mut digest = self.skill(name)?;
+        let mut budget = WalkBudget::default();
+        let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+        for seg in &segments {
+            let tree = budget.tree(&self.store, &digest)?;
+            match tree.get(seg) {
+                Some(e) if e.kind == Kind::Tree => digest = e.digest,
+                _ => return Ok(None),
+            }
+        }
+        let mut out = Vec::new();
+        for e in budget.tree(&self.store, &digest)?.entries() {
+            let size = match e.kind {
+                Kind::Tree => None,
+                Kind::File | Kind::Executable => Some(e.size),
+                Kind::Symlink => {
+                    let parts: Vec<&str> = std::iter::once(name)
+                        .chain(segments.iter().copied())
+                        .chain(std::iter::once(e.name.as_str()))
+                        .collect();
+                    match self.merged.stat_path(&parts) {
+                        Ok(Some((_, size))) => Some(size),
+                        _ => continue,
+                    }
+                }
+            };
+            out.push(FolderEntry {
+                name: e.name.clone(),
+                size,
+            });
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(Some(out))
     }
 
     /// The front matter of the served skill `name`'s SKILL.md, every field as written.

@@ -153,6 +153,36 @@ impl Imports {
         })
     }
 
+    /// The skills of an imported bundle that break the Agent Skills specification, each with
+    /// the rules it breaks (what the library and every open will say of them).
+    fn problems(&self, a: &cloud_harness_provision::Acquired) -> Value {
+        let source = cloud_harness_provision::bundle_source(
+            self.workspaces.store(),
+            &cloud_harness_skills::discovery::SkillCache::default(),
+            cloud_harness_skills::resolver::Tier::Owner,
+            &a.record.instance_id,
+            &a.record.key.url,
+            &a.record.key.commit,
+            a.record.bundle,
+            Default::default(),
+        );
+        let Ok(source) = source else {
+            return Value::Null;
+        };
+        source
+            .discovery
+            .skills
+            .iter()
+            .filter(|f| !f.info.problems.is_empty())
+            .map(|f| {
+                let rules: std::collections::BTreeSet<&str> =
+                    f.info.problems.iter().map(|p| p.rule.as_str()).collect();
+                (f.name.to_string(), json!(rules))
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
+
     fn run(&self, id: &str, spec: Value) {
         let observer = Arc::new(Observer::default());
         self.running
@@ -185,7 +215,7 @@ impl Imports {
             Ok(a) => (
                 "done",
                 Some(
-                    json!({ "commit": a.record.key.commit, "bundle": a.record.bundle, "mode": a.mode, "skills": a.record.skills, "bytes": a.bytes, "warm": a.warm }),
+                    json!({ "commit": a.record.key.commit, "bundle": a.record.bundle, "mode": a.mode, "skills": a.record.skills, "bytes": a.bytes, "warm": a.warm, "instanceId": a.record.instance_id, "problems": self.problems(a) }),
                 ),
                 None,
             ),

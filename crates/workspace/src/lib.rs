@@ -34,7 +34,7 @@ pub mod library;
 mod listing;
 pub mod session_start;
 pub mod stack;
-pub use catalog::SkillFile;
+pub use catalog::{FolderEntry, SkillFile};
 pub use listing::cursor_name;
 pub use pages::ListPage;
 mod materialize;

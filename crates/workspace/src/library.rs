@@ -41,6 +41,8 @@ pub struct Skill {
     pub path: String,
     pub user_only: bool,
     pub warnings: Vec<String>,
+    /// What it breaks of the Agent Skills specification.
+    pub problems: Vec<cloud_harness_skills::spec::Problem>,
     /// Lowercased name, description and toolkit, for the search.
     #[serde(skip)]
     haystack: String,
@@ -78,6 +80,8 @@ pub struct Search {
     pub toolkit: Option<String>,
     /// Only skills with warnings.
     pub warnings: bool,
+    /// Only skills that break the Agent Skills specification.
+    pub problems: bool,
     /// Skip this many matches (a cursor).
     pub offset: usize,
     pub limit: usize,
@@ -119,6 +123,8 @@ impl Library {
             url.as_deref().unwrap_or(""),
             commit.as_deref().unwrap_or(""),
             tree,
+            // The library shows every skill of the store, problems and all.
+            Default::default(),
         )?;
         let skills: Vec<Skill> = source
             .discovery
@@ -145,6 +151,7 @@ impl Library {
                     path: f.path.clone(),
                     user_only: f.info.meta.user_only,
                     warnings: f.info.warnings.clone(),
+                    problems: f.info.problems.clone(),
                 }
             })
             .collect();
@@ -230,7 +237,8 @@ impl Library {
                 let hit = words.iter().all(|w| s.haystack.contains(w.as_str()))
                     && search.tier.as_deref().is_none_or(|t| t == s.tier)
                     && search.toolkit.as_deref().is_none_or(|t| t == s.toolkit)
-                    && (!search.warnings || !s.warnings.is_empty());
+                    && (!search.warnings || !s.warnings.is_empty())
+                    && (!search.problems || !s.problems.is_empty());
                 if hit {
                     if total >= search.offset && page.len() < search.limit {
                         page.push(s.clone());

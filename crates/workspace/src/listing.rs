@@ -5,6 +5,7 @@ use super::pages::{ListPage, PageKey};
 use super::served::Workspace;
 use cloud_harness_skills::namespace::TIERS_DIR;
 use cloud_harness_skills::resolver::{Candidate, Index, Tier};
+use cloud_harness_skills::spec::Problem;
 use cloud_harness_store::cas::Digest;
 use serde::Serialize;
 use serde_json::Value;
@@ -21,6 +22,9 @@ pub(crate) struct SkillView<'a> {
     source: &'a str,
     digest: Digest,
     user_only: bool,
+    /// The rules of the Agent Skills specification it breaks (`skills_read` says more).
+    #[serde(skip_serializing_if = "Rules::is_empty")]
+    problems: Rules<'a>,
     /// The skill's folder inside the executor, when the skills are mounted there.
     #[serde(skip_serializing_if = "Option::is_none")]
     path: Option<SkillPath<'a>>,
@@ -28,6 +32,21 @@ pub(crate) struct SkillView<'a> {
     served: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     shadowed: Option<Vec<SkillView<'a>>>,
+}
+
+/// A skill's problems as the names of their rules, written out as serialized.
+struct Rules<'a>(&'a [Problem]);
+
+impl Rules<'_> {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Serialize for Rules<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(|p| p.rule.as_str()))
+    }
 }
 
 /// Where the executor reads a skill: the merged view for the one served, its tier's own view
@@ -142,6 +161,7 @@ impl Workspace {
             source: &index.source(c).id,
             digest: c.digest(),
             user_only: c.info.meta.user_only,
+            problems: Rules(&c.info.problems),
             path: root.map(|root| SkillPath {
                 root,
                 tier: (!served).then_some(c.tier),

@@ -42,6 +42,7 @@ pub(crate) fn workspace_scope(
                 &a.record.key.url,
                 &a.record.key.commit,
                 a.record.bundle,
+                t.layout.validation,
             )
         })
         .collect::<Result<Vec<_>>>()?;

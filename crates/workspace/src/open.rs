@@ -51,8 +51,9 @@ impl Workspaces {
         request::check_key(&key)?;
         let expanded = cloud_harness_curation::sets::expand(&self.db, &request.toolkits)?;
         let registry = cloud_harness_curation::registry::load(&self.db)?;
-        let toolkits =
+        let mut toolkits =
             toolkit::resolve_request_in(&expanded.specs, self.provisioner.hosts(), &registry)?;
+        expanded.apply_validation(&mut toolkits);
         if !request.allow_toolkit_workspace_changes {
             if let Some((i, _)) = toolkits
                 .iter()
@@ -431,6 +432,7 @@ pub(super) fn owner_bundles(acquired: &[(toolkit::Toolkit, Acquired)]) -> Vec<Ow
             bundle: a.record.bundle,
             url: a.record.key.url.clone(),
             commit: a.record.key.commit.clone(),
+            validation: t.layout.validation,
         })
         .collect()
 }

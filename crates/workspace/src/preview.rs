@@ -8,6 +8,7 @@ use cloud_harness_control::toolkit::{self, Scope, ToolkitSpec};
 use cloud_harness_error::{Error, Result};
 use cloud_harness_skills::discovery::SkillCache;
 use cloud_harness_skills::resolver::Index;
+use cloud_harness_skills::spec::Validation;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -29,15 +30,19 @@ pub struct Preview {
 
 impl Workspaces {
     /// The resolution `specs` would give a workspace of the set `set` (its overrides and the
-    /// global ones applied).
+    /// global ones applied, and its `validation`).
     pub fn preview(
         &self,
         specs: &[ToolkitSpec],
         set: Option<&str>,
+        validation: Validation,
         actor: &str,
     ) -> Result<Preview> {
         let registry = cloud_harness_curation::registry::load(&self.db)?;
-        let toolkits = toolkit::resolve_request_in(specs, self.provisioner.hosts(), &registry)?;
+        let mut toolkits = toolkit::resolve_request_in(specs, self.provisioner.hosts(), &registry)?;
+        for t in &mut toolkits {
+            t.layout.validation = t.layout.validation.stricter(validation);
+        }
         let mut acquired = Vec::with_capacity(toolkits.len());
         for t in &toolkits {
             let started = Instant::now();

@@ -5,6 +5,8 @@ use super::served::Workspace;
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_skills::namespace::Reach;
 use cloud_harness_skills::relpath;
+use cloud_harness_skills::skill::SKILL_MD;
+use cloud_harness_skills::spec::Problem;
 use nix::errno::Errno;
 use serde::Serialize;
 use serde_json::json;
@@ -28,6 +30,9 @@ pub struct Page {
     /// The offset of the next page, when there is one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_offset: Option<u64>,
+    /// With a skill's `SKILL.md`: what it breaks of the Agent Skills specification.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<Problem>,
 }
 
 /// The longest path inside a skill (`path`, `script`).
@@ -91,7 +96,13 @@ impl Workspace {
         reach: Reach,
     ) -> Result<Option<Page>> {
         let parts = check_skill_path(path, "path")?;
-        self.skill(skill)?;
+        let problems = match parts.as_slice() {
+            [SKILL_MD] => self.problems(skill)?,
+            _ => {
+                self.skill(skill)?;
+                Vec::new()
+            }
+        };
         let missing = || {
             Error::not_found(format!("skill {skill} has no file {path:?}"))
                 .with_details(json!({ "field": "path" }))
@@ -136,6 +147,7 @@ impl Workspace {
             content,
             eof: end >= size,
             next_offset: (end < size).then_some(end),
+            problems,
         }))
     }
 }

@@ -150,6 +150,16 @@ impl Workspace {
         Ok(c.digest())
     }
 
+    /// What the served skill `name` breaks of the Agent Skills specification.
+    pub fn problems(&self, name: &str) -> Result<Vec<cloud_harness_skills::spec::Problem>> {
+        let g = self.generation();
+        let c = g.index.winner(name).ok_or_else(|| {
+            Error::not_found(format!("workspace {} serves no skill {name:?}", self.id))
+                .with_details(json!({ "field": "skill" }))
+        })?;
+        Ok(c.info.problems.clone())
+    }
+
     pub fn store(&self) -> &Store {
         &self.store
     }

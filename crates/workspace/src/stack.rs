@@ -6,6 +6,7 @@ use crate::builtin;
 use cloud_harness_error::Result;
 use cloud_harness_skills::discovery::SkillCache;
 use cloud_harness_skills::resolver::{Override, Tier};
+use cloud_harness_skills::spec::Validation;
 use cloud_harness_skills::stack::StackSpec;
 use cloud_harness_store::cas::{Digest, Store};
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,9 @@ pub struct OwnerBundle {
     pub bundle: Digest,
     pub url: String,
     pub commit: String,
+    /// Its toolkit's policy for skills that break the Agent Skills specification.
+    #[serde(default, skip_serializing_if = "Validation::is_warn")]
+    pub validation: Validation,
 }
 
 /// Everything a stack is made of.
@@ -57,6 +61,7 @@ impl TierInputs {
                 &b.url,
                 &b.commit,
                 b.bundle,
+                b.validation,
             )?);
         }
         spec.dirs

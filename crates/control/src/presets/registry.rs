@@ -2,6 +2,7 @@
 //! (the shipped ones, and an operator's own, as the database has them).
 
 use super::{self as presets, Preset};
+use cloud_harness_skills::spec::Validation;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -27,6 +28,8 @@ pub struct Entry {
     /// `shipped` (with the binary) or `operator`.
     pub origin: String,
     pub pin: Option<Pin>,
+    /// What opens do with its skills that break the Agent Skills specification.
+    pub validation: Validation,
 }
 
 /// The entries presets resolve against.
@@ -48,6 +51,7 @@ impl Registry {
                         preset: p.clone(),
                         origin: "shipped".into(),
                         pin: None,
+                        validation: Validation::Warn,
                     };
                     (p.id.clone(), entry)
                 })
@@ -71,7 +75,10 @@ impl Registry {
     /// the database adds its pin; an operator's entry is taken whole.
     pub fn put(&mut self, e: Entry) {
         match self.entries.get_mut(&e.preset.id) {
-            Some(shipped) if e.origin == "shipped" => shipped.pin = e.pin,
+            Some(shipped) if e.origin == "shipped" => {
+                shipped.pin = e.pin;
+                shipped.validation = e.validation;
+            }
             _ => {
                 self.entries.insert(e.preset.id.clone(), e);
             }

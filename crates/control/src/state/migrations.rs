@@ -317,6 +317,16 @@ CREATE INDEX launch_conflicts_actor ON launch_conflicts (actor, last_at);
 "#,
         )],
     },
+    Migration {
+        version: 9,
+        description: "what a registry entry and a set do with skills that break the Agent Skills specification",
+        parts: &[Both(
+            r#"
+ALTER TABLE registry_entries ADD COLUMN validation TEXT NOT NULL DEFAULT 'warn';
+ALTER TABLE set_revisions ADD COLUMN validation TEXT NOT NULL DEFAULT 'warn';
+"#,
+        )],
+    },
 ];
 
 /// The newest version this binary knows.

@@ -15,6 +15,7 @@ use cloud_harness_provision::Provisioner;
 pub use cloud_harness_control::presets::registry::{Entry, Pin, Registry};
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_skills::discovery::Layout;
+use cloud_harness_skills::spec::Validation;
 use serde_json::json;
 
 fn pin_row(r: &state::Row) -> state::DbResult<Pin> {
@@ -73,7 +74,7 @@ fn scope_str(s: Scope) -> &'static str {
 pub fn load(db: &Db) -> Result<Registry> {
     let entries = db.with(|c| {
         c.prepare_cached(
-            "SELECT e.id, e.name, e.description, e.url, e.layout, e.default_scope, e.session_start_skill, e.origin,
+            "SELECT e.id, e.name, e.description, e.url, e.layout, e.default_scope, e.session_start_skill, e.origin, e.validation,
                     p.id AS pin_id, p.commit_id, p.actor, p.reason, p.created_at
              FROM registry_entries e LEFT JOIN pins p ON p.entry_id = e.id AND p.superseded_at IS NULL
              ORDER BY e.id",
@@ -106,6 +107,7 @@ pub fn load(db: &Db) -> Result<Registry> {
                 },
                 origin: r.get("origin")?,
                 pin,
+                validation: validation_from(&r.get::<String>("validation")?),
             })
         })?
         .collect::<state::DbResult<Vec<Entry>>>()
@@ -283,6 +285,8 @@ pub struct NewEntry {
     pub default_scope: Scope,
     pub session_start_skill: Option<String>,
     pub commit: String,
+    /// What opens do with its skills that break the Agent Skills specification.
+    pub validation: Validation,
 }
 
 /// An entry id: `owner/name`, each part 1-64 of letters, digits, `.`, `_` and `-`.
@@ -335,7 +339,11 @@ pub fn add(db: &Db, provisioner: &Provisioner, new: NewEntry, actor: &str) -> Re
         description: new.description,
         url: new.url,
         tested_commit: new.commit.clone(),
-        layout: new.layout,
+        // The entry's column holds the policy, whatever the layout said.
+        layout: Layout {
+            validation: Validation::Warn,
+            ..new.layout
+        },
         default_scope: new.default_scope,
         session_start_skill: new.session_start_skill,
     };
@@ -343,6 +351,7 @@ pub fn add(db: &Db, provisioner: &Provisioner, new: NewEntry, actor: &str) -> Re
         preset: preset.clone(),
         origin: "operator".into(),
         pin: None,
+        validation: new.validation,
     });
     let acquired = acquire(provisioner, &registry, &preset.id, &new.commit)?;
     let now = state::now_ms();
@@ -356,12 +365,13 @@ pub fn add(db: &Db, provisioner: &Provisioner, new: NewEntry, actor: &str) -> Re
     };
     db.write(|tx| {
         tx.execute(
-            "INSERT INTO registry_entries (id, name, description, url, layout, default_scope, session_start_skill, origin, created_at, created_by)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 'operator', $8, $9)",
+            "INSERT INTO registry_entries (id, name, description, url, layout, default_scope, session_start_skill, origin, created_at, created_by, validation)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'operator', $8, $9, $10)",
             params![
                 preset.id, preset.name, preset.description, preset.url,
                 serde_json::to_string(&preset.layout).expect("layouts serialize"),
-                scope_str(preset.default_scope), preset.session_start_skill, now, actor
+                scope_str(preset.default_scope), preset.session_start_skill, now, actor,
+                validation_str(new.validation)
             ],
         )
         .map_err(|e| if state::is_constraint(&e) { Error::field(Code::Conflict, "id", format!("the registry has {:?} already", preset.id)) } else { state::internal(e) })?;
@@ -370,11 +380,57 @@ pub fn add(db: &Db, provisioner: &Provisioner, new: NewEntry, actor: &str) -> Re
             params![pin.id, preset.id, pin.commit, actor, now],
         )
         .map_err(state::internal)?;
-        audit::record(tx, actor, "registry.add", &format!("registry:{}", preset.id), &json!({ "url": preset.url, "commit": pin.commit }))
+        audit::record(tx, actor, "registry.add", &format!("registry:{}", preset.id), &json!({ "url": preset.url, "commit": pin.commit, "validation": new.validation }))
     })?;
     Ok(Entry {
         preset,
         origin: "operator".into(),
         pin: Some(pin),
+        validation: new.validation,
     })
+}
+
+/// Sets what opens of the entry `id` do with skills that break the Agent Skills
+/// specification (audited as `registry.validation`).
+pub fn set_validation(db: &Db, id: &str, validation: Validation, actor: &str) -> Result<Entry> {
+    let mut entry = load(db)?.find(id).cloned().ok_or_else(|| {
+        Error::field(
+            Code::NotFound,
+            "id",
+            format!("no registry entry {:?}", shown(id)),
+        )
+    })?;
+    db.write(|tx| {
+        tx.execute(
+            "UPDATE registry_entries SET validation = $1 WHERE id = $2",
+            params![validation_str(validation), id],
+        )
+        .map_err(state::internal)?;
+        audit::record(
+            tx,
+            actor,
+            "registry.validation",
+            &format!("registry:{id}"),
+            &json!({ "from": entry.validation, "to": validation }),
+        )
+    })?;
+    entry.validation = validation;
+    Ok(entry)
+}
+
+/// A policy as the database keeps it.
+pub fn validation_str(v: Validation) -> &'static str {
+    match v {
+        Validation::Warn => "warn",
+        Validation::Refuse => "refuse",
+    }
+}
+
+/// A policy read back from the database (anything but `refuse` is the default).
+pub fn validation_from(s: &str) -> Validation {
+    if s == "refuse" {
+        Validation::Refuse
+    } else {
+        Validation::Warn
+    }
 }

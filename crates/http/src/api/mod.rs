@@ -14,7 +14,7 @@ mod tokens;
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 use cloud_harness_auth::http::error_response;
 use cloud_harness_auth::Identity;
@@ -61,6 +61,10 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/api/v1/registry", get(registry::list).post(registry::add))
         .route("/api/v1/registry/{owner}/{name}", get(registry::get))
         .route("/api/v1/registry/{owner}/{name}/pin", post(registry::pin))
+        .route(
+            "/api/v1/registry/{owner}/{name}/validation",
+            put(registry::validation),
+        )
         .route(
             "/api/v1/registry/{owner}/{name}/rollback",
             post(registry::rollback),

@@ -92,6 +92,7 @@ pub fn spec() -> Value {
             },
             "/api/v1/registry/{owner}/{name}": { "get": op("one entry and every pin it had", None, "200", &[]) },
             "/api/v1/registry/{owner}/{name}/pin": { "post": op("move the pin (the commit is acquired first)", Some("MovePin"), "200", &[]) },
+            "/api/v1/registry/{owner}/{name}/validation": { "put": op("set what opens of the entry do with skills that break the Agent Skills specification: warn (served, problems said) or refuse (not served)", Some("SetValidation"), "200", &[]) },
             "/api/v1/registry/{owner}/{name}/rollback": { "post": op("move the pin back to the one before", None, "200", &[]) },
             "/api/v1/registry/{owner}/{name}/updates": { "post": op("ask the remote for its default branch head (refs only) and compare it with the pin", None, "200", &[]) },
             "/api/v1/imports": {
@@ -101,7 +102,7 @@ pub fn spec() -> Value {
             "/api/v1/imports/{id}": { "get": op("one import job: state, phase, bytes, result or error", None, "200", &[]) },
             "/api/v1/imports/{id}/cancel": { "post": op("cancel a queued or running import", None, "200", &[]) },
             "/api/v1/acquisitions": { "get": op("every acquisition (workspace_open's and imports'), newest first, paged", None, "200", &[("cursor", "string"), ("limit", "integer")]) },
-            "/api/v1/skills": { "get": op("the library: every skill of the store and the built-in tier, searched (every word of q in the name, description or toolkit) and filtered, with where each is used", None, "200", &[("q", "string"), ("tier", "string"), ("toolkit", "string"), ("warnings", "boolean"), ("cursor", "string"), ("limit", "integer")]) },
+            "/api/v1/skills": { "get": op("the library: every skill of the store and the built-in tier, searched (every word of q in the name, description or toolkit) and filtered, with where each is used", None, "200", &[("q", "string"), ("tier", "string"), ("toolkit", "string"), ("warnings", "boolean"), ("problems", "boolean"), ("cursor", "string"), ("limit", "integer")]) },
             "/api/v1/skills/{digest}": { "get": op("one skill folder: every copy of it, its files, where it is used", None, "200", &[]) },
             "/api/v1/audit": { "get": op("the audit log, newest first, paged", None, "200", &[("actor", "string"), ("action", "string"), ("subject", "string"), ("cursor", "string"), ("limit", "integer")]) },
             "/api/v1/workspaces": { "get": op("the open workspaces the caller reaches: a client's own, every one for an operator", None, "200", &[]) },
@@ -134,6 +135,7 @@ pub fn spec() -> Value {
                     "properties": {
                         "id": { "type": "string", "pattern": "^[a-z0-9][a-z0-9-]{0,63}$" },
                         "description": { "type": "string", "maxLength": 1000 },
+                        "validation": { "enum": ["warn", "refuse"], "description": "skills that break the Agent Skills specification: served with their problems (warn) or not served (refuse)" },
                         "members": { "type": "array", "minItems": 1, "maxItems": cloud_harness_control::toolkit::MAX_TOOLKITS, "items": { "type": "object", "description": "a preset {kind: preset, id, version?, scope?} or a git toolkit pinned to a commit {kind: git, instanceId, url, ref, scope?, subdirectory?, layout?, skills?}" } }
                     }
                 },
@@ -142,6 +144,7 @@ pub fn spec() -> Value {
                     "properties": {
                         "revision": { "type": "integer", "minimum": 1 },
                         "description": { "type": "string", "maxLength": 1000 },
+                        "validation": { "enum": ["warn", "refuse"], "description": "skills that break the Agent Skills specification: served with their problems (warn) or not served (refuse)" },
                         "members": { "type": "array", "minItems": 1, "maxItems": cloud_harness_control::toolkit::MAX_TOOLKITS, "items": { "type": "object" } }
                     }
                 },
@@ -154,8 +157,13 @@ pub fn spec() -> Value {
                         "layout": { "type": "object", "properties": { "skillRoots": { "type": "array", "items": { "type": "string" } }, "recursive": { "type": "boolean" } } },
                         "defaultScope": { "enum": ["owner", "workspace"] },
                         "sessionStartSkill": text(64),
-                        "commit": { "type": "string", "pattern": "^([0-9a-f]{40}|[0-9a-f]{64})$" }
+                        "commit": { "type": "string", "pattern": "^([0-9a-f]{40}|[0-9a-f]{64})$" },
+                        "validation": { "enum": ["warn", "refuse"], "description": "skills that break the Agent Skills specification: served with their problems (warn) or not served (refuse)" }
                     }
+                },
+                "SetValidation": {
+                    "type": "object", "additionalProperties": false, "required": ["validation"],
+                    "properties": { "validation": { "enum": ["warn", "refuse"], "description": "skills that break the Agent Skills specification: served with their problems (warn) or not served (refuse)" } }
                 },
                 "MovePin": {
                     "type": "object", "additionalProperties": false, "required": ["commit"],

@@ -11,6 +11,7 @@ use cloud_harness_control::toolkit::Scope;
 use cloud_harness_curation::registry::{self, NewEntry};
 use cloud_harness_error::{Code, Error};
 use cloud_harness_skills::discovery::Layout;
+use cloud_harness_skills::spec::Validation;
 use serde_json::json;
 
 #[derive(serde::Deserialize)]
@@ -27,6 +28,14 @@ struct AddEntry {
     #[serde(default)]
     session_start_skill: Option<String>,
     commit: String,
+    #[serde(default)]
+    validation: Validation,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetValidation {
+    validation: Validation,
 }
 
 #[derive(serde::Deserialize)]
@@ -62,11 +71,34 @@ pub async fn add(
             default_scope: req.default_scope.unwrap_or_default(),
             session_start_skill: req.session_start_skill,
             commit: req.commit,
+            validation: req.validation,
         };
         registry::add(ws.db(), ws.provisioner(), new, &actor(&who))
     })
     .await;
     answer(StatusCode::CREATED, made.map(|e| json!(e)))
+}
+
+/// `PUT /api/v1/registry/{owner}/{name}/validation`: what opens of the entry do with skills
+/// that break the Agent Skills specification.
+pub async fn validation(
+    axum::extract::State(api): State,
+    Extension(who): Extension<Identity>,
+    Path((owner, name)): Path<(String, String)>,
+    bytes: Bytes,
+) -> Response {
+    let db = api.workspaces.db().clone();
+    let set = blocking(move || {
+        let req: SetValidation = body(&bytes)?;
+        registry::set_validation(
+            &db,
+            &format!("{owner}/{name}"),
+            req.validation,
+            &actor(&who),
+        )
+    })
+    .await;
+    answer(StatusCode::OK, set.map(|e| json!(e)))
 }
 
 pub async fn get(

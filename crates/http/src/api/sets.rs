@@ -9,6 +9,7 @@ use axum::Extension;
 use cloud_harness_auth::http::error_response;
 use cloud_harness_auth::Identity;
 use cloud_harness_curation::sets;
+use cloud_harness_skills::spec::Validation;
 use serde_json::{json, Value};
 
 #[derive(serde::Deserialize)]
@@ -18,6 +19,8 @@ struct NewSet {
     #[serde(default)]
     description: String,
     members: Vec<Value>,
+    #[serde(default)]
+    validation: Validation,
 }
 
 #[derive(serde::Deserialize)]
@@ -27,6 +30,7 @@ struct Edit {
     revision: i64,
     description: Option<String>,
     members: Option<Vec<Value>>,
+    validation: Option<Validation>,
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -55,6 +59,7 @@ pub async fn create(
             &req.id,
             &req.description,
             &req.members,
+            req.validation,
             &actor(&who),
         )
     })
@@ -92,6 +97,7 @@ pub async fn edit(
             req.revision,
             req.description.as_deref(),
             req.members.as_deref(),
+            req.validation,
             &actor(&who),
         )
     })

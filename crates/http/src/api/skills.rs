@@ -20,6 +20,8 @@ pub(crate) struct SkillsQuery {
     toolkit: Option<String>,
     #[serde(default)]
     warnings: bool,
+    #[serde(default)]
+    problems: bool,
     cursor: Option<String>,
     limit: Option<usize>,
 }
@@ -70,6 +72,7 @@ pub async fn list(
             tier: q.tier,
             toolkit: q.toolkit,
             warnings: q.warnings,
+            problems: q.problems,
             offset: offset.max(0) as usize,
             limit,
         })

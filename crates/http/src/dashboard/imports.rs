@@ -230,6 +230,12 @@ fn jobs_table(who: &Identity, jobs: &[&Job], live: bool) -> Markup {
                         @if let Some(r) = &j.result {
                             (r["skills"]) " skills at " code { (short(r["commit"].as_str().unwrap_or(""))) }
                             @if r["warm"] == true { " (already warm)" }
+                            @if let Some(p) = r["problems"].as_object().filter(|p| !p.is_empty()) {
+                                br;
+                                a.badge.problems href={ "/library?problems=on&toolkit=" (r["instanceId"].as_str().unwrap_or("")) } {
+                                    (p.len()) " break the Agent Skills specification"
+                                }
+                            }
                         }
                         @if let Some(e) = &j.error {
                             span.error { strong { (e["code"].as_str().unwrap_or("")) } ": " (e["message"].as_str().unwrap_or("")) }

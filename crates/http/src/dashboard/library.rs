@@ -7,8 +7,9 @@ use axum::extract::{Query, State};
 use axum::response::Response;
 use axum::Extension;
 use cloud_harness_auth::Identity;
+use cloud_harness_skills::spec::Problem;
 use cloud_harness_workspace::library::Search;
-use maud::html;
+use maud::{html, Markup};
 use std::sync::Arc;
 
 const PAGE: usize = 50;
@@ -26,6 +27,8 @@ pub(crate) struct Filters {
     #[serde(default)]
     warnings: Option<String>,
     #[serde(default)]
+    problems: Option<String>,
+    #[serde(default)]
     page: usize,
 }
 
@@ -41,6 +44,7 @@ pub async fn list(
         tier: some(&f.tier),
         toolkit: some(&f.toolkit),
         warnings: f.warnings.is_some(),
+        problems: f.problems.is_some(),
         offset: f.page * PAGE,
         limit: PAGE,
     };
@@ -63,6 +67,9 @@ pub async fn list(
         if f.warnings.is_some() {
             q.append_pair("warnings", "on");
         }
+        if f.problems.is_some() {
+            q.append_pair("problems", "on");
+        }
         format!("/library?{}&page={page}", q.finish())
     };
     layout::page(
@@ -79,18 +86,20 @@ pub async fn list(
                 } }
                 label { "Toolkit" input type="text" name="toolkit" value=(f.toolkit); }
                 label { "With warnings" input type="checkbox" name="warnings" checked[f.warnings.is_some()]; }
+                label { "Breaking the specification" input type="checkbox" name="problems" checked[f.problems.is_some()]; }
                 button type="submit" { "Search" }
             }
             p { (total) " skills" @if total > 0 { ", showing " (f.page * PAGE + 1) "–" (f.page * PAGE + skills.len()) } }
             @if skills.is_empty() {
                 p.empty { "No skill matches. Try fewer words, or import a toolkit." }
             } @else {
-                table { thead { tr { th { "Skill" } th { "Description" } th { "Toolkit" } th { "Tier" } th { "Warnings" } } }
+                table { thead { tr { th { "Skill" } th { "Description" } th { "Toolkit" } th { "Tier" } th { "Specification" } th { "Warnings" } } }
                     tbody { @for s in &skills { tr {
                         td { a href={ "/skills/" (s.digest) } { (s.name) } }
                         td { (s.description) }
                         td { (s.toolkit) }
                         td { (s.tier) }
+                        td { (spec_badge(&s.problems)) }
                         td { @if !s.warnings.is_empty() { span.warn { (s.warnings.len()) } } }
                     } } }
                 }
@@ -114,4 +123,21 @@ pub async fn list(
             }
         },
     )
+}
+
+/// Whether a skill follows the Agent Skills specification: "valid", or how many problems, the
+/// rules named in its title.
+pub(crate) fn spec_badge(problems: &[Problem]) -> Markup {
+    if problems.is_empty() {
+        return html! { span.badge.valid { "valid" } };
+    }
+    let rules: std::collections::BTreeSet<&str> =
+        problems.iter().map(|p| p.rule.as_str()).collect();
+    let rules = rules.into_iter().collect::<Vec<_>>().join(", ");
+    let n = problems.len();
+    html! {
+        span.badge.problems title=(rules) aria-label={ (n) " specification problems: " (rules) } {
+            (n) @if n == 1 { " problem" } @else { " problems" }
+        }
+    }
 }

@@ -144,6 +144,14 @@ pub async fn page(
         &who,
         html! {
             p { (s.description) }
+            section aria-labelledby="spec" {
+                h2 id="spec" { "Agent Skills specification " (super::library::spec_badge(&s.problems)) }
+                @if s.problems.is_empty() {
+                    p { "This skill follows the specification." }
+                } @else {
+                    ul { @for p in &s.problems { li { code { (p.rule) } " " (p.message) } } }
+                }
+            }
             @if !s.warnings.is_empty() {
                 section aria-label="Warnings" { @for w in &s.warnings { p.warn role="note" { (w) } } }
             }

@@ -5,6 +5,7 @@ use crate::dashboard::patterns;
 use cloud_harness_auth::http::CSRF_FIELD;
 use cloud_harness_control::toolkit::{Scope, ToolkitSpec};
 use cloud_harness_error::{Code, Error};
+use cloud_harness_skills::spec::Validation;
 use serde_json::{json, Value};
 
 /// One member row of the form.
@@ -96,6 +97,8 @@ impl Row {
 pub(crate) struct SetForm {
     pub id: String,
     pub description: String,
+    /// Skills that break the Agent Skills specification: `warn` or `refuse`.
+    pub validation: Validation,
     pub revision: Option<i64>,
     pub preview: bool,
     pub csrf: String,
@@ -110,6 +113,13 @@ impl SetForm {
             match k.as_str() {
                 "id" => f.id = v.trim().to_owned(),
                 "description" => f.description = v,
+                "validation" => {
+                    f.validation = if v == "refuse" {
+                        Validation::Refuse
+                    } else {
+                        Validation::Warn
+                    }
+                }
                 "revision" => f.revision = v.parse().ok(),
                 "action" => f.preview = v == "preview",
                 k if k == CSRF_FIELD => f.csrf = v,

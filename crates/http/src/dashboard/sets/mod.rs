@@ -15,6 +15,7 @@ use cloud_harness_auth::Identity;
 use cloud_harness_control::toolkit::Scope;
 use cloud_harness_curation::sets::{self, Revision};
 use cloud_harness_error::{Code, Error};
+use cloud_harness_skills::spec::Validation;
 use cloud_harness_workspace::preview::Preview;
 use form::{Row, SetForm};
 use maud::{html, Markup};
@@ -87,6 +88,7 @@ pub async fn show(
     let form = SetForm {
         id: current.id.clone(),
         description: shown.description.clone(),
+        validation: shown.validation,
         revision: Some(current.revision),
         rows: shown.members.iter().map(Row::of).collect(),
         ..SetForm::default()
@@ -128,11 +130,12 @@ async fn save(
     }
     let (ws, actor) = (api.workspaces.clone(), who.actor());
     let members = form.members();
-    let (set_id, description, revision, preview) = (
+    let (set_id, description, revision, preview, validation) = (
         form.id.clone(),
         form.description.clone(),
         form.revision,
         form.preview,
+        form.validation,
     );
     let is_edit = editing.is_some();
     let outcome = blocking(move || {
@@ -143,7 +146,9 @@ async fn save(
             }
             let registry = cloud_harness_curation::registry::load(ws.db())?;
             let specs = sets::check_members(&members, ws.hosts(), &registry)?;
-            return ws.preview(&specs, Some(&set_id), &actor).map(Some);
+            return ws
+                .preview(&specs, Some(&set_id), validation, &actor)
+                .map(Some);
         }
         if is_edit {
             let revision = revision.ok_or_else(|| {
@@ -160,10 +165,19 @@ async fn save(
                 revision,
                 Some(&description),
                 Some(&members),
+                Some(validation),
                 &actor,
             )?;
         } else {
-            sets::create(ws.db(), ws.hosts(), &set_id, &description, &members, &actor)?;
+            sets::create(
+                ws.db(),
+                ws.hosts(),
+                &set_id,
+                &description,
+                &members,
+                validation,
+                &actor,
+            )?;
         }
         Ok(None)
     })
@@ -241,6 +255,13 @@ async fn render(
                     }
                     label { "Description" textarea name="description" rows="2" { (form.description) } }
                     (layout::field_error(e, "description"))
+                    label {
+                        "Skills that break the Agent Skills specification"
+                        select name="validation" {
+                            option value="warn" selected[form.validation == Validation::Warn] { "serve them, with their problems shown" }
+                            option value="refuse" selected[form.validation == Validation::Refuse] { "do not serve them" }
+                        }
+                    }
                     fieldset {
                         legend { "Members" }
                         @if let Some(e) = e.filter(|e| e.details["field"] == "members") { span.field-error role="alert" { (e.message) } }
