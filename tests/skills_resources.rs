@@ -21,6 +21,10 @@ fn the_skills_extension_lists_skills_whose_manifests_match_their_files() {
         capabilities["extensions"]["io.modelcontextprotocol/skills"].is_object(),
         "{capabilities}"
     );
+    assert_eq!(
+        capabilities["extensions"]["io.modelcontextprotocol/skills"]["directoryRead"], true,
+        "{capabilities}"
+    );
     assert!(capabilities["resources"].is_object(), "{capabilities}");
     let session = legacy_session(s.addr);
     let call = |id: u32, method: &str, params: serde_json::Value| {
@@ -99,8 +103,47 @@ fn the_skills_extension_lists_skills_whose_manifests_match_their_files() {
         templates["result"]["resourceTemplates"][0]["uriTemplate"],
         "skill://{workspace}/{skill}/{+path}"
     );
+    // resources/directory/read: a skill's folder and its subfolder, children by name, a
+    // folder as a directory resource.
+    let children = |uri: String| {
+        let read = call(9, "resources/directory/read", serde_json::json!({ "uri": uri }));
+        read["result"]["resources"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{read}"))
+            .iter()
+            .map(|r| {
+                (
+                    r["uri"].as_str().unwrap().to_owned(),
+                    r["mimeType"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let root = format!("skill://{ws}/cloud-harness-conflicts");
+    assert_eq!(
+        children(root.clone()),
+        [
+            (format!("{root}/SKILL.md"), "text/markdown".to_owned()),
+            (format!("{root}/references"), "inode/directory".to_owned()),
+        ]
+    );
+    assert_eq!(
+        children(format!("{root}/references")),
+        [(
+            format!("{root}/references/conflict-error.md"),
+            "text/markdown".to_owned()
+        )]
+    );
     // What is not served is -32602.
     for (method, uri) in [
+        ("resources/directory/read", format!("{root}/SKILL.md")),
+        ("resources/directory/read", format!("{root}/missing")),
+        ("resources/directory/read", format!("{root}/references/")),
+        ("resources/directory/read", format!("{root}/../cloud-harness-skills")),
+        (
+            "resources/directory/read",
+            "skill://ws_nope/cloud-harness-skills".to_owned(),
+        ),
         ("skills/get", format!("skill://{ws}/no-such-skill/SKILL.md")),
         (
             "skills/get",

@@ -33,8 +33,9 @@ use rmcp::model::{
     GetSkillResult, Implementation, InitializeResult, ListPromptsResult,
     ListResourceTemplatesResult, ListResourcesResult, ListSkillsResult, ListToolsResult,
     PaginatedRequestParams, ProgressNotificationParam, Prompt, PromptArgument, PromptMessage,
-    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Role, ServerCapabilities,
-    ServerConfig, SubscriptionFilter, Tool,
+    ReadResourceDirectoryRequestParams, ReadResourceDirectoryResult, ReadResourceRequestParams,
+    ReadResourceResponse, ReadResourceResult, Role, ServerCapabilities, ServerConfig,
+    SubscriptionFilter, Tool,
 };
 use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -343,7 +344,7 @@ impl ServerHandler for HarnessServer {
                 .enable_prompts()
                 .enable_resources()
                 .enable_resources_list_changed()
-                .enable_skills()
+                .enable_skills_with_directory_read()
                 .build(),
         )
             .with_server_info(server)
@@ -489,6 +490,24 @@ impl ServerHandler for HarnessServer {
         let name = who.name.clone();
         let got = blocking_rpc(move || skills::get(&ws, &who, &request.uri));
         cloud_harness_control::limits::acting_as(&name, got).await
+    }
+
+    async fn read_resource_directory(
+        &self,
+        request: ReadResourceDirectoryRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceDirectoryResult, McpError> {
+        let who = self.principal(&context);
+        let _call = call_slot(&who)?;
+        let ws = self.workspaces.clone();
+        let name = who.name.clone();
+        let read = blocking_rpc(move || {
+            skills::directory(&ws, &who, &request.uri, request.cursor.as_deref())
+        });
+        let (resources, next) = cloud_harness_control::limits::acting_as(&name, read).await?;
+        let mut result = ListResourcesResult::with_all_items(resources);
+        result.next_cursor = next;
+        Ok(result)
     }
 
     /// `subscriptions/listen` (2026-07-28): resource-list changes are offered; the listing

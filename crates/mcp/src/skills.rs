@@ -7,7 +7,7 @@
 //! sizes, which the store names blobs by), from the same resolution the tools and the mount
 //! use. A skill the extension cannot describe faithfully is left out: a folder name that breaks
 //! the Agent Skills rule or differs from its front matter's `name`, or one past the extension's
-//! limits (512 files, 16 MiB).
+//! limits (512 files, 16 MiB). `resources/directory/read` lists a skill folder's children.
 
 use cloud_harness_control::principal::Principal;
 use cloud_harness_workspace::{Workspace, Workspaces};
@@ -88,9 +88,14 @@ pub fn parse(uri: &str) -> Option<(String, String, String)> {
         .then_some((workspace, skill, path))
 }
 
+/// A resource this server does not have: the URI asked for in the error's data, whole (as
+/// SEP-2164 asks; a request is bounded in size already), and shortened in its message.
 fn unknown(uri: &str) -> McpError {
     let shown: String = uri.chars().take(200).collect();
-    McpError::invalid_params(format!("no skill resource {shown:?}"), None)
+    McpError::invalid_params(
+        format!("no skill resource {shown:?}"),
+        Some(serde_json::json!({ "uri": uri })),
+    )
 }
 
 /// The extension's entry for `skill` of `ws`, if the extension can describe it.
@@ -290,6 +295,86 @@ pub fn resources(
             }
             out.push(resource);
         }
+    }
+    Ok((out, None))
+}
+
+/// The folder a directory URI names: `skill://<workspace>/<skill>` (the skill's own folder)
+/// or `skill://<workspace>/<skill>/<path>`, written without a trailing slash.
+fn parse_folder(uri: &str) -> Option<(String, String, String)> {
+    let rest = uri.strip_prefix(SCHEME)?;
+    let mut parts = rest.splitn(3, '/');
+    let workspace = decode(parts.next()?)?;
+    let skill = decode(parts.next()?)?;
+    let path = match parts.next() {
+        None => String::new(),
+        Some(p) => {
+            let segments: Vec<String> = p.split('/').map(decode).collect::<Option<_>>()?;
+            if segments
+                .iter()
+                .any(|s| s.is_empty() || s == "." || s == "..")
+            {
+                return None;
+            }
+            segments.join("/")
+        }
+    };
+    (!workspace.is_empty() && !skill.is_empty()).then_some((workspace, skill, path))
+}
+
+/// The MIME type of a directory resource.
+const DIRECTORY: &str = "inode/directory";
+
+/// `resources/directory/read`: the direct children of a folder of a served skill, files with
+/// their resource metadata and folders as directory resources, a page at a time. Anything
+/// else (no such workspace, skill or folder; a file) is -32602.
+pub fn directory(
+    workspaces: &Workspaces,
+    who: &Principal,
+    uri: &str,
+    cursor_in: Option<&str>,
+) -> Result<(Vec<Resource>, Option<String>), McpError> {
+    let not_a_directory = || {
+        let shown: String = uri.chars().take(200).collect();
+        McpError::invalid_params(
+            format!("{shown:?} is not a directory resource of a served skill"),
+            Some(json!({ "uri": uri })),
+        )
+    };
+    let skip: usize = match cursor_in {
+        None => 0,
+        Some(c) => c
+            .strip_prefix('d')
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| McpError::invalid_params("unknown cursor", None))?,
+    };
+    let (workspace, skill, path) = parse_folder(uri).ok_or_else(not_a_directory)?;
+    let ws = workspaces
+        .get_as(who, &workspace, "resources/directory/read")
+        .map_err(|_| not_a_directory())?;
+    let children = match ws.skill_folder(&skill, &path) {
+        Ok(Some(children)) => children,
+        Err(e) if e.code == cloud_harness_error::Code::Internal => {
+            return Err(McpError::internal_error(e.message, None))
+        }
+        Ok(None) | Err(_) => return Err(not_a_directory()),
+    };
+    let mut out = Vec::new();
+    for child in children.iter().skip(skip) {
+        if out.len() == RESOURCE_PAGE {
+            return Ok((out, Some(format!("d{}", skip + RESOURCE_PAGE))));
+        }
+        let child_path = match path.is_empty() {
+            true => child.name.clone(),
+            false => format!("{path}/{}", child.name),
+        };
+        let full = self::uri(&workspace, &skill, &child_path);
+        out.push(match child.size {
+            Some(size) => Resource::new(full, child.name.clone())
+                .with_mime_type(mime_type(&child.name))
+                .with_size(size),
+            None => Resource::new(full, child.name.clone()).with_mime_type(DIRECTORY),
+        });
     }
     Ok((out, None))
 }
