@@ -381,14 +381,15 @@ fn bad_input_to_the_api_is_a_typed_error_and_stores_nothing() {
         assert_eq!(v["status"], status, "{v}");
         assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
     }
-    // A body past the limit is refused whole.
-    let (status, _) = w.call(
+    // A body past the limit is refused whole, in the API's error shape.
+    let (status, refused) = w.call(
         "POST",
         "/api/v1/tokens",
         Some(&w.operator),
         Some(&"x".repeat(100 << 10)),
     );
     assert_eq!(status, 413);
+    assert_eq!(refused["code"], "TOO_LARGE", "{refused}");
     let after = (
         w.op("GET", "/api/v1/tokens", None),
         w.op("GET", "/api/v1/approvals", None),

@@ -88,7 +88,23 @@ pub fn router(api: Arc<Api>) -> Router {
             ))
         })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::map_response(error_bodies))
         .with_state(api)
+}
+
+/// The extractors' own refusals (a body past [`MAX_BODY`]) in the API's error shape, as the
+/// document describes every error: JSON with a code, not the framework's plain text.
+async fn error_bodies(response: Response) -> Response {
+    let plain = !response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|t| t.as_bytes().starts_with(b"application/json"));
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE && plain {
+        return error_response(&Error::too_large(format!(
+            "the request body is larger than {MAX_BODY} bytes"
+        )));
+    }
+    response
 }
 
 /// A result as the API answers it: `status` with the value as JSON, or the error.

@@ -5,7 +5,8 @@ use serde_json::{json, Value};
 
 fn error_responses() -> Value {
     let e = json!({ "description": "an error", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } });
-    json!({ "400": e, "401": e, "403": e, "404": e, "409": e, "500": e })
+    // 413: a body past 64 KiB; 429: a quota of the caller's (with `Retry-After`).
+    json!({ "400": e, "401": e, "403": e, "404": e, "409": e, "413": e, "429": e, "500": e })
 }
 
 fn op(summary: &str, body: Option<&str>, ok: &str, query: &[(&str, &str)]) -> Value {
@@ -186,6 +187,40 @@ pub fn spec() -> Value {
     })
 }
 
+/// The bounds the handlers check, on the parameters that have them: what a generated request
+/// must keep to for an answer other than 400.
+fn with_parameter_bounds(mut spec: Value) -> Value {
+    let Some(paths) = spec["paths"].as_object_mut() else {
+        return spec;
+    };
+    for (path, ops) in paths.iter_mut() {
+        for op in ops.as_object_mut().into_iter().flat_map(|o| o.values_mut()) {
+            for p in op["parameters"].as_array_mut().into_iter().flatten() {
+                let bounds = match (p["name"].as_str(), p["in"].as_str()) {
+                    (Some("limit"), _) => {
+                        let max = if path == "/api/v1/skills" { 500 } else { 1000 };
+                        json!({ "type": "integer", "minimum": 1, "maximum": max })
+                    }
+                    (Some("reason"), Some("query")) => {
+                        json!({ "type": "string", "minLength": 1, "maxLength": 1000 })
+                    }
+                    (Some("q"), _) => json!({ "type": "string", "maxLength": 256 }),
+                    (Some("tier"), _) => json!({ "type": "string", "enum": ["builtin", "store"] }),
+                    (Some("digest"), Some("path")) => {
+                        json!({ "type": "string", "pattern": "^(sha256:)?[0-9a-f]{64}$" })
+                    }
+                    (Some("id"), Some("path")) if path.starts_with("/api/v1/sets/") => {
+                        json!({ "type": "string", "pattern": "^[a-z0-9][a-z0-9-]{0,63}$" })
+                    }
+                    _ => continue,
+                };
+                p["schema"] = bounds;
+            }
+        }
+    }
+    spec
+}
+
 pub async fn document() -> Response {
-    axum::Json(with_path_parameters(spec())).into_response()
+    axum::Json(with_parameter_bounds(with_path_parameters(spec()))).into_response()
 }
