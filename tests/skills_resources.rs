@@ -106,7 +106,11 @@ fn the_skills_extension_lists_skills_whose_manifests_match_their_files() {
     // resources/directory/read: a skill's folder and its subfolder, children by name, a
     // folder as a directory resource.
     let children = |uri: String| {
-        let read = call(9, "resources/directory/read", serde_json::json!({ "uri": uri }));
+        let read = call(
+            9,
+            "resources/directory/read",
+            serde_json::json!({ "uri": uri }),
+        );
         read["result"]["resources"]
             .as_array()
             .unwrap_or_else(|| panic!("{read}"))
@@ -139,7 +143,10 @@ fn the_skills_extension_lists_skills_whose_manifests_match_their_files() {
         ("resources/directory/read", format!("{root}/SKILL.md")),
         ("resources/directory/read", format!("{root}/missing")),
         ("resources/directory/read", format!("{root}/references/")),
-        ("resources/directory/read", format!("{root}/../cloud-harness-skills")),
+        (
+            "resources/directory/read",
+            format!("{root}/../cloud-harness-skills"),
+        ),
         (
             "resources/directory/read",
             "skill://ws_nope/cloud-harness-skills".to_owned(),
