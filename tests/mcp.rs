@@ -64,11 +64,16 @@ fn has_executor(kind: &str) -> bool {
 }
 
 fn world(executor: &'static str) -> World {
+    world_slow(executor, 0.0)
+}
+
+/// [`world`] with a git server that waits `slow` seconds before answering each fetch.
+fn world_slow(executor: &'static str, slow: f64) -> World {
     let tmp = tempfile::tempdir().unwrap();
     let repos = tmp.path().join("repos");
     std::fs::create_dir_all(&repos).unwrap();
     let certs = Certs::new(&tmp.path().join("certs"));
-    let server = GitServer::start(&repos, &certs);
+    let server = GitServer::start_with(&repos, &certs, "127.0.0.1", slow);
 
     let superpowers = Repo::create(&repos, "obra/superpowers.git", false);
     let superpowers_commit = superpowers.commit(dir(vec![(
@@ -211,6 +216,18 @@ fn world(executor: &'static str) -> World {
         String::from_utf8_lossy(&pinned.stderr)
     );
     let git = |id: &str, repo: &str, commit: &str| json!({ "kind": "git", "instanceId": id, "url": server.url(repo), "ref": commit });
+    // Six small toolkits: an open of all of them takes two rounds of fetches.
+    let many: Vec<serde_json::Value> = (1..=6)
+        .map(|i| {
+            let name = format!("kit-{i}");
+            let repo = format!("kits/{name}.git");
+            let commit = Repo::create(&repos, &repo, false).commit(dir(vec![(
+                "skills",
+                dir(vec![(name.as_str(), skill(&name, "One of many."))]),
+            )]));
+            git(&name, &repo, &commit)
+        })
+        .collect();
     let mut ws_scope = git("ws-kit", "ws/skills.git", &ws_commit);
     ws_scope["scope"] = json!("workspace");
     let fixtures = json!({
@@ -222,6 +239,7 @@ fn world(executor: &'static str) -> World {
         "team": git("team", "team/skills.git", &team_commit),
         "clash": git("clash", "clash/skills.git", &clash_commit),
         "wsScope": ws_scope,
+        "many": many,
     });
     World {
         executor,
@@ -469,4 +487,16 @@ fn an_idempotency_key_and_a_docker_executor_survive_a_restart() {
     w.scenario(&python, "http", "modern", Some(&url), "restart-2");
     stop(server);
     w.assert_no_stray_containers();
+}
+
+/// A cold `workspace_open` of six toolkits over a slow git server tells its progress
+/// (`notifications/progress`, growing) and, cancelled by the SDK midway, leaves nothing: no
+/// workspace folder, and its key free for the same request.
+#[test]
+fn a_cold_open_tells_its_progress_and_a_cancel_leaves_nothing() {
+    let Some(python) = python() else { return };
+    let w = world_slow("none", 1.5);
+    let (server, url) = w.http_server();
+    w.scenario(&python, "http", "modern", Some(&url), "progress");
+    stop(server);
 }

@@ -473,7 +473,46 @@ async def origin():
             assert e.code != 403, f"{allowed} refused"
 
 
-PARTS = {"full": full, "bad-input": bad_input, "restart-1": lambda: restart(1), "restart-2": lambda: restart(2), "origin": origin}
+async def progress():
+    """A cold open of six toolkits, four fetched at a time from a slow server: its progress
+    grows; cancelled once a toolkit is in, it leaves no workspace and frees its key."""
+    request = {"idempotencyKey": "progress-1", "toolkits": CONFIG["fixtures"]["many"]}
+    seen = []
+    reached = asyncio.Event()
+
+    async def on_progress(value, total, message):
+        seen.append((value, total, message))
+        if value >= 1:
+            reached.set()
+
+    async with client() as c:
+        before = workspace_folders()
+        task = asyncio.create_task(c.call_tool("workspace_open", request, progress_callback=on_progress))
+        await asyncio.wait_for(reached.wait(), 60)
+        assert not task.done(), f"the open ended before it was cancelled: {seen}"
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        values = [v for v, _, _ in seen]
+        assert len(values) >= 2 and all(a < b for a, b in zip(values, values[1:])), seen
+        total = seen[0][1]
+        assert total is not None and all(t == total and v < t for v, t, _ in seen), seen
+        assert "acquiring toolkits" in seen[-1][2], seen
+        print(f"progress told before the cancel: {[(round(v, 2), t, m) for v, t, m in seen]}")
+        # The server undoes the open: no folder of it stays.
+        deadline = time.time() + 30
+        while workspace_folders() != before:
+            assert time.time() < deadline, f"a cancelled open left {workspace_folders() - before}"
+            await asyncio.sleep(0.1)
+        # Its key is free: the same request now opens a workspace, of all six toolkits.
+        out = await ok(c, "workspace_open", request)
+        assert {s["name"] for s in out["skills"]} >= {f"kit-{i}" for i in range(1, 7)}, out
+        await ok(c, "workspace_close", {"workspace": out["workspace"]})
+
+
+PARTS = {"progress": progress, "full": full, "bad-input": bad_input, "restart-1": lambda: restart(1), "restart-2": lambda: restart(2), "origin": origin}
 started = time.time()
 asyncio.run(PARTS[PART]())
 print(f"{PART} ({CONFIG['transport']}, {CONFIG['mode']}): ok in {time.time() - started:.1f}s")

@@ -25,6 +25,7 @@ use call::Call;
 use cloud_harness_control::principal::Principal;
 use cloud_harness_error::Error;
 use cloud_harness_skills::namespace::Reach;
+use cloud_harness_workspace::progress::OpenProgress;
 use cloud_harness_workspace::session_start;
 use cloud_harness_workspace::{blocking, ListPage, RunRequest, Workspaces};
 use rmcp::model::{
@@ -214,10 +215,13 @@ impl HarnessServer {
         match call {
             Call::Open(request) => {
                 let opener = who.clone();
+                let progress = Arc::new(OpenProgress::default());
+                let watching = tokio::spawn(watch_open(progress.clone(), context.clone()));
+                let watched = progress.clone();
                 let opened = blocking(move || {
                     let (who, actor) = (&opener, &opener.name);
                     let asked = request.to_json();
-                    let opened = ws.open_as(request, who);
+                    let opened = ws.open_watched(request, who, &watched);
                     if let Err(e) = &opened {
                         if let Err(not) = cloud_harness_curation::conflicts::record(
                             ws.db(),
@@ -232,7 +236,9 @@ impl HarnessServer {
                     }
                     opened
                 })
-                .await?;
+                .await;
+                watching.abort();
+                let opened = opened?;
                 if let Some(id) = opened["workspace"].as_str() {
                     self.bind(who, id, &context);
                 }
@@ -329,6 +335,46 @@ impl HarnessServer {
             },
         )
         .await
+    }
+}
+
+/// How often an open in progress is looked at: for a cancel, and for progress to tell.
+const OPEN_WATCH: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Watches an open until it is aborted: a cancelled request (`notifications/cancelled`, or
+/// the client gone) cancels it; with a `progressToken`, each change of its steps or bytes is
+/// a `notifications/progress` whose `progress` only grows (steps done, plus a part of a step
+/// for the bytes fetched in it) against `total` steps.
+async fn watch_open(progress: Arc<OpenProgress>, context: RequestContext<RoleServer>) {
+    let token = context.meta.get_progress_token();
+    let mut told = -1.0f64;
+    loop {
+        tokio::select! {
+            _ = context.ct.cancelled() => {
+                progress.cancel();
+                return;
+            }
+            _ = tokio::time::sleep(OPEN_WATCH) => {}
+        }
+        let Some(token) = token.clone() else { continue };
+        let now = progress.snapshot();
+        if now.total == 0 {
+            continue;
+        }
+        // Bytes move a step on by at most nine tenths of it, so a step done is always more.
+        let part = 0.9 * (1.0 - 1.0 / (1.0 + now.bytes as f64 / (1 << 20) as f64));
+        let value = now.done as f64 + part;
+        if value <= told {
+            continue;
+        }
+        told = value;
+        let mut param = ProgressNotificationParam::new(token, value);
+        param.total = Some(now.total as f64 + 1.0);
+        param.message = Some(format!(
+            "{} ({} of {} steps done, {} bytes fetched)",
+            now.step, now.done, now.total, now.bytes
+        ));
+        let _ = context.peer.notify_progress(param).await;
     }
 }
 

@@ -2,6 +2,7 @@
 //! cold open waits about as long as its slowest fetch rather than for the sum of them. Results
 //! keep the request's order, and every acquisition is recorded whatever became of the others.
 
+use super::progress::OpenProgress;
 use super::Workspaces;
 use cloud_harness_control::toolkit::{self, Revision};
 use cloud_harness_error::Result;
@@ -29,12 +30,19 @@ impl Workspaces {
         toolkits: &[toolkit::Toolkit],
         actor: &str,
         id: &str,
+        progress: &OpenProgress,
     ) -> Result<Vec<Acquisition>> {
         let head_ttl = cloud_harness_control::heads::ttl()?;
         // The call's span (its request id) goes with the work onto each thread.
         let span = tracing::Span::current();
         bounded_map(toolkits, AT_ONCE, |t| {
-            span.in_scope(|| self.acquire_one(t, head_ttl, actor, id))
+            span.in_scope(|| {
+                let one = self.acquire_one(t, head_ttl, actor, id, progress);
+                if one.is_ok() {
+                    progress.advance();
+                }
+                one
+            })
         })
         .into_iter()
         .collect()
@@ -46,6 +54,7 @@ impl Workspaces {
         head_ttl: Duration,
         actor: &str,
         id: &str,
+        progress: &OpenProgress,
     ) -> Result<Acquisition> {
         let started = Instant::now();
         let head = match t.revision {
@@ -61,8 +70,10 @@ impl Workspaces {
             },
             _ => t.clone(),
         };
-        // A fetch from the network counts against the opener's hourly budget.
-        let observer = cloud_harness_provision::observe::Observer::paid_by(actor);
+        // A fetch from the network counts against the opener's hourly budget, and stops
+        // when the open is cancelled.
+        progress.check()?;
+        let observer = progress.fetch(actor);
         let a = self.provisioner.acquire_observed(&fetch, &observer);
         let millis = started.elapsed().as_millis() as u64;
         // A fetch refused by the opener's budget is no acquisition: not kept in the history,

@@ -42,6 +42,7 @@ mod mounts;
 mod open;
 mod pages;
 pub mod preview;
+pub mod progress;
 mod read;
 mod record;
 mod request;

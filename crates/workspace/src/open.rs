@@ -4,6 +4,7 @@
 use super::{
     keys, materialize, record, request, Cleanup, OpenRequest, Record, Workspace, Workspaces,
 };
+use crate::progress::OpenProgress;
 use crate::session_start::{self, SessionStart};
 use crate::stack::OwnerBundle;
 use cloud_harness_control::principal::Principal;
@@ -31,6 +32,7 @@ struct Asked<'a> {
     origins: &'a [Option<Value>],
     /// The principal opening it, who will own it.
     actor: &'a str,
+    progress: &'a OpenProgress,
 }
 
 pub(crate) fn new_id() -> String {
@@ -46,6 +48,17 @@ impl Workspaces {
     /// `workspace_open` asked by `who`, who owns the workspace: their idempotency keys are
     /// theirs alone, and their open workspaces count against their limit.
     pub fn open_as(&self, request: OpenRequest, who: &Principal) -> Result<Value> {
+        self.open_watched(request, who, &OpenProgress::default())
+    }
+
+    /// [`Workspaces::open_as`], showing its steps in `progress` as it goes; cancelling
+    /// `progress` stops it (CANCELLED) with nothing it made kept.
+    pub fn open_watched(
+        &self,
+        request: OpenRequest,
+        who: &Principal,
+        progress: &OpenProgress,
+    ) -> Result<Value> {
         let actor = who.name.as_str();
         let key = request.idempotency_key.clone();
         request::check_key(&key)?;
@@ -87,6 +100,7 @@ impl Workspaces {
                 toolkits: &toolkits,
                 origins: &expanded.origins,
                 actor,
+                progress,
             };
             self.open_locked(&request, &asked, repo_url.as_deref(), digest)
         })
@@ -228,7 +242,10 @@ impl Workspaces {
             toolkits,
             origins,
             actor,
+            progress,
         } = *asked;
+        // The project's clone, each toolkit, workspace-scope skills, the mounts, the executor.
+        progress.plan(u64::from(repo_url.is_some()) + toolkits.len() as u64 + 3);
         let key = request.idempotency_key.clone();
         let id = id.to_owned();
         let dir = record::workspaces_dir(&self.home).join(&id);
@@ -243,6 +260,7 @@ impl Workspaces {
         let mut repository = Value::Null;
         match repo_url {
             Some(fetched) => {
+                progress.step("cloning the project")?;
                 // A project's clone always goes to the network: one of the opener's budget.
                 cloud_harness_control::limits::quotas().acquisition(actor)?;
                 let started = Instant::now();
@@ -257,6 +275,7 @@ impl Workspaces {
                 )
                 .map_err(|e| self.provisioner.explain(fetched, e, started))?;
                 repository = json!({ "url": request.repository_url, "fetchedUrl": fetched, "commit": commit.to_string() });
+                progress.advance();
             }
             None => fs::create_dir_all(repo).map_err(|e| Error::io(repo, e))?,
         }
@@ -264,7 +283,11 @@ impl Workspaces {
         let mut acquired: Vec<(toolkit::Toolkit, Acquired)> = Vec::new();
         // When each default-head toolkit's head was found (ms).
         let mut resolved_at: Vec<Option<i64>> = Vec::new();
-        for (t, a) in toolkits.iter().zip(self.acquire_all(toolkits, actor, &id)?) {
+        progress.step("acquiring toolkits")?;
+        let all = self.acquire_all(toolkits, actor, &id, progress);
+        // A fetch stopped by a cancel fails as it can; the open says why it stopped.
+        progress.check()?;
+        for (t, a) in toolkits.iter().zip(all?) {
             resolved_at.push(a.resolved_at);
             acquired.push((t.clone(), a.acquired));
         }
@@ -276,8 +299,10 @@ impl Workspaces {
             .collect();
         let overrides =
             cloud_harness_curation::decisions::in_force(&self.db, &self.home)?.overrides_for(&sets);
+        progress.step("writing workspace-scope skills")?;
         let workspace_skills =
             materialize::workspace_scope(self.store(), repo, &acquired, &overrides)?;
+        progress.advance();
         if matches!(self.executor_kind, Some(Kind::Docker | Kind::Bwrap))
             && nix::unistd::geteuid().is_root()
         {
@@ -306,10 +331,16 @@ impl Workspaces {
         };
         let mut warnings = Vec::new();
         let act = self.activator();
+        progress.step("mounting the skills")?;
         let mut ws = act.activate(record, &dir, &overrides, true, &mut warnings)?;
+        progress.advance();
+        progress.step("making the executor")?;
         if cleanup.executor.is_none() {
             cleanup.executor = act.make_executor(&places, &id)?;
         }
+        progress.advance();
+        // The last look: a cancel that came while the executor was made still undoes it all.
+        progress.check()?;
         ws.record.executor = cleanup.executor.as_ref().map(|e| e.spec.clone());
         match self.executor_kind {
             None => warnings.push(executor::missing().message),

@@ -1,0 +1,103 @@
+//! What an open in progress shows of itself, and how it is asked to stop: the steps done of
+//! those it will take (cloning the project, acquiring each toolkit, writing workspace-scope
+//! skills, mounting, making the executor), the step it is in, the bytes its fetches have
+//! taken so far. A caller that holds it reads it while the open runs (MCP progress
+//! notifications); cancelling it stops the open at its next step, and the fetches in flight
+//! within their watch interval, and the open then undoes what it made, as for any failure.
+
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_provision::observe::Observer;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+#[derive(Debug, Default)]
+pub struct OpenProgress {
+    done: AtomicU64,
+    total: AtomicU64,
+    step: Mutex<&'static str>,
+    cancelled: AtomicBool,
+    /// The acquisitions of the open, each with its own phase and bytes.
+    fetches: Mutex<Vec<Arc<Observer>>>,
+}
+
+/// One look at an open in progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub done: u64,
+    pub total: u64,
+    pub step: &'static str,
+    /// Bytes fetched so far by the open's acquisitions.
+    pub bytes: u64,
+}
+
+impl OpenProgress {
+    /// Stops the open at its next step, and its fetches in flight.
+    pub fn cancel(&self) {
+        self.cancelled.store(true, Ordering::SeqCst);
+        for fetch in self.fetches.lock().expect("fetches lock").iter() {
+            fetch.cancel();
+        }
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let bytes = self
+            .fetches
+            .lock()
+            .expect("fetches lock")
+            .iter()
+            .map(|f| f.bytes())
+            .sum();
+        Snapshot {
+            done: self.done.load(Ordering::Relaxed),
+            total: self.total.load(Ordering::Relaxed),
+            step: *self.step.lock().expect("step lock"),
+            bytes,
+        }
+    }
+
+    /// The open will take `total` steps.
+    pub(crate) fn plan(&self, total: u64) {
+        self.total.store(total, Ordering::Relaxed);
+    }
+
+    /// Starts the step `name`, unless the open was cancelled: CANCELLED then.
+    pub(crate) fn step(&self, name: &'static str) -> Result<()> {
+        self.check()?;
+        *self.step.lock().expect("step lock") = name;
+        Ok(())
+    }
+
+    /// One step more is done.
+    pub(crate) fn advance(&self) {
+        self.done.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// CANCELLED when the open was asked to stop.
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.is_cancelled() {
+            return Err(Error::new(
+                Code::Cancelled,
+                "workspace_open was cancelled; nothing it made is kept",
+            ));
+        }
+        Ok(())
+    }
+
+    /// An observer for one of the open's fetches (paid by `actor`), cancelled with the open.
+    pub(crate) fn fetch(&self, actor: &str) -> Arc<Observer> {
+        let observer = Arc::new(Observer::paid_by(actor));
+        self.fetches
+            .lock()
+            .expect("fetches lock")
+            .push(observer.clone());
+        // After it is listed: a cancel either finds it in the list or is seen here.
+        if self.is_cancelled() {
+            observer.cancel();
+        }
+        observer
+    }
+}
