@@ -467,3 +467,46 @@ fn serve_on_stdio_answers_every_malformed_line() {
     codes.remove(next);
     assert_eq!(codes, want, "{answers:?}");
 }
+
+/// `cas verify` and `cas gc` draw a progress bar on a terminal (a pseudo-terminal made by
+/// `script`), and nothing but their output when stderr is not one.
+#[test]
+fn long_commands_draw_a_bar_on_a_terminal_and_none_elsewhere() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let src = tmp.path().join("src");
+    for i in 0..50 {
+        write(&src, &format!("f{i}.txt"), &format!("file {i}\n"));
+    }
+    let imported = harness(
+        &store,
+        &["cas", "import", src.to_str().unwrap(), "--root", "kept"],
+    );
+    assert!(imported.status.success(), "{imported:?}");
+
+    for args in [["cas", "verify"], ["cas", "gc"]] {
+        let plain = harness(&store, &args);
+        assert!(plain.status.success(), "{plain:?}");
+        let err = String::from_utf8_lossy(&plain.stderr);
+        assert!(!err.contains(args[1]), "a bar without a terminal: {err}");
+
+        let line = format!("{BIN} {}", args.join(" "));
+        let tty = Command::new("script")
+            .args(["-qfec", &line, "/dev/null"])
+            .env("TOOLKIT_CACHE_ROOT", &store)
+            .output()
+            .unwrap();
+        assert!(tty.status.success(), "{tty:?}");
+        let shown = String::from_utf8_lossy(&tty.stdout);
+        let done = match args[1] {
+            "verify" => "cas verify: 51 objects hashed",
+            _ => "cas gc: 0 objects removed",
+        };
+        assert!(shown.contains(done), "no bar on a terminal: {shown}");
+        if args[1] == "verify" {
+            assert!(shown.contains("hashing blobs ["), "{shown}");
+        }
+    }
+}
+
+const BIN: &str = env!("CARGO_BIN_EXE_cloud-harness");

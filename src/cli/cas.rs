@@ -55,7 +55,9 @@ pub fn run(store: &Store, cmd: CasCommand) -> Result<u8> {
             Ok(0)
         }
         CasCommand::Verify { json } => {
-            let report = store.verify()?;
+            let bar = super::progress::Bar::new("cas verify");
+            let report = store.verify_watched(&bar)?;
+            bar.finish(format!("{} objects hashed", report.blobs + report.trees));
             if json {
                 println!(
                     "{}",
@@ -108,7 +110,9 @@ pub fn run(store: &Store, cmd: CasCommand) -> Result<u8> {
         }
         CasCommand::Gc { grace, .. } => {
             let max = cache::max_bytes_from_env()?;
-            let trim = cache::collect(store, Duration::from_secs(grace), max)?;
+            let bar = super::progress::Bar::new("cas gc");
+            let trim = cache::collect_watched(store, Duration::from_secs(grace), max, &bar)?;
+            bar.finish(format!("{} objects removed", trim.removed));
             for bundle in &trim.forgotten {
                 println!("forgot {bundle} (least recently used)");
             }

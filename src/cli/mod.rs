@@ -9,6 +9,7 @@ mod guard;
 mod library;
 pub mod mount;
 mod prewarm;
+mod progress;
 mod proxy;
 mod registry;
 mod sets;

@@ -8,6 +8,7 @@ use cloud_harness_control::toolkit::{
 };
 use cloud_harness_error::{Error, Result};
 use cloud_harness_provision::index::BundleIndex;
+use cloud_harness_provision::observe::Observer;
 use cloud_harness_provision::Provisioner;
 use cloud_harness_store::cas::Store;
 
@@ -124,7 +125,12 @@ pub fn run(store: &Store, cmd: ToolkitCommand) -> Result<u8> {
         ToolkitCommand::Add(args) => {
             let provisioner = Provisioner::from_env(store.clone())?;
             let toolkit = args.spec()?.resolve(provisioner.hosts())?;
-            let acquired = provisioner.acquire(&toolkit)?;
+            let bar = super::progress::Bar::new("toolkit add");
+            let observer = Observer::default();
+            let acquired = bar.watching(&observer, || {
+                provisioner.acquire_observed(&toolkit, &observer)
+            })?;
+            bar.finish(format!("{} bytes fetched", observer.bytes()));
             if args.json {
                 json_out(&acquired)?;
             } else {

@@ -9,7 +9,7 @@
 use super::index::BundleIndex;
 use cloud_harness_control::config::env_number;
 use cloud_harness_error::Result;
-use cloud_harness_store::cas::{GcReport, Store};
+use cloud_harness_store::cas::{GcReport, Progress, Store, Unwatched};
 use serde::Serialize;
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
@@ -40,6 +40,16 @@ pub struct Trim {
 /// Collects the store (objects no root reaches, older than `grace`), then, while it is
 /// above `max_bytes`, forgets the least recently used bundle it may and collects again.
 pub fn collect(store: &Store, grace: Duration, max_bytes: Option<u64>) -> Result<Trim> {
+    collect_watched(store, grace, max_bytes, &Unwatched)
+}
+
+/// [`collect`], telling `progress` how each collection goes.
+pub fn collect_watched(
+    store: &Store,
+    grace: Duration,
+    max_bytes: Option<u64>,
+    progress: &dyn Progress,
+) -> Result<Trim> {
     let mut trim = Trim::default();
     let add = |trim: &mut Trim, r: GcReport| {
         trim.removed += r.removed;
@@ -49,13 +59,13 @@ pub fn collect(store: &Store, grace: Duration, max_bytes: Option<u64>) -> Result
     };
     // Without a bound, a collection is all there is: no walk to size the store.
     let Some(max) = max_bytes else {
-        add(&mut trim, store.gc(grace)?);
+        add(&mut trim, store.gc_watched(grace, progress)?);
         return Ok(trim);
     };
     // Sized once; each collection's report says what it freed.
     let mut size = store.object_bytes()?;
     trim.bytes_before = Some(size);
-    size = size.saturating_sub(add(&mut trim, store.gc(grace)?));
+    size = size.saturating_sub(add(&mut trim, store.gc_watched(grace, progress)?));
     let index = BundleIndex::open(store);
     // Digests other roots hold: workspaces (what mounts serve) and operators' own.
     let served: HashSet<_> = store
@@ -84,7 +94,7 @@ pub fn collect(store: &Store, grace: Duration, max_bytes: Option<u64>) -> Result
             .push(format!("{}@{}", record.key.url, record.key.commit));
         // The forgotten bundle's objects are old (written or reused before `recent`)
         // unless another bundle shares them, which then keeps them.
-        size = size.saturating_sub(add(&mut trim, store.gc(grace)?));
+        size = size.saturating_sub(add(&mut trim, store.gc_watched(grace, progress)?));
     }
     trim.bytes_after = Some(size);
     Ok(trim)

@@ -1,6 +1,7 @@
 //! Checking the store (`cas verify`) and collecting its garbage (`cas gc`).
 
 use super::digest::Digest;
+use super::progress::{Progress, Unwatched};
 use super::store::{ObjectKind, Store};
 use super::tree::Tree;
 use cloud_harness_error::{Error, Result};
@@ -75,6 +76,11 @@ impl Store {
     /// Re-hashes every object, parses every tree, and checks that every object a tree or a
     /// root names is present with the size the tree records.
     pub fn verify(&self) -> Result<VerifyReport> {
+        self.verify_watched(&Unwatched)
+    }
+
+    /// [`Store::verify`], telling `progress` of each object hashed.
+    pub fn verify_watched(&self, progress: &dyn Progress) -> Result<VerifyReport> {
         let mut report = VerifyReport::default();
         let corrupt = |object: String, detail: String| Problem {
             problem: ProblemKind::Corrupt,
@@ -82,7 +88,10 @@ impl Store {
             detail,
         };
         let mut blob_sizes: HashMap<Digest, u64> = HashMap::new();
-        for (path, digest) in object_files(self, ObjectKind::Blob)? {
+        let blobs = object_files(self, ObjectKind::Blob)?;
+        let total = blobs.len() as u64;
+        for (i, (path, digest)) in blobs.into_iter().enumerate() {
+            progress.at("hashing blobs", i as u64, total);
             let Some(digest) = digest else {
                 let detail = "a file in the blob directory whose name is not a digest".into();
                 report
@@ -108,7 +117,10 @@ impl Store {
         }
         let mut trees: HashMap<Digest, Tree> = HashMap::new();
         let mut bad_trees = HashSet::new();
-        for (path, digest) in object_files(self, ObjectKind::Tree)? {
+        let tree_files = object_files(self, ObjectKind::Tree)?;
+        let total = tree_files.len() as u64;
+        for (i, (path, digest)) in tree_files.into_iter().enumerate() {
+            progress.at("reading trees", i as u64, total);
             let Some(digest) = digest else {
                 let detail = "a file in the tree directory whose name is not a digest".into();
                 report
@@ -192,6 +204,11 @@ impl Store {
     /// Holds the store lock exclusively, so no batch is being written meanwhile; the grace
     /// period covers objects written by a batch whose root is not recorded yet.
     pub fn gc(&self, grace: Duration) -> Result<GcReport> {
+        self.gc_watched(grace, &Unwatched)
+    }
+
+    /// [`Store::gc`], telling `progress` of each tree walked and each object looked at.
+    pub fn gc_watched(&self, grace: Duration, progress: &dyn Progress) -> Result<GcReport> {
         let _lock = self.lock(true)?;
         let cutoff = SystemTime::now()
             .checked_sub(grace)
@@ -210,6 +227,7 @@ impl Store {
             if !live_trees.insert(digest) {
                 continue;
             }
+            progress.at("marking what the roots keep", live_trees.len() as u64, 0);
             let tree = match self.tree(&digest) {
                 Ok(tree) => tree,
                 Err(e) if e.code == cloud_harness_error::Code::NotFound => continue,
@@ -237,7 +255,10 @@ impl Store {
             (ObjectKind::Blob, &live_blobs),
             (ObjectKind::Tree, &live_trees),
         ] {
-            for (path, digest) in object_files(self, kind)? {
+            let files = object_files(self, kind)?;
+            let total = files.len() as u64;
+            for (i, (path, digest)) in files.into_iter().enumerate() {
+                progress.at("sweeping", i as u64, total);
                 if digest.is_some_and(|d| live.contains(&d)) || digest.is_none() {
                     continue;
                 }

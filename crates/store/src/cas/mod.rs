@@ -7,6 +7,7 @@ mod digest;
 mod hashed;
 mod import;
 mod materialize;
+mod progress;
 mod roots;
 mod store;
 mod tree;
@@ -17,6 +18,7 @@ pub use check::{GcReport, Problem, ProblemKind, VerifyReport};
 pub use digest::{Digest, Hasher};
 pub use import::{import_dir, import_fd, open_dir, Imported, Limits, MAX_LEFT_OUT};
 pub use materialize::materialize;
+pub use progress::{Progress, Unwatched};
 pub use store::{ObjectKind, Store, Writer};
 pub use tree::{
     canonical_order, check_name, Entry, Kind, Tree, MAX_BYTES as MAX_TREE_BYTES,
