@@ -473,6 +473,14 @@ async def origin():
             assert e.code != 403, f"{allowed} refused"
 
 
+def api_get(path):
+    """A GET of the operator API beside the MCP endpoint, with the token."""
+    import urllib.request
+    url = CONFIG["url"].rsplit("/mcp", 1)[0] + path
+    with urllib.request.urlopen(urllib.request.Request(url, headers=AUTH), timeout=30) as r:
+        return json.load(r)
+
+
 async def progress():
     """A cold open of six toolkits, four fetched at a time from a slow server: its progress
     grows; cancelled once a toolkit is in, it leaves no workspace and frees its key."""
@@ -489,6 +497,11 @@ async def progress():
         before = workspace_folders()
         task = asyncio.create_task(c.call_tool("workspace_open", request, progress_callback=on_progress))
         await asyncio.wait_for(reached.wait(), 60)
+        # The operator API shows the open in progress, with its step and counts.
+        opening = api_get("/api/v1/workspaces")["opening"]
+        assert len(opening) == 1 and opening[0]["idempotencyKey"] == "progress-1", opening
+        assert opening[0]["step"] == "acquiring toolkits" and opening[0]["done"] >= 1, opening
+        assert opening[0]["bytes"] > 0 and opening[0]["total"] == seen[0][1] - 1, opening
         assert not task.done(), f"the open ended before it was cancelled: {seen}"
         task.cancel()
         try:
@@ -501,9 +514,9 @@ async def progress():
         assert total is not None and all(t == total and v < t for v, t, _ in seen), seen
         assert "acquiring toolkits" in seen[-1][2], seen
         print(f"progress told before the cancel: {[(round(v, 2), t, m) for v, t, m in seen]}")
-        # The server undoes the open: no folder of it stays.
+        # The server undoes the open: no folder of it stays, and it is no longer listed.
         deadline = time.time() + 30
-        while workspace_folders() != before:
+        while workspace_folders() != before or api_get("/api/v1/workspaces")["opening"]:
             assert time.time() < deadline, f"a cancelled open left {workspace_folders() - before}"
             await asyncio.sleep(0.1)
         # Its key is free: the same request now opens a workspace, of all six toolkits.

@@ -109,6 +109,8 @@ pub struct Workspaces {
     catalogue: tokio::sync::broadcast::Sender<Arc<str>>,
     /// Docker executors made ahead of the opens that take them.
     spares: Option<spares::Spares>,
+    /// The opens in progress, with how far each is.
+    openings: progress::Openings,
 }
 
 /// Removes a half-made workspace (its executor, mounts and folder) unless disarmed.
@@ -229,6 +231,7 @@ impl Workspaces {
             prewarm,
             catalogue: tokio::sync::broadcast::channel(CATALOGUE_CHANGES).0,
             spares: None,
+            openings: Default::default(),
         };
         // Restoring first: it removes the folders of opens that never finished, spares of a
         // killed server among them, before any new spare is made.
@@ -357,6 +360,11 @@ impl Workspaces {
         let mut open = self.open_workspaces();
         open.retain(|w| who.reaches(w.owner()));
         open
+    }
+
+    /// The opens in progress that `who` reaches, each with its step and counts.
+    pub fn opening_of(&self, who: &Principal) -> Vec<Value> {
+        self.openings.of(who)
     }
 
     /// How many workspaces `who` has open now.

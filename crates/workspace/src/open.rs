@@ -32,7 +32,7 @@ struct Asked<'a> {
     origins: &'a [Option<Value>],
     /// The principal opening it, who will own it.
     actor: &'a str,
-    progress: &'a OpenProgress,
+    progress: &'a Arc<OpenProgress>,
 }
 
 pub(crate) fn new_id() -> String {
@@ -48,7 +48,7 @@ impl Workspaces {
     /// `workspace_open` asked by `who`, who owns the workspace: their idempotency keys are
     /// theirs alone, and their open workspaces count against their limit.
     pub fn open_as(&self, request: OpenRequest, who: &Principal) -> Result<Value> {
-        self.open_watched(request, who, &OpenProgress::default())
+        self.open_watched(request, who, &Arc::default())
     }
 
     /// [`Workspaces::open_as`], showing its steps in `progress` as it goes; cancelling
@@ -57,7 +57,7 @@ impl Workspaces {
         &self,
         request: OpenRequest,
         who: &Principal,
-        progress: &OpenProgress,
+        progress: &Arc<OpenProgress>,
     ) -> Result<Value> {
         let actor = who.name.as_str();
         let key = request.idempotency_key.clone();
@@ -157,6 +157,8 @@ impl Workspaces {
                 return self.replay(&key, bound, digest);
             }
         }
+        // Listed while it runs, for the API and the dashboard to show.
+        let _listed = self.openings.list(&id, owner, &key, asked.progress.clone());
         // A panic is an error like another: the half-made workspace is removed as it unwinds,
         // and the key and its count against the owner's limit are freed here.
         let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

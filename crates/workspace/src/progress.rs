@@ -5,8 +5,11 @@
 //! notifications); cancelling it stops the open at its next step, and the fetches in flight
 //! within their watch interval, and the open then undoes what it made, as for any failure.
 
+use cloud_harness_control::principal::Principal;
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_provision::observe::Observer;
+use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -99,5 +102,86 @@ impl OpenProgress {
             observer.cancel();
         }
         observer
+    }
+}
+
+/// The opens in progress in this process, by workspace id, for whoever watches them (the API
+/// and the dashboard). As many as the opens the quotas allow at once.
+#[derive(Debug, Default)]
+pub(crate) struct Openings(Mutex<HashMap<String, Opening>>);
+
+#[derive(Debug)]
+struct Opening {
+    owner: String,
+    key: String,
+    started_ms: i64,
+    progress: Arc<OpenProgress>,
+}
+
+/// An open listed in [`Openings`] while it lives: dropped, it is gone from the list.
+pub(crate) struct Listed<'a> {
+    openings: &'a Openings,
+    id: String,
+}
+
+impl Drop for Listed<'_> {
+    fn drop(&mut self) {
+        self.openings
+            .0
+            .lock()
+            .expect("openings lock")
+            .remove(&self.id);
+    }
+}
+
+impl Openings {
+    /// Lists the open of workspace `id` until the guard it returns is dropped.
+    pub(crate) fn list(
+        &self,
+        id: &str,
+        owner: &str,
+        key: &str,
+        progress: Arc<OpenProgress>,
+    ) -> Listed<'_> {
+        let opening = Opening {
+            owner: owner.to_owned(),
+            key: key.to_owned(),
+            started_ms: cloud_harness_control::state::now_ms(),
+            progress,
+        };
+        self.0
+            .lock()
+            .expect("openings lock")
+            .insert(id.to_owned(), opening);
+        Listed {
+            openings: self,
+            id: id.to_owned(),
+        }
+    }
+
+    /// The opens in progress that `who` reaches, each with how far it is, oldest first.
+    pub(crate) fn of(&self, who: &Principal) -> Vec<Value> {
+        let all = self.0.lock().expect("openings lock");
+        let mut out: Vec<(i64, Value)> = all
+            .iter()
+            .filter(|(_, o)| who.reaches(&o.owner))
+            .map(|(id, o)| {
+                let now = o.progress.snapshot();
+                let summary = json!({
+                    "workspace": id,
+                    "owner": o.owner,
+                    "idempotencyKey": o.key,
+                    "state": "opening",
+                    "step": now.step,
+                    "done": now.done,
+                    "total": now.total,
+                    "bytes": now.bytes,
+                    "startedAt": o.started_ms,
+                });
+                (o.started_ms, summary)
+            })
+            .collect();
+        out.sort_by_key(|(at, _)| *at);
+        out.into_iter().map(|(_, v)| v).collect()
     }
 }

@@ -284,5 +284,10 @@ async fn workspaces(
             .filter(|f| who.reaches(f.owner()))
             .map(|f| f.summary()),
     );
-    answer(StatusCode::OK, Ok(json!({ "workspaces": all })))
+    // Opens in progress, each with its step, steps done of the total and bytes fetched.
+    let opening = api.workspaces.opening_of(&who);
+    answer(
+        StatusCode::OK,
+        Ok(json!({ "workspaces": all, "opening": opening })),
+    )
 }

@@ -138,7 +138,7 @@ pub async fn stylesheet() -> Response {
     asset(include_str!("app.css"), "text/css; charset=utf-8")
 }
 
-/// The one script: live progress of import jobs (the pages work without it).
+/// The one script: live progress of import jobs and opening workspaces (the pages work without it).
 pub async fn script() -> Response {
     asset(include_str!("live.js"), "text/javascript; charset=utf-8")
 }

@@ -1,6 +1,7 @@
-// Live progress of import jobs: each row of a job still queued or running asks the API for
-// its job until it ends, then the page is loaded again to show the result. Without this
-// script the page still works (its Refresh link).
+// Live progress of import jobs and of opening workspaces: each row of a job still queued or
+// running asks the API for its job until it ends, and the rows of opens in progress follow
+// /api/v1/workspaces until their open ends; then the page is loaded again to show the result.
+// Without this script the pages still work (loaded again by hand).
 "use strict";
 (function () {
   const ENDED = ["done", "failed", "cancelled"];
@@ -30,7 +31,35 @@
     };
     setTimeout(tick, 300);
   }
+  function watchOpens(rows) {
+    const tick = async () => {
+      let listed;
+      try {
+        const r = await fetch("/api/v1/workspaces", { headers: { Accept: "application/json" } });
+        if (!r.ok) return setTimeout(tick, 2000);
+        listed = await r.json();
+      } catch (e) {
+        return setTimeout(tick, 2000);
+      }
+      const now = new Map((listed.opening || []).map((o) => [o.workspace, o]));
+      for (const row of rows) {
+        const o = now.get(row.dataset.opening);
+        if (!o) return location.reload();
+        const put = (field, text) => {
+          const cell = row.querySelector(`[data-field="${field}"]`);
+          if (cell) cell.textContent = text;
+        };
+        put("step", o.step);
+        put("steps", `${o.done} of ${o.total} steps`);
+        put("bytes", `${o.bytes} bytes`);
+      }
+      setTimeout(tick, 500);
+    };
+    setTimeout(tick, 300);
+  }
   document.addEventListener("DOMContentLoaded", () => {
     document.querySelectorAll("tr[data-job][data-live]").forEach(watch);
+    const opening = [...document.querySelectorAll("tr[data-opening]")];
+    if (opening.length) watchOpens(opening);
   });
 })();

@@ -26,11 +26,30 @@ pub async fn list(State(api): State<Arc<Api>>, Extension(who): Extension<Identit
         .iter()
         .map(|w| w.summary())
         .collect();
+    let opening = api
+        .workspaces
+        .opening_of(&cloud_harness_control::principal::Principal::of(&who));
     layout::page(
         "Workspaces",
         "/workspaces",
         &who,
         html! {
+            @if !opening.is_empty() {
+                h2 { "Opening" }
+                table { thead { tr { th { "Workspace" } th { "Key" } th { "Step" } th { "Progress" } th { "Fetched" } th { "Started" } } }
+                    tbody { @for o in &opening {
+                        tr data-opening=(o["workspace"].as_str().unwrap_or("")) {
+                            td { code { (o["workspace"].as_str().unwrap_or("")) } }
+                            td { (o["idempotencyKey"].as_str().unwrap_or("")) }
+                            td data-field="step" { (o["step"].as_str().unwrap_or("")) }
+                            td data-field="steps" { (o["done"]) " of " (o["total"]) " steps" }
+                            td data-field="bytes" { (o["bytes"]) " bytes" }
+                            td { (layout::when(o["startedAt"].as_i64().unwrap_or(0))) }
+                        }
+                    } }
+                }
+                h2 { "Open" }
+            }
             @if open.is_empty() {
                 p.empty { "No workspace is open. An agent opens one with the MCP tool workspace_open; it shows here with its tiers." }
             } @else {
