@@ -107,6 +107,36 @@ fn skills_check_finds_each_rule_of_the_corpus_and_exits_as_the_reference_validat
         said.contains("name-folder: `name` \"another-name\" differs from its folder"),
         "{said}"
     );
+    // Two folders with the same bytes are two verdicts: the name must match each folder.
+    let twins = tempfile::tempdir().unwrap();
+    for folder in ["same", "other"] {
+        let dir = twins.path().join(folder);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("SKILL.md"),
+            "---\nname: same\ndescription: Twins.\n---\n",
+        )
+        .unwrap();
+    }
+    let out = check(&[twins.path().to_str().unwrap(), "--format", "json"]);
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let by_path: BTreeMap<&str, BTreeSet<String>> = doc["skills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| (v["path"].as_str().unwrap(), rules_of(&v["problems"])))
+        .collect();
+    assert!(by_path["same"].is_empty(), "{doc}");
+    assert_eq!(
+        by_path["other"],
+        BTreeSet::from(["name-folder".to_owned()]),
+        "{doc}"
+    );
+    // One skill named by `..`: its real folder's name is the one checked.
+    std::fs::create_dir_all(twins.path().join("other/sub")).unwrap();
+    let dotted = check(&[twins.path().join("other/sub/..").to_str().unwrap()]);
+    assert_eq!(dotted.status.code(), Some(1), "{dotted:?}");
+    assert!(String::from_utf8_lossy(&dotted.stdout).contains("name-folder"));
     // Not a folder: 2, as the reference validator's bad path.
     let missing = check(&[corpus.join("no-such-skill").to_str().unwrap()]);
     assert_eq!(missing.status.code(), Some(2), "{missing:?}");

@@ -9,7 +9,7 @@ use cloud_harness_error::{Error, Result};
 use cloud_harness_skills::discovery::{read_skill, SkillCache};
 use cloud_harness_skills::resolver::Tier;
 use cloud_harness_skills::skill::SKILL_MD;
-use cloud_harness_skills::spec::Problem;
+use cloud_harness_skills::spec::{Problem, Rule};
 use cloud_harness_skills::stack::dir_source;
 use cloud_harness_store::cas::{Limits, Store};
 use serde::Serialize;
@@ -64,6 +64,12 @@ pub fn run(args: &CheckArgs) -> Result<u8> {
                 "skills": verdicts,
                 "valid": verdicts.len() - invalid,
                 "invalid": invalid,
+                // The rules the reference validator does not check (the harness's stricter ones).
+                "beyondReference": Rule::ALL
+                    .iter()
+                    .filter(|r| !r.in_reference_validator())
+                    .map(|r| r.as_str())
+                    .collect::<Vec<_>>(),
             })
         ),
         Format::Text => {
@@ -99,7 +105,8 @@ fn verdicts(dir: &std::path::Path) -> Result<Vec<Verdict>> {
     if dir.join(SKILL_MD).is_file() {
         // DIR is one skill: its folder's name is the one its `name` must match.
         let imported = store.import_dir(dir, &Limits::default())?;
-        let folder = std::path::absolute(dir)
+        // Its real name (`.` or `..` named it): the one its `name` must match.
+        let folder = std::fs::canonicalize(dir)
             .ok()
             .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()));
         let read = read_skill(&store, folder.as_deref(), &imported.digest);

@@ -122,7 +122,7 @@ impl Collector for Scraped {
         let problems = ConstCounter::new(0u64);
         let mut family = encoder.encode_descriptor(
             "cloud_harness_skill_problems",
-            "Problems of the Agent Skills specification found in the skill folders parsed (each distinct folder once), by rule",
+            "Problems of the Agent Skills specification found, by rule, each time a skill folder is parsed (a skill cache keeps a parse for the resolutions that share it)",
             None,
             problems.metric_type(),
         )?;

@@ -310,9 +310,10 @@ fn parse_folder(uri: &str) -> Option<(String, String, String)> {
         None => String::new(),
         Some(p) => {
             let segments: Vec<String> = p.split('/').map(decode).collect::<Option<_>>()?;
+            // `%2F` decoded is a `/` inside a name: no folder is named so.
             if segments
                 .iter()
-                .any(|s| s.is_empty() || s == "." || s == "..")
+                .any(|s| s.is_empty() || s == "." || s == ".." || s.contains('/'))
             {
                 return None;
             }
@@ -326,8 +327,9 @@ fn parse_folder(uri: &str) -> Option<(String, String, String)> {
 const DIRECTORY: &str = "inode/directory";
 
 /// `resources/directory/read`: the direct children of a folder of a served skill, files with
-/// their resource metadata and folders as directory resources, a page at a time. Anything
-/// else (no such workspace, skill or folder; a file) is -32602.
+/// their resource metadata and folders as directory resources, a page at a time in the
+/// folder's own order (a page costs the same wherever it is). Anything else (no such
+/// workspace, skill or folder; a file) is -32602.
 pub fn directory(
     workspaces: &Workspaces,
     who: &Principal,
@@ -352,31 +354,30 @@ pub fn directory(
     let ws = workspaces
         .get_as(who, &workspace, "resources/directory/read")
         .map_err(|_| not_a_directory())?;
-    let children = match ws.skill_folder(&skill, &path) {
-        Ok(Some(children)) => children,
+    let (children, next) = match ws.skill_folder(&skill, &path, skip, RESOURCE_PAGE) {
+        Ok(Some(page)) => page,
         Err(e) if e.code == cloud_harness_error::Code::Internal => {
             return Err(McpError::internal_error(e.message, None))
         }
         Ok(None) | Err(_) => return Err(not_a_directory()),
     };
-    let mut out = Vec::new();
-    for child in children.iter().skip(skip) {
-        if out.len() == RESOURCE_PAGE {
-            return Ok((out, Some(format!("d{}", skip + RESOURCE_PAGE))));
-        }
-        let child_path = match path.is_empty() {
-            true => child.name.clone(),
-            false => format!("{path}/{}", child.name),
-        };
-        let full = self::uri(&workspace, &skill, &child_path);
-        out.push(match child.size {
-            Some(size) => Resource::new(full, child.name.clone())
-                .with_mime_type(mime_type(&child.name))
-                .with_size(size),
-            None => Resource::new(full, child.name.clone()).with_mime_type(DIRECTORY),
-        });
-    }
-    Ok((out, None))
+    let out = children
+        .iter()
+        .map(|child| {
+            let child_path = match path.is_empty() {
+                true => child.name.clone(),
+                false => format!("{path}/{}", child.name),
+            };
+            let full = self::uri(&workspace, &skill, &child_path);
+            match child.size {
+                Some(size) => Resource::new(full, child.name.clone())
+                    .with_mime_type(mime_type(&child.name))
+                    .with_size(size),
+                None => Resource::new(full, child.name.clone()).with_mime_type(DIRECTORY),
+            }
+        })
+        .collect();
+    Ok((out, next.map(|n| format!("d{n}"))))
 }
 
 /// The template every skill resource fits.

@@ -11,7 +11,7 @@ use crate::spec::{self, Problem, Validation};
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_store::cas::{Digest, Kind, Store, Tree, WalkBudget};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 /// How far category folders may nest below a skill root.
@@ -468,17 +468,24 @@ pub fn read_skill(store: &Store, folder_name: Option<&str>, digest: &Digest) -> 
         })
         .collect();
     let mut problems = parsed.problems;
+    // Checked against the folder as it is served (links out of it dropped), with a budget of
+    // their own: running out leaves the rest unchecked, never skips the skill.
+    let mut folders = Folders::new(store, digest);
     for reference in &parsed.references {
-        if !has_path(store, &tree, reference, &mut budget)? {
-            problems.push(Problem {
+        match folders.has(reference) {
+            Ok(true) => {}
+            Ok(false) => problems.push(Problem {
                 rule: spec::Rule::ReferenceMissing,
                 message: format!(
                     "SKILL.md links to `{}`, which is not in the skill",
                     reference.chars().take(200).collect::<String>()
                 ),
-            });
+            }),
+            Err(e) if e.code == Code::TooLarge => break,
+            Err(e) => return Err(e),
         }
     }
+    cap(&mut problems);
     Ok(Arc::new(SkillInfo {
         digest,
         meta: parsed.meta,
@@ -488,37 +495,77 @@ pub fn read_skill(store: &Store, folder_name: Option<&str>, digest: &Digest) -> 
     }))
 }
 
-/// Whether the skill folder `tree` holds `path` (`/`-separated; `..` steps that stay inside
-/// the folder are followed, a link is taken as present).
-fn has_path(store: &Store, tree: &Tree, path: &str, budget: &mut WalkBudget) -> Result<bool> {
-    let mut stack: Vec<Tree> = vec![tree.clone()];
-    let segments: Vec<&str> = path
-        .split('/')
-        .filter(|s| !s.is_empty() && *s != ".")
-        .collect();
-    for (i, seg) in segments.iter().enumerate() {
-        if *seg == ".." {
-            if stack.len() == 1 {
-                // Out of the skill: a sibling skill's file, checked by the link rules.
-                return Ok(true);
-            }
-            stack.pop();
-            continue;
-        }
-        let here = stack.last().expect("the skill's folder stays");
-        let Some(entry) = here.get(seg) else {
-            return Ok(false);
-        };
-        match entry.kind {
-            Kind::Tree if i + 1 < segments.len() => {
-                let next = budget.tree(store, &entry.digest)?;
-                stack.push(next);
-            }
-            Kind::Tree | Kind::Symlink => return Ok(true),
-            _ => return Ok(i + 1 == segments.len()),
+/// Problems kept of one skill at most; past them, one problem says how many more.
+const MAX_PROBLEMS: usize = 32;
+
+fn cap(problems: &mut Vec<Problem>) {
+    if problems.len() > MAX_PROBLEMS {
+        let more = problems.len() - (MAX_PROBLEMS - 1);
+        let rule = problems[MAX_PROBLEMS - 1].rule;
+        problems.truncate(MAX_PROBLEMS - 1);
+        problems.push(Problem {
+            rule,
+            message: format!("and {more} more problems"),
+        });
+    }
+}
+
+/// A skill's folders, read once each (by digest) for the references of its SKILL.md.
+struct Folders<'a> {
+    store: &'a Store,
+    root: Digest,
+    read: HashMap<Digest, Tree>,
+    budget: WalkBudget,
+}
+
+impl<'a> Folders<'a> {
+    fn new(store: &'a Store, root: Digest) -> Self {
+        Folders {
+            store,
+            root,
+            read: HashMap::new(),
+            budget: WalkBudget::default(),
         }
     }
-    Ok(true)
+
+    fn tree(&mut self, digest: Digest) -> Result<&Tree> {
+        if !self.read.contains_key(&digest) {
+            let tree = self.budget.tree(self.store, &digest)?;
+            self.read.insert(digest, tree);
+        }
+        Ok(&self.read[&digest])
+    }
+
+    /// Whether the folder holds `path` (`/`-separated; `..` steps that stay inside it are
+    /// followed, a step out of it is a sibling skill's, for the link rules; a link is taken
+    /// as present).
+    fn has(&mut self, path: &str) -> Result<bool> {
+        let segments: Vec<&str> = path
+            .split('/')
+            .filter(|s| !s.is_empty() && *s != ".")
+            .collect();
+        let mut stack = vec![self.root];
+        for (i, seg) in segments.iter().enumerate() {
+            if *seg == ".." {
+                if stack.len() == 1 {
+                    return Ok(true);
+                }
+                stack.pop();
+                continue;
+            }
+            let here = *stack.last().expect("the skill's folder stays");
+            let Some(entry) = self.tree(here)?.get(seg).cloned() else {
+                return Ok(false);
+            };
+            let last = i + 1 == segments.len();
+            match entry.kind {
+                Kind::Tree if !last => stack.push(entry.digest),
+                Kind::Tree | Kind::Symlink => return Ok(true),
+                _ => return Ok(last),
+            }
+        }
+        Ok(true)
+    }
 }
 
 /// Gathers the `X` of every `../X/` in the skill's text files and symlink targets. What a

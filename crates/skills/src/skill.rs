@@ -2,7 +2,9 @@
 //!
 //! Lenient where agents are lenient: what breaks the Agent Skills specification (unknown
 //! front-matter fields, a name that differs from its folder or breaks the naming rules, an
-//! over-long description, …) is a [`crate::spec::Problem`] kept with the skill. A skill is skipped, with the reason, only when its `SKILL.md` has no
+//! over-long description, …) is a [`crate::spec::Problem`] kept with the skill (a toolkit whose
+//! policy refuses such skills leaves them out where it is served). Parsing skips a skill, with
+//! the reason, only when its `SKILL.md` has no
 //! front matter, broken YAML, front matter that is not a mapping, no description, is not UTF-8
 //! text, or is too large to be a skill: the file, or its front matter past a bound of
 //! [`crate::front_matter`] (size, nesting, values and text with aliases expanded, keys, string

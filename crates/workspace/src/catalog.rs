@@ -68,14 +68,18 @@ impl Workspace {
         Ok(out)
     }
 
-    /// The direct children of the folder `path` (`/`-separated, empty for the skill's own
-    /// folder) of the served skill `name`, in name order: `None` when there is no such folder.
-    /// A link is listed as the file it leads to inside the mount, or left out.
+    /// A page of the direct children of the folder `path` (`/`-separated, empty for the
+    /// skill's own folder) of the served skill `name`, in the tree's order: at most `limit`
+    /// from the `from`-th entry on, and where the next page starts. `None` when there is no
+    /// such folder. A link is listed as the file it leads to inside the mount, or left out;
+    /// only the page's links are followed.
     pub fn skill_folder(
         &self,
         name: &str,
         path: &str,
-    ) -> cloud_harness_error::Result<Option<Vec<FolderEntry>>> {
+        from: usize,
+        limit: usize,
+    ) -> cloud_harness_error::Result<Option<(Vec<FolderEntry>, Option<usize>)>> {
         let mut digest = self.skill(name)?;
         let mut budget = WalkBudget::default();
         let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
@@ -86,8 +90,11 @@ impl Workspace {
                 _ => return Ok(None),
             }
         }
+        let tree = budget.tree(&self.store, &digest)?;
+        let entries = tree.entries();
+        let end = from.saturating_add(limit).min(entries.len());
         let mut out = Vec::new();
-        for e in budget.tree(&self.store, &digest)?.entries() {
+        for e in entries.get(from..end).unwrap_or_default() {
             let size = match e.kind {
                 Kind::Tree => None,
                 Kind::File | Kind::Executable => Some(e.size),
@@ -107,8 +114,7 @@ impl Workspace {
                 size,
             });
         }
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(Some(out))
+        Ok(Some((out, (end < entries.len()).then_some(end))))
     }
 
     /// The front matter of the served skill `name`'s SKILL.md, every field as written.

@@ -45,7 +45,9 @@ impl Rules<'_> {
 
 impl Serialize for Rules<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|p| p.rule.as_str()))
+        // Each rule once, in the order of the rules.
+        let rules: std::collections::BTreeSet<_> = self.0.iter().map(|p| p.rule).collect();
+        s.collect_seq(rules.into_iter().map(|r| r.as_str()))
     }
 }
 

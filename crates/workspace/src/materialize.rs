@@ -16,13 +16,14 @@ use std::path::Path;
 /// Writes workspace-scope skills into `.cloud-harness/skills/`, all or nothing. Two of these
 /// toolkits bringing one skill name are resolved like any same-tier collision (an operator
 /// override settles it); a skill of the same name already there with other content is a
-/// CONFLICT naming both digests. Returns the skills written, with their toolkits.
+/// CONFLICT naming both digests. Returns the skills written, with their toolkits, and a
+/// line for each skill its toolkit refuses for breaking the Agent Skills specification.
 pub(crate) fn workspace_scope(
     store: &Store,
     repo: &Path,
     acquired: &[(toolkit::Toolkit, Acquired)],
     overrides: &[Override],
-) -> Result<BTreeMap<String, String>> {
+) -> Result<(BTreeMap<String, String>, Vec<String>)> {
     let target = repo.join(WORKSPACE_SKILLS);
     // The project is hostile: a `.cloud-harness` or `skills` that is a link would have these
     // writes land outside the working tree.
@@ -87,10 +88,22 @@ pub(crate) fn workspace_scope(
         }
         written.push(dest);
     }
-    Ok(wanted
+    let refused = index
+        .skipped
+        .iter()
+        .filter(|s| s.skipped.code == "SPEC_VIOLATION")
+        .map(|s| {
+            format!(
+                "{}: {} is not written into {WORKSPACE_SKILLS}: {}",
+                s.source, s.skipped.path, s.skipped.reason
+            )
+        })
+        .collect();
+    let written = wanted
         .into_iter()
         .map(|(name, (_, toolkit))| (name, toolkit))
-        .collect())
+        .collect();
+    Ok((written, refused))
 }
 
 /// `place` (relative to the working tree) must not be a link.

@@ -302,7 +302,7 @@ impl Workspaces {
         let overrides =
             cloud_harness_curation::decisions::in_force(&self.db, &self.home)?.overrides_for(&sets);
         progress.step("writing workspace-scope skills")?;
-        let workspace_skills =
+        let (workspace_skills, refused) =
             materialize::workspace_scope(self.store(), repo, &acquired, &overrides)?;
         progress.advance();
         if matches!(self.executor_kind, Some(Kind::Docker | Kind::Bwrap))
@@ -315,7 +315,13 @@ impl Workspaces {
             .iter()
             .filter_map(|(t, a)| {
                 let skill = t.session_start_skill.as_deref()?;
-                session_start::from_bundle(self.store(), &a.record.bundle, &t.instance_id, skill)
+                session_start::from_bundle(
+                    self.store(),
+                    &a.record.bundle,
+                    &t.instance_id,
+                    skill,
+                    t.layout.validation,
+                )
             })
             .collect();
 
@@ -331,7 +337,7 @@ impl Workspaces {
             executor: None,
             result: Value::Null,
         };
-        let mut warnings = Vec::new();
+        let mut warnings = refused;
         let act = self.activator();
         progress.step("mounting the skills")?;
         let mut ws = act.activate(record, &dir, &overrides, true, &mut warnings)?;

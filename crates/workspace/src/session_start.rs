@@ -61,6 +61,7 @@ pub(crate) fn from_bundle(
     bundle: &Digest,
     toolkit: &str,
     skill: &str,
+    validation: cloud_harness_skills::spec::Validation,
 ) -> Option<SessionStart> {
     let folder = store
         .tree(bundle)
@@ -68,6 +69,13 @@ pub(crate) fn from_bundle(
         .get(skill)
         .filter(|e| e.kind == Kind::Tree)?
         .digest;
+    // A skill its toolkit refuses to serve gives no instructions either.
+    if validation == cloud_harness_skills::spec::Validation::Refuse {
+        let read = cloud_harness_skills::discovery::read_skill(store, Some(skill), &folder);
+        if read.map_or(true, |info| !info.problems.is_empty()) {
+            return None;
+        }
+    }
     let md = store
         .tree(&folder)
         .ok()?

@@ -322,8 +322,8 @@ CREATE INDEX launch_conflicts_actor ON launch_conflicts (actor, last_at);
         description: "what a registry entry and a set do with skills that break the Agent Skills specification",
         parts: &[Both(
             r#"
-ALTER TABLE registry_entries ADD COLUMN validation TEXT NOT NULL DEFAULT 'warn';
-ALTER TABLE set_revisions ADD COLUMN validation TEXT NOT NULL DEFAULT 'warn';
+ALTER TABLE registry_entries ADD COLUMN validation TEXT NOT NULL DEFAULT 'warn' CHECK (validation IN ('warn', 'refuse'));
+ALTER TABLE set_revisions ADD COLUMN validation TEXT NOT NULL DEFAULT 'warn' CHECK (validation IN ('warn', 'refuse'));
 "#,
         )],
     },

@@ -426,11 +426,12 @@ pub fn validation_str(v: Validation) -> &'static str {
     }
 }
 
-/// A policy read back from the database (anything but `refuse` is the default).
+/// A policy read back from the database: anything but `warn` refuses (a value this binary
+/// does not know is never read as the lenient one).
 pub fn validation_from(s: &str) -> Validation {
-    if s == "refuse" {
-        Validation::Refuse
-    } else {
+    if s == "warn" {
         Validation::Warn
+    } else {
+        Validation::Refuse
     }
 }
