@@ -13,6 +13,10 @@ use support::{dir, file, skill, Certs, GitServer, Repo};
 /// `javascript:` link, raw HTML with handlers, an iframe.
 const HOSTILE: &str = "---\nname: hostile\ndescription: Tries to run in the dashboard.\n---\n# Safe heading\n\n<script>window.__pwned = 1</script>\n\n<img src=x onerror=\"window.__pwned = 2\">\n\n[click me](javascript:window.__pwned=3)\n\n<div onclick=\"window.__pwned = 4\">raw html</div>\n\n<iframe src=\"https://example.invalid/\"></iframe>\n";
 
+/// A skill that breaks the Agent Skills specification five ways: its name's form, a name
+/// other than its folder's, an unknown field, a Claude Code field, a link to a missing file.
+const BREAKS_THE_SPEC: &str = "---\nname: deploy_helper\ndescription: Deploys the service.\nversion: 2\nargument-hint: \"[env]\"\n---\n# Deploy\n\nRun [the script](scripts/deploy.sh).\n";
+
 /// What the scenarios work on: a server with bubblewrap executors, a store holding the hostile
 /// skill and the warm toolkits of [`conflicting_kits`], and a local HTTPS git server with
 /// `team/kit.git` at two commits (three skills, then a fourth).
@@ -31,14 +35,17 @@ fn fixture() -> Fixture {
     let src = tmp.path().join("src/hostile-kit");
     support::materialize(
         &src,
-        &dir(vec![(
-            "hostile",
-            dir(vec![
-                ("SKILL.md", file(HOSTILE)),
-                ("notes.html", file("<script>window.__pwned = 5</script>")),
-                ("logo.bin", support::Node::File(vec![0x89, b'P', 0, 0xff])),
-            ]),
-        )]),
+        &dir(vec![
+            (
+                "hostile",
+                dir(vec![
+                    ("SKILL.md", file(HOSTILE)),
+                    ("notes.html", file("<script>window.__pwned = 5</script>")),
+                    ("logo.bin", support::Node::File(vec![0x89, b'P', 0, 0xff])),
+                ]),
+            ),
+            ("deploy-helper", dir(vec![("SKILL.md", file(BREAKS_THE_SPEC))])),
+        ]),
     );
     support::warm_toolkit(&store, &src, "hostile-kit");
     let kits = conflicting_kits(&tmp);
@@ -323,7 +330,7 @@ fn pages_carry_the_csp_and_a_form_without_the_session_token_changes_nothing() {
     assert_eq!(w.op("GET", "/api/v1/sets", None)["sets"], json!([]));
     // The skill page shows the hostile SKILL.md as inert text.
     let lib = http
-        .get(w.url("/library?q=hostile"))
+        .get(w.url("/library?q=tries+to+run"))
         .header("Cookie", &cookie)
         .send()
         .unwrap()

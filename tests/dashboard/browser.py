@@ -89,6 +89,21 @@ with sync_playwright() as p:
         page.get_by_role("searchbox", name="Search").fill("hostile")
         page.get_by_role("button", name="Search").click()
         shot(page, "library")
+        # The skills that break the Agent Skills specification, each with its badge; a
+        # skill's page names every problem.
+        page.get_by_role("searchbox", name="Search").fill("")
+        page.get_by_label("Breaking the specification").check()
+        page.get_by_role("button", name="Search").click()
+        row = page.get_by_role("row").filter(has_text="deploy-helper")
+        expect(row).to_contain_text("5 problems")
+        expect(page.get_by_role("row").filter(has_text="Tries to run in the dashboard")).to_have_count(0)
+        shot(page, "library-problems")
+        row.get_by_role("link", name="deploy-helper").click()
+        for rule in ["name-form", "name-folder", "field-unknown", "field-client", "reference-missing"]:
+            expect(page.locator("main li").filter(has_text=rule)).to_have_count(1)
+        nav(page, "Library")
+        page.get_by_role("searchbox", name="Search").fill("hostile")
+        page.get_by_role("button", name="Search").click()
         response_holder = {}
         page.on("response", lambda r: response_holder.setdefault(r.url.split("?")[0], r))
         page.get_by_role("link", name="hostile").click()
@@ -130,6 +145,9 @@ with sync_playwright() as p:
         # (nothing else reloads this page).
         expect(page.get_by_role("heading", name="Running")).to_be_visible()
         assert page.locator("tr[data-job][data-live]").count() == 1
+        # live.js shows the job's phase as it fetches (the git server answers slowly).
+        expect(page.locator('tr[data-job][data-live] [data-field="phase"]')).to_have_text("fetching", timeout=30000)
+        shot(page, "import-running")
         history = page.get_by_role("table").last
         expect(history.locator("tr[data-job]").first).to_contain_text("done", timeout=60000)
         assert page.locator("tr[data-job][data-live]").count() == 0
