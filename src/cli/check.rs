@@ -105,10 +105,9 @@ fn verdicts(dir: &std::path::Path) -> Result<Vec<Verdict>> {
     if dir.join(SKILL_MD).is_file() {
         // DIR is one skill: its folder's name is the one its `name` must match.
         let imported = store.import_dir(dir, &Limits::default())?;
-        // Its real name (`.` or `..` named it): the one its `name` must match.
-        let folder = std::fs::canonicalize(dir)
-            .ok()
-            .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()));
+        // Its name as the path gives it, `.` and `..` resolved (a link keeps its own name, as
+        // an agent's loader sees it).
+        let folder = lexical_name(dir);
         let read = read_skill(&store, folder.as_deref(), &imported.digest);
         return Ok(vec![match read {
             Ok(info) => Verdict {
@@ -149,4 +148,21 @@ fn verdicts(dir: &std::path::Path) -> Result<Vec<Verdict>> {
     }));
     out.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(out)
+}
+
+/// The last name of `dir` once `.` and `..` are resolved by the path alone (no link followed).
+fn lexical_name(dir: &std::path::Path) -> Option<String> {
+    use std::path::Component;
+    let absolute = std::path::absolute(dir).ok()?;
+    let mut names: Vec<std::ffi::OsString> = Vec::new();
+    for part in absolute.components() {
+        match part {
+            Component::Normal(name) => names.push(name.to_owned()),
+            Component::ParentDir => {
+                names.pop();
+            }
+            _ => {}
+        }
+    }
+    names.last().map(|n| n.to_string_lossy().into_owned())
 }

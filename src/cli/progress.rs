@@ -32,6 +32,13 @@ impl Bar {
 
     /// Shows an acquisition's phase and bytes while `work` runs, for a toolkit fetch.
     pub fn watching<T>(&self, observer: &Observer, work: impl FnOnce() -> T) -> T {
+        /// Stops the ticker however `work` ends (a panic too: the scope waits for the ticker).
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
         let done = AtomicBool::new(false);
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -45,9 +52,8 @@ impl Bar {
                     std::thread::sleep(Duration::from_millis(100));
                 }
             });
-            let out = work();
-            done.store(true, Ordering::Relaxed);
-            out
+            let _stop = Stop(&done);
+            work()
         })
     }
 

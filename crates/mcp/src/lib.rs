@@ -237,7 +237,9 @@ impl HarnessServer {
                     opened
                 })
                 .await;
+                // Stopped and waited for: no progress is told after the answer.
                 watching.abort();
+                let _ = watching.await;
                 let opened = opened?;
                 if let Some(id) = opened["workspace"].as_str() {
                     self.bind(who, id, &context);

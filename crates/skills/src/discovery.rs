@@ -461,12 +461,13 @@ pub fn read_skill(store: &Store, folder_name: Option<&str>, digest: &Digest) -> 
         .or_else(|| parsed.meta.declared_name.clone())
         .unwrap_or_default();
     let (digest, dropped) = crate::links::contain(store, digest, &served_as, &mut budget)?;
-    let warnings = dropped
+    let mut warnings: Vec<String> = dropped
         .iter()
         .map(|path| {
             format!("the link {path} leads outside the skills it is served with; it is not served")
         })
         .collect();
+    let mut all_checked = parsed.references_complete;
     let mut problems = parsed.problems;
     // Checked against the folder as it is served (links out of it dropped), with a budget of
     // their own: running out leaves the rest unchecked, never skips the skill.
@@ -481,9 +482,19 @@ pub fn read_skill(store: &Store, folder_name: Option<&str>, digest: &Digest) -> 
                     reference.chars().take(200).collect::<String>()
                 ),
             }),
-            Err(e) if e.code == Code::TooLarge => break,
+            Err(e) if e.code == Code::TooLarge => {
+                all_checked = false;
+                break;
+            }
             Err(e) => return Err(e),
         }
+    }
+    if !all_checked {
+        warnings.push(format!(
+            "SKILL.md links to more files than are checked (at most {} links, {} files, within a walk's budget); those past the bound were not checked",
+            spec::MAX_LINKS_LOOKED_AT,
+            spec::MAX_REFERENCES
+        ));
     }
     cap(&mut problems);
     Ok(Arc::new(SkillInfo {
@@ -498,16 +509,24 @@ pub fn read_skill(store: &Store, folder_name: Option<&str>, digest: &Digest) -> 
 /// Problems kept of one skill at most; past them, one problem says how many more.
 const MAX_PROBLEMS: usize = 32;
 
+/// Keeps at most [`MAX_PROBLEMS`] of a skill's problems, the first of every rule among them
+/// (so every rule it breaks is still named), and says how many more there were.
 fn cap(problems: &mut Vec<Problem>) {
-    if problems.len() > MAX_PROBLEMS {
-        let more = problems.len() - (MAX_PROBLEMS - 1);
-        let rule = problems[MAX_PROBLEMS - 1].rule;
-        problems.truncate(MAX_PROBLEMS - 1);
-        problems.push(Problem {
-            rule,
-            message: format!("and {more} more problems"),
-        });
+    if problems.len() <= MAX_PROBLEMS {
+        return;
     }
+    let total = problems.len();
+    let mut seen = BTreeSet::new();
+    let (firsts, rest): (Vec<Problem>, Vec<Problem>) =
+        problems.drain(..).partition(|p| seen.insert(p.rule));
+    let room = (MAX_PROBLEMS - 1).saturating_sub(firsts.len());
+    problems.extend(firsts);
+    problems.extend(rest.into_iter().take(room));
+    let last_rule = problems.last().map_or(spec::Rule::FieldUnknown, |p| p.rule);
+    problems.push(Problem {
+        rule: last_rule,
+        message: format!("and {} more problems", total - problems.len()),
+    });
 }
 
 /// A skill's folders, read once each (by digest) for the references of its SKILL.md.
@@ -652,5 +671,27 @@ mod tests {
             links.into_iter().collect::<Vec<_>>(),
             ["a_b.c", "code-review"]
         );
+    }
+
+    #[test]
+    fn a_capped_list_of_problems_still_names_every_rule() {
+        let problem = |rule| Problem {
+            rule,
+            message: String::new(),
+        };
+        let mut problems: Vec<Problem> = (0..100)
+            .map(|_| problem(spec::Rule::FieldUnknown))
+            .chain([
+                problem(spec::Rule::NameForm),
+                problem(spec::Rule::ReferenceMissing),
+            ])
+            .collect();
+        cap(&mut problems);
+        assert_eq!(problems.len(), MAX_PROBLEMS);
+        let rules: BTreeSet<_> = problems.iter().map(|p| p.rule).collect();
+        assert!(
+            rules.contains(&spec::Rule::NameForm) && rules.contains(&spec::Rule::ReferenceMissing)
+        );
+        assert_eq!(problems.last().unwrap().message, "and 71 more problems");
     }
 }

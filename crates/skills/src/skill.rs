@@ -52,6 +52,9 @@ pub struct ParsedSkill {
     /// The relative files its body links to ([`spec::references`]).
     #[serde(skip)]
     pub references: Vec<String>,
+    /// Whether every link of its body is among them (false: a bound stopped the scan).
+    #[serde(skip)]
+    pub references_complete: bool,
 }
 
 /// A skill's identity, checked once where skills are found (discovery) and used as it is
@@ -261,10 +264,12 @@ fn parse_file(folder_name: &str, bytes: &[u8]) -> Result<ParsedSkill> {
         Some(d) if !d.is_empty() => d,
         _ => return Err(Error::invalid("SKILL.md front matter has no description")),
     };
+    let (references, references_complete) = spec::scan_references(body);
     Ok(ParsedSkill {
         meta,
         problems,
-        references: spec::references(body),
+        references,
+        references_complete,
     })
 }
 

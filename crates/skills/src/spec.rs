@@ -354,6 +354,12 @@ fn short(s: &str) -> String {
 /// body: one pass over it, at most [`MAX_LINKS_LOOKED_AT`] link openings looked at, each
 /// target read for at most [`MAX_TARGET`] bytes.
 pub fn references(body: &str) -> Vec<String> {
+    scan_references(body).0
+}
+
+/// [`references`], and whether the body was read to its end (false: a bound stopped the
+/// scan, and links after it are not checked).
+pub fn scan_references(body: &str) -> (Vec<String>, bool) {
     let mut out: Vec<String> = Vec::new();
     let mut looked_at = 0;
     // The open fence: its character and length (CommonMark: closed by at least as many).
@@ -370,7 +376,10 @@ pub fn references(body: &str) -> Vec<String> {
                 fence = Some(m);
                 continue;
             }
-            (Some((c, n)), Some((mc, mn))) if c == mc && mn >= n => {
+            // A closing fence is the run alone (no info string after it).
+            (Some((c, n)), Some((mc, mn)))
+                if c == mc && mn >= n && trimmed.trim_end().len() == mn =>
+            {
                 fence = None;
                 continue;
             }
@@ -382,7 +391,7 @@ pub fn references(body: &str) -> Vec<String> {
         while let Some(at) = rest.find("](") {
             looked_at += 1;
             if looked_at > MAX_LINKS_LOOKED_AT {
-                return out;
+                return (out, false);
             }
             rest = &rest[at + 2..];
             let (target, used) = link_target(rest);
@@ -391,13 +400,13 @@ pub fn references(body: &str) -> Vec<String> {
                 if !out.contains(&path) {
                     out.push(path);
                     if out.len() == MAX_REFERENCES {
-                        return out;
+                        return (out, false);
                     }
                 }
             }
         }
     }
-    out
+    (out, true)
 }
 
 /// Link openings (`](`) a body is searched for at most.
@@ -527,6 +536,7 @@ fn percent_decoded(path: &str) -> Option<String> {
         let hex = (bytes[i] == b'%')
             .then(|| bytes.get(i + 1..i + 3))
             .flatten()
+            .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
             .and_then(|h| std::str::from_utf8(h).ok())
             .and_then(|h| u8::from_str_radix(h, 16).ok());
         match hex {
@@ -661,9 +671,11 @@ mod tests {
         );
         let many: String = (0..1000).map(|i| format!("[f](f{i}.md)\n")).collect();
         assert_eq!(references(&many).len(), MAX_REFERENCES);
-        let odd =
-            "[a](caf%C3%A9.md) [b](foo(1).md) [c](a%2Fb.md)\n````\n```\n[in](code.md)\n````\n";
-        assert_eq!(references(odd), vec!["café.md", "foo(1).md", "a/b.md"]);
+        let odd = "[a](caf%C3%A9.md) [b](foo(1).md) [c](a%2Fb.md) [d](x%+5.md)\n````\n```\n```python\n[in](code.md)\n````\n[after](after.md)\n";
+        assert_eq!(
+            references(odd),
+            vec!["café.md", "foo(1).md", "a/b.md", "x%+5.md", "after.md"]
+        );
     }
 
     /// The worst bodies a toolkit can write cost one bounded pass: link openings that never

@@ -122,6 +122,8 @@ impl Workspaces {
         if let Some(bound) = keys::find(&self.db, owner, &key)? {
             return self.replay(&key, bound, digest);
         }
+        // Cancelled already: no spare taken, no key claimed.
+        asked.progress.check()?;
         // A spare executor, if one is ready, names the workspace: it was made for that id.
         let spare = self.spares.as_ref().and_then(|s| s.take());
         let id = spare.as_ref().map_or_else(new_id, |s| s.id.clone());
@@ -170,6 +172,13 @@ impl Workspaces {
             ))
         });
         match &opened {
+            // Cancelled as it ended: nobody will have its answer, so it is undone.
+            Ok(_) if asked.progress.is_cancelled() => {
+                if let Err(closing) = self.close(&id) {
+                    tracing::error!(workspace = %id, error = %closing, "undoing a cancelled open failed");
+                }
+                return Err(asked.progress.check().expect_err("it was cancelled"));
+            }
             Ok(_) => {
                 if let Err(e) = keys::opened(&self.db, &id) {
                     // Not served half: an open the database did not record is undone (a

@@ -2,8 +2,10 @@
 //! those it will take (cloning the project, acquiring each toolkit, writing workspace-scope
 //! skills, mounting, making the executor), the step it is in, the bytes its fetches have
 //! taken so far. A caller that holds it reads it while the open runs (MCP progress
-//! notifications); cancelling it stops the open at its next step, and the fetches in flight
-//! within their watch interval, and the open then undoes what it made, as for any failure.
+//! notifications); cancelling it stops the open at its next step (no fetch starts after it)
+//! and the open then undoes what it made, as for any failure. Fetches in flight finish and
+//! publish into the store: a client that gave up (a timeout, a dropped connection) and asks
+//! again finds them warm instead of starting over.
 
 use cloud_harness_control::principal::Principal;
 use cloud_harness_error::{Code, Error, Result};
@@ -34,12 +36,9 @@ pub struct Snapshot {
 }
 
 impl OpenProgress {
-    /// Stops the open at its next step, and its fetches in flight.
+    /// Stops the open at its next step.
     pub fn cancel(&self) {
         self.cancelled.store(true, Ordering::SeqCst);
-        for fetch in self.fetches.lock().expect("fetches lock").iter() {
-            fetch.cancel();
-        }
     }
 
     pub fn is_cancelled(&self) -> bool {
@@ -90,17 +89,13 @@ impl OpenProgress {
         Ok(())
     }
 
-    /// An observer for one of the open's fetches (paid by `actor`), cancelled with the open.
+    /// An observer for one of the open's fetches (paid by `actor`), whose bytes count here.
     pub(crate) fn fetch(&self, actor: &str) -> Arc<Observer> {
         let observer = Arc::new(Observer::paid_by(actor));
         self.fetches
             .lock()
             .expect("fetches lock")
             .push(observer.clone());
-        // After it is listed: a cancel either finds it in the list or is seen here.
-        if self.is_cancelled() {
-            observer.cancel();
-        }
         observer
     }
 }

@@ -1,6 +1,6 @@
 // Live progress of import jobs and of opening workspaces: each row of a job still queued or
-// running asks the API for its job until it ends, and the rows of opens in progress follow
-// /api/v1/workspaces until their open ends; then the page is loaded again to show the result.
+// running asks the API for its job until it ends, then the page is loaded again to show the
+// result; the rows of opens in progress follow /api/v1/workspaces until their open ends.
 // Without this script the pages still work (loaded again by hand).
 "use strict";
 (function () {
@@ -31,7 +31,11 @@
     };
     setTimeout(tick, 300);
   }
+  // Rows of opens in progress are updated in place; one no longer listed (opened, failed, or
+  // listed by another runner of a fleet) is marked ended and no longer followed. Nothing is
+  // reloaded: the operator reloads to see the workspace.
   function watchOpens(rows) {
+    let watched = rows;
     const tick = async () => {
       let listed;
       try {
@@ -42,18 +46,22 @@
         return setTimeout(tick, 2000);
       }
       const now = new Map((listed.opening || []).map((o) => [o.workspace, o]));
-      for (const row of rows) {
-        const o = now.get(row.dataset.opening);
-        if (!o) return location.reload();
+      watched = watched.filter((row) => {
         const put = (field, text) => {
           const cell = row.querySelector(`[data-field="${field}"]`);
           if (cell) cell.textContent = text;
         };
+        const o = now.get(row.dataset.opening);
+        if (!o) {
+          put("step", "ended: reload to see it");
+          return false;
+        }
         put("step", o.step);
         put("steps", `${o.done} of ${o.total} steps`);
         put("bytes", `${o.bytes} bytes`);
-      }
-      setTimeout(tick, 500);
+        return true;
+      });
+      if (watched.length) setTimeout(tick, 500);
     };
     setTimeout(tick, 300);
   }
