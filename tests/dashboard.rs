@@ -44,7 +44,10 @@ fn fixture() -> Fixture {
                     ("logo.bin", support::Node::File(vec![0x89, b'P', 0, 0xff])),
                 ]),
             ),
-            ("deploy-helper", dir(vec![("SKILL.md", file(BREAKS_THE_SPEC))])),
+            (
+                "deploy-helper",
+                dir(vec![("SKILL.md", file(BREAKS_THE_SPEC))]),
+            ),
         ]),
     );
     support::warm_toolkit(&store, &src, "hostile-kit");
@@ -163,6 +166,8 @@ fn the_dashboard_in_a_real_browser() {
     );
     assert!(out.status.success(), "{text}");
     assert!(text.contains("dashboard: ok"), "{text}");
+    // axe-core's counts, for CI's output.
+    println!("{}", text.trim());
 }
 
 #[test]

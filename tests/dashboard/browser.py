@@ -40,6 +40,7 @@ def mcp_ok(name, args):
 
 
 def shot(page, name):
+    audit(page, name)
     if SHOTS:
         os.makedirs(SHOTS, exist_ok=True)
         page.screenshot(path=os.path.join(SHOTS, f"{name}.png"), full_page=True)
@@ -65,9 +66,163 @@ def refused(token):
         return e.code == 401
 
 
+# axe-core (tests/dashboard/axe/fetch, run by .ci/setup, puts it here; DASHBOARD_AXE overrides).
+AXE = os.environ.get("DASHBOARD_AXE") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "target", "axe", "axe.min.js")
+if not os.path.exists(AXE):
+    assert not os.environ.get("CI"), f"no axe-core at {AXE}: run tests/dashboard/axe/fetch (.ci/setup does)"
+    print(f"axe: skipped, no axe-core at {AXE} (tests/dashboard/axe/fetch brings it)")
+    AXE = None
+IMPACTS = ["critical", "serious", "moderate", "minor"]
+# What axe found, one entry per page (or state of a page) it looked at: (where, violations).
+AUDITS = []
+
+# Whether the focused element shows it: an outline (not none, wider than 0, not transparent) or
+# a box shadow. None when nothing on the page has the focus; `again` once the walk is back at its
+# first stop.
+FOCUS_SHOWN = """() => {
+  const e = document.activeElement;
+  if (!e || e === document.body) return null;
+  const again = window.__firstStop === e;
+  window.__firstStop = window.__firstStop || e;
+  const s = getComputedStyle(e);
+  const outline = s.outlineStyle !== "none" && parseFloat(s.outlineWidth) > 0
+    && !/^rgba\\(.*, 0\\)$|^transparent$/.test(s.outlineColor);
+  const what = e.tagName.toLowerCase() + (e.getAttribute("aria-label") ? `[${e.getAttribute("aria-label")}]`
+    : ` "${(e.innerText || e.name || "").trim().slice(0, 40)}"`);
+  return { what, again, shown: outline || s.boxShadow !== "none" };
+}"""
+
+# The form controls without an accessible name: none from aria-labelledby, aria-label or the
+# text of their <label>s (the label's own controls, a select's options, left out).
+UNLABELLED = """() => [...document.querySelectorAll("input, select, textarea")]
+  .filter(e => e.type !== "hidden")
+  .filter(e => {
+    const by = (e.getAttribute("aria-labelledby") || "").split(/\\s+/).filter(Boolean)
+      .map(id => (document.getElementById(id) || {}).textContent || "").join(" ");
+    const labels = [...(e.labels || [])].map(l => {
+      const c = l.cloneNode(true);
+      c.querySelectorAll("input, select, textarea").forEach(x => x.remove());
+      return c.textContent;
+    }).join(" ");
+    return !(by + (e.getAttribute("aria-label") || "") + labels).trim();
+  })
+  .map(e => e.outerHTML.slice(0, 120))"""
+
+
+def audit(page, where):
+    """axe's rules on the page as it is now (axe is on every page: an init script, which the
+    pages' CSP does not govern, as it would an injected <script>); and every form control has a
+    label."""
+    if AXE:
+        found = page.evaluate("async () => (await axe.run(document)).violations")
+        AUDITS.append((where, found))
+        unlabelled = page.evaluate(UNLABELLED)
+        assert unlabelled == [], f"{where}: form controls without a label: {unlabelled}"
+
+
+def tab_walk(page, path, most=200):
+    """Tab from the top of the page through its stops (at most `most`), until the focus leaves
+    the page or comes back to the first: each stop shows its focus. How many there were."""
+    page.evaluate("() => { document.activeElement && document.activeElement.blur(); window.__firstStop = null; }")
+    for n in range(most):
+        page.keyboard.press("Tab")
+        now = page.evaluate(FOCUS_SHOWN)
+        if now is None or now["again"]:
+            return n
+        assert now["shown"], f"{path}: {now['what']} has the focus and shows no outline"
+    return most
+
+
+def tab_until(page, test, most=80):
+    """Tab until `test` (a script) holds for the focused element; whether it did."""
+    for _ in range(most):
+        page.keyboard.press("Tab")
+        if page.evaluate(test):
+            return True
+    return False
+
+
+def route(path):
+    """A page's route, its ids and query left out: one tab walk for each kind of page."""
+    return re.sub(r"sha256:[0-9a-f]{64}|ws_[0-9a-f]+", "*", path.split("?")[0])
+
+
+def accessibility(page):
+    """Every page of the dashboard that a link reaches (from the navigation on, breadth first),
+    the signed-out page and an error page, through axe: no critical or serious violation
+    anywhere (the states the scenario stopped at, through shot(), were audited too), and every
+    form control has a label. On each kind of page, every stop of the Tab key shows its focus.
+    Then a token is made and revoked by keyboard alone."""
+    if not AXE:
+        return
+    seen, queue, walked, stops = set(), ["/"], set(), 0
+    while queue and len(seen) < 80:
+        path = queue.pop(0)
+        if path in seen:
+            continue
+        seen.add(path)
+        page.goto(BASE + path)
+        audit(page, path)
+        if route(path) not in walked:
+            walked.add(route(path))
+            stops += tab_walk(page, path)
+        links = page.eval_on_selector_all(
+            "a[href^='/']:not([download])", "as => as.map(a => a.getAttribute('href').split('#')[0])")
+        queue += [h for h in links if h not in seen and not h.startswith(("/logout", "/login", "/assets/"))
+                  and "/files/" not in h]
+    assert {"/", "/library", "/imports", "/sets", "/registry", "/conflicts", "/approvals",
+            "/workspaces", "/audit", "/tokens"} <= seen, seen
+    assert any(p.startswith("/skills/") for p in seen) and any(p.startswith("/workspaces/ws_") for p in seen), seen
+    # An error page, and the page a browser that is not signed in gets.
+    page.goto(BASE + "/workspaces/ws_none")
+    audit(page, "/workspaces/ws_none (an error)")
+    stranger = page.context.browser.new_context()
+    stranger.add_init_script(path=AXE)
+    signed_out = stranger.new_page()
+    signed_out.goto(BASE + "/")
+    audit(signed_out, "/ (signed out)")
+    stranger.close()
+
+    # By keyboard alone: Tab to the token form's fields, type, choose, Enter; then Space on the
+    # new token's Revoke button.
+    page.goto(BASE + "/tokens")
+    assert tab_until(page, "document.activeElement.name === 'name'"), "Tab never reaches the token's name"
+    page.keyboard.type("keyboard-made")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.name") == "role"
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("ArrowUp")
+    assert page.evaluate("document.activeElement.value") == "client"
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.innerText") == "Make token"
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("status")).to_contain_text("Token keyboard-made made")
+    secret = page.locator(".secret code").inner_text().strip()
+    assert secret.startswith("cht_") and not refused(secret), secret
+    assert tab_until(page, "document.activeElement.getAttribute('aria-label') === 'Revoke keyboard-made'"), \
+        "Tab never reaches Revoke keyboard-made"
+    page.keyboard.press("Space")
+    expect(page.get_by_role("status")).to_contain_text("Token keyboard-made revoked")
+    assert refused(secret)
+
+    counts = {i: sum(1 for _, found in AUDITS for v in found if v["impact"] == i) for i in IMPACTS}
+    print(f"axe: {len(AUDITS)} pages, {sum(counts.values())} violations "
+          f"({counts['critical']} critical/{counts['serious']} serious/{counts['moderate']} moderate/{counts['minor']} minor); "
+          f"{len(walked)} kinds of page walked by Tab, {stops} stops, each with its focus shown")
+    for where, found in AUDITS:
+        for v in found:
+            nodes = "; ".join(n["html"][:100] for n in v["nodes"][:3])
+            print(f"  {where}: [{v['impact']}] {v['id']} ({v['help']}): {nodes}")
+    bad = [(where, v["id"]) for where, found in AUDITS for v in found if v["impact"] in ("critical", "serious")]
+    assert bad == [], f"critical or serious accessibility violations: {bad}"
+
+
 with sync_playwright() as p:
     browser = p.chromium.launch(executable_path=CONFIG["chromium"], args=["--no-sandbox"])
     page = browser.new_page(viewport={"width": 1280, "height": 800})
+    if AXE:
+        page.context.add_init_script(path=AXE)
     PAGE = page
     try:
         # Nothing may be asked of any other address.
@@ -316,6 +471,7 @@ with sync_playwright() as p:
             page.goto(BASE + path)
             width = page.evaluate("document.documentElement.scrollWidth")
             assert width <= 420, f"{path} is {width} px wide"
+            audit(page, f"{path} at 420 px")
         shot(page, "narrow-workspace")
 
         # The session's cookie, as chromium keeps it from http://127.0.0.1 (loopback is a
@@ -324,8 +480,12 @@ with sync_playwright() as p:
         assert session["name"] == "__Host-ch_session", session
         assert session["secure"] and session["httpOnly"], session
         assert (session["sameSite"], session["path"]) == ("Strict", "/"), session
-        # Signing out (a form with the session's CSRF token) ends it.
         page.set_viewport_size({"width": 1280, "height": 800})
+
+        # Accessibility: axe on every page, focus shown, labels, a form by keyboard alone.
+        accessibility(page)
+
+        # Signing out (a form with the session's CSRF token) ends it.
         page.goto(BASE + "/tokens")
         page.get_by_role("button", name="Sign out").click()
         expect(page.get_by_text("Not signed in.")).to_be_visible()

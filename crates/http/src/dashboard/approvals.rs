@@ -95,7 +95,7 @@ async fn render(api: &Arc<Api>, who: &Identity, notice: Markup) -> Response {
             h2 { "In force" }
             @if approvals.is_empty() { p.empty { "No approval is in force." } }
             @else {
-                table { thead { tr { th { "Skill" } th { "Digest" } th { "By" } th { "Reason" } th {} } }
+                table { thead { tr { th { "Skill" } th { "Digest" } th { "By" } th { "Reason" } th { span.sr-only { "Actions" } } } }
                     tbody { @for d in &approvals { @if let What::Approval { digest, skill } = &d.what { tr {
                         td { (skill.as_deref().unwrap_or("")) }
                         td { a href={ "/skills/" (digest) } { code { (super::layout::short(&digest.hex())) } } }

@@ -123,7 +123,7 @@ fn conflict(who: &Identity, c: &LaunchConflict, deadline: Instant) -> Markup {
                                     } }
                                 }
                                 label { "Reason" input type="text" name="reason"; }
-                                button type="submit" aria-label={ "Choose " (cand["source"].as_str().unwrap_or("")) } { "Choose this copy" }
+                                button type="submit" { "Choose " (cand["source"].as_str().unwrap_or("")) }
                             }
                         }
                     }

@@ -216,7 +216,7 @@ fn git_fields(form: &NewImport, e: Option<&Error>) -> Markup {
 fn jobs_table(who: &Identity, jobs: &[&Job], live: bool) -> Markup {
     html! {
         table {
-            thead { tr { th { "Job" } th { "Toolkit" } th { "State" } th { "Phase" } th { "Progress" } th { "Result" } th { "By" } @if live { th {} } } }
+            thead { tr { th { "Job" } th { "Toolkit" } th { "State" } th { "Phase" } th { "Progress" } th { "Result" } th { "By" } @if live { th { span.sr-only { "Actions" } } } } }
             tbody { @for j in jobs {
                 tr data-job=(j.id) data-live[live] {
                     td { code { (j.id) } br; small { (layout::when(j.created_at)) } }

@@ -136,8 +136,9 @@ pub(crate) fn spec_badge(problems: &[Problem]) -> Markup {
     let rules = rules.into_iter().collect::<Vec<_>>().join(", ");
     let n = problems.len();
     html! {
-        span.badge.problems title=(rules) aria-label={ (n) " specification problems: " (rules) } {
+        span.badge.problems title=(rules) {
             (n) @if n == 1 { " problem" } @else { " problems" }
+            span.sr-only { ": " (rules) }
         }
     }
 }

@@ -51,7 +51,7 @@ async fn render(api: &Arc<Api>, who: &Identity, notice: Markup) -> Response {
             }
             h2 { "Tokens" }
             @if tokens.is_empty() { p.empty { "No token yet." } }
-            table { thead { tr { th { "Name" } th { "Role" } th { "Made by" } th { "State" } th { } } }
+            table { thead { tr { th { "Name" } th { "Role" } th { "Made by" } th { "State" } th { span.sr-only { "Actions" } } } }
                 tbody { @for t in &tokens { tr {
                     td { (t.name) }
                     td { (t.role.as_str()) }
@@ -70,7 +70,8 @@ async fn render(api: &Arc<Api>, who: &Identity, notice: Markup) -> Response {
                 code { "[limits]" } " in the configuration)." }
             @if usage.is_empty() { p.empty { "Nobody has used anything yet." } }
             @else {
-                table aria-label="Usage against limits" {
+                // Focusable: on a narrow screen it scrolls, and a keyboard must reach it.
+                table aria-label="Usage against limits" tabindex="0" {
                     thead { tr { th scope="col" { "Principal" } @for (limit, _) in &usage[0].1 { th scope="col" { (limit) } } } }
                     tbody { @for (principal, used) in &usage { tr {
                         th scope="row" { (principal) }

@@ -53,7 +53,7 @@ pub async fn list(State(api): State<Arc<Api>>, Extension(who): Extension<Identit
             @if open.is_empty() {
                 p.empty { "No workspace is open. An agent opens one with the MCP tool workspace_open; it shows here with its tiers." }
             } @else {
-                table { thead { tr { th { "Workspace" } th { "Key" } th { "Toolkits" } th { "Skills" } th { "Executor" } th { "Opened" } th {} } }
+                table { thead { tr { th { "Workspace" } th { "Key" } th { "Toolkits" } th { "Skills" } th { "Executor" } th { "Opened" } th { span.sr-only { "Actions" } } } }
                     tbody { @for w in &open {
                         @let id = w["workspace"].as_str().unwrap_or("");
                         tr {
