@@ -172,15 +172,6 @@ fn split_front_matter(text: &str) -> Result<(&str, &str)> {
     ))
 }
 
-fn scalar_text(value: &yaml_serde::Value) -> Option<String> {
-    match value {
-        yaml_serde::Value::String(s) => Some(s.clone()),
-        yaml_serde::Value::Number(n) => Some(n.to_string()),
-        yaml_serde::Value::Bool(b) => Some(b.to_string()),
-        _ => None,
-    }
-}
-
 /// The refusal of a `SKILL.md` of `size` bytes, more than [`MAX_SKILL_MD`].
 pub fn too_large(size: u64) -> Error {
     Error::too_large(format!(
@@ -233,25 +224,25 @@ fn parse_file(folder_name: &str, bytes: &[u8]) -> Result<ParsedSkill> {
             continue;
         };
         match key {
-            "name" => meta.declared_name = scalar_text(value),
-            "description" => description = scalar_text(value),
-            "license" => meta.license = scalar_text(value),
-            "compatibility" => meta.compatibility = scalar_text(value),
+            "name" => meta.declared_name = spec::text(value),
+            "description" => description = spec::text(value),
+            "license" => meta.license = spec::text(value),
+            "compatibility" => meta.compatibility = spec::text(value),
             "allowed-tools" => {
                 meta.allowed_tools = match value {
                     yaml_serde::Value::Sequence(items) => Some(
                         items
                             .iter()
-                            .filter_map(scalar_text)
+                            .filter_map(spec::text)
                             .collect::<Vec<_>>()
                             .join(" "),
                     ),
-                    other => scalar_text(other),
+                    other => spec::text(other),
                 }
             }
             "disable-model-invocation" => {
                 meta.user_only = matches!(value, yaml_serde::Value::Bool(true))
-                    || scalar_text(value).as_deref() == Some("true")
+                    || spec::text(value).as_deref() == Some("true")
             }
             _ => {
                 let json = serde_json::to_value(value).unwrap_or(serde_json::Value::Null);

@@ -326,7 +326,7 @@ fn check_name(name: &str, folder: Option<&str>, problems: &mut Vec<Problem>) {
 
 /// A scalar as text (YAML reads `1.0` and `true` as numbers and booleans; a loader that
 /// wants text takes them as written).
-fn text(value: &yaml_serde::Value) -> Option<String> {
+pub(crate) fn text(value: &yaml_serde::Value) -> Option<String> {
     match value {
         yaml_serde::Value::String(s) => Some(s.clone()),
         yaml_serde::Value::Number(n) => Some(n.to_string()),
