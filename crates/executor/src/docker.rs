@@ -350,6 +350,37 @@ pub async fn link(container: &str, workspace: &str, places: &Places) -> Result<L
         return linked(stream);
     }
     let docker = connect().await?;
+    let started = Instant::now();
+    loop {
+        // Started again when it is not running. An agent killed a moment ago can leave its
+        // container still reported running until the engine has seen it end: looked at
+        // again while its socket does not answer.
+        start_if_stopped(&docker, container, workspace).await?;
+        let looked = Instant::now();
+        while looked.elapsed() < LOOK_AGAIN {
+            match dial(&places.agent) {
+                Ok(stream) => return linked(stream),
+                Err(e) if started.elapsed() > AGENT_START => {
+                    return Err(Error::new(
+                        Code::Upstream,
+                        format!(
+                            "the run agent of workspace {workspace}'s executor does not answer ({e}); close the workspace and open it again"
+                        ),
+                    ))
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    }
+}
+
+/// How long a container the engine says is running is given to answer before it is looked
+/// at again.
+const LOOK_AGAIN: Duration = Duration::from_millis(500);
+
+/// Starts the workspace's container unless the engine says it is running; a missing one is
+/// gone.
+async fn start_if_stopped(docker: &Docker, container: &str, workspace: &str) -> Result<()> {
     let running = match docker
         .inspect_container(
             container,
@@ -372,21 +403,7 @@ pub async fn link(container: &str, workspace: &str, places: &Places) -> Result<L
             .await
             .map_err(|e| docker_error("starting the stopped executor container", e))?;
     }
-    let started = Instant::now();
-    loop {
-        match dial(&places.agent) {
-            Ok(stream) => return linked(stream),
-            Err(e) if started.elapsed() > AGENT_START => {
-                return Err(Error::new(
-                    Code::Upstream,
-                    format!(
-                        "the run agent of workspace {workspace}'s executor does not answer ({e}); close the workspace and open it again"
-                    ),
-                ))
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-        }
-    }
+    Ok(())
 }
 
 /// A link over a socket connected to a container's agent, whose runs report on the
