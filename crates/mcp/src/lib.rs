@@ -16,6 +16,7 @@ pub mod http;
 pub mod malformed;
 mod one_write;
 mod prewritten;
+mod progress;
 pub mod sessions;
 mod skills;
 pub mod stdio;
@@ -33,7 +34,7 @@ use rmcp::model::{
     GetPromptRequestParams, GetPromptResponse, GetPromptResult, GetSkillRequestParams,
     GetSkillResult, Implementation, InitializeResult, ListPromptsResult,
     ListResourceTemplatesResult, ListResourcesResult, ListSkillsResult, ListToolsResult,
-    PaginatedRequestParams, ProgressNotificationParam, Prompt, PromptArgument, PromptMessage,
+    PaginatedRequestParams, Prompt, PromptArgument, PromptMessage,
     ReadResourceDirectoryRequestParams, ReadResourceDirectoryResult, ReadResourceRequestParams,
     ReadResourceResponse, ReadResourceResult, Role, ServerCapabilities, ServerConfig,
     SubscriptionFilter, Tool,
@@ -216,7 +217,8 @@ impl HarnessServer {
             Call::Open(request) => {
                 let opener = who.clone();
                 let progress = Arc::new(OpenProgress::default());
-                let watching = tokio::spawn(watch_open(progress.clone(), context.clone()));
+                let watching =
+                    tokio::spawn(progress::watch_open(progress.clone(), context.clone()));
                 let watched = progress.clone();
                 let opened = blocking(move || {
                     let (who, actor) = (&opener, &opener.name);
@@ -315,68 +317,14 @@ impl HarnessServer {
                 "the run was cancelled while it waited for a slot",
             )),
         };
-        let progress_token = context.meta.get_progress_token();
-        let peer = context.peer.clone();
         ws.run(
             self.workspaces.home(),
             &who.name,
             request,
             context.ct.clone(),
-            move |elapsed, bytes| {
-                if let Some(token) = progress_token.clone() {
-                    let peer = peer.clone();
-                    let mut param = ProgressNotificationParam::new(token, elapsed.as_secs_f64());
-                    param.message = Some(format!(
-                        "running for {} s, {bytes} bytes of output",
-                        elapsed.as_secs()
-                    ));
-                    tokio::spawn(async move {
-                        let _ = peer.notify_progress(param).await;
-                    });
-                }
-            },
+            progress::of_run(&context),
         )
         .await
-    }
-}
-
-/// How often an open in progress is looked at: for a cancel, and for progress to tell.
-const OPEN_WATCH: std::time::Duration = std::time::Duration::from_millis(200);
-
-/// Watches an open until it is aborted: a cancelled request (`notifications/cancelled`, or
-/// the client gone) cancels it; with a `progressToken`, each change of its steps or bytes is
-/// a `notifications/progress` whose `progress` only grows (steps done, plus a part of a step
-/// for the bytes fetched in it) against `total` steps.
-async fn watch_open(progress: Arc<OpenProgress>, context: RequestContext<RoleServer>) {
-    let token = context.meta.get_progress_token();
-    let mut told = -1.0f64;
-    loop {
-        tokio::select! {
-            _ = context.ct.cancelled() => {
-                progress.cancel();
-                return;
-            }
-            _ = tokio::time::sleep(OPEN_WATCH) => {}
-        }
-        let Some(token) = token.clone() else { continue };
-        let now = progress.snapshot();
-        if now.total == 0 {
-            continue;
-        }
-        // Bytes move a step on by at most nine tenths of it, so a step done is always more.
-        let part = 0.9 * (1.0 - 1.0 / (1.0 + now.bytes as f64 / (1 << 20) as f64));
-        let value = now.done as f64 + part;
-        if value <= told {
-            continue;
-        }
-        told = value;
-        let mut param = ProgressNotificationParam::new(token, value);
-        param.total = Some(now.total as f64 + 1.0);
-        param.message = Some(format!(
-            "{} ({} of {} steps done, {} bytes fetched)",
-            now.step, now.done, now.total, now.bytes
-        ));
-        let _ = context.peer.notify_progress(param).await;
     }
 }
 

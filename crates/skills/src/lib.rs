@@ -7,10 +7,12 @@
 //! control plane. It depends on `cloud-harness-error` and `cloud-harness-store`.
 
 pub mod discovery;
+pub mod folder;
 pub mod front_matter;
 pub mod generation;
 pub mod links;
 pub mod namespace;
+pub mod references;
 pub mod relpath;
 pub mod resolver;
 pub mod skill;

@@ -49,7 +49,7 @@ pub struct ParsedSkill {
     /// What the skill breaks of the Agent Skills specification (its front matter's rules;
     /// the files it links to are checked where its folder is known).
     pub problems: Vec<Problem>,
-    /// The relative files its body links to ([`spec::references`]).
+    /// The relative files its body links to ([`crate::references`]).
     #[serde(skip)]
     pub references: Vec<String>,
     /// Whether every link of its body is among them (false: a bound stopped the scan).
@@ -255,7 +255,7 @@ fn parse_file(folder_name: &str, bytes: &[u8]) -> Result<ParsedSkill> {
         Some(d) if !d.is_empty() => d,
         _ => return Err(Error::invalid("SKILL.md front matter has no description")),
     };
-    let (references, references_complete) = spec::scan_references(body);
+    let (references, references_complete) = crate::references::references(body);
     Ok(ParsedSkill {
         meta,
         problems,
