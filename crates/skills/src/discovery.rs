@@ -294,19 +294,13 @@ pub fn discover(
 
 /// A skill refused for its problems (a toolkit with `validation: refuse`).
 fn spec_violation(found: &Found) -> Skipped {
-    let rules: BTreeSet<&str> = found
-        .info
-        .problems
-        .iter()
-        .map(|p| p.rule.as_str())
-        .collect();
     crate::stats::Stats::add(&crate::stats::STATS.skills_refused, 1);
     Skipped {
         path: found.path.clone(),
         code: "SPEC_VIOLATION".into(),
         reason: format!(
             "breaks the Agent Skills specification ({}) and its toolkit refuses such skills",
-            rules.into_iter().collect::<Vec<_>>().join(", ")
+            crate::spec::rule_names(&found.info.problems)
         ),
         details: serde_json::json!({ "problems": found.info.problems }),
     }

@@ -143,6 +143,21 @@ impl Problem {
     }
 }
 
+/// The rules `problems` break, each once, in the order of [`Rule::ALL`].
+pub fn rules(problems: &[Problem]) -> Vec<Rule> {
+    let broken: std::collections::BTreeSet<Rule> = problems.iter().map(|p| p.rule).collect();
+    broken.into_iter().collect()
+}
+
+/// The names of [`rules`], joined by `, ` (for a message).
+pub fn rule_names(problems: &[Problem]) -> String {
+    rules(problems)
+        .iter()
+        .map(|r| r.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// What a toolkit does with skills that have problems.
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,

@@ -10,6 +10,7 @@ use cloud_harness_control::state::{self, Db};
 use cloud_harness_control::toolkit::{self, ToolkitSpec};
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_provision::observe::Observer;
+use cloud_harness_skills::spec;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -174,11 +175,7 @@ impl Imports {
             .skills
             .iter()
             .filter(|f| !f.info.problems.is_empty())
-            .map(|f| {
-                let rules: std::collections::BTreeSet<&str> =
-                    f.info.problems.iter().map(|p| p.rule.as_str()).collect();
-                (f.name.to_string(), json!(rules))
-            })
+            .map(|f| (f.name.to_string(), json!(spec::rules(&f.info.problems))))
             .collect::<serde_json::Map<_, _>>()
             .into()
     }

@@ -5,7 +5,7 @@ use super::pages::{ListPage, PageKey};
 use super::served::Workspace;
 use cloud_harness_skills::namespace::TIERS_DIR;
 use cloud_harness_skills::resolver::{Candidate, Index, Tier};
-use cloud_harness_skills::spec::Problem;
+use cloud_harness_skills::spec::{self, Problem};
 use cloud_harness_store::cas::Digest;
 use serde::Serialize;
 use serde_json::Value;
@@ -45,9 +45,7 @@ impl Rules<'_> {
 
 impl Serialize for Rules<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        // Each rule once, in the order of the rules.
-        let rules: std::collections::BTreeSet<_> = self.0.iter().map(|p| p.rule).collect();
-        s.collect_seq(rules.into_iter().map(|r| r.as_str()))
+        s.collect_seq(spec::rules(self.0).into_iter().map(|r| r.as_str()))
     }
 }
 

@@ -296,7 +296,8 @@ impl Workspaces {
         let mut resolved_at: Vec<Option<i64>> = Vec::new();
         progress.step("acquiring toolkits")?;
         let all = self.acquire_all(toolkits, actor, &id, progress);
-        // A fetch stopped by a cancel fails as it can; the open says why it stopped.
+        // A cancel that came during the fetches stops the open here, once they are in the
+        // store.
         progress.check()?;
         for (t, a) in toolkits.iter().zip(all?) {
             resolved_at.push(a.resolved_at);

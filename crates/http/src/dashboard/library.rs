@@ -131,9 +131,7 @@ pub(crate) fn spec_badge(problems: &[Problem]) -> Markup {
     if problems.is_empty() {
         return html! { span.badge.valid { "valid" } };
     }
-    let rules: std::collections::BTreeSet<&str> =
-        problems.iter().map(|p| p.rule.as_str()).collect();
-    let rules = rules.into_iter().collect::<Vec<_>>().join(", ");
+    let rules = cloud_harness_skills::spec::rule_names(problems);
     let n = problems.len();
     html! {
         span.badge.problems title=(rules) {
