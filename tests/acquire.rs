@@ -2,7 +2,7 @@
 //! layouts, SHA-256, tags, warm starts, the command line, concurrent acquisitions.
 //! What acquisition refuses is in `tests/refusals.rs`.
 
-mod support;
+use crate::support;
 
 use cloud_harness_control::toolkit::{LayoutSpec, PresetSpec, ToolkitSpec};
 use cloud_harness_error::Code;

@@ -1,7 +1,7 @@
 //! Who may call the control plane's HTTP API and MCP, against a real `serve --http` on
 //! loopback: tokens and roles, browser sessions with their origin and CSRF checks, bad input.
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use std::net::SocketAddr;

@@ -3,7 +3,7 @@
 //! Docker engine (`.ci/setup` installs Debian's docker.io and starts dockerd): skipped where
 //! there is none, except under CI.
 
-mod support;
+use crate::support;
 
 use cloud_harness_control::toolkit::{Revision, ToolkitSpec};
 use cloud_harness_error::Code;

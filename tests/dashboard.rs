@@ -2,7 +2,7 @@
 //! skill: in a real browser (`tests/dashboard/browser.py`, Playwright driving Debian's
 //! chromium) and over plain HTTP for what a browser would hide.
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! settling launch conflicts, approvals letting scripts run, the audit log, and the database
 //! under concurrent writers and a killed server.
 
-mod support;
+use crate::support;
 
 use cloud_harness_control::params;
 use serde_json::{json, Value};

@@ -6,7 +6,7 @@
 //! Needs root, `/dev/fuse`, and per backend a Docker engine or bubblewrap: without them the
 //! tests say so and pass, except when `CI` is set.
 
-mod support;
+use crate::support;
 
 use cloud_harness_executor::Kind;
 use serde_json::{json, Value};

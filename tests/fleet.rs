@@ -6,7 +6,7 @@
 
 #[path = "fleet/bucket.rs"]
 mod bucket;
-mod support;
+use crate::support;
 
 use cloud_harness_provision::index::{BundleKey, BundleRecord};
 use cloud_harness_provision::{Acquired, Provisioner};

@@ -3,7 +3,7 @@
 //! (Debian's PostgreSQL on loopback). What an operator does on one runner holds on the other,
 //! and one idempotency key makes one workspace across the fleet.
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use support::api::{mcp_session, tool, world_of, World};

@@ -3,7 +3,7 @@
 //! sessions capped and expiring, malformed messages answered with their JSON-RPC errors, and
 //! what the log says. Loopback only.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -2,7 +2,7 @@
 //! loopback and a local HTTPS git server: a job that runs to done, one that fails with its
 //! error kept, one cancelled while it fetches, and the history of every acquisition.
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};

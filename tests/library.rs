@@ -1,7 +1,7 @@
 //! The library through the API, against a real `serve --http` on loopback: every skill of the
 //! store and the built-in tier, searched, filtered and paged, with where each is used.
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use support::api::{warm_world, World};

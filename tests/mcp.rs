@@ -3,7 +3,7 @@
 //! `tests/mcp/requirements.txt`; `.ci/setup` installs it): skipped where it is missing,
 //! except under CI.
 
-mod support;
+use crate::support;
 
 use serde_json::json;
 use std::io::{BufRead, BufReader};

@@ -2,7 +2,7 @@
 //! moving with the work, `/healthz` and `/readyz` (not ready once a workspace's mount is
 //! gone), `--version`, and SIGTERM during a slow run and a slow acquisition.
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use std::process::Command;

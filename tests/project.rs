@@ -2,7 +2,7 @@
 //! must not lead the harness outside the working tree, neither when the workspace opens nor
 //! when a live tier changes later.
 
-mod support;
+use crate::support;
 
 use cloud_harness_control::toolkit::{self, ToolkitSpec};
 use cloud_harness_error::Code;

@@ -3,7 +3,7 @@
 //! escaping the bundle, downloads past their ceiling, outages on the way, submodules and
 //! commits the server does not have. A refusal leaves the store as it was.
 
-mod support;
+use crate::support;
 
 use cloud_harness_control::hosts::HostPolicy;
 use cloud_harness_control::toolkit::{self, PresetSpec, ToolkitSpec};

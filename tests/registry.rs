@@ -3,7 +3,7 @@
 //! for updates by refs only, an unpinned preset opening warm with the git server stopped, and
 //! operator entries.
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use support::api::{mcp_session, tool, world_with, World};

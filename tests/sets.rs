@@ -2,7 +2,7 @@
 //! edited by revision (a stale edit refused), expanded by `workspace_open`, replayed after an
 //! edit, bad members refused with nothing stored.
 
-mod support;
+use crate::support;
 
 use serde_json::{json, Value};
 use support::api::{mcp_session, tool, warm_world, World};

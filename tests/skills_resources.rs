@@ -1,7 +1,7 @@
 //! Skills as MCP resources and the MCP Skills extension (SEP-2640), as a raw HTTP client sees
 //! them, and the notification a bound session gets when a live tier changes them.
 
-mod support;
+use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

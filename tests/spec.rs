@@ -3,7 +3,7 @@
 //! `cloud-harness skills check`, the reference validator (`agentskills validate`), a live
 //! tier of a workspace (`skills_list`, `skills_read`) and a toolkit whose policy refuses them.
 
-mod support;
+use crate::support;
 
 use cloud_harness_control::toolkit::{self, ToolkitSpec};
 use cloud_harness_executor::{Choice, Kind, Settings};

@@ -2,9 +2,6 @@
 //! it (issue "Safe to share"): each module is one class of attack, through the CLI, HTTP or
 //! MCP, asserting the clear error and that the server still serves, within its bounds.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod ownership;
 mod parsers;
 mod quotas;

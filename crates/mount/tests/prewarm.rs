@@ -1,5 +1,5 @@
 //! The prewarm's walk over a plain directory: what it reads, what it refuses to follow, and
-//! where its budget and its stop flag end it. (Through a real mount: `mount-tests`.)
+//! where its budget and its stop flag end it. (Through a real mount: `tests/mount.rs`.)
 
 use cloud_harness_mount::prewarm::{walk, Budget};
 use std::fs;

@@ -1,0 +1,60 @@
+//! Every integration test of the `cloud-harness` package, in one binary: one link instead
+//! of one per file (each link is ~170 MB and half a minute on two cores). nextest still runs
+//! each test in a process of its own; a file's tests are `FILE::name` (filter with
+//! `-E 'test(/^FILE::/)'`).
+
+#[path = "../support/mod.rs"]
+mod support;
+
+#[path = "../acquire.rs"]
+mod acquire;
+#[path = "../api.rs"]
+mod api;
+#[path = "../cli.rs"]
+mod cli;
+#[path = "../containers.rs"]
+mod containers;
+#[path = "../crash.rs"]
+mod crash;
+#[path = "../dashboard.rs"]
+mod dashboard;
+#[path = "../decisions.rs"]
+mod decisions;
+#[path = "../executor.rs"]
+mod executor;
+#[path = "../executor_lifecycle.rs"]
+mod executor_lifecycle;
+#[path = "../executor_runs.rs"]
+mod executor_runs;
+#[path = "../fleet.rs"]
+mod fleet;
+#[path = "../fleet_state.rs"]
+mod fleet_state;
+#[path = "../hostile/main.rs"]
+mod hostile;
+#[path = "../http.rs"]
+mod http;
+#[path = "../imports.rs"]
+mod imports;
+#[path = "../library.rs"]
+mod library;
+#[path = "../mcp.rs"]
+mod mcp;
+#[path = "../mount.rs"]
+mod mount;
+#[path = "../operations.rs"]
+mod operations;
+#[path = "../project.rs"]
+mod project;
+#[path = "../proxy.rs"]
+mod proxy;
+#[path = "../refusals.rs"]
+mod refusals;
+#[path = "../registry.rs"]
+mod registry;
+#[path = "../sets.rs"]
+mod sets;
+#[path = "../skills_resources.rs"]
+mod skills_resources;
+#[path = "../spec.rs"]
+mod spec;

@@ -1,0 +1,17 @@
+//! The control-plane suites again, with every server's control plane on PostgreSQL (see
+//! `support::postgres`, which selects it by this binary's name): the same behaviour on both
+//! engines.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+#[path = "../api.rs"]
+mod api;
+#[path = "../decisions.rs"]
+mod decisions;
+#[path = "../imports.rs"]
+mod imports;
+#[path = "../registry.rs"]
+mod registry;
+#[path = "../sets.rs"]
+mod sets;
