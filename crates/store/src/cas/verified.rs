@@ -11,7 +11,7 @@
 //! disk under an unchanged inode — `cloud-harness cas verify` checks.
 
 use super::digest::Digest;
-use crate::stats::{Stats, STATS};
+use crate::stats::STATS;
 use lru::LruCache;
 use std::fs::Metadata;
 use std::num::NonZeroUsize;
@@ -56,8 +56,16 @@ impl FileId {
     }
 }
 
-fn cache() -> &'static Mutex<LruCache<Digest, FileId>> {
-    static CACHE: OnceLock<Mutex<LruCache<Digest, FileId>>> = OnceLock::new();
+/// Keyed by the digest and the file (device, inode), so that two files of the same bytes (two
+/// stores in one process) do not push each other out.
+type Key = (Digest, u64, u64);
+
+fn key(digest: &Digest, id: &FileId) -> Key {
+    (*digest, id.dev, id.ino)
+}
+
+fn cache() -> &'static Mutex<LruCache<Key, FileId>> {
+    static CACHE: OnceLock<Mutex<LruCache<Key, FileId>>> = OnceLock::new();
     CACHE.get_or_init(|| {
         Mutex::new(LruCache::new(
             NonZeroUsize::new(CAPACITY).expect("a non-zero capacity"),
@@ -69,12 +77,12 @@ fn cache() -> &'static Mutex<LruCache<Digest, FileId>> {
 /// told no hashes the object before using it, and the counters count it so.
 pub fn known(digest: &Digest, meta: &Metadata) -> bool {
     let id = FileId::of(meta);
-    let known = cache().lock().expect("verified lock").get(digest) == Some(&id);
-    let counter = match known {
-        true => &STATS.objects_trusted,
-        false => &STATS.objects_hashed,
-    };
-    Stats::add(counter, 1);
+    let known = cache()
+        .lock()
+        .expect("verified lock")
+        .get(&key(digest, &id))
+        == Some(&id);
+    STATS.object_read(known);
     known
 }
 
@@ -87,10 +95,11 @@ fn record_at(digest: &Digest, meta: &Metadata, now: SystemTime) {
     if !FileId::settled(meta, now) {
         return;
     }
+    let id = FileId::of(meta);
     cache()
         .lock()
         .expect("verified lock")
-        .put(*digest, FileId::of(meta));
+        .put(key(digest, &id), id);
 }
 
 #[cfg(test)]
