@@ -1,41 +1,28 @@
-//! `cloud-harness mount-guard MOUNTPOINT ID`: what `mount` starts beside itself, to detach its
-//! mount if it dies without unmounting (`fs::guard`).
+//! `cloud-harness mount-guard`: what `mount` and `serve` start beside themselves, to detach
+//! their mounts if they die without unmounting (`cloud_harness_mount::guard`).
 
-use clap::Args;
 use cloud_harness_error::{Error, Result};
 use cloud_harness_mount::guard;
-use std::path::PathBuf;
 
-#[derive(Debug, Args)]
-pub struct GuardArgs {
-    /// The mount point, canonical.
-    pub mountpoint: PathBuf,
-    /// The mount's ID in the mount table.
-    pub id: u64,
-}
-
-pub fn run(args: &GuardArgs) -> Result<u8> {
-    // The daemon's SIGINT (a terminal's ^C reaches the whole group) must not end the guard:
-    // the daemon unmounts, and the guard then ends on its own.
-    unsafe {
-        // SAFETY: setting a signal's disposition to "ignore" before any thread exists.
-        let _ = nix::sys::signal::signal(
-            nix::sys::signal::Signal::SIGINT,
-            nix::sys::signal::SigHandler::SigIgn,
-        );
+pub fn run() -> Result<u8> {
+    // The daemon's SIGINT (a terminal's ^C reaches the whole group) or a service manager's
+    // SIGTERM to the unit's processes must not end the guard before the daemon: the guard
+    // ends on its own once the daemon has.
+    for signal in [
+        nix::sys::signal::Signal::SIGINT,
+        nix::sys::signal::Signal::SIGTERM,
+    ] {
+        unsafe {
+            // SAFETY: setting a signal's disposition to "ignore" before any thread exists.
+            let _ = nix::sys::signal::signal(signal, nix::sys::signal::SigHandler::SigIgn);
+        }
     }
-    match guard::watch(&args.mountpoint, args.id) {
-        Ok(true) => {
-            eprintln!(
-                "cloud-harness: the daemon of {} ended without unmounting; detached it",
-                args.mountpoint.display()
-            );
+    match guard::watch(std::io::stdin().lock()) {
+        Ok(0) => Ok(0),
+        Ok(n) => {
+            eprintln!("cloud-harness: the daemon ended without unmounting; detached {n} mount(s)");
             Ok(0)
         }
-        Ok(false) => Ok(0),
-        Err(e) => Err(Error::internal(format!(
-            "detaching {}: {e}",
-            args.mountpoint.display()
-        ))),
+        Err(e) => Err(Error::internal(format!("the unmount guard: {e}"))),
     }
 }

@@ -64,9 +64,10 @@ pub enum Command {
     /// kernel's caches answer the first reads.
     #[command(hide = true)]
     Prewarm(prewarm::PrewarmArgs),
-    /// What `mount` starts beside itself: detach its mount if it dies without unmounting.
+    /// What `mount` and `serve` start beside themselves: detach their mounts if they die
+    /// without unmounting.
     #[command(hide = true)]
-    MountGuard(guard::GuardArgs),
+    MountGuard,
     /// Run a command in a workspace's executor (cwd /workspace; exit status passed back).
     Exec(exec::ExecArgs),
     /// Toolkits: acquire presets and git toolkits into the store, list what is there.
@@ -150,7 +151,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::FetchPack(args) => return fetch_pack::run(args),
         Command::Exec(args) => return exec::run(args),
         Command::Prewarm(args) => return prewarm::run(args),
-        Command::MountGuard(args) => return guard::run(args),
+        Command::MountGuard => return guard::run(),
         _ => {}
     }
     // The control plane's commands need the database, not the store.
@@ -183,7 +184,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Library(args) => library::run(&store, args),
         Command::Proxy(_)
         | Command::Prewarm(_)
-        | Command::MountGuard(_)
+        | Command::MountGuard
         | Command::FetchPack(_)
         | Command::Exec(_)
         | Command::Token { .. }

@@ -4,7 +4,7 @@ use crate::cli::tiers::TierArgs;
 use clap::Args;
 use cloud_harness_error::{Error, Result};
 use cloud_harness_mount::fuse::{self, MountConfig};
-use cloud_harness_mount::guard::Guard;
+use cloud_harness_mount::guard::Guards;
 use cloud_harness_mount::live::LiveTiers;
 use cloud_harness_mount::prewarm::{Prewarm, Summary};
 use cloud_harness_mount::stats::{Op, STATS};
@@ -90,7 +90,9 @@ pub fn run(store: &Store, args: &MountArgs) -> Result<u8> {
     let _live = watch.start(store.clone(), cache, vec![(ns, apply)]);
     let program = std::env::current_exe()
         .map_err(|e| Error::internal(format!("finding this program: {e}")))?;
-    let _guard = Guard::start(&program, &args.mountpoint)
+    let guards = Guards::new(program.clone());
+    guards
+        .watch(&args.mountpoint)
         .map_err(|e| Error::internal(format!("starting the unmount guard: {e}")))?;
     let prewarm = match args.no_prewarm {
         true => None,

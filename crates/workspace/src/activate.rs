@@ -27,6 +27,7 @@ pub(super) struct Activator {
     pub(super) db: cloud_harness_control::state::Db,
     pub(super) mounting: bool,
     pub(super) prewarm: Option<std::path::PathBuf>,
+    pub(super) guards: Option<Arc<cloud_harness_mount::guard::Guards>>,
     pub(super) catalogue: tokio::sync::broadcast::Sender<Arc<str>>,
     pub(super) watches: Pool,
     pub(super) watch_budget: Budget,
@@ -41,6 +42,7 @@ impl Workspaces {
             db: self.db.clone(),
             mounting: self.mounting,
             prewarm: self.prewarm.clone(),
+            guards: self.guards.clone(),
             catalogue: self.catalogue.clone(),
             watches: self.watches.clone(),
             watch_budget: self.watch_budget,
@@ -144,6 +146,7 @@ impl Activator {
                 merged.clone(),
                 owner,
                 self.prewarm.as_deref(),
+                self.guards.as_ref(),
                 warnings,
             )?
         } else {

@@ -104,6 +104,9 @@ pub struct Workspaces {
     /// The program whose `prewarm` command walks each new mount once (this server's own
     /// binary); without one, mounts stay cold until read.
     prewarm: Option<PathBuf>,
+    /// The process (`program mount-guard`, the same program) that detaches the mounts if this
+    /// one dies without unmounting them; started at the first mount.
+    guards: Option<Arc<cloud_harness_mount::guard::Guards>>,
     /// Sent whenever what the open workspaces serve, together, changes: one opens or closes,
     /// or a live tier changes one.
     catalogue: tokio::sync::broadcast::Sender<Arc<str>>,
@@ -168,8 +171,12 @@ impl Workspaces {
         Workspaces::build(home, provisioner, mounting, executors, None)
     }
 
-    /// New mounts from now on are walked once by `program prewarm MOUNTPOINT`.
+    /// New mounts from now on are walked once by `program prewarm MOUNTPOINT`, and guarded
+    /// by `program mount-guard`.
     pub fn prewarming(mut self, program: PathBuf) -> Workspaces {
+        self.guards = Some(Arc::new(cloud_harness_mount::guard::Guards::new(
+            program.clone(),
+        )));
         self.prewarm = Some(program);
         self
     }
@@ -228,6 +235,9 @@ impl Workspaces {
             db,
             key_locks: KeyedLock::default(),
             mounting,
+            guards: prewarm
+                .clone()
+                .map(|p| Arc::new(cloud_harness_mount::guard::Guards::new(p))),
             prewarm,
             catalogue: tokio::sync::broadcast::channel(CATALOGUE_CHANGES).0,
             spares: None,

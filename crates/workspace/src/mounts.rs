@@ -5,6 +5,7 @@
 
 use cloud_harness_error::{Error, Result};
 use cloud_harness_mount::fuse::{self, MountConfig};
+use cloud_harness_mount::guard::Guards;
 use cloud_harness_mount::live::Target;
 pub use cloud_harness_mount::mount_table::is_mount_point;
 use cloud_harness_mount::prewarm::Prewarm;
@@ -24,6 +25,8 @@ pub struct Mounted {
     thread: Option<std::thread::JoinHandle<()>>,
     /// Says when the serving thread has stopped.
     stopped: std::sync::mpsc::Receiver<()>,
+    /// The guard that detaches the mount if this process dies, and the mount's ID it knows.
+    guard: Option<(Arc<Guards>, u64)>,
 }
 
 /// How long closing waits for a serving thread: a busy mount detached lazily keeps serving
@@ -62,12 +65,14 @@ pub fn unshare(dir: &Path) {
 
 /// Mounts the merged and owner namespaces in `dir`; the live-tier targets that invalidate
 /// the kernel's caches. If either mount fails, neither stays and a warning says so. With a
-/// `prewarm` program (this one's binary), each mount is walked once in the background.
+/// `prewarm` program (this one's binary), each mount is walked once in the background; with
+/// `guards`, each is detached if this process dies without unmounting it.
 pub fn mount(
     dir: &Path,
     merged: Arc<Namespace>,
     owner: Arc<Namespace>,
     prewarm: Option<&Path>,
+    guards: Option<&Arc<Guards>>,
     warnings: &mut Vec<String>,
 ) -> Result<(Vec<Mounted>, Vec<Target>)> {
     let mut mounts = Vec::new();
@@ -99,11 +104,19 @@ pub fn mount(
                         .map_err(|e| tracing::warn!(error = %e, "no prewarm: first reads go to the daemon"))
                         .ok()
                 });
+                let guard = guards.and_then(|g| match g.watch(&path) {
+                    Ok(id) => Some((g.clone(), id)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, mountpoint = %path.display(), "no unmount guard: a crash could leave this mount behind");
+                        None
+                    }
+                });
                 mounts.push(Mounted {
                     path,
                     prewarm,
                     thread: Some(thread),
                     stopped,
+                    guard,
                 });
                 targets.push((
                     ns,
@@ -142,6 +155,9 @@ pub fn release(mounts: &mut Vec<Mounted>) -> Result<()> {
             first_error.get_or_insert(e);
             kept.push(m);
             continue;
+        }
+        if let Some((guards, id)) = m.guard.take() {
+            guards.forget(id);
         }
         match m.stopped.recv_timeout(STOP_WAIT) {
             Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
