@@ -14,7 +14,7 @@ mod api;
 mod cli;
 #[path = "../containers.rs"]
 mod containers;
-#[path = "../crash.rs"]
+#[path = "../crash/mod.rs"]
 mod crash;
 #[path = "../dashboard.rs"]
 mod dashboard;

@@ -52,20 +52,46 @@ pub fn server_mounting(tmp: tempfile::TempDir, args: &[&str], env: &[(&str, &str
     let named = env.iter().any(|(k, _)| *k == "CLOUD_HARNESS_DATABASE_URL");
     let database = (!named && super::postgres::selected() && super::postgres::available())
         .then(super::postgres::Database::new);
+    let url = database.as_ref().map(|d| d.url());
+    let mut all: Vec<(&str, &str)> = url
+        .iter()
+        .map(|u| ("CLOUD_HARNESS_DATABASE_URL", u.as_str()))
+        .collect();
+    all.extend_from_slice(env);
+    let Running { child, addr, log } =
+        start(tmp.path(), args, &all).unwrap_or_else(|log| panic!("serve ended: {log}"));
+    Server {
+        child,
+        addr,
+        log,
+        tmp,
+        database,
+    }
+}
+
+/// A `serve --http` process, its address and what it logged so far.
+pub struct Running {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+/// Starts `serve --http` on loopback with its store and home in `root` (`store`, `home`), as
+/// [`server_mounting`] does; what it logged if it ended before it listened.
+pub fn start(
+    root: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Result<Running, String> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
         .args(["serve", "--http", "127.0.0.1:0"])
         .args(args)
-        .env("TOOLKIT_CACHE_ROOT", tmp.path().join("store"))
-        .env("CLOUD_HARNESS_HOME", tmp.path().join("home"))
+        .env("TOOLKIT_CACHE_ROOT", root.join("store"))
+        .env("CLOUD_HARNESS_HOME", root.join("home"))
         .env("CLOUD_HARNESS_EXECUTOR", "none")
         // No helpers on standby unless a test asks: servers of tests that never fetch in a
         // container would otherwise each make a network and three containers at start-up.
         .env("CLOUD_HARNESS_STANDBY_HELPERS", "0")
-        .envs(
-            database
-                .iter()
-                .map(|d| ("CLOUD_HARNESS_DATABASE_URL", d.url())),
-        )
         .envs(env.iter().copied())
         .stderr(Stdio::piped())
         .spawn()
@@ -74,7 +100,10 @@ pub fn server_mounting(tmp: tempfile::TempDir, args: &[&str], env: &[(&str, &str
     let (mut line, mut early) = (String::new(), String::new());
     let addr = loop {
         line.clear();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "serve ended");
+        if stderr.read_line(&mut line).unwrap_or(0) == 0 {
+            let _ = child.wait();
+            return Err(early);
+        }
         early.push_str(&line);
         if let Some(rest) = line.split("at http://").nth(1) {
             break rest.trim().trim_end_matches("/mcp").parse().unwrap();
@@ -91,13 +120,7 @@ pub fn server_mounting(tmp: tempfile::TempDir, args: &[&str], env: &[(&str, &str
             line.clear();
         }
     });
-    Server {
-        child,
-        addr,
-        log,
-        tmp,
-        database,
-    }
+    Ok(Running { child, addr, log })
 }
 
 /// A complete `tools/list` over the legacy protocol's first step: any answer will do.

@@ -193,6 +193,7 @@ fn insert(
             state::internal(e)
         }
     })?;
+    cloud_harness_error::failpoint::point("sets.revision_written");
     audit::record(
         tx,
         actor,

@@ -1,6 +1,8 @@
 //! The one error type of Cloud Harness: a stable code with an HTTP-like status, a message for
 //! people and structured details for programs (MCP clients read them to correct themselves).
 
+pub mod failpoint;
+
 use serde::Serialize;
 use std::fmt;
 use std::path::Path;

@@ -463,6 +463,7 @@ impl Provisioner {
             return Ok((record, true));
         }
 
+        cloud_harness_error::failpoint::point("acquire.fetched");
         observer.set_phase("staging");
         let mut writer = self.store.writer()?;
         let staged = staging::stage(
@@ -501,7 +502,9 @@ impl Provisioner {
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
         };
+        cloud_harness_error::failpoint::point("acquire.normalized");
         self.record_and_publish(&index, &record)?;
+        cloud_harness_error::failpoint::point("acquire.recorded");
         Ok((record, false))
     }
 }

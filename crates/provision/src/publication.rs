@@ -151,6 +151,7 @@ impl Provisioner {
         };
         let publications = Publications::new(remote, &self.store);
         publications.queue(record)?;
+        cloud_harness_error::failpoint::point("fleet.queued");
         index.put(record)?;
         let _ = publications.publish(record);
         Ok(())

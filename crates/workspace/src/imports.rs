@@ -192,9 +192,11 @@ impl Imports {
             let registry = cloud_harness_curation::registry::load(db_of(self))?;
             s.resolve_in(self.workspaces.hosts(), &registry)
         });
+        cloud_harness_error::failpoint::point("import.running");
         let outcome = match &resolved {
             Ok(t) => {
                 let outcome = self.workspaces.provisioner().acquire_observed(t, &observer);
+                cloud_harness_error::failpoint::point("import.acquired");
                 cloud_harness_provision::acquisitions::record(
                     db_of(self),
                     t,

@@ -159,6 +159,7 @@ impl Workspaces {
                 return self.replay(&key, bound, digest);
             }
         }
+        cloud_harness_error::failpoint::point("open.claimed");
         // Listed while it runs, for the API and the dashboard to show.
         let _listed = self.openings.list(&id, owner, &key, asked.progress.clone());
         // A panic is an error like another: the half-made workspace is removed as it unwinds,
@@ -180,6 +181,7 @@ impl Workspaces {
                 return Err(asked.progress.check().expect_err("it was cancelled"));
             }
             Ok(_) => {
+                cloud_harness_error::failpoint::point("open.saved");
                 if let Err(e) = keys::opened(&self.db, &id) {
                     // Not served half: an open the database did not record is undone (a
                     // close that cannot finish keeps it as failed, for a second close).
@@ -191,6 +193,7 @@ impl Workspaces {
             }
             Err(_) => keys::release(&self.db, &id)?,
         }
+        cloud_harness_error::failpoint::point("open.recorded");
         opened
     }
 
@@ -261,6 +264,7 @@ impl Workspaces {
         let id = id.to_owned();
         let dir = record::workspaces_dir(&self.home).join(&id);
         fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        cloud_harness_error::failpoint::point("open.folder_made");
         let mut cleanup = Cleanup {
             dir: Some(dir.clone()),
             executor: spare,
@@ -351,11 +355,13 @@ impl Workspaces {
         let act = self.activator();
         progress.step("mounting the skills")?;
         let mut ws = act.activate(record, &dir, &overrides, true, &mut warnings)?;
+        cloud_harness_error::failpoint::point("open.mounted");
         progress.advance();
         progress.step("making the executor")?;
         if cleanup.executor.is_none() {
             cleanup.executor = act.make_executor(&places, &id)?;
         }
+        cloud_harness_error::failpoint::point("open.executor_made");
         progress.advance();
         // The last look: a cancel that came while the executor was made still undoes it all.
         progress.check()?;

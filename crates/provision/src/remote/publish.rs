@@ -30,6 +30,7 @@ impl RemoteStore {
             send(ObjectKind::Tree, level)?;
         }
         send(ObjectKind::Blob, vec![record.manifest])?;
+        cloud_harness_error::failpoint::point("fleet.before_record");
         let json = serde_json::to_vec_pretty(record).map_err(|e| Error::internal(e.to_string()))?;
         let objects = self.objects.clone();
         let url = self.url.clone();
@@ -62,6 +63,7 @@ impl RemoteStore {
                         let created = put_new(&objects, &path, bytes)
                             .await
                             .map_err(|e| unreachable(&url, e))?;
+                        cloud_harness_error::failpoint::point("fleet.object_put");
                         Ok::<_, Error>((created, len))
                     }
                 })

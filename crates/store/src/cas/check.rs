@@ -266,6 +266,7 @@ impl Store {
                     if fs::remove_file(&path).is_ok() {
                         report.removed += 1;
                         report.removed_bytes += size;
+                        cloud_harness_error::failpoint::point("gc.removed");
                     }
                 }
             }

@@ -405,6 +405,7 @@ impl Writer<'_> {
             ObjectKind::Blob => self.blobs.push((tmp, digest)),
             ObjectKind::Tree => self.trees.push((tmp, digest)),
         }
+        cloud_harness_error::failpoint::point("store.staged");
         Ok(())
     }
 
@@ -453,6 +454,7 @@ impl Writer<'_> {
                 }
                 return Err(e);
             }
+            cloud_harness_error::failpoint::point("store.published");
         }
         Ok(())
     }

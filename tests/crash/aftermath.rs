@@ -1,0 +1,125 @@
+//! What must hold after a kill: before the restart, nothing of the dead server goes on (no
+//! mount, no process); after it, nothing half-made stays (objects, rows, folders, mounts).
+
+use super::site::{processes_naming, Site};
+use crate::support::http::Running;
+use cloud_harness_control::params;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// FUSE mounts of the harness under `root`, from this namespace's mount table.
+pub fn fuse_mounts_under(root: &Path) -> Vec<String> {
+    let root = root.to_string_lossy().into_owned();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(" - fuse") && l.contains("cloud-harness"))
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_owned))
+        .filter(|point| point.starts_with(&root))
+        .collect()
+}
+
+/// Within a few seconds of a kill: no mount of the dead server (its unmount guard detached
+/// them) and no process of it (sandboxes, agents, the guard itself) is left.
+pub fn settled(site: &Site, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let mounts = fuse_mounts_under(site.root.path());
+        let processes = processes_naming(site.root.path());
+        if mounts.is_empty() && processes.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: left after the kill: mounts {mounts:?}, processes {processes:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// After a restart, with the server `running`: every object whole, every workspace row open
+/// and backed by its folder and its two mounts, every folder a workspace's, no import left
+/// running, the SQLite file sound.
+pub fn whole(site: &Site, running: &Running, what: &str) {
+    let (ok, out) = site.cli(&["cas", "verify"]);
+    assert!(ok, "{what}: cas verify: {out}");
+    let db = cloud_harness_control::state::Db::open_sqlite(&site.home()).unwrap();
+    let check: String = db
+        .with(|c| c.query_row("PRAGMA integrity_check", params![], |r| r.get(0)))
+        .unwrap();
+    assert_eq!(check, "ok", "{what}");
+    let rows: Vec<(String, String)> = db
+        .with(|c| {
+            c.query_map("SELECT id, state FROM workspaces", params![], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?
+            .collect()
+        })
+        .unwrap();
+    let dir = site.home().join("workspaces");
+    let mut folders: Vec<String> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    folders.sort();
+    let mut open: Vec<String> = rows
+        .iter()
+        .filter(|(_, state)| state == "open")
+        .map(|(id, _)| id.clone())
+        .collect();
+    open.sort();
+    assert_eq!(
+        rows.len(),
+        open.len(),
+        "{what}: rows of opens that never finished: {rows:?}"
+    );
+    assert_eq!(
+        folders,
+        open,
+        "{what}: the workspace folders are not the open workspaces' (log: {})",
+        running.log.lock().unwrap()
+    );
+    let running_imports: i64 = db
+        .with(|c| {
+            c.query_row(
+                "SELECT COUNT(*) FROM imports WHERE state IN ('running')",
+                params![],
+                |r| r.get(0),
+            )
+        })
+        .unwrap();
+    assert_eq!(running_imports, 0, "{what}: an import is still 'running'");
+    // Two mounts per open workspace, none else (restoring mounts them again).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mounts = fuse_mounts_under(site.root.path());
+        if mounts.len() == 2 * open.len() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: mounts {mounts:?} for workspaces {open:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Once the last server is stopped: no mount, no process, and a collection sweeps what the
+/// dead writers left in the store's scratch space, after which every object is whole.
+pub fn swept(site: &Site) {
+    settled(site, "the end");
+    let (ok, out) = site.cli(&["cas", "gc", "--grace", "0"]);
+    assert!(ok, "cas gc: {out}");
+    let tmp = site.store().join("tmp");
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "left in {}: {left:?}", tmp.display());
+    let (ok, out) = site.cli(&["cas", "verify"]);
+    assert!(ok, "cas verify after gc: {out}");
+}
