@@ -92,6 +92,15 @@ pub fn whole(site: &Site, running: &Running, what: &str) {
         })
         .unwrap();
     assert_eq!(running_imports, 0, "{what}: an import is still 'running'");
+    // No container but an open workspace's.
+    for dir in containers_under(&site.home()) {
+        let id = dir.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            open.contains(&id),
+            "{what}: a container of {} that is not open",
+            dir.display()
+        );
+    }
     // Two mounts per open workspace, none else (restoring mounts them again).
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -105,6 +114,27 @@ pub fn whole(site: &Site, running: &Running, what: &str) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The workspace folders under `home` that Docker containers are labelled with.
+pub fn containers_under(home: &Path) -> Vec<std::path::PathBuf> {
+    let Ok(out) = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            "label=io.cloud-harness.workspace-dir",
+        ])
+        .args(["--format", "{{.Label \"io.cloud-harness.workspace-dir\"}}"])
+        .output()
+    else {
+        return Vec::new(); // no Docker here: no container either
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(std::path::PathBuf::from)
+        .filter(|d| d.starts_with(home))
+        .collect()
 }
 
 /// Once the last server is stopped: no mount, no process, and a collection sweeps what the

@@ -7,6 +7,9 @@
 //! idempotency key, gives one workspace. Each test prints its kill points and restarts.
 
 mod aftermath;
+mod collection;
+mod curation;
 mod import;
+mod opens;
 mod site;
-mod steps;
+mod toolkits;

@@ -331,6 +331,11 @@ impl Random {
         Random(seed.max(1))
     }
 
+    /// A sequence no one needs to replay (not printed).
+    pub fn unprinted() -> Random {
+        Random(0x9e37_79b9_7f4a_7c15)
+    }
+
     pub fn below(&mut self, n: u64) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
