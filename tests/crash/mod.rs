@@ -9,6 +9,7 @@
 mod aftermath;
 mod collection;
 mod curation;
+mod damaged;
 mod import;
 mod opens;
 mod site;

@@ -12,6 +12,7 @@
 //! Every wait is bounded: SQLite's busy timeout, PostgreSQL's `lock_timeout` and
 //! `statement_timeout`; running out of one is TIMEOUT, retryable.
 
+mod identity;
 mod migrations;
 mod pool;
 mod postgres;
@@ -104,7 +105,14 @@ impl Db {
     pub fn open_sqlite(home: &Path) -> Result<Db> {
         std::fs::create_dir_all(home).map_err(|e| Error::io(home, e))?;
         let path = path(home);
-        let conn = sqlite::open(&path)?;
+        let conn = sqlite::open(&path).map_err(|e| {
+            Error::internal(format!(
+                "the state database {}: {}",
+                path.display(),
+                e.message
+            ))
+        })?;
+        identity::quick_check(&conn, &path)?;
         let shown = path.display().to_string();
         let readers = pool::Pool::new("reading", MAX_READERS, move || {
             Ok(Engine::Sqlite(sqlite::open_reader(&path)?))
@@ -147,7 +155,10 @@ impl Db {
             shown,
             runner: crate::home::runner_name(home)?,
         };
+        let before = db.write(identity::current)?;
+        identity::check(home, before, &db.shown)?;
         db.write(migrations::apply)?;
+        identity::record(home, migrations::latest())?;
         Ok(db)
     }
 
