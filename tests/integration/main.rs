@@ -14,8 +14,6 @@ mod api;
 mod cli;
 #[path = "../containers.rs"]
 mod containers;
-#[path = "../crash/mod.rs"]
-mod crash;
 #[path = "../dashboard.rs"]
 mod dashboard;
 #[path = "../decisions.rs"]
@@ -26,6 +24,8 @@ mod executor;
 mod executor_lifecycle;
 #[path = "../executor_runs.rs"]
 mod executor_runs;
+#[path = "../faults/mod.rs"]
+mod faults;
 #[path = "../fleet.rs"]
 mod fleet;
 #[path = "../fleet_state.rs"]

@@ -92,6 +92,9 @@ pub fn start(
         // No helpers on standby unless a test asks: servers of tests that never fetch in a
         // container would otherwise each make a network and three containers at start-up.
         .env("CLOUD_HARNESS_STANDBY_HELPERS", "0")
+        // A test machine's disk may be fuller than a runner's should be: only the tests of
+        // that threshold set it.
+        .env("CLOUD_HARNESS_MIN_FREE_MIB", "1")
         .envs(env.iter().copied())
         .stderr(Stdio::piped())
         .spawn()

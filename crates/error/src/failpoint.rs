@@ -1,5 +1,5 @@
 //! Named points where a test can have the process killed, to prove that a crash at that moment
-//! of real work loses nothing (the crash suite, `tests/crash.rs`). Compiled in only with the
+//! of real work loses nothing (the crash suite, `tests/faults/`). Compiled in only with the
 //! `failpoints` feature, which only the tests turn on: in a release build [`point`] is empty.
 //!
 //! `CLOUD_HARNESS_KILL_AT=NAME` kills the process with SIGKILL (no destructor, no flush, as

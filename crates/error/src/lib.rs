@@ -100,6 +100,9 @@ pub struct Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The HTTP status of a full disk (RESOURCE_EXHAUSTED that is no quota of the caller's).
+pub const INSUFFICIENT_STORAGE: u16 = 507;
+
 impl Error {
     pub fn new(code: Code, message: impl Into<String>) -> Self {
         Error {
@@ -145,6 +148,36 @@ impl Error {
     /// An I/O failure on `path`, classified: a missing file is NOT_FOUND, a symlink loop or a
     /// name that is too long is INVALID_ARGUMENT (bad input), anything else INTERNAL.
     pub fn io(path: &Path, err: std::io::Error) -> Self {
+        // Out of space or quota, or a device that fails: the condition is named, for a caller
+        // (and an operator) to tell a full disk from a bug; a full disk is worth retrying once
+        // space returns.
+        let condition = match err.raw_os_error() {
+            Some(e) if e == nix::libc::ENOSPC => Some("ENOSPC"),
+            Some(e) if e == nix::libc::EDQUOT => Some("EDQUOT"),
+            Some(e) if e == nix::libc::EIO => Some("EIO"),
+            _ => None,
+        };
+        if let Some(condition) = condition {
+            let (code, what) = match condition {
+                "EIO" => (Code::Internal, "the device failed (EIO)"),
+                "EDQUOT" => (Code::ResourceExhausted, "over the disk quota (EDQUOT)"),
+                _ => (
+                    Code::ResourceExhausted,
+                    "no space left on the device (ENOSPC)",
+                ),
+            };
+            let mut e = Error::new(code, format!("{}: {what}", path.display())).with_details(
+                serde_json::json!({
+                    "path": path.to_string_lossy(),
+                    "condition": condition,
+                    "retryable": condition != "EIO",
+                }),
+            );
+            if code == Code::ResourceExhausted {
+                e.status = INSUFFICIENT_STORAGE;
+            }
+            return e;
+        }
         let code = match err.kind() {
             std::io::ErrorKind::NotFound => Code::NotFound,
             std::io::ErrorKind::PermissionDenied => Code::Forbidden,

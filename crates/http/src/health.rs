@@ -24,6 +24,35 @@ use tokio::sync::watch;
 
 /// How often readiness is assessed.
 pub const READY_EVERY: Duration = Duration::from_secs(2);
+/// Free space below which a disk counts as nearly full, unless `CLOUD_HARNESS_MIN_FREE_MIB`
+/// says.
+const MIN_FREE_MIB: u64 = 256;
+
+fn min_free() -> u64 {
+    std::env::var("CLOUD_HARNESS_MIN_FREE_MIB")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(MIN_FREE_MIB)
+        .saturating_mul(1 << 20)
+}
+
+/// Whether the file systems of `dirs` each have `min` bytes free (for the server's user).
+fn space(dirs: &[std::path::PathBuf], min: u64) -> Result<(), String> {
+    for dir in dirs {
+        let vfs = nix::sys::statvfs::statvfs(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let free = vfs.blocks_available() as u64 * vfs.fragment_size() as u64;
+        if free < min {
+            return Err(format!(
+                "{}: {} MiB free, under the {} MiB of disk.min_free_mib",
+                dir.display(),
+                free >> 20,
+                min >> 20
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// How long one check may take before it counts as failed.
 pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -172,6 +201,8 @@ impl Checks {
                 .map(drop)
                 .map_err(|e| format!("{}: {e}", store.display()))
         });
+        let dirs = vec![ws.store().root().to_path_buf(), ws.home().to_path_buf()];
+        let spaced = self.start("space", move || space(&dirs, min_free()));
         let db = ws.db().clone();
         // SQLite: a write transaction (its lock is this machine's). PostgreSQL: a read, since
         // a write takes the fleet's one write lock, and every runner's probe every 2 s would
@@ -199,8 +230,9 @@ impl Checks {
                 self.start(&w.id.clone(), move || w.check_mounts())
             })
             .collect();
-        let (stored, database, mounts) = tokio::join!(
+        let (stored, spaced, database, mounts) = tokio::join!(
             stored.outcome(),
+            spaced.outcome(),
             database.outcome(),
             futures_util::future::join_all(mounts.into_iter().map(Started::outcome)),
         );
@@ -212,6 +244,14 @@ impl Checks {
                 failures.push(format!("store: {e}"));
                 let said = "the store cannot take a write".into();
                 checks.push(Check::of("store writable", Err(said)));
+            }
+        }
+        match spaced {
+            Ok(()) => checks.push(Check::of("disk space", Ok(()))),
+            Err(e) => {
+                failures.push(format!("disk space: {e}"));
+                let said = "a disk the server writes to is nearly full".into();
+                checks.push(Check::of("disk space", Err(said)));
             }
         }
         match database {

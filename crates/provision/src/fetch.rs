@@ -123,9 +123,18 @@ pub struct Fetched {
     pub commit: gix::ObjectId,
 }
 
-/// A fetch that failed: one that met an object larger than `ceiling.max_object` is TOO_LARGE,
-/// anything else [`upstream`].
-fn failed(url: &str, e: &(dyn std::error::Error + 'static), ceiling: &Ceiling<'_>) -> Error {
+/// A fetch into `dir` that failed: one whose local disk failed (full, over quota, failing)
+/// names that and `dir`; one that met an object larger than `ceiling.max_object` is
+/// TOO_LARGE; anything else [`upstream`].
+fn failed(
+    url: &str,
+    dir: &Path,
+    e: &(dyn std::error::Error + 'static),
+    ceiling: &Ceiling<'_>,
+) -> Error {
+    if let Some(local) = local_disk(dir, e) {
+        return local;
+    }
     match past_alloc_limit(e) {
         true => object_too_large(
             &format!("fetching {url}"),
@@ -135,6 +144,36 @@ fn failed(url: &str, e: &(dyn std::error::Error + 'static), ceiling: &Ceiling<'_
         .with_details(serde_json::json!({ "url": url, "limit": ceiling.max_object })),
         false => upstream(url, e),
     }
+}
+
+/// The failure of this machine's disk among `e` and its sources, as the error of `dir`: the
+/// remote is not to blame for a full disk. (Some of gix's errors keep only the text of the
+/// I/O error they wrap: the text is read too.)
+fn local_disk(dir: &Path, e: &(dyn std::error::Error + 'static)) -> Option<Error> {
+    use nix::libc::{EDQUOT, EIO, ENOSPC};
+    let mut cause = Some(e);
+    while let Some(err) = cause {
+        let code = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::raw_os_error)
+            .filter(|c| [ENOSPC, EDQUOT, EIO].contains(c))
+            .or_else(|| {
+                let text = err.to_string();
+                [
+                    (ENOSPC, "(os error 28)"),
+                    (EDQUOT, "(os error 122)"),
+                    (EIO, "(os error 5)"),
+                ]
+                .into_iter()
+                .find(|(_, t)| text.contains(t))
+                .map(|(c, _)| c)
+            });
+        if let Some(code) = code {
+            return Some(Error::io(dir, std::io::Error::from_raw_os_error(code)));
+        }
+        cause = err.source();
+    }
+    None
 }
 
 /// Whether gix refused to unpack an object past its allocation limit
@@ -485,7 +524,7 @@ pub fn fetch(
                 ceiling.max_object,
             )?
             .fetch_only(gix::progress::Discard, interrupt)
-            .map_err(|e| failed(url, &e, ceiling))?;
+            .map_err(|e| failed(url, dir, &e, ceiling))?;
             check_download(url, &pack_dir, ceiling)?;
             let commit = fetched_commit(url, revision, &outcome.ref_map)?;
             // The fetched commit must be there (a server may answer without it).
@@ -531,13 +570,16 @@ pub fn clone_worktree(
             )?;
             let (mut checkout, outcome) = prepare
                 .fetch_then_checkout(gix::progress::Discard, interrupt)
-                .map_err(|e| failed(url, &e, &ceiling))?;
+                .map_err(|e| failed(url, dir, &e, &ceiling))?;
             check_download(url, &pack_dir, &ceiling)?;
             let commit = fetched_commit(url, revision, &outcome.ref_map)?;
             check_checkout(url, checkout.repo(), commit, limits)?;
             checkout
                 .main_worktree(gix::progress::Discard, interrupt)
-                .map_err(|e| upstream(url, format!("checking out: {e}")))?;
+                .map_err(|e| {
+                    local_disk(dir, &e)
+                        .unwrap_or_else(|| upstream(url, format!("checking out: {e}")))
+                })?;
             Ok(commit)
         },
     )

@@ -184,6 +184,12 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "half of fs.inotify.max_user_watches, at most 65536",
     ),
     s(
+        "disk.min_free_mib",
+        "CLOUD_HARNESS_MIN_FREE_MIB",
+        Kind::Number,
+        "256",
+    ),
+    s(
         "workspace.restore_timeout",
         "CLOUD_HARNESS_RESTORE_TIMEOUT",
         Kind::Number,

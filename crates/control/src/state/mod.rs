@@ -59,6 +59,14 @@ pub fn path(home: &Path) -> PathBuf {
     home.join("state.db")
 }
 
+/// Where this process's state database is (the file, or the URL without its password), for
+/// errors that name it; the last one opened.
+static LOCATION: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
+fn location() -> String {
+    LOCATION.lock().map(|l| l.clone()).unwrap_or_default()
+}
+
 /// A database error as the harness reports it: a constraint is the caller's to name, a
 /// database out of reach is UPSTREAM and one that did not answer in time TIMEOUT (both
 /// retryable), anything else is internal.
@@ -68,6 +76,21 @@ pub fn internal(e: DbError) -> Error {
             .with_details(serde_json::json!({ "retryable": true })),
         ErrorKind::Timeout => Error::new(Code::Timeout, e.message)
             .with_details(serde_json::json!({ "retryable": true })),
+        ErrorKind::Full => {
+            let mut full = Error::new(
+                Code::ResourceExhausted,
+                format!(
+                    "the state database ({}): no space left on its device (ENOSPC): {}",
+                    location(),
+                    e.message
+                ),
+            )
+            .with_details(
+                serde_json::json!({ "condition": "ENOSPC", "path": location(), "retryable": true }),
+            );
+            full.status = cloud_harness_error::INSUFFICIENT_STORAGE;
+            full
+        }
         _ => Error::internal(format!("state database: {e}")),
     }
 }
@@ -155,6 +178,9 @@ impl Db {
             shown,
             runner: crate::home::runner_name(home)?,
         };
+        if let Ok(mut l) = LOCATION.lock() {
+            l.clone_from(&db.shown);
+        }
         let before = db.write(identity::current)?;
         identity::check(home, before, &db.shown)?;
         db.write(migrations::apply)?;

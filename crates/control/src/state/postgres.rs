@@ -333,6 +333,7 @@ fn error(e: tokio_postgres::Error, shown: &str) -> DbError {
         Some(c) if *c == SqlState::QUERY_CANCELED || *c == SqlState::LOCK_NOT_AVAILABLE => {
             ErrorKind::Timeout
         }
+        Some(c) if *c == SqlState::DISK_FULL => ErrorKind::Full,
         Some(_) => ErrorKind::Other,
         // No SQL state: the connection (refused, lost, timed out) rather than a statement.
         None => ErrorKind::Unavailable,
@@ -342,6 +343,7 @@ fn error(e: tokio_postgres::Error, shown: &str) -> DbError {
             "the state database at {shown}: {e} (its certificate must verify against the system's roots; on a trusted network add sslmode=disable to the URL)"
         ),
         ErrorKind::Unavailable => format!("the state database at {shown} is unreachable: {e}"),
+        ErrorKind::Full => format!("the state database at {shown}: its disk is full (ENOSPC)"),
         ErrorKind::Timeout => format!(
             "the state database at {shown} did not answer in time: {}",
             e.as_db_error().map_or_else(|| e.to_string(), |db| db.message().to_owned())

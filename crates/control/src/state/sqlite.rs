@@ -67,6 +67,7 @@ pub fn error(e: rusqlite::Error) -> DbError {
         {
             ErrorKind::Timeout
         }
+        e if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) => ErrorKind::Full,
         _ => ErrorKind::Other,
     };
     DbError {

@@ -156,6 +156,9 @@ pub enum ErrorKind {
     /// PostgreSQL's `lock_timeout` or `statement_timeout`): nothing of it was kept, and trying
     /// again later may succeed.
     Timeout,
+    /// The database's disk is full (SQLite's `SQLITE_FULL`, PostgreSQL's `disk_full`): the
+    /// statement was undone, and it may succeed once space returns.
+    Full,
     Other,
 }
 

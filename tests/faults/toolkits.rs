@@ -10,7 +10,7 @@ use std::time::Duration;
 
 /// A local git server with one toolkit repository, a new commit of it per round.
 pub(super) struct Toolkits {
-    _tmp: tempfile::TempDir,
+    tmp: tempfile::TempDir,
     certs: Certs,
     server: GitServer,
     repo: Repo,
@@ -25,11 +25,21 @@ impl Toolkits {
         let server = GitServer::start(&repos, &certs);
         let repo = Repo::create(&repos, "kit.git", false);
         Toolkits {
-            _tmp: tmp,
+            tmp,
             certs,
             server,
             repo,
         }
+    }
+
+    /// Where the server's repositories are (for more of them).
+    pub(super) fn repos(&self) -> std::path::PathBuf {
+        self.tmp.path().join("repos")
+    }
+
+    /// The URL of repository `name` on the server.
+    pub(super) fn url(&self, name: &str) -> String {
+        self.server.url(name)
     }
 
     /// The server's environment: the git server allowed and trusted, executors `executor`.
