@@ -50,7 +50,7 @@ pub(super) fn check(home: &Path, current: i64, shown: &str) -> Result<()> {
     if seen > 0 && current == 0 {
         return Err(Error::internal(format!(
             "the state database {shown} is empty, but this home ({}) used it at schema version {seen}: \
-             it was lost, truncated or replaced. Restore it from its backup (docs: \"Backing up and restoring\"); \
+             it was lost, truncated or replaced. Restore it from its backup (docs/durability.md, \"Backing up and restoring\"); \
              to start afresh on purpose, with no tokens, decisions or workspaces, remove {}",
             home.display(),
             path.display()
@@ -69,7 +69,7 @@ pub(super) fn record(home: &Path, version: i64) -> Result<()> {
 pub(super) fn quick_check(conn: &rusqlite::Connection, path: &Path) -> Result<()> {
     let damaged = |why: String| {
         Error::internal(format!(
-            "the state database {} is damaged ({why}): restore it from its backup (docs: \"Backing up and restoring\"), \
+            "the state database {} is damaged ({why}): restore it from its backup (docs/durability.md, \"Backing up and restoring\"), \
              or move it aside to start with an empty one",
             path.display()
         ))
