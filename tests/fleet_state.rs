@@ -344,3 +344,87 @@ fn a_runner_whose_database_stays_down_says_upstream_and_goes_on_when_it_is_back(
         Some(json!({"name": "back", "role": "client"})),
     );
 }
+
+/// The database goes away under load and comes back: eight writers keep making tokens
+/// through it. Every call ends within its bound and either succeeds or is refused
+/// `UPSTREAM`/`TIMEOUT` (never a 500, never a hang); once it is back every call succeeds,
+/// with no restart of the harness; and every token whose making was acknowledged is there.
+#[test]
+fn writes_under_load_through_a_database_outage_are_kept_or_refused_typed() {
+    let Some(f) = fleet() else { return };
+    let relay = support::postgres::Relay::start();
+    let a = world_of(f.runner_on("runner-a", "none", &relay.url(&f.db.url())));
+    let started = std::time::Instant::now();
+    let (cut_at, back_at, end_at) = (1500, 3500, 6500);
+    let outcomes: Vec<Vec<(String, u16, Value, u128, u128)>> = std::thread::scope(|scope| {
+        let writers: Vec<_> = (0..8)
+            .map(|w| {
+                let a = &a;
+                scope.spawn(move || {
+                    let mut seen = Vec::new();
+                    let mut i = 0;
+                    while started.elapsed().as_millis() < end_at {
+                        let name = format!("load-{w}-{i}");
+                        let at = started.elapsed().as_millis();
+                        let body = json!({"name": name, "role": "client"}).to_string();
+                        let (status, v) =
+                            a.call("POST", "/api/v1/tokens", Some(&a.operator), Some(&body));
+                        let took = started.elapsed().as_millis() - at;
+                        seen.push((name, status, v, at, took));
+                        i += 1;
+                    }
+                    seen
+                })
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(cut_at as u64));
+        relay.cut();
+        std::thread::sleep(std::time::Duration::from_millis((back_at - cut_at) as u64));
+        relay.restore();
+        writers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let all: Vec<_> = outcomes.iter().flatten().collect();
+    let refused = all.iter().filter(|o| o.1 >= 300).count();
+    for (name, status, v, at, took) in &all {
+        assert!(
+            matches!(status, 200 | 201 | 502 | 504),
+            "{name} at {at} ms: {status} {v}"
+        );
+        if *status >= 300 {
+            assert!(
+                matches!(v["code"].as_str(), Some("UPSTREAM" | "TIMEOUT")),
+                "{name}: {v}"
+            );
+            assert_eq!(v["details"]["retryable"], true, "{name}: {v}");
+        }
+        assert!(*took < 40_000, "{name} took {took} ms");
+    }
+    assert!(
+        refused > 0,
+        "the outage refused nothing: was the relay cut?"
+    );
+    // Back: the calls made a second after it came back all succeeded.
+    let late: Vec<_> = all.iter().filter(|o| o.3 > back_at + 1000).collect();
+    assert!(!late.is_empty(), "no call after the database came back");
+    for (name, status, v, at, _) in &late {
+        assert!(
+            (200..300).contains(status),
+            "{name} at {at} ms, after the outage: {v}"
+        );
+    }
+    // Every acknowledged token is there.
+    let listed = a.op("GET", "/api/v1/tokens", None).to_string();
+    for (name, status, ..) in &all {
+        if (200..300).contains(status) {
+            assert!(
+                listed.contains(&format!("\"{name}\"")),
+                "{name} was acknowledged and lost"
+            );
+        }
+    }
+    println!(
+        "database outage under load: {} calls, {} refused typed, every acknowledged one kept",
+        all.len(),
+        refused
+    );
+}
