@@ -1010,7 +1010,7 @@ fn sigkill_leaves_no_hung_mount_and_a_restart_works() {
     wait_for("the guard's line", LIVE_DEADLINE, || {
         daemon
             .log_text()
-            .contains("ended without unmounting; detached it")
+            .contains("ended without unmounting; detached 1 mount(s)")
     });
     assert!(
         fs::read_dir(&mnt).unwrap().next().is_none(),

@@ -18,5 +18,6 @@ mod damaged;
 mod disks;
 mod import;
 mod opens;
+mod services;
 mod site;
 mod toolkits;

@@ -56,8 +56,9 @@ impl Toolkits {
         ]
     }
 
-    /// A new commit: eight skills of a few files each, new bytes every round (so each
-    /// acquisition is cold); the toolkit spec that pins it.
+    /// A new commit: eight skills of a few files each (`skill-0` with a script,
+    /// `scripts/hello.sh`), new bytes every round (so each acquisition is cold); the toolkit
+    /// spec that pins it.
     pub(super) fn commit(&self, round: usize) -> Value {
         let names: Vec<String> = (0..8).map(|i| format!("skill-{i}")).collect();
         let skills = names
@@ -68,6 +69,12 @@ impl Toolkits {
                 if let crate::support::Node::Dir(entries) = &mut folder {
                     let notes = format!("notes {round} {i}\n").repeat(200);
                     entries.push(("notes.md".into(), file(&notes)));
+                    if i == 0 {
+                        let script = b"#!/bin/sh\necho hello from the executor\n".to_vec();
+                        let scripts =
+                            vec![(b"hello.sh".to_vec(), crate::support::Node::Exec(script))];
+                        entries.push(("scripts".into(), crate::support::Node::Dir(scripts)));
+                    }
                 }
                 (name.as_str(), folder)
             })
