@@ -356,7 +356,9 @@ fn writes_under_load_through_a_database_outage_are_kept_or_refused_typed() {
     let a = world_of(f.runner_on("runner-a", "none", &relay.url(&f.db.url())));
     let started = std::time::Instant::now();
     let (cut_at, back_at, end_at) = (1500, 3500, 6500);
-    let outcomes: Vec<Vec<(String, u16, Value, u128, u128)>> = std::thread::scope(|scope| {
+    // A call: the token's name, the status and answer, when it started and how long it took.
+    type Call = (String, u16, Value, u128, u128);
+    let outcomes: Vec<Vec<Call>> = std::thread::scope(|scope| {
         let writers: Vec<_> = (0..8)
             .map(|w| {
                 let a = &a;

@@ -83,6 +83,8 @@ fn restart_dockerd(pid: i32, argv: &[String]) {
                 .map_err(std::io::Error::from)
         });
     }
+    // Not waited for: the engine outlives the test (init reaps it in the end).
+    #[allow(clippy::zombie_processes)]
     cmd.spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(90);
     while !engine_answers() {
