@@ -31,7 +31,8 @@ pub fn settled(site: &Site, what: &str) {
         }
         assert!(
             Instant::now() < deadline,
-            "{what}: left after the kill: mounts {mounts:?}, processes {processes:?}"
+            "{what}: left after the kill: mounts {mounts:?}, processes {processes:?}; the server and its guard said: {}",
+            site.last_log.lock().unwrap()
         );
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -25,6 +25,9 @@ pub struct Site {
     /// Kills that hit a process mid-work, and restarts made after them.
     pub kills: usize,
     pub restarts: usize,
+    /// What the last killed server logged, and its unmount guard after it (shown when
+    /// something was left behind).
+    pub last_log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Site {
@@ -38,6 +41,7 @@ impl Site {
             random,
             kills: 0,
             restarts: 0,
+            last_log: Default::default(),
         }
     }
 
@@ -90,6 +94,7 @@ impl Site {
             }
         };
         wait_ready(&running);
+        self.last_log = running.log.clone();
         let hit = match kill {
             Kill::At(_) => {
                 work(&running);

@@ -87,6 +87,16 @@ pub fn mount(
         fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
         match fuse::mount(ns.clone(), &path, &config) {
             Ok(m) => {
+                // The guard is told before anything can open a folder of the mount (the
+                // prewarm does at once): from then on fusermount's own auto-unmount no longer
+                // detaches it when this process dies, and only the guard does.
+                let guard = guards.and_then(|g| match g.watch(&path) {
+                    Ok(id) => Some((g.clone(), id)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, mountpoint = %path.display(), "no unmount guard: a crash could leave this mount behind");
+                        None
+                    }
+                });
                 let notifier = m.notifier.clone();
                 let (done, stopped) = std::sync::mpsc::channel();
                 let thread = std::thread::Builder::new()
@@ -104,13 +114,7 @@ pub fn mount(
                         .map_err(|e| tracing::warn!(error = %e, "no prewarm: first reads go to the daemon"))
                         .ok()
                 });
-                let guard = guards.and_then(|g| match g.watch(&path) {
-                    Ok(id) => Some((g.clone(), id)),
-                    Err(e) => {
-                        tracing::warn!(error = %e, mountpoint = %path.display(), "no unmount guard: a crash could leave this mount behind");
-                        None
-                    }
-                });
+                cloud_harness_error::failpoint::point("mount.prewarming");
                 mounts.push(Mounted {
                     path,
                     prewarm,
