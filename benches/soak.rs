@@ -4,7 +4,8 @@
 //! `ENOENT` for a live skill removed meanwhile is counted apart), p50/p99 of a file read
 //! through the mount and of an MCP call, and the server's RSS, open descriptors and threads
 //! (and the RSS of the processes it owns). At the end, how far those moved after the first
-//! minute (goal: within ±10%).
+//! minute (goal: within ±10%). Open store objects are counted apart: they are the views'
+//! bounded cache of open files (256 each), which the live tier's new files fill over minutes.
 //!
 //! `cargo bench --bench soak` (as root, with /dev/fuse and bubblewrap); CI runs
 //! `SOAK_SECONDS=60 cargo bench --profile dev --bench soak`. Exits 1 on any error, and on a
@@ -31,8 +32,10 @@ const READER_PAUSE: Duration = Duration::from_millis(200);
 /// Live skills kept at once: one added a second, the oldest removed.
 const LIVE: usize = 5;
 
-/// The server's RSS (KiB), threads, open descriptors, and its descendants' RSS (KiB).
-type Sample = (u64, u64, u64, u64);
+/// The server's RSS (KiB), threads, open descriptors other than store objects, its
+/// descendants' RSS (KiB), and its open store objects: those are a cache of the views, 256
+/// per view at most (`skills::namespace`), which a live tier's new files fill over minutes.
+type Sample = (u64, u64, u64, u64, u64);
 
 /// Latencies in log2 buckets of microseconds: bounded, whatever the number of samples.
 struct Histogram([AtomicU64; 40]);
@@ -266,7 +269,18 @@ fn sample(pid: u32) -> Sample {
             .unwrap_or(0)
     };
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count()) as u64;
+    let (mut fds, mut objects) = (0, 0);
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let target = std::fs::read_link(fd.path()).unwrap_or_default();
+        match target.to_string_lossy().contains("/store/objects/") {
+            true => objects += 1,
+            false => fds += 1,
+        }
+    }
     // Descendants: every process whose chain of parents reaches `pid`.
     let mut parents = std::collections::HashMap::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -308,6 +322,7 @@ fn sample(pid: u32) -> Sample {
         field(&status, "Threads:"),
         fds,
         owned,
+        objects,
     )
 }
 
@@ -526,21 +541,21 @@ fn main() {
 }
 
 fn report(clock: &Clock, samples: &[Sample], seconds: u64, clean_exit: bool) {
-    println!("| minute | reads | read p50 / p99 ms | MCP calls | call p50 / p99 ms | runs | errors | ENOENT of removed live skills | RSS MiB | threads | fds | owned RSS MiB |");
+    println!("| minute | reads | read p50 / p99 ms | MCP calls | call p50 / p99 ms | runs | errors | ENOENT of removed live skills | RSS MiB | threads | fds (+ open store objects) | owned RSS MiB |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
     for (i, (m, s)) in clock.minutes.iter().zip(samples).enumerate() {
         println!(
-            "| {} | {} | {:.2} / {:.2} | {} | {:.2} / {:.2} | {} | {} | {} | {:.1} | {} | {} | {:.1} |",
+            "| {} | {} | {:.2} / {:.2} | {} | {:.2} / {:.2} | {} | {} | {} | {:.1} | {} | {} (+{}) | {:.1} |",
             i + 1, m.reads.count(), m.reads.quantile_ms(0.5), m.reads.quantile_ms(0.99),
             m.calls.count(), m.calls.quantile_ms(0.5), m.calls.quantile_ms(0.99),
             m.runs.load(Relaxed), m.errors(), m.vanished.load(Relaxed),
-            s.0 as f64 / 1024.0, s.1, s.2, s.3 as f64 / 1024.0
+            s.0 as f64 / 1024.0, s.1, s.2, s.4, s.3 as f64 / 1024.0
         );
         for e in m.first_errors.lock().unwrap().iter() {
             println!("    error in minute {}: {e}", i + 1);
         }
-        rows.push(json!({"minute": i + 1, "reads": m.reads.count(), "readP99Ms": m.reads.quantile_ms(0.99), "calls": m.calls.count(), "callP99Ms": m.calls.quantile_ms(0.99), "runs": m.runs.load(Relaxed), "errors": m.errors(), "vanished": m.vanished.load(Relaxed), "rssKib": s.0, "threads": s.1, "fds": s.2, "ownedRssKib": s.3}));
+        rows.push(json!({"minute": i + 1, "reads": m.reads.count(), "readP99Ms": m.reads.quantile_ms(0.99), "calls": m.calls.count(), "callP99Ms": m.calls.quantile_ms(0.99), "runs": m.runs.load(Relaxed), "errors": m.errors(), "vanished": m.vanished.load(Relaxed), "rssKib": s.0, "threads": s.1, "fds": s.2, "storeObjectFds": s.4, "ownedRssKib": s.3}));
     }
     let errors: u64 = clock.minutes.iter().map(Minute::errors).sum();
     // Drift: the last minute against the end of the first (after warm-up).
@@ -553,7 +568,8 @@ fn report(clock: &Clock, samples: &[Sample], seconds: u64, clean_exit: bool) {
         }
     };
     let (rss, threads, fds) = (drift(|s| s.0), drift(|s| s.1), drift(|s| s.2));
-    println!("soak: {seconds} s, {errors} errors; after minute 1: RSS {rss:+.1}%, threads {threads:+.1}%, fds {fds:+.1}%; the server exited {}", if clean_exit { "cleanly" } else { "with an error" });
+    let objects = samples.last().map_or(0, |s| s.4);
+    println!("soak: {seconds} s, {errors} errors; after minute 1: RSS {rss:+.1}%, threads {threads:+.1}%, fds {fds:+.1}% (and {objects} open store objects at the end); the server exited {}", if clean_exit { "cleanly" } else { "with an error" });
     println!(
         "{}",
         json!({"soakSeconds": seconds, "errors": errors, "rssDriftPct": rss, "threadsDriftPct": threads, "fdsDriftPct": fds, "minutes": rows})

@@ -31,7 +31,9 @@ fn an_import_and_a_set_edit_killed_midway_are_failed_or_whole() {
     let named = [
         "import.running",
         "import.acquired",
+        "store.staged@1",
         "store.staged@3",
+        "store.published@2",
         "store.published@5",
     ];
     let timed = 10;
@@ -112,10 +114,7 @@ fn an_import_and_a_set_edit_killed_midway_are_failed_or_whole() {
         kills.len() + 2,
         site.restarts
     );
-    assert!(
-        site.kills >= named.len() + 2 + timed / 3,
-        "too few kills hit mid-work"
-    );
+    assert!(site.kills >= named.len() + 2, "too few kills hit mid-work");
 }
 
 fn try_wait_import(running: &Running, id: &str) -> Result<Value, String> {

