@@ -30,6 +30,7 @@ fn probes_name_no_workspace_nor_path() {
         checks,
         [
             "store writable",
+            "disk space",
             "database usable",
             "workspace mounts",
             "executor limits"
