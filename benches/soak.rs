@@ -157,6 +157,16 @@ fn toolkit(store: &cloud_harness_store::cas::Store, src: &Path) -> Value {
     serde_json::to_value(support::warm_toolkit(store, src, "soak")).unwrap()
 }
 
+/// The server under soak, ended if the bench ends early (a panic): none is left running.
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 struct Mcp {
     url: String,
     http: reqwest::blocking::Client,
@@ -340,24 +350,26 @@ fn main() {
     let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
     let spec = toolkit(&store, &tmp.path().join("src"));
     let home = tmp.path().join("home");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
-        .args(["serve", "--http", "127.0.0.1:0", "--auth", "none"])
-        .env("TOOLKIT_CACHE_ROOT", store.root())
-        .env("CLOUD_HARNESS_HOME", &home)
-        .env("CLOUD_HARNESS_EXECUTOR", "bwrap")
-        .env("CLOUD_HARNESS_CONTAINERS", "off")
-        .env("CLOUD_HARNESS_STANDBY_HELPERS", "0")
-        .env("CLOUD_HARNESS_MIN_FREE_MIB", "1")
-        .env("ALLOWED_GIT_HOSTS", support::WARM_HOST)
-        // One machine plays every client, as one principal: its quotas never bind.
-        .env("CLOUD_HARNESS_LIMIT_SESSIONS", "100000")
-        .env("CLOUD_HARNESS_LIMIT_REQUESTS_PER_SECOND", "10000000")
-        .env("CLOUD_HARNESS_LIMIT_REQUESTS_IN_FLIGHT", "100000")
-        .env("CLOUD_HARNESS_LIMIT_RUNS", "1000")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(server.stderr.take().unwrap());
+    let mut server = Server(
+        Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
+            .args(["serve", "--http", "127.0.0.1:0", "--auth", "none"])
+            .env("TOOLKIT_CACHE_ROOT", store.root())
+            .env("CLOUD_HARNESS_HOME", &home)
+            .env("CLOUD_HARNESS_EXECUTOR", "bwrap")
+            .env("CLOUD_HARNESS_CONTAINERS", "off")
+            .env("CLOUD_HARNESS_STANDBY_HELPERS", "0")
+            .env("CLOUD_HARNESS_MIN_FREE_MIB", "1")
+            .env("ALLOWED_GIT_HOSTS", support::WARM_HOST)
+            // One machine plays every client, as one principal: its quotas never bind.
+            .env("CLOUD_HARNESS_LIMIT_SESSIONS", "100000")
+            .env("CLOUD_HARNESS_LIMIT_REQUESTS_PER_SECOND", "10000000")
+            .env("CLOUD_HARNESS_LIMIT_REQUESTS_IN_FLIGHT", "100000")
+            .env("CLOUD_HARNESS_LIMIT_RUNS", "1000")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stderr = BufReader::new(server.0.stderr.take().unwrap());
     let mut line = String::new();
     let url = loop {
         line.clear();
@@ -367,7 +379,7 @@ fn main() {
         }
     };
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-    let pid = server.id();
+    let pid = server.0.id();
     let http = reqwest::blocking::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(60))
@@ -535,7 +547,7 @@ fn main() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let status = server.wait().unwrap();
+    let status = server.0.wait().unwrap();
 
     report(&clock, &samples.lock().unwrap(), seconds, status.success());
 }
