@@ -11,13 +11,21 @@
 //! `SOAK_SECONDS=60 cargo bench --profile dev --bench soak`. Exits 1 on any error, and on a
 //! drift past 10% in a run of 5 minutes or more.
 
+// The soak reads some of what these give, the scale bench all.
+#[allow(dead_code)]
+#[path = "support/resources.rs"]
+mod resources;
+#[path = "support/server.rs"]
+mod server;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use resources::Usage;
+use server::{Mcp, Server};
+
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,11 +39,6 @@ const CLIENT_PAUSE: Duration = Duration::from_millis(250);
 const READER_PAUSE: Duration = Duration::from_millis(200);
 /// Live skills kept at once: one added a second, the oldest removed.
 const LIVE: usize = 5;
-
-/// The server's RSS (KiB), threads, open descriptors other than store objects, its
-/// descendants' RSS (KiB), and its open store objects: those are a cache of the views, 256
-/// per view at most (`skills::namespace`), which a live tier's new files fill over minutes.
-type Sample = (u64, u64, u64, u64, u64);
 
 /// Latencies in log2 buckets of microseconds: bounded, whatever the number of samples.
 struct Histogram([AtomicU64; 40]);
@@ -157,80 +160,6 @@ fn toolkit(store: &cloud_harness_store::cas::Store, src: &Path) -> Value {
     serde_json::to_value(support::warm_toolkit(store, src, "soak")).unwrap()
 }
 
-/// The server under soak, ended if the bench ends early (a panic): none is left running.
-struct Server(std::process::Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct Mcp {
-    url: String,
-    http: reqwest::blocking::Client,
-}
-
-impl Mcp {
-    fn post(&self, session: Option<&str>, body: &Value) -> Result<(Option<String>, Value), String> {
-        let mut r = self
-            .http
-            .post(&self.url)
-            .header("Accept", "application/json, text/event-stream")
-            .header("Content-Type", "application/json")
-            .header("MCP-Protocol-Version", "2025-11-25")
-            .body(body.to_string());
-        if let Some(s) = session {
-            r = r.header("Mcp-Session-Id", s);
-        }
-        let response = r.send().map_err(|e| e.to_string())?;
-        let id = response
-            .headers()
-            .get("mcp-session-id")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let status = response.status();
-        let text = response.text().map_err(|e| e.to_string())?;
-        let answer = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-            .rfind(|v| v.get("id").is_some())
-            .or_else(|| serde_json::from_str(&text).ok())
-            .unwrap_or(Value::Null);
-        if !status.is_success() && status.as_u16() != 202 {
-            return Err(format!("{status}: {text}"));
-        }
-        Ok((id, answer))
-    }
-
-    fn session(&self) -> Result<String, String> {
-        let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "soak", "version": "1"}}});
-        let (id, _) = self.post(None, &init)?;
-        let id = id.ok_or("no session id")?;
-        self.post(
-            Some(&id),
-            &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-        )?;
-        Ok(id)
-    }
-
-    /// A tool call's result; an error for a transport failure or `isError`.
-    fn tool(&self, session: &str, name: &str, args: Value) -> Result<Value, String> {
-        let body = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": name, "arguments": args}});
-        let (_, answer) = self.post(Some(session), &body)?;
-        let result = answer
-            .get("result")
-            .cloned()
-            .ok_or_else(|| format!("{name}: {answer}"))?;
-        if result["isError"] == json!(true) {
-            return Err(format!("{name}: {}", result["structuredContent"]));
-        }
-        Ok(result)
-    }
-}
-
 /// Reads every file under `dir` (not following links), timing each.
 fn walk(dir: &Path, clock: &Clock, stop: &AtomicBool) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -269,73 +198,6 @@ fn note_missing(path: &Path, clock: &Clock, e: Option<std::io::Error>) {
     }
 }
 
-/// The server's RSS (KiB), threads and open descriptors, and the RSS of its descendants.
-fn sample(pid: u32) -> Sample {
-    let field = |status: &str, key: &str| -> u64 {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(key))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
-    };
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let (mut fds, mut objects) = (0, 0);
-    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let target = std::fs::read_link(fd.path()).unwrap_or_default();
-        match target.to_string_lossy().contains("/store/objects/") {
-            true => objects += 1,
-            false => fds += 1,
-        }
-    }
-    // Descendants: every process whose chain of parents reaches `pid`.
-    let mut parents = std::collections::HashMap::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-        let ppid = stat
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u32>().ok());
-        if let Some(pp) = ppid {
-            parents.insert(p, pp);
-        }
-    }
-    let owned: u64 = parents
-        .keys()
-        .filter(|&&p| {
-            let mut at = p;
-            for _ in 0..64 {
-                match parents.get(&at) {
-                    Some(&pp) if pp == pid => return true,
-                    Some(&pp) if pp > 1 => at = pp,
-                    _ => return false,
-                }
-            }
-            false
-        })
-        .map(|p| {
-            field(
-                &std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default(),
-                "VmRSS:",
-            )
-        })
-        .sum();
-    (
-        field(&status, "VmRSS:"),
-        field(&status, "Threads:"),
-        fds,
-        owned,
-        objects,
-    )
-}
-
 fn main() {
     let seconds = env_or("SOAK_SECONDS", 600);
     if let Some(what) = missing() {
@@ -350,46 +212,9 @@ fn main() {
     let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
     let spec = toolkit(&store, &tmp.path().join("src"));
     let home = tmp.path().join("home");
-    let mut server = Server(
-        Command::new(env!("CARGO_BIN_EXE_cloud-harness"))
-            .args(["serve", "--http", "127.0.0.1:0", "--auth", "none"])
-            .env("TOOLKIT_CACHE_ROOT", store.root())
-            .env("CLOUD_HARNESS_HOME", &home)
-            .env("CLOUD_HARNESS_EXECUTOR", "bwrap")
-            .env("CLOUD_HARNESS_CONTAINERS", "off")
-            .env("CLOUD_HARNESS_STANDBY_HELPERS", "0")
-            .env("CLOUD_HARNESS_MIN_FREE_MIB", "1")
-            .env("ALLOWED_GIT_HOSTS", support::WARM_HOST)
-            // One machine plays every client, as one principal: its quotas never bind.
-            .env("CLOUD_HARNESS_LIMIT_SESSIONS", "100000")
-            .env("CLOUD_HARNESS_LIMIT_REQUESTS_PER_SECOND", "10000000")
-            .env("CLOUD_HARNESS_LIMIT_REQUESTS_IN_FLIGHT", "100000")
-            .env("CLOUD_HARNESS_LIMIT_RUNS", "1000")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut stderr = BufReader::new(server.0.stderr.take().unwrap());
-    let mut line = String::new();
-    let url = loop {
-        line.clear();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "serve ended");
-        if let Some(rest) = line.split("at http://").nth(1) {
-            break format!("http://{}", rest.trim());
-        }
-    };
-    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-    let pid = server.0.id();
-    let http = reqwest::blocking::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(60))
-        .pool_max_idle_per_host(CLIENTS + 8)
-        .build()
-        .unwrap();
-    let mcp = Arc::new(Mcp {
-        url: url.clone(),
-        http,
-    });
+    let server = Server::start(store.root(), &home, &[]);
+    let pid = server.pid();
+    let mcp = Arc::new(Mcp::new(&server.url, CLIENTS + 8));
     let session = mcp.session().unwrap();
     let opened = mcp
         .tool(
@@ -407,28 +232,8 @@ fn main() {
     let live_root = dir.join("repo/.agents/skills");
     // The script approved once, as an operator would.
     let run_args = json!({"workspace": ws, "skill": "soak-runner", "script": "scripts/hello.sh"});
-    if let Err(e) = mcp.tool(&session, "skills_run", run_args.clone()) {
-        let digest = e
-            .split("\"digest\":\"")
-            .nth(1)
-            .and_then(|r| r.split('"').next())
-            .map(str::to_owned);
-        let digest = digest.unwrap_or_else(|| panic!("skills_run: {e}"));
-        let approval =
-            json!({"digest": digest, "skill": "soak-runner", "reason": "the soak's own script"});
-        let r = mcp
-            .http
-            .post(format!("{}/api/v1/approvals", url.trim_end_matches("/mcp")))
-            .header("Content-Type", "application/json")
-            .body(approval.to_string())
-            .send()
-            .unwrap();
-        assert!(
-            r.status().is_success(),
-            "approval: {}",
-            r.text().unwrap_or_default()
-        );
-    }
+    mcp.run_approved(&server.api(), &session, &run_args)
+        .unwrap_or_else(|e| panic!("skills_run: {e}"));
 
     let minutes = (seconds as usize).div_ceil(60).max(1);
     let clock = Arc::new(Clock {
@@ -436,7 +241,7 @@ fn main() {
         minutes: (0..minutes).map(|_| Minute::default()).collect(),
     });
     let stop = Arc::new(AtomicBool::new(false));
-    let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
+    let samples: Arc<Mutex<Vec<Usage>>> = Arc::default();
     let mut threads = Vec::new();
     for _ in 0..READERS {
         let (clock, stop, mount) = (clock.clone(), stop.clone(), mount.clone());
@@ -531,28 +336,23 @@ fn main() {
     while clock.started.elapsed() < deadline {
         std::thread::sleep(Duration::from_millis(200));
         if clock.started.elapsed() >= next {
-            samples.lock().unwrap().push(sample(pid));
+            samples.lock().unwrap().push(resources::usage(pid));
             next = (next + Duration::from_secs(60)).min(deadline + Duration::from_secs(1));
         }
     }
     if samples.lock().unwrap().len() < minutes {
-        samples.lock().unwrap().push(sample(pid));
+        samples.lock().unwrap().push(resources::usage(pid));
     }
     stop.store(true, Relaxed);
     for t in threads {
         t.join().unwrap();
     }
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let status = server.0.wait().unwrap();
+    let clean_exit = server.stop();
 
-    report(&clock, &samples.lock().unwrap(), seconds, status.success());
+    report(&clock, &samples.lock().unwrap(), seconds, clean_exit);
 }
 
-fn report(clock: &Clock, samples: &[Sample], seconds: u64, clean_exit: bool) {
+fn report(clock: &Clock, samples: &[Usage], seconds: u64, clean_exit: bool) {
     println!("| minute | reads | read p50 / p99 ms | MCP calls | call p50 / p99 ms | runs | errors | ENOENT of removed live skills | RSS MiB | threads | fds (+ open store objects) | owned RSS MiB |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
@@ -562,16 +362,16 @@ fn report(clock: &Clock, samples: &[Sample], seconds: u64, clean_exit: bool) {
             i + 1, m.reads.count(), m.reads.quantile_ms(0.5), m.reads.quantile_ms(0.99),
             m.calls.count(), m.calls.quantile_ms(0.5), m.calls.quantile_ms(0.99),
             m.runs.load(Relaxed), m.errors(), m.vanished.load(Relaxed),
-            s.0 as f64 / 1024.0, s.1, s.2, s.4, s.3 as f64 / 1024.0
+            s.rss_kib as f64 / 1024.0, s.threads, s.fds, s.object_fds, s.owned_rss_kib as f64 / 1024.0
         );
         for e in m.first_errors.lock().unwrap().iter() {
             println!("    error in minute {}: {e}", i + 1);
         }
-        rows.push(json!({"minute": i + 1, "reads": m.reads.count(), "readP99Ms": m.reads.quantile_ms(0.99), "calls": m.calls.count(), "callP99Ms": m.calls.quantile_ms(0.99), "runs": m.runs.load(Relaxed), "errors": m.errors(), "vanished": m.vanished.load(Relaxed), "rssKib": s.0, "threads": s.1, "fds": s.2, "storeObjectFds": s.4, "ownedRssKib": s.3}));
+        rows.push(json!({"minute": i + 1, "reads": m.reads.count(), "readP99Ms": m.reads.quantile_ms(0.99), "calls": m.calls.count(), "callP99Ms": m.calls.quantile_ms(0.99), "runs": m.runs.load(Relaxed), "errors": m.errors(), "vanished": m.vanished.load(Relaxed), "rssKib": s.rss_kib, "threads": s.threads, "fds": s.fds, "storeObjectFds": s.object_fds, "ownedRssKib": s.owned_rss_kib}));
     }
     let errors: u64 = clock.minutes.iter().map(Minute::errors).sum();
     // Drift: the last minute against the end of the first (after warm-up).
-    let drift = |f: fn(&Sample) -> u64| -> f64 {
+    let drift = |f: fn(&Usage) -> u64| -> f64 {
         match (samples.first(), samples.last()) {
             (Some(a), Some(b)) if samples.len() > 1 && f(a) > 0 => {
                 (f(b) as f64 - f(a) as f64) * 100.0 / f(a) as f64
@@ -579,8 +379,8 @@ fn report(clock: &Clock, samples: &[Sample], seconds: u64, clean_exit: bool) {
             _ => 0.0,
         }
     };
-    let (rss, threads, fds) = (drift(|s| s.0), drift(|s| s.1), drift(|s| s.2));
-    let objects = samples.last().map_or(0, |s| s.4);
+    let (rss, threads, fds) = (drift(|s| s.rss_kib), drift(|s| s.threads), drift(|s| s.fds));
+    let objects = samples.last().map_or(0, |s| s.object_fds);
     println!("soak: {seconds} s, {errors} errors; after minute 1: RSS {rss:+.1}%, threads {threads:+.1}%, fds {fds:+.1}% (and {objects} open store objects at the end); the server exited {}", if clean_exit { "cleanly" } else { "with an error" });
     println!(
         "{}",
