@@ -425,6 +425,80 @@ fn readyz_turns_not_ready_when_a_workspace_mount_is_gone() {
     assert!(!mounted.contains(owner.to_str().unwrap()), "{mounted}");
 }
 
+/// The server's children: (pid, name, state), zombies included.
+fn children_of(pid: u32) -> Vec<(u32, String, char)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(p) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let mut rest = stat[close + 1..].split_whitespace();
+        let state = rest.next().and_then(|s| s.chars().next()).unwrap_or('?');
+        if rest.next().and_then(|v| v.parse::<u32>().ok()) == Some(pid) {
+            found.push((p, stat[open + 1..close].to_owned(), state));
+        }
+    }
+    found
+}
+
+#[test]
+fn workspaces_opened_and_closed_leave_the_server_no_process_but_its_unmount_guard() {
+    if !mounting_available() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let warm = warm_kit(&tmp);
+    let w = world_of(server_mounting(
+        tmp,
+        &[],
+        &[
+            ("CLOUD_HARNESS_EXECUTOR", "none"),
+            ("CLOUD_HARNESS_CONTAINERS", "off"),
+            ("ALLOWED_GIT_HOSTS", support::WARM_HOST),
+        ],
+    ));
+    let session = w.session();
+    for i in 0..3 {
+        let opened = w.tool(
+            &session,
+            "workspace_open",
+            json!({"idempotencyKey": format!("round-{i}"), "toolkits": [warm]}),
+        );
+        assert_eq!(opened["isError"], false, "{opened}");
+        let ws = opened["structuredContent"]["workspace"].as_str().unwrap();
+        let mount = w.home().join("workspaces").join(ws).join("mounts/skills");
+        assert!(mount.join(".").read_dir().unwrap().count() > 0);
+        let closed = w.tool(&session, "workspace_close", json!({ "workspace": ws }));
+        assert_eq!(closed["isError"], false, "{closed}");
+    }
+    // Each mount's prewarm walker ends on its own; nothing else a mount made may stay (a
+    // fusermount3 per mount, never reaped, once did: a zombie for every mount ever made).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let left: Vec<_> = children_of(w.server.child.id())
+            .into_iter()
+            .filter(|(_, name, _)| name != "cloud-harness")
+            .collect();
+        let guards = children_of(w.server.child.id()).len() - left.len();
+        if left.is_empty() && guards == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "left behind: {left:?}; {guards} unmount guard(s)"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 #[test]
 fn sigterm_during_a_slow_run_and_a_slow_acquisition_exits_0_in_bounded_time_leaving_no_mount() {
     if !support::executors::available(cloud_harness_executor::Kind::Bwrap) {

@@ -82,6 +82,8 @@ pub fn run(store: &Store, args: &MountArgs) -> Result<u8> {
         threads: args
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get().min(8))),
+        // One mount: its fusermount helper stays beside the guard, in case the guard fails.
+        auto_unmount: true,
     };
     let mounted = fuse::mount(ns.clone(), &args.mountpoint, &config)
         .map_err(|e| Error::internal(format!("mounting at {}: {e}", args.mountpoint.display())))?;

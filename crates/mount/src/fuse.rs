@@ -346,6 +346,11 @@ pub struct MountConfig {
     /// Let every user read the mount (`allow_other`); otherwise root and the owner.
     pub allow_other: bool,
     pub threads: usize,
+    /// fusermount's `auto_unmount`: a `fusermount3` process per mount for the mount's life,
+    /// which detaches it if this process dies. Off where an unmount guard does that for all
+    /// of a process's mounts (fuser never reaps those helpers: a server making thousands of
+    /// mounts would keep a zombie process for each).
+    pub auto_unmount: bool,
 }
 
 impl Default for MountConfig {
@@ -353,6 +358,7 @@ impl Default for MountConfig {
         MountConfig {
             allow_other: false,
             threads: 4,
+            auto_unmount: true,
         }
     }
 }
@@ -363,8 +369,9 @@ pub struct Mounted {
     pub notifier: Notifier,
 }
 
-/// Mounts `ns` read-only at `mountpoint`. The kernel unmounts it if this process dies
-/// (`auto_unmount`), so a killed daemon leaves no hung mount.
+/// Mounts `ns` read-only at `mountpoint`. With `auto_unmount`, fusermount unmounts it if this
+/// process dies, so a killed daemon leaves no hung mount; without, the caller's unmount guard
+/// must be told of it.
 pub fn mount(ns: Arc<Namespace>, mountpoint: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
     clear_stale_mount(mountpoint);
     let mut config = Config::default();
@@ -375,8 +382,10 @@ pub fn mount(ns: Arc<Namespace>, mountpoint: &Path, cfg: &MountConfig) -> io::Re
         MountOption::NoDev,
         MountOption::NoSuid,
         MountOption::NoAtime,
-        MountOption::AutoUnmount,
     ];
+    if cfg.auto_unmount {
+        config.mount_options.push(MountOption::AutoUnmount);
+    }
     config.acl = if cfg.allow_other {
         SessionACL::All
     } else {

@@ -33,6 +33,18 @@ pub struct Mounted {
 /// until its last user lets go, and closing must not wait for that.
 const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// FUSE threads per mount. Each costs its stack and its allocator's pages (some 1.2 MiB each,
+/// `cargo bench --bench scale`) for the workspace's life, busy or idle; the kernel's caches
+/// answer most reads of a warm mount without any, so the merged view gets two (a second
+/// reader is not held up behind a slow first) and the owner tier, rarely read, one.
+fn threads(sub: &str) -> usize {
+    if sub == SKILLS {
+        2
+    } else {
+        1
+    }
+}
+
 fn as_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
@@ -77,15 +89,17 @@ pub fn mount(
 ) -> Result<(Vec<Mounted>, Vec<Target>)> {
     let mut mounts = Vec::new();
     let mut targets: Vec<Target> = Vec::new();
-    // The executor's user is not the one serving the mount.
-    let config = MountConfig {
+    // The executor's user is not the one serving the mount; the guard, where there is one,
+    // detaches the mounts of a dead server.
+    let config = |threads| MountConfig {
         allow_other: as_root(),
-        ..MountConfig::default()
+        auto_unmount: guards.is_none(),
+        threads,
     };
     for (ns, sub) in [(merged.clone(), SKILLS), (owner.clone(), OWNER_SKILLS)] {
         let path = dir.join(sub);
         fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
-        match fuse::mount(ns.clone(), &path, &config) {
+        match fuse::mount(ns.clone(), &path, &config(threads(sub))) {
             Ok(m) => {
                 // The guard is told before anything can open a folder of the mount (the
                 // prewarm does at once): from then on fusermount's own auto-unmount no longer
