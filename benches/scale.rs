@@ -362,7 +362,8 @@ fn report(steps: &[Step], ends: Ends, clean_exit: bool) {
         plots(Path::new(&dir), steps);
     }
     // Back at the start: no mount, no process but the unmount guard (started at the first
-    // mount, it stays), no thread but the runtime's idle pool (its threads end on their own),
+    // mount, it stays), no thread but the runtime's idle pool (its threads end on their own)
+    // and the executors' link thread,
     // a few descriptors at most (the guard's pipe). Memory is shown, not judged: the
     // allocator keeps some pages of the threads that ended, for the next ones.
     let lasting = |threads: &resources::Counted| -> usize {
@@ -372,7 +373,8 @@ fn report(steps: &[Step], ends: Ends, clean_exit: bool) {
             .map(|(_, n)| n)
             .sum()
     };
-    let back = lasting(&closed_threads) <= lasting(&empty_threads)
+    // (The executors' link thread, one per server, starts with the first executor.)
+    let back = lasting(&closed_threads) <= lasting(&empty_threads) + 1
         && closed.owned_processes <= empty.owned_processes + 1
         && closed.fds <= empty.fds + 8
         && mounts == (0, 0);

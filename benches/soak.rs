@@ -4,8 +4,9 @@
 //! `ENOENT` for a live skill removed meanwhile is counted apart), p50/p99 of a file read
 //! through the mount and of an MCP call, and the server's RSS, open descriptors and threads
 //! (and the RSS of the processes it owns). At the end, how far those moved after the first
-//! minute (goal: within ±10%). Open store objects are counted apart: they are the views'
-//! bounded cache of open files (256 each), which the live tier's new files fill over minutes.
+//! minute (goal: within ±10%). Open store objects are counted apart: they are the process's
+//! bounded cache of open files (2,048 at most), which the live tier's new files fill over
+//! minutes.
 //!
 //! `cargo bench --bench soak` (as root, with /dev/fuse and bubblewrap); CI runs
 //! `SOAK_SECONDS=60 cargo bench --profile dev --bench soak`. Exits 1 on any error, and on a

@@ -364,7 +364,11 @@ fn a_blob_is_hashed_once_per_process_and_again_once_changed() {
     assert_eq!((hashed, trusted), (1, 0), "the first read hashes");
     let (text, hashed, trusted) = read_in_new_mount();
     assert!(text.unwrap().contains("ws lint"));
-    assert_eq!((hashed, trusted), (0, 1), "another mount trusts it");
+    assert_eq!(
+        (hashed, trusted),
+        (0, 0),
+        "another mount reads the object the first left open"
+    );
 
     // The object is rewritten on disk, same length, other bytes.
     let ns = Namespace::new(s.store.clone(), View::Merged, g.clone());
@@ -381,6 +385,74 @@ fn a_blob_is_hashed_once_per_process_and_again_once_changed() {
     let (refused, hashed, trusted) = read_in_new_mount();
     assert_eq!(refused, Err(Errno::EIO));
     assert_eq!((hashed, trusted), (1, 0), "a changed file is hashed again");
+}
+
+/// Descriptors open on `path`, in this process.
+fn open_on(path: &Path) -> usize {
+    fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter(|fd| fs::read_link(fd.path()).is_ok_and(|t| t == path))
+        .count()
+}
+
+/// Views (a runner's workspaces) serving the same bundle share one open descriptor per object,
+/// and the objects held open are bounded in all, whatever the number of views.
+#[test]
+fn views_share_one_descriptor_per_object_and_the_objects_held_are_bounded() {
+    use cloud_harness_skills::namespace::blobs;
+    use cloud_harness_store::cas::{Digest, ObjectKind};
+    let s = setup();
+    let g = s.generation();
+    let views: Vec<Namespace> = (0..300)
+        .map(|_| Namespace::new(s.store.clone(), View::Merged, g.clone()))
+        .collect();
+    for ns in &views {
+        let text = ns.read(path(ns, &["lint", "SKILL.md"]), 0, 4096).unwrap();
+        assert!(String::from_utf8(text).unwrap().contains("ws lint"));
+    }
+    let ns = &views[0];
+    let digest = (ns.xattrs(path(ns, &["lint", "SKILL.md"])).unwrap())
+        .into_iter()
+        .find(|(k, _)| k == "user.cloud-harness.digest")
+        .map(|(_, v)| Digest::parse(&v).unwrap())
+        .unwrap();
+    let object = s.store.object_path(ObjectKind::Blob, &digest);
+    assert_eq!(open_on(&object), 1, "300 views, one descriptor");
+
+    // More distinct files than the bound, read through ten views (ten caches of their own
+    // would have held 2,560).
+    let many = s.ws.join("many");
+    fs::create_dir_all(many.join("refs")).unwrap();
+    fs::write(
+        many.join("SKILL.md"),
+        "---\nname: many\ndescription: d\n---\nmany\n",
+    )
+    .unwrap();
+    for i in 0..blobs::HELD + 100 {
+        fs::write(many.join(format!("refs/{i}.md")), format!("file {i}")).unwrap();
+    }
+    let g = s.generation();
+    let views: Vec<Namespace> = (0..10)
+        .map(|_| Namespace::new(s.store.clone(), View::Merged, g.clone()))
+        .collect();
+    for i in 0..blobs::HELD + 100 {
+        let ns = &views[i % views.len()];
+        let name = format!("{i}.md");
+        let bytes = ns
+            .read_path(&["many", "refs", name.as_str()], 0, 100)
+            .unwrap()
+            .unwrap()
+            .1;
+        assert_eq!(bytes, format!("file {i}").as_bytes());
+    }
+    assert!(blobs::held() <= blobs::HELD, "{} held", blobs::held());
+    let objects = fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter(|fd| fs::read_link(fd.path()).is_ok_and(|t| t.starts_with(s.store.root())))
+        .count();
+    assert!(objects <= blobs::HELD, "{objects} store files open");
 }
 
 /// A read from what the namespace holds (for a thread that must not wait on a disk) reads

@@ -18,6 +18,7 @@
 //! reference (dropped on forget), so memory follows the kernel's own cache. Directories open
 //! without a handle; `listing` says how a reader still keeps the listing it started.
 
+pub mod blobs;
 mod listing;
 mod node;
 mod read;
@@ -34,7 +35,6 @@ use cloud_harness_store::cas::{Digest, Kind, Store, Tree};
 use lru::LruCache;
 use nix::errno::Errno;
 use std::collections::HashMap;
-use std::fs::File;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -44,7 +44,6 @@ pub const RESOLUTION_FILE: &str = ".resolution.json";
 pub const XATTR_PREFIX: &str = "user.cloud-harness.";
 
 const TREE_CACHE: usize = 4096;
-const OPEN_BLOBS: usize = 256;
 
 /// Where a read may get what it needs: from the store's files, or only from what the namespace
 /// already holds (trees in memory, blobs open and checked). A read on a thread that serves
@@ -70,7 +69,8 @@ pub struct Namespace {
     current: RwLock<Arc<Generation>>,
     nodes: RwLock<HashMap<u64, Arc<Node>>>,
     trees: Mutex<LruCache<Digest, Arc<Tree>>>,
-    open_blobs: Mutex<LruCache<Digest, Arc<File>>>,
+    /// Its store, as the process's shared open objects know it ([`blobs`]).
+    store_key: blobs::StoreKey,
     /// Listings kept for readers inside them (see `listing`).
     listings: Mutex<listing::Listings>,
 }
@@ -115,12 +115,12 @@ impl Namespace {
         };
         let cap = |n| NonZeroUsize::new(n).expect("cache sizes are non-zero");
         Namespace {
+            store_key: blobs::StoreKey::of(&store),
             store,
             root_view,
             current: RwLock::new(generation),
             nodes: RwLock::new(HashMap::from([(ROOT_INO, Arc::new(root))])),
             trees: Mutex::new(LruCache::new(cap(TREE_CACHE))),
-            open_blobs: Mutex::new(LruCache::new(cap(OPEN_BLOBS))),
             listings: Mutex::new(listing::Listings::default()),
         }
     }

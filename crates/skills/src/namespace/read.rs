@@ -220,8 +220,8 @@ impl Namespace {
     /// just read a small one whole to check it (they answer the read that asked, so a first
     /// read of a small file reads the object once).
     fn open_blob(&self, digest: &Digest, reach: Reach) -> Result<(Arc<File>, Option<Vec<u8>>)> {
-        if let Some(f) = self.open_blobs.lock().expect("blob cache lock").get(digest) {
-            return Ok((f.clone(), None));
+        if let Some(f) = super::blobs::get(self.store_key, digest) {
+            return Ok((f, None));
         }
         if reach == Reach::Held {
             return Err(Errno::EWOULDBLOCK);
@@ -231,10 +231,7 @@ impl Namespace {
             .open_blob(digest, READ_WHOLE)
             .map_err(|_| Errno::EIO)?;
         let file = Arc::new(file);
-        self.open_blobs
-            .lock()
-            .expect("blob cache lock")
-            .put(*digest, file.clone());
+        super::blobs::put(self.store_key, digest, file.clone());
         Ok((file, fresh))
     }
 

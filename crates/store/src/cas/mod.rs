@@ -24,3 +24,4 @@ pub use tree::{
     canonical_order, check_name, Entry, Kind, Tree, MAX_BYTES as MAX_TREE_BYTES,
     MAX_DEPTH as MAX_TREE_DEPTH, MAX_ENTRIES as MAX_TREE_ENTRIES,
 };
+pub use verified::FileId;

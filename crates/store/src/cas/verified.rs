@@ -25,9 +25,10 @@ const CAPACITY: usize = 65536;
 /// How long a file must have been left alone before its hash is trusted for later reads.
 const SETTLED: Duration = Duration::from_secs(1);
 
-/// What the kernel says identifies a file's bytes.
+/// What the kernel says identifies a file's bytes: a file whose `FileId` is unchanged was not
+/// replaced, written or touched since (within the clock's tick).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) struct FileId {
+pub struct FileId {
     dev: u64,
     ino: u64,
     size: u64,
@@ -36,7 +37,7 @@ pub(super) struct FileId {
 }
 
 impl FileId {
-    pub(super) fn of(meta: &Metadata) -> FileId {
+    pub fn of(meta: &Metadata) -> FileId {
         FileId {
             dev: meta.dev(),
             ino: meta.ino(),
