@@ -65,9 +65,10 @@ pub enum Command {
     #[command(hide = true)]
     Prewarm(prewarm::PrewarmArgs),
     /// What `mount` and `serve` start beside themselves: detach their mounts if they die
-    /// without unmounting.
+    /// without unmounting. With `--sweep DIR` (the service's `ExecStopPost=`), detach every
+    /// mount of ours left under DIR.
     #[command(hide = true)]
-    MountGuard,
+    MountGuard(guard::GuardArgs),
     /// Run a command in a workspace's executor (cwd /workspace; exit status passed back).
     Exec(exec::ExecArgs),
     /// Toolkits: acquire presets and git toolkits into the store, list what is there.
@@ -151,7 +152,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::FetchPack(args) => return fetch_pack::run(args),
         Command::Exec(args) => return exec::run(args),
         Command::Prewarm(args) => return prewarm::run(args),
-        Command::MountGuard => return guard::run(),
+        Command::MountGuard(args) => return guard::run(args),
         _ => {}
     }
     // The control plane's commands need the database, not the store.
@@ -184,7 +185,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Library(args) => library::run(&store, args),
         Command::Proxy(_)
         | Command::Prewarm(_)
-        | Command::MountGuard
+        | Command::MountGuard(_)
         | Command::FetchPack(_)
         | Command::Exec(_)
         | Command::Token { .. }

@@ -11,7 +11,7 @@
 //! Damaged state (`damaged`) and full disks (`disks`): a clear refusal naming the file or the
 //! condition, nothing published half, and the same call succeeding once the fault is gone.
 
-mod aftermath;
+pub(crate) mod aftermath;
 mod collection;
 mod curation;
 mod damaged;

@@ -58,3 +58,5 @@ mod sets;
 mod skills_resources;
 #[path = "../spec.rs"]
 mod spec;
+#[path = "../unmount_guard.rs"]
+mod unmount_guard;

@@ -6,12 +6,17 @@
 //!
 //! One guard serves all the mounts of a process (`cloud-harness mount` has one, `serve` one
 //! for every workspace's): `<program> mount-guard` reads records from a pipe that only the
-//! daemon holds open — `+ID PATH` when a mount is made, `-ID` when it is unmounted, each ended
-//! by a NUL — and at end of file (the daemon exited, however it died) detaches every mount
-//! still named, if the mount at that path is still the one of that ID (not one made there
-//! since).
+//! daemon holds open — `+ID PATH` when a mount is made, `-ID PATH` when it is unmounted, each
+//! ended by a NUL — and at end of file (the daemon exited, however it died) detaches every
+//! mount still named, if the mount at that path is still the one of that ID (not one made
+//! there since). Records name the path as well as the ID because the kernel reuses an ID as
+//! soon as its mount is gone: `-5` sent late for one path must not drop the `+5` of another.
+//!
+//! A guard can itself be killed (a service manager's final SIGKILL to the whole unit races it),
+//! so [`sweep`] also detaches, at a server's start and after its stop, whatever FUSE mount of
+//! ours is left under its folders.
 
-use crate::mount_table;
+use crate::mount_table::{self, Mount};
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::{self, BufRead, Read, Write};
@@ -25,10 +30,18 @@ const MAX_RECORD: u64 = 4096 + 32;
 /// Mounts one guard keeps at most: far beyond what a server holds (two per workspace).
 const MAX_MOUNTS: usize = 1 << 20;
 
-/// The daemon's side: the guard process, started at the first mount it is told of.
+/// The daemon's side: the guard process, started at the first mount it is told of and again,
+/// told of every mount still watched, if it dies.
 pub struct Guards {
     program: PathBuf,
-    running: Mutex<Option<Running>>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    running: Option<Running>,
+    /// What a new guard must be told: every mount watched and not forgotten, by path.
+    watched: BTreeMap<PathBuf, u64>,
 }
 
 struct Running {
@@ -36,18 +49,40 @@ struct Running {
     child: Child,
 }
 
+/// A mount the guard knows, as [`Guards::watch`] named it.
+#[derive(Debug)]
+pub struct Watched {
+    id: u64,
+    point: PathBuf,
+}
+
 impl Guards {
     /// Guards run as `program mount-guard` (this program's own binary).
     pub fn new(program: PathBuf) -> Guards {
         Guards {
             program,
-            running: Mutex::new(None),
+            state: Mutex::default(),
         }
     }
 
-    /// Has the mount now at `mountpoint` detached if this process dies before [`Self::forget`];
-    /// its mount ID.
-    pub fn watch(&self, mountpoint: &Path) -> io::Result<u64> {
+    /// Whether a guard runs (started now if none did): mount with fusermount's own
+    /// `auto_unmount` where it does not.
+    pub fn ready(&self) -> bool {
+        let mut state = self.state.lock().expect("guard lock");
+        if state.running.is_some() {
+            return true;
+        }
+        match self.tell(&mut state, None) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, program = %self.program.display(), "no unmount guard");
+                false
+            }
+        }
+    }
+
+    /// Has the mount now at `mountpoint` detached if this process dies before [`Self::forget`].
+    pub fn watch(&self, mountpoint: &Path) -> io::Result<Watched> {
         // The folder it is in, resolved: the mount itself is not asked (it may not serve yet).
         let parent = mountpoint.parent().unwrap_or(Path::new("/"));
         let name = mountpoint
@@ -56,53 +91,81 @@ impl Guards {
         let point = std::fs::canonicalize(parent)?.join(name);
         let id = mount_table::id_at(&point)
             .ok_or_else(|| io::Error::other(format!("{} is not a mount point", point.display())))?;
-        let mut record = format!("+{id} ").into_bytes();
-        record.extend_from_slice(point.as_os_str().as_bytes());
-        self.send(&record)?;
-        Ok(id)
+        let mut state = self.state.lock().expect("guard lock");
+        state.watched.insert(point.clone(), id);
+        let told = self.tell(&mut state, Some(&record(b'+', id, &point)));
+        if let Err(e) = told {
+            state.watched.remove(&point);
+            return Err(e);
+        }
+        Ok(Watched { id, point })
     }
 
-    /// The mount of `id` was unmounted: the guard leaves that path alone from now on.
-    pub fn forget(&self, id: u64) {
-        if let Err(e) = self.send(format!("-{id}").as_bytes()) {
+    /// The mount was unmounted: the guard leaves its path alone from now on.
+    pub fn forget(&self, watched: Watched) {
+        let mut state = self.state.lock().expect("guard lock");
+        if state.watched.get(&watched.point) == Some(&watched.id) {
+            state.watched.remove(&watched.point);
+        }
+        if let Err(e) = self.tell(&mut state, Some(&record(b'-', watched.id, &watched.point))) {
             tracing::warn!(error = %e, "the unmount guard was not told of an unmount");
         }
     }
 
-    fn send(&self, record: &[u8]) -> io::Result<()> {
-        let mut running = self.running.lock().expect("guard lock");
-        if running.is_none() {
-            let mut child = Command::new(&self.program)
-                .arg("mount-guard")
-                .current_dir("/")
-                .stdin(Stdio::piped())
-                .stdout(Stdio::null())
-                .spawn()?;
-            let pipe = child.stdin.take().expect("a piped stdin");
-            *running = Some(Running { pipe, child });
-        }
-        let r = running.as_mut().expect("started above");
-        let mut bytes = record.to_vec();
-        bytes.push(0);
-        let written = r.pipe.write_all(&bytes);
-        if written.is_err() {
-            // The guard is gone (killed by someone): the next record starts another, which
-            // is told only of the mounts made from then on.
-            if let Some(mut r) = running.take() {
-                let _ = r.child.kill();
-                let _ = r.child.wait();
+    /// Sends `record` to the running guard. One that is gone (killed by someone) is replaced
+    /// by a new one, told every mount still watched instead.
+    fn tell(&self, state: &mut State, record: Option<&[u8]>) -> io::Result<()> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let written = match state.running.as_mut() {
+                Some(r) => record.map_or(Ok(()), |rec| r.pipe.write_all(rec)),
+                None => {
+                    let mut child = Command::new(&self.program)
+                        .arg("mount-guard")
+                        .current_dir("/")
+                        .stdin(Stdio::piped())
+                        .stdout(Stdio::null())
+                        .spawn()?;
+                    let pipe = child.stdin.take().expect("a piped stdin");
+                    let r = state.running.insert(Running { pipe, child });
+                    let all: Vec<u8> = state
+                        .watched
+                        .iter()
+                        .flat_map(|(point, &id)| self::record(b'+', id, point))
+                        .collect();
+                    r.pipe.write_all(&all)
+                }
+            };
+            match written {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    if let Some(mut r) = state.running.take() {
+                        let _ = r.child.kill();
+                        let _ = r.child.wait();
+                    }
+                    if tries == 2 {
+                        return Err(e);
+                    }
+                    tracing::warn!(error = %e, "the unmount guard is gone; starting another");
+                }
             }
         }
-        written
     }
+}
+
+fn record(sign: u8, id: u64, point: &Path) -> Vec<u8> {
+    let mut record = format!("{}{id} ", sign as char).into_bytes();
+    record.extend_from_slice(point.as_os_str().as_bytes());
+    record.push(0);
+    record
 }
 
 impl Drop for Guards {
     /// After the daemon's own unmounts: the guard finds nothing left to detach, and ends.
     fn drop(&mut self) {
-        if let Some(Running { pipe, mut child }) =
-            self.running.get_mut().ok().and_then(Option::take)
-        {
+        let running = self.state.get_mut().ok().and_then(|s| s.running.take());
+        if let Some(Running { pipe, mut child }) = running {
             drop(pipe);
             let _ = child.wait();
         }
@@ -112,11 +175,12 @@ impl Drop for Guards {
 /// The guard's side: reads records from `input` until end of file, then detaches every mount
 /// still named. How many it detached.
 pub fn watch(input: impl Read) -> io::Result<usize> {
-    let mounts = named(input)?;
+    let named = named(input)?;
+    // One read of the mount table for them all: a server's guard may name thousands.
+    let table = mount_table::mounts()?;
     let mut detached = 0;
-    // The newest first: a mount made inside another goes before it.
-    for (id, point) in mounts.into_iter().rev() {
-        if mount_table::id_at(&point) != Some(id) {
+    for (point, id) in named {
+        if mount_table::topmost(&table, &point) != Some(id) {
             continue; // unmounted already, or someone else's mount now
         }
         match crate::fuse::unmount(&point) {
@@ -127,12 +191,14 @@ pub fn watch(input: impl Read) -> io::Result<usize> {
     Ok(detached)
 }
 
-/// The mounts the records name at the end of `input`.
-fn named(input: impl Read) -> io::Result<BTreeMap<u64, PathBuf>> {
-    let mut mounts = BTreeMap::new();
+/// The mounts the records name at the end of `input`, newest first (a mount made inside
+/// another goes before it).
+fn named(input: impl Read) -> io::Result<Vec<(PathBuf, u64)>> {
+    // By path: its ID and when it was named.
+    let mut mounts: BTreeMap<PathBuf, (u64, u64)> = BTreeMap::new();
     let mut input = io::BufReader::new(input);
     let mut record = Vec::new();
-    loop {
+    for seq in 0.. {
         record.clear();
         match (&mut input).take(MAX_RECORD).read_until(0, &mut record) {
             Ok(0) => break,
@@ -148,37 +214,53 @@ fn named(input: impl Read) -> io::Result<BTreeMap<u64, PathBuf>> {
             continue;
         }
         match parse(&record) {
-            Some(Record::Add(id, path)) if mounts.len() < MAX_MOUNTS => {
-                mounts.insert(id, path);
+            Some((b'+', id, path)) if mounts.len() < MAX_MOUNTS || mounts.contains_key(&path) => {
+                mounts.insert(path, (seq, id));
             }
-            Some(Record::Remove(id)) => {
-                mounts.remove(&id);
+            Some((b'-', id, path)) if mounts.get(&path).is_some_and(|&(_, known)| known == id) => {
+                mounts.remove(&path);
             }
             _ => {}
         }
     }
-    Ok(mounts)
+    let mut newest_first: Vec<(u64, PathBuf, u64)> = mounts
+        .into_iter()
+        .map(|(path, (seq, id))| (seq, path, id))
+        .collect();
+    newest_first.sort_by_key(|&(seq, _, _)| std::cmp::Reverse(seq));
+    Ok(newest_first.into_iter().map(|(_, p, id)| (p, id)).collect())
 }
 
-enum Record {
-    Add(u64, PathBuf),
-    Remove(u64),
-}
-
-fn parse(record: &[u8]) -> Option<Record> {
+/// `+ID PATH` or `-ID PATH`, the path absolute.
+fn parse(record: &[u8]) -> Option<(u8, u64, PathBuf)> {
     let (&sign, rest) = record.split_first()?;
-    match sign {
-        b'+' => {
-            let space = rest.iter().position(|&b| b == b' ')?;
-            let id = std::str::from_utf8(&rest[..space]).ok()?.parse().ok()?;
-            let path = PathBuf::from(OsString::from_vec(rest[space + 1..].to_vec()));
-            path.is_absolute().then_some(Record::Add(id, path))
-        }
-        b'-' => Some(Record::Remove(
-            std::str::from_utf8(rest).ok()?.parse().ok()?,
-        )),
-        _ => None,
+    if sign != b'+' && sign != b'-' {
+        return None;
     }
+    let space = rest.iter().position(|&b| b == b' ')?;
+    let id = std::str::from_utf8(&rest[..space]).ok()?.parse().ok()?;
+    let path = PathBuf::from(OsString::from_vec(rest[space + 1..].to_vec()));
+    path.is_absolute().then_some((sign, id, path))
+}
+
+/// Detaches every FUSE mount of ours at or under `root` (whose daemon must be gone: a server
+/// at its start, or its service after it stopped), the newest first. How many.
+pub fn sweep(root: &Path) -> io::Result<usize> {
+    let root = std::fs::canonicalize(root)?;
+    let left: Vec<Mount> = mount_table::mounts()?
+        .into_iter()
+        .filter(|m| m.is_ours() && m.point.starts_with(&root))
+        .collect();
+    let mut detached = 0;
+    for m in left.iter().rev() {
+        match crate::fuse::unmount(&m.point) {
+            Ok(()) => detached += 1,
+            Err(e) => {
+                tracing::warn!(mountpoint = %m.point.display(), error = %e, "a mount left by a server that is gone could not be detached")
+            }
+        }
+    }
+    Ok(detached)
 }
 
 #[cfg(test)]
@@ -191,13 +273,27 @@ mod tests {
         input.extend_from_slice(b"+7 /nowhere/a\0");
         input.extend_from_slice(b"+8 relative\0"); // not absolute: not ours
         input.extend_from_slice(&[b'+'; 5000]); // too long
-        input.extend_from_slice(b"\0-7\0+9 /nowhere/b\0");
+        input.extend_from_slice(b"\0-7 /nowhere/a\0+9 /nowhere/b\0+11 /nowhere/d\0");
         input.extend_from_slice(b"garbage\0+10 /nowhere/c"); // cut by the end
         assert_eq!(
-            named(&input[..]).unwrap().into_iter().collect::<Vec<_>>(),
-            vec![(9, PathBuf::from("/nowhere/b"))]
+            named(&input[..]).unwrap(),
+            vec![
+                (PathBuf::from("/nowhere/d"), 11),
+                (PathBuf::from("/nowhere/b"), 9)
+            ]
         );
         // Nothing named is mounted: the guard detaches nothing and ends.
         assert_eq!(watch(&input[..]).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_late_removal_of_a_reused_id_keeps_the_other_mount() {
+        // A is unmounted, B mounted at once with A's freed ID, and only then is A's removal
+        // sent; and a path mounted again keeps its new ID past the old one's removal.
+        let input = b"+5 /w/a\0+5 /w/b\0-5 /w/a\0+6 /w/c\0+7 /w/c\0-6 /w/c\0";
+        assert_eq!(
+            named(&input[..]).unwrap(),
+            vec![(PathBuf::from("/w/c"), 7), (PathBuf::from("/w/b"), 5)]
+        );
     }
 }

@@ -1,8 +1,56 @@
 //! This mount namespace's mount table (`/proc/self/mountinfo`): whether a folder is a mount
-//! point, and which mount it is.
+//! point, which mount it is, and what is mounted where.
 
+use std::ffi::OsString;
 use std::fs;
-use std::path::Path;
+use std::io;
+use std::os::unix::ffi::OsStringExt;
+use std::path::{Path, PathBuf};
+
+/// One line of the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// Unique among the mounts there are now; the kernel reuses it once the mount is gone.
+    pub id: u64,
+    pub point: PathBuf,
+    /// `fuse` for a FUSE mount (`fuse.NAME` where the daemon named a subtype).
+    pub fs_type: String,
+    /// The source field: the FUSE daemon's `fsname`.
+    pub source: String,
+}
+
+impl Mount {
+    /// A FUSE mount this project's daemons made (`fsname=cloud-harness`).
+    pub fn is_ours(&self) -> bool {
+        (self.fs_type == "fuse" || self.fs_type.starts_with("fuse."))
+            && self.source == "cloud-harness"
+    }
+}
+
+/// The whole table, read once, in the kernel's order (a mount after the one it is on).
+pub fn mounts() -> io::Result<Vec<Mount>> {
+    let table = fs::read("/proc/self/mountinfo")?;
+    Ok(table.split(|&b| b == b'\n').filter_map(parse).collect())
+}
+
+/// `ID PARENT MAJ:MIN ROOT POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER-OPTIONS`
+fn parse(line: &[u8]) -> Option<Mount> {
+    let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+    let id = std::str::from_utf8(fields.first()?).ok()?.parse().ok()?;
+    let point = PathBuf::from(OsString::from_vec(unescape(fields.get(4)?)));
+    let dash = fields.iter().skip(6).position(|f| *f == b"-")? + 6;
+    let text = |i: usize| {
+        fields
+            .get(i)
+            .map(|f| String::from_utf8_lossy(&unescape(f)).into_owned())
+    };
+    Some(Mount {
+        id,
+        point,
+        fs_type: text(dash + 1)?,
+        source: text(dash + 2)?,
+    })
+}
 
 /// The ID of the mount at `path` (the topmost, if several are stacked there), in this mount
 /// namespace; `None` also when the path cannot be resolved.
@@ -13,14 +61,12 @@ pub fn mount_id(path: &Path) -> Option<u64> {
 /// The same for a canonical path, taken as written: nothing is resolved, so it answers for a
 /// mount whose daemon is gone (which answers `ENOTCONN` to what its caches do not hold).
 pub fn id_at(canonical: &Path) -> Option<u64> {
-    let wanted = canonical.to_string_lossy();
-    let table = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    table.lines().rev().find_map(|line| {
-        let mut fields = line.split(' ');
-        let id = fields.next()?.parse().ok()?;
-        let point = fields.nth(3)?;
-        (unescape(point) == wanted).then_some(id)
-    })
+    topmost(&mounts().ok()?, canonical)
+}
+
+/// The ID of the topmost mount at `point` in `table`.
+pub fn topmost(table: &[Mount], point: &Path) -> Option<u64> {
+    table.iter().rev().find(|m| m.point == point).map(|m| m.id)
 }
 
 /// Whether `path` is a mount point.
@@ -29,36 +75,52 @@ pub fn is_mount_point(path: &Path) -> bool {
 }
 
 /// mountinfo writes space, tab, newline and backslash as octal escapes.
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
+fn unescape(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
     let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
-            let digits = std::str::from_utf8(&bytes[i + 1..i + 4]).unwrap_or("");
+    while i < field.len() {
+        if field[i] == b'\\' && i + 4 <= field.len() {
+            let digits = std::str::from_utf8(&field[i + 1..i + 4]).unwrap_or("");
             if let Ok(v) = u8::from_str_radix(digits, 8) {
                 out.push(v);
                 i += 4;
                 continue;
             }
         }
-        out.push(bytes[i]);
+        out.push(field[i]);
         i += 1;
     }
-    String::from_utf8_lossy(&out).into_owned()
+    out
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn escapes_are_undone() {
-        assert_eq!(super::unescape(r"/tmp/a\040b\134c"), r"/tmp/a b\c");
+        assert_eq!(unescape(br"/tmp/a\040b\134c"), br"/tmp/a b\c");
+    }
+
+    #[test]
+    fn a_line_gives_its_id_point_type_and_source_past_optional_fields() {
+        let line = br"812 29 0:77 / /var/lib/ch/workspaces/w\0401/mounts/skills ro,nosuid shared:5 master:2 - fuse cloud-harness ro,user_id=0";
+        let m = parse(line).unwrap();
+        assert_eq!(m.id, 812);
+        assert_eq!(
+            m.point,
+            Path::new("/var/lib/ch/workspaces/w 1/mounts/skills")
+        );
+        assert!(m.is_ours());
+        let other = parse(b"30 1 0:5 / /tmp rw - tmpfs cloud-harness rw").unwrap();
+        assert!(!other.is_ours());
+        assert!(parse(b"garbage").is_none());
     }
 
     #[test]
     fn the_root_is_a_mount_point_and_a_plain_folder_is_not() {
-        assert!(super::is_mount_point(std::path::Path::new("/")));
+        assert!(is_mount_point(Path::new("/")));
         let dir = tempfile::tempdir().unwrap();
-        assert!(!super::is_mount_point(&dir.path().join("missing")));
+        assert!(!is_mount_point(&dir.path().join("missing")));
     }
 }

@@ -190,6 +190,7 @@ impl Workspaces {
     ) -> Result<Workspaces> {
         let dir = record::workspaces_dir(&home);
         fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        mounts::sweep(&dir);
         let executor_kind = executors.kind()?;
         match executor_kind {
             None => tracing::warn!("no executor: install bubblewrap or start a Docker engine; skills_run refuses to run scripts"),

@@ -5,7 +5,7 @@
 
 use cloud_harness_error::{Error, Result};
 use cloud_harness_mount::fuse::{self, MountConfig};
-use cloud_harness_mount::guard::Guards;
+use cloud_harness_mount::guard::{Guards, Watched};
 use cloud_harness_mount::live::Target;
 pub use cloud_harness_mount::mount_table::is_mount_point;
 use cloud_harness_mount::prewarm::Prewarm;
@@ -25,8 +25,8 @@ pub struct Mounted {
     thread: Option<std::thread::JoinHandle<()>>,
     /// Says when the serving thread has stopped.
     stopped: std::sync::mpsc::Receiver<()>,
-    /// The guard that detaches the mount if this process dies, and the mount's ID it knows.
-    guard: Option<(Arc<Guards>, u64)>,
+    /// The guard that detaches the mount if this process dies, and the mount as it knows it.
+    guard: Option<(Arc<Guards>, Watched)>,
 }
 
 /// How long closing waits for a serving thread: a busy mount detached lazily keeps serving
@@ -89,8 +89,11 @@ pub fn mount(
 ) -> Result<(Vec<Mounted>, Vec<Target>)> {
     let mut mounts = Vec::new();
     let mut targets: Vec<Target> = Vec::new();
-    // The executor's user is not the one serving the mount; the guard, where there is one,
-    // detaches the mounts of a dead server.
+    // The executor's user is not the one serving the mount. The guard, where one runs,
+    // detaches the mounts of a dead server; fusermount's own auto-unmount (which leaves a
+    // zombie helper per mount, and misses mounts whose folders were opened) only where none
+    // can run.
+    let guards = guards.filter(|g| g.ready());
     let config = |threads| MountConfig {
         allow_other: as_root(),
         auto_unmount: guards.is_none(),
@@ -104,13 +107,19 @@ pub fn mount(
                 // The guard is told before anything can open a folder of the mount (the
                 // prewarm does at once): from then on fusermount's own auto-unmount no longer
                 // detaches it when this process dies, and only the guard does.
-                let guard = guards.and_then(|g| match g.watch(&path) {
-                    Ok(id) => Some((g.clone(), id)),
-                    Err(e) => {
-                        tracing::warn!(error = %e, mountpoint = %path.display(), "no unmount guard: a crash could leave this mount behind");
-                        None
+                let guard = match guards.map(|g| g.watch(&path).map(|w| (g.clone(), w))) {
+                    None => None,
+                    Some(Ok(watched)) => Some(watched),
+                    Some(Err(e)) => {
+                        // Neither the guard nor fusermount would detach it after a crash: not
+                        // served.
+                        drop(m);
+                        let _ = fuse::unmount(&path);
+                        warnings.push(format!("skills are not mounted (no unmount guard: {e}); skills_read still works, and skills_run runs approved copies"));
+                        release(&mut mounts)?;
+                        return Ok((Vec::new(), unmounted(merged, owner)));
                     }
-                });
+                };
                 let notifier = m.notifier.clone();
                 let (done, stopped) = std::sync::mpsc::channel();
                 let thread = std::thread::Builder::new()
@@ -174,8 +183,8 @@ pub fn release(mounts: &mut Vec<Mounted>) -> Result<()> {
             kept.push(m);
             continue;
         }
-        if let Some((guards, id)) = m.guard.take() {
-            guards.forget(id);
+        if let Some((guards, watched)) = m.guard.take() {
+            guards.forget(watched);
         }
         match m.stopped.recv_timeout(STOP_WAIT) {
             Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
@@ -191,6 +200,21 @@ pub fn release(mounts: &mut Vec<Mounted>) -> Result<()> {
     }
     *mounts = kept;
     first_error.map_or(Ok(()), Err)
+}
+
+/// Detaches the FUSE mounts a server that is gone left under `dir` (its unmount guard killed
+/// with it, as a service manager's final SIGKILL to the whole unit can): at a server's start,
+/// before it has made any.
+pub fn sweep(dir: &Path) {
+    match cloud_harness_mount::guard::sweep(dir) {
+        Ok(0) => {}
+        Ok(n) => {
+            tracing::warn!(mounts = n, folder = %dir.display(), "detached the mounts a server that is gone left behind")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, folder = %dir.display(), "could not look for mounts left behind")
+        }
+    }
 }
 
 /// Unmounts whatever FUSE mount is left in `dir` (a half-made workspace).
