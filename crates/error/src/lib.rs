@@ -118,6 +118,18 @@ impl Error {
         self
     }
 
+    /// The same error, its message led by `what` (where it was met): its code, status (a full
+    /// disk's 507) and details kept.
+    pub fn context(mut self, what: impl fmt::Display) -> Self {
+        self.message = format!("{what}: {}", self.message);
+        self
+    }
+
+    /// A full disk or quota (RESOURCE_EXHAUSTED with 507), not a budget or limit of a caller's.
+    pub fn is_full_disk(&self) -> bool {
+        self.code == Code::ResourceExhausted && self.status == INSUFFICIENT_STORAGE
+    }
+
     pub fn invalid(message: impl Into<String>) -> Self {
         Error::new(Code::InvalidArgument, message)
     }
@@ -194,5 +206,30 @@ impl Error {
         };
         Error::new(code, format!("{}: {err}", path.display()))
             .with_details(serde_json::json!({ "path": path.to_string_lossy() }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_keeps_its_507_and_details_through_context() {
+        let full = Error::io(
+            Path::new("/store/tmp/x"),
+            std::io::Error::from_raw_os_error(nix::libc::ENOSPC),
+        );
+        let e = full.context("skills/a.md");
+        assert_eq!((e.code, e.status), (Code::ResourceExhausted, 507));
+        assert!(e.is_full_disk());
+        assert_eq!(e.details["condition"], "ENOSPC");
+        assert!(
+            e.message
+                .starts_with("skills/a.md: /store/tmp/x: no space left"),
+            "{}",
+            e.message
+        );
+        // A caller's own limit is no full disk.
+        assert!(!Error::new(Code::ResourceExhausted, "over budget").is_full_disk());
     }
 }

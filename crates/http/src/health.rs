@@ -36,7 +36,13 @@ fn min_free() -> u64 {
         .saturating_mul(1 << 20)
 }
 
-/// Whether the file systems of `dirs` each have `min` bytes free (for the server's user).
+/// Free inodes below which a disk counts as full: every object of the store, file of a
+/// working tree and temporary file takes one, and running out refuses writes (`ENOSPC`) with
+/// gigabytes free.
+const MIN_FREE_INODES: u64 = 4096;
+
+/// Whether the file systems of `dirs` each have `min` bytes free (for the server's user), and
+/// inodes to spare where the file system counts them (some, btrfs among them, report none).
 fn space(dirs: &[std::path::PathBuf], min: u64) -> Result<(), String> {
     for dir in dirs {
         let vfs = nix::sys::statvfs::statvfs(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -47,6 +53,13 @@ fn space(dirs: &[std::path::PathBuf], min: u64) -> Result<(), String> {
                 dir.display(),
                 free >> 20,
                 min >> 20
+            ));
+        }
+        let inodes = vfs.files_available() as u64;
+        if vfs.files() as u64 > 0 && inodes < MIN_FREE_INODES {
+            return Err(format!(
+                "{}: {inodes} inodes free, under {MIN_FREE_INODES}",
+                dir.display()
             ));
         }
     }
@@ -322,5 +335,34 @@ mod tests {
         assert_eq!(slow.outcome().await, Ok(()));
         // Once it ended, the next one runs.
         assert_eq!(checks.start("mount", || Ok(())).outcome().await, Ok(()));
+    }
+
+    #[test]
+    fn a_disk_out_of_inodes_is_not_ready_with_space_free() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "mounting a tmpfs needs root"
+            );
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        // Its own mount namespace would be cleaner; a tmpfs unmounted at the end does.
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64m,nr_inodes=4200", "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let dirs = [dir.path().to_owned()];
+        let before = space(&dirs, 1 << 20);
+        for i in 0..200 {
+            std::fs::write(dir.path().join(i.to_string()), b"").unwrap();
+        }
+        let after = space(&dirs, 1 << 20);
+        let _ = nix::mount::umount2(dir.path(), nix::mount::MntFlags::MNT_DETACH);
+        assert_eq!(before, Ok(()));
+        let e = after.unwrap_err();
+        assert!(e.contains("inodes free, under 4096"), "{e}");
     }
 }

@@ -407,11 +407,12 @@ impl Walk<'_> {
 }
 
 /// `e` with the folder of the tree it was met at named.
-fn at_path(e: Error, path: &str) -> Error {
-    let mut details = match e.details {
+fn at_path(mut e: Error, path: &str) -> Error {
+    let mut details = match std::mem::take(&mut e.details) {
         serde_json::Value::Object(map) => map,
         _ => serde_json::Map::new(),
     };
     details.insert("path".into(), path.into());
-    Error::new(e.code, format!("`{path}`: {}", e.message)).with_details(details.into())
+    e.context(format_args!("`{path}`"))
+        .with_details(details.into())
 }

@@ -77,8 +77,10 @@ impl Workspaces {
         let a = self.provisioner.acquire_observed(&fetch, &observer);
         let millis = started.elapsed().as_millis() as u64;
         // A fetch refused by the opener's budget is no acquisition: not kept in the history,
-        // which a client looping on its refusal would otherwise fill.
-        if !matches!(&a, Err(e) if e.code == cloud_harness_error::Code::ResourceExhausted) {
+        // which a client looping on its refusal would otherwise fill. (A full disk is kept:
+        // an operator looks for it there.)
+        if !matches!(&a, Err(e) if e.code == cloud_harness_error::Code::ResourceExhausted && !e.is_full_disk())
+        {
             cloud_harness_provision::acquisitions::record(
                 &self.db,
                 t,

@@ -39,50 +39,125 @@ pub(super) fn current(conn: &Conn) -> Result<i64> {
     )?)
 }
 
-/// Refuses a database that is empty (`current` 0) when this home recorded one with data.
-pub(super) fn check(home: &Path, current: i64, shown: &str) -> Result<()> {
+/// What this home recorded: the engine (`sqlite`, `postgres`; none in a file from before it
+/// was written) and the schema version.
+fn seen(home: &Path) -> Result<(Option<String>, i64)> {
     let path = file(home);
-    let seen: i64 = match std::fs::read_to_string(&path) {
-        Ok(text) => text.trim().parse().unwrap_or(0),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((None, 0)),
         Err(e) => return Err(Error::io(&path, e)),
     };
-    if seen > 0 && current == 0 {
+    let mut words = text.split_whitespace();
+    Ok(match (words.next(), words.next()) {
+        (Some(kind), Some(version)) => (Some(kind.to_owned()), version.parse().unwrap_or(0)),
+        (Some(version), None) => (None, version.parse().unwrap_or(0)),
+        _ => (None, 0),
+    })
+}
+
+/// Refuses a database of engine `kind` that is empty (`current` 0) when this home recorded
+/// one of that engine with data. An empty database of the other engine is a move (SQLite to
+/// PostgreSQL, say), not a loss.
+pub(super) fn check(home: &Path, kind: &str, current: i64, shown: &str) -> Result<()> {
+    let (seen_kind, seen) = seen(home)?;
+    let same_engine = seen_kind.as_deref().is_none_or(|k| k == kind);
+    if seen > 0 && current == 0 && same_engine {
         return Err(Error::internal(format!(
             "the state database {shown} is empty, but this home ({}) used it at schema version {seen}: \
              it was lost, truncated or replaced. Restore it from its backup (docs/durability.md, \"Backing up and restoring\"); \
              to start afresh on purpose, with no tokens, decisions or workspaces, remove {}",
             home.display(),
-            path.display()
+            file(home).display()
         )));
     }
     Ok(())
 }
 
-/// Records that this home's database is at schema `version`.
-pub(super) fn record(home: &Path, version: i64) -> Result<()> {
-    crate::home::write_atomic(&file(home), format!("{version}\n").as_bytes())
+/// Records that this home's database is of engine `kind` at schema `version`, unless it says
+/// so already: an open writes nothing in the usual case, so a full disk does not stop a
+/// restart. A failure to record is only warned of (the next start tries again).
+pub(super) fn record(home: &Path, kind: &str, version: i64) {
+    let wanted = format!("{kind} {version}\n");
+    let path = file(home);
+    if std::fs::read_to_string(&path).is_ok_and(|t| t == wanted) {
+        return;
+    }
+    if let Err(e) = crate::home::write_atomic(&path, wanted.as_bytes()) {
+        tracing::warn!(error = %e, "could not record which state database this home uses");
+    }
 }
 
 /// SQLite's quick check of the file at `path` (every page and index, without the content
 /// comparisons of a full check): a damaged file is refused with its name.
 pub(super) fn quick_check(conn: &rusqlite::Connection, path: &Path) -> Result<()> {
+    let fresh = path
+        .parent()
+        .map_or_else(|| FILE.into(), |home| file(home).display().to_string());
     let damaged = |why: String| {
         Error::internal(format!(
             "the state database {} is damaged ({why}): restore it from its backup (docs/durability.md, \"Backing up and restoring\"), \
-             or move it aside to start with an empty one",
+             or, to start afresh on purpose with no tokens, decisions or workspaces, move it aside and remove {fresh}",
             path.display()
         ))
     };
-    let mut statement = conn
-        .prepare("PRAGMA quick_check(5)")
-        .map_err(|e| damaged(e.to_string()))?;
+    // The check itself failing on a malformed file is damage; failing otherwise (the file
+    // locked, a read error) says nothing of the pages.
+    let failed = |e: rusqlite::Error| match &e {
+        rusqlite::Error::SqliteFailure(f, _)
+            if matches!(
+                f.code,
+                rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase
+            ) =>
+        {
+            damaged(e.to_string())
+        }
+        _ => Error::internal(format!(
+            "the state database {} could not be checked: {e}",
+            path.display()
+        )),
+    };
+    let mut statement = conn.prepare("PRAGMA quick_check(5)").map_err(failed)?;
     let found: Vec<String> = statement
         .query_map([], |r| r.get::<_, String>(0))
         .and_then(|rows| rows.collect())
-        .map_err(|e| damaged(e.to_string()))?;
+        .map_err(failed)?;
     match found.as_slice() {
         [ok] if ok == "ok" => Ok(()),
         problems => Err(damaged(problems.join("; "))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn an_unchanged_record_is_not_written_again() {
+        let home = tempfile::tempdir().unwrap();
+        record(home.path(), "sqlite", 7);
+        let inode = std::fs::metadata(file(home.path())).unwrap().ino();
+        record(home.path(), "sqlite", 7);
+        assert_eq!(std::fs::metadata(file(home.path())).unwrap().ino(), inode);
+        record(home.path(), "sqlite", 8);
+        assert_eq!(
+            std::fs::read_to_string(file(home.path())).unwrap(),
+            "sqlite 8\n"
+        );
+    }
+
+    #[test]
+    fn an_empty_database_is_refused_only_where_the_same_engine_held_data() {
+        let home = tempfile::tempdir().unwrap();
+        check(home.path(), "sqlite", 0, "new").unwrap(); // a first start
+        record(home.path(), "sqlite", 7);
+        assert!(check(home.path(), "sqlite", 0, "lost").is_err());
+        check(home.path(), "sqlite", 7, "kept").unwrap();
+        // Moved to PostgreSQL: its empty database is the move, not a loss.
+        check(home.path(), "postgres", 0, "moved").unwrap();
+        // A record from before engines were named holds for either.
+        std::fs::write(file(home.path()), "7\n").unwrap();
+        assert!(check(home.path(), "postgres", 0, "lost").is_err());
     }
 }

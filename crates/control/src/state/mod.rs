@@ -129,11 +129,7 @@ impl Db {
         std::fs::create_dir_all(home).map_err(|e| Error::io(home, e))?;
         let path = path(home);
         let conn = sqlite::open(&path).map_err(|e| {
-            Error::internal(format!(
-                "the state database {}: {}",
-                path.display(),
-                e.message
-            ))
+            Error::from(e).context(format_args!("the state database {}", path.display()))
         })?;
         identity::quick_check(&conn, &path)?;
         let shown = path.display().to_string();
@@ -182,9 +178,9 @@ impl Db {
             l.clone_from(&db.shown);
         }
         let before = db.write(identity::current)?;
-        identity::check(home, before, &db.shown)?;
+        identity::check(home, kind, before, &db.shown)?;
         db.write(migrations::apply)?;
-        identity::record(home, migrations::latest())?;
+        identity::record(home, kind, migrations::latest());
         Ok(db)
     }
 

@@ -353,7 +353,7 @@ impl Walk<'_, '_> {
             .put_blob_from(file, meta.len(), self.limits.max_file_bytes)
             .map_err(|e| match e.code {
                 cloud_harness_error::Code::TooLarge => self.file_too_large(path),
-                _ => Error::new(e.code, format!("{}: {}", path.display(), e.message)),
+                _ => e.context(path.display()),
             })?;
         if size == meta.len() {
             hashed::record(&meta, digest, read_at);
