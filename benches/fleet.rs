@@ -121,7 +121,72 @@ fn main() {
         ms(publish),
         publish.as_secs_f64() / remote.as_secs_f64()
     );
+    packs(
+        &tmp,
+        &server,
+        &certs,
+        &s3,
+        &spec,
+        &format!("run-{}", RUNS - 1),
+    );
     control_plane(&tmp, &server, &certs, &spec);
+}
+
+/// A second runner's start from object storage with the bundle's pack (one request) against
+/// object by object (a request each), on loopback and through a relay that makes every request
+/// 20 ms late, as a bucket across a network would; interleaved, medians.
+fn packs(
+    tmp: &tempfile::TempDir,
+    server: &support::GitServer,
+    certs: &support::Certs,
+    s3: &S3Server,
+    spec: &ToolkitSpec,
+    prefix: &str,
+) {
+    let relay = support::latency::Latency::start(
+        std::net::SocketAddr::from(([127, 0, 0, 1], s3.port)),
+        Duration::from_millis(20),
+    );
+    let mut n = 0;
+    let mut start = |port: u16, packs: bool| -> Duration {
+        n += 1;
+        let store = Store::open(tmp.path().join(format!("store-packs-{n}"))).unwrap();
+        let remote = s3.remote_at(port, prefix).with_packs(packs);
+        let p = server
+            .provisioner(certs, store, "", "127.0.0.0/8", "")
+            .with_remote(Some(remote));
+        let toolkit = spec.resolve(p.hosts()).unwrap();
+        let started = Instant::now();
+        let got = p.acquire(&toolkit).unwrap();
+        let took = started.elapsed();
+        assert_eq!(got.mode, "remote");
+        took
+    };
+    // [loopback, 20 ms] x [pack, objects]
+    let mut took: [[Vec<Duration>; 2]; 2] = Default::default();
+    for run in 0..RUNS {
+        for (i, port) in [s3.port, relay.addr.port()].into_iter().enumerate() {
+            // Which goes first alternates, so neither always meets a cold server.
+            for packs in [run % 2 == 0, run % 2 == 1] {
+                took[i][usize::from(!packs)].push(start(port, packs));
+            }
+        }
+    }
+    println!("a second runner's start of the 50-skill toolkit from object storage: its pack against object by object, median of {RUNS} runs, interleaved");
+    println!("| bucket | with the pack (1 request) | object by object | ratio |");
+    println!("|---|---|---|---|");
+    for (i, bucket) in ["s3s-fs on loopback", "the same, every request 20 ms late"]
+        .into_iter()
+        .enumerate()
+    {
+        let [pack, objects] = std::mem::take(&mut took[i]).map(median);
+        println!(
+            "| {bucket} | {} | {} | {:.2}x |",
+            ms(pack),
+            ms(objects),
+            pack.as_secs_f64() / objects.as_secs_f64()
+        );
+    }
 }
 
 /// `workspace_open` (and close) of the toolkit, warm in the local store, on a control plane

@@ -6,6 +6,8 @@
 
 #[path = "fleet/bucket.rs"]
 mod bucket;
+#[path = "fleet/packs.rs"]
+mod packs;
 use crate::support;
 
 use cloud_harness_provision::index::{BundleKey, BundleRecord};
@@ -63,11 +65,17 @@ fn fleet() -> Option<Fleet> {
 impl Fleet {
     /// A runner: its own local store under `name`, the shared bucket.
     fn runner(&self, name: &str) -> Provisioner {
+        self.runner_with(name, true)
+    }
+
+    /// A runner that publishes and downloads bundles with their packs, or object by object
+    /// only (`TOOLKIT_STORE_PACKS=false`).
+    fn runner_with(&self, name: &str, packs: bool) -> Provisioner {
         let store = Store::open(self.w.tmp.path().join(name)).unwrap();
         self.w
             .server
             .provisioner(&self.w.certs, store, "", "127.0.0.0/8", "")
-            .with_remote(Some(self.s3.remote(PREFIX)))
+            .with_remote(Some(self.s3.remote(PREFIX).with_packs(packs)))
     }
 
     fn repo(&self, name: &str, root: Node) -> (String, String) {
@@ -96,6 +104,9 @@ impl Fleet {
             ))
         };
         let mut missing = Vec::new();
+        if let Some(pack) = record.pack.filter(|p| !object("pack", &p.digest).exists()) {
+            missing.push(format!("pack {}", pack.digest));
+        }
         if !object("blob", &record.manifest).exists() {
             missing.push(format!("blob {}", record.manifest));
         }
@@ -201,9 +212,10 @@ fn a_second_runner_opens_what_the_first_acquired_without_git() {
 
 #[test]
 fn a_corrupted_object_in_the_bucket_is_refused_and_named() {
+    // Object by object (a bundle's pack, which would stand in, has tests of its own).
     let Some(mut f) = fleet() else { return };
     let (url, commit) = f.repo("team/skills.git", toolkit(4, 2, "corrupt"));
-    acquire(&f.runner("store-a"), &url, &commit).unwrap();
+    acquire(&f.runner_with("store-a", false), &url, &commit).unwrap();
     let blob =
         f.s3.keys(&format!("{PREFIX}/objects/blob"))
             .into_iter()
@@ -221,18 +233,18 @@ fn a_corrupted_object_in_the_bucket_is_refused_and_named() {
 
     // With git there, a runner falls back to it; its create-only puts cannot overwrite the
     // bad object, but once an operator deletes it, the next publication restores it.
-    let c = acquire(&f.runner("store-c"), &url, &commit).unwrap();
+    let c = acquire(&f.runner_with("store-c", false), &url, &commit).unwrap();
     assert_eq!(c.mode, "in-process");
     assert!(!good(&f));
     fs::remove_file(f.s3.file(&blob)).unwrap();
-    let d = acquire(&f.runner("store-d"), &url, &commit).unwrap();
+    let d = acquire(&f.runner_with("store-d", false), &url, &commit).unwrap();
     assert_eq!(d.mode, "in-process");
     assert!(good(&f), "publication put the object back");
     fs::write(f.s3.file(&blob), b"tampered with again\n").unwrap();
 
     // Without git, the refusal is the answer.
     f.w.server.stop();
-    let b = f.runner("store-b");
+    let b = f.runner_with("store-b", false);
     let err = acquire(&b, &url, &commit).unwrap_err();
     assert!(err.message.contains(&hex), "{}", err.message);
     assert!(err.message.contains("refused"), "{}", err.message);
@@ -370,9 +382,14 @@ fn remote_gc(f: &Fleet) -> (i32, String) {
 
 /// A blob no record names, put straight into the bucket, `age` old.
 fn orphan(f: &Fleet, text: &str, age: Duration) -> std::path::PathBuf {
+    orphan_of(f, "blob", text, age)
+}
+
+/// An object of `kind` (`blob`, `pack`) no record names, `age` old.
+fn orphan_of(f: &Fleet, kind: &str, text: &str, age: Duration) -> std::path::PathBuf {
     let hex = Digest::of(text.as_bytes()).hex();
     let path = f.s3.file(&format!(
-        "{PREFIX}/objects/blob/{}/{}",
+        "{PREFIX}/objects/{kind}/{}/{}",
         &hex[..2],
         &hex[2..]
     ));
@@ -404,6 +421,12 @@ fn fleet_gc_keeps_what_records_reach_and_removes_old_orphans() {
         "uploaded for a record not yet written\n",
         Duration::ZERO,
     );
+    let old_pack = orphan_of(
+        &f,
+        "pack",
+        "the pack of a record never written\n",
+        Duration::from_secs(7200),
+    );
 
     // Another collector's lease, still running: this one stands back.
     let lease = f.s3.file(&format!("{PREFIX}/gc/lease"));
@@ -430,11 +453,12 @@ fn fleet_gc_keeps_what_records_reach_and_removes_old_orphans() {
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains(&format!(
-            "1 records; kept {published} objects, 1 younger than the grace period; removed 1 objects"
+            "1 records; kept {published} objects, 1 younger than the grace period; removed 2 objects"
         )),
         "{out}"
     );
-    assert!(!old.exists() && young.exists());
+    assert!(!old.exists() && young.exists() && !old_pack.exists());
+    assert!(f.records()[0].pack.is_some(), "the record names its pack");
     assert!(!lease.exists(), "the lease was given back");
     assert!(f.missing_from_bucket(&f.records()[0]).is_empty());
     f.w.server.stop();
@@ -567,6 +591,7 @@ impl Fleet {
             warnings: vec![],
             skipped: vec![],
             acquired_at: 0,
+            pack: None,
         };
         self.s3.remote(PREFIX).publish(&craft, &record).unwrap();
         record
@@ -961,6 +986,7 @@ fn stalled_bundle(
         warnings: vec![],
         skipped: vec![],
         acquired_at: 0,
+        pack: None,
     };
     (record, stalled)
 }

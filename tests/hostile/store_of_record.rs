@@ -34,8 +34,15 @@ fn key(spec: &Value) -> BundleKey {
 }
 
 /// Publishes to the bucket, under the key of `spec`, a bundle of one skill folder `a` holding
-/// `files` besides its SKILL.md; returns the record and the scratch store it was made in.
-fn publish(s3: &S3Server, scratch: &Path, spec: &Value, files: usize) -> (BundleRecord, Store) {
+/// `files` besides its SKILL.md, with its pack or object by object only; returns the record
+/// and the scratch store it was made in.
+fn publish(
+    s3: &S3Server,
+    scratch: &Path,
+    spec: &Value,
+    files: usize,
+    packs: bool,
+) -> (BundleRecord, Store) {
     let key = key(spec);
     let store = Store::open(scratch.join(key.id())).unwrap();
     let mut writer = store.writer().unwrap();
@@ -74,8 +81,12 @@ fn publish(s3: &S3Server, scratch: &Path, spec: &Value, files: usize) -> (Bundle
         warnings: vec![],
         skipped: vec![],
         acquired_at: 0,
+        pack: None,
     };
-    s3.remote(PREFIX).publish(&store, &record).unwrap();
+    s3.remote(PREFIX)
+        .with_packs(packs)
+        .publish(&store, &record)
+        .unwrap();
     (record, store)
 }
 
@@ -138,9 +149,10 @@ fn a_bad_record_or_object_in_the_bucket_is_refused_and_the_server_goes_on() {
     let scratch = tmp.path().join("scratch");
     let commit = |c: char| c.to_string().repeat(40);
 
-    // An object whose bytes are not its name.
+    // An object whose bytes are not its name (no pack stands in for it: tests/fleet/packs.rs
+    // has a bad pack).
     let tampered = spec(&commit('1'));
-    let (record, _) = publish(&s3, &scratch, &tampered, 1);
+    let (record, _) = publish(&s3, &scratch, &tampered, 1, false);
     std::fs::write(
         s3.file(&object_key("tree", &record.bundle)),
         b"cloud-harness tree 1\n",
@@ -148,19 +160,20 @@ fn a_bad_record_or_object_in_the_bucket_is_refused_and_the_server_goes_on() {
     .unwrap();
     // A record of 5 MiB.
     let huge = spec(&commit('2'));
-    let (mut record, _) = publish(&s3, &scratch, &huge, 1);
+    let (mut record, _) = publish(&s3, &scratch, &huge, 1, true);
     record.warnings = vec!["w".repeat(1 << 20); 5];
     std::fs::write(
         s3.file(&format!("{PREFIX}/index/bundles/{}.json", record.key.id())),
         serde_json::to_vec(&record).unwrap(),
     )
     .unwrap();
-    // More files than the server lets a toolkit have (CLOUD_HARNESS_MAX_FILES=8 below).
+    // More files than the server lets a toolkit have (CLOUD_HARNESS_MAX_FILES=8 below): its
+    // pack, past the objects a bundle may have, is refused; then the bundle, object by object.
     let wide = spec(&commit('3'));
-    publish(&s3, &scratch, &wide, 20);
+    publish(&s3, &scratch, &wide, 20, true);
     // A good one.
     let good = spec(&commit('4'));
-    publish(&s3, &scratch, &good, 2);
+    publish(&s3, &scratch, &good, 2, true);
 
     let server_tmp = tempfile::tempdir().unwrap();
     let store_dir = server_tmp.path().join("store");

@@ -6,6 +6,7 @@ pub mod acquisition;
 pub mod api;
 pub mod executors;
 pub mod http;
+pub mod latency;
 pub mod postgres;
 pub mod s3;
 
@@ -458,6 +459,7 @@ pub fn warm_toolkit(store: &Store, src: &Path, name: &str) -> ToolkitSpec {
             warnings: vec![],
             skipped: vec![],
             acquired_at: 0,
+            pack: None,
         })
         .unwrap();
     spec

@@ -95,7 +95,13 @@ impl S3Server {
     }
 
     pub fn remote(&self, prefix: &str) -> RemoteStore {
-        let settings = self.settings();
+        self.remote_at(self.port, prefix)
+    }
+
+    /// [`S3Server::remote`] through another loopback port (a relay in front of the server).
+    pub fn remote_at(&self, port: u16, prefix: &str) -> RemoteStore {
+        let mut settings = self.settings();
+        settings[0].1 = format!("http://127.0.0.1:{port}");
         let pairs: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
         RemoteStore::open(&self.url(prefix), &pairs).unwrap()
     }

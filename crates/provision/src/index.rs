@@ -70,6 +70,17 @@ pub struct BundleRecord {
     pub skipped: Vec<Skipped>,
     /// Seconds since the Unix epoch.
     pub acquired_at: u64,
+    /// In the store of record: the pack of the bundle's objects, fetched in one request
+    /// (`remote::pack`). Never in a runner's own index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<PackRef>,
+}
+
+/// A pack of a bundle's objects in the store of record: its SHA-256 and size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackRef {
+    pub digest: Digest,
+    pub size: u64,
 }
 
 /// The largest bundle record read, here or from the store of record (its warnings and

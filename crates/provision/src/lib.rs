@@ -501,6 +501,7 @@ impl Provisioner {
             acquired_at: SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
+            pack: None,
         };
         cloud_harness_error::failpoint::point("acquire.normalized");
         self.record_and_publish(&index, &record)?;

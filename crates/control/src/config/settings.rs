@@ -66,6 +66,12 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "the host name and a random suffix, kept in <home>/runner-id",
     ),
     s("store.remote", "TOOLKIT_STORE_URL", Kind::Text, "none"),
+    s(
+        "store.packs",
+        "TOOLKIT_STORE_PACKS",
+        Kind::Choice(&["true", "false"]),
+        "true",
+    ),
     s("store.endpoint", "AWS_ENDPOINT_URL", Kind::Text, "AWS S3"),
     s("store.region", "AWS_REGION", Kind::Text, "us-east-1"),
     s(

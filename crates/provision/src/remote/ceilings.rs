@@ -63,7 +63,7 @@ impl Budget {
 
     /// What one download may hold in memory until it is written: the files' bytes, the
     /// trees' and the manifest's.
-    fn max_download(&self) -> u64 {
+    pub(super) fn max_download(&self) -> u64 {
         self.limits.max_bytes.saturating_mul(2)
     }
 
@@ -405,6 +405,7 @@ mod tests {
             warnings: vec![],
             skipped: vec![],
             acquired_at: 0,
+            pack: None,
         };
         let limits = Limits {
             max_files: 4000,

@@ -8,6 +8,7 @@
 //! counts a toolkit, before anything is written: every later walk of the bundle goes by path.
 
 use super::ceilings::{check_bundle, Budget, Named, Want};
+use super::pack::Packed;
 use super::{
     blocking, get_held, hold, refused, unreachable, wait, Got, Moved, RemoteStore, AT_ONCE,
 };
@@ -18,6 +19,8 @@ use cloud_harness_store::cas::{Digest, ObjectKind, Store, Tree};
 use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt;
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
@@ -40,13 +43,16 @@ impl RemoteStore {
             toolkit: record.key.url.clone(),
             record: self.record_path(&record.key).to_string(),
         };
-        let fetch = Fetch {
+        let mut fetch = Fetch {
             remote: self.clone(),
             store: store.clone(),
             max_manifest: limits.max_file_bytes,
+            packed: Mutex::default(),
+            requests: AtomicUsize::new(0),
         };
         let budget = Budget::new(limits, named.clone());
         let (bundle, manifest) = (record.bundle, record.manifest);
+        let pack = record.pack.filter(|_| self.packs);
         let seconds = limits.max_seconds;
         let late = named.clone();
         let (walked, moved) = wait(async move {
@@ -55,7 +61,29 @@ impl RemoteStore {
                     .acquire()
                     .await
                     .map_err(|_| Error::internal("the downloads' semaphore was closed"))?;
-                fetch.all(bundle, manifest, budget).await
+                let mut moved = Moved::default();
+                if let Some(pack) = pack {
+                    let max = budget.max_download();
+                    match fetch
+                        .remote
+                        .fetch_pack(&pack, limits, max, &mut moved)
+                        .await
+                    {
+                        Ok(objects) => fetch.packed = Mutex::new(objects),
+                        // What is in the pack is checked again object by object as it is
+                        // used; a pack refused leaves the bucket's objects to ask for.
+                        Err(e) if e.details.get("pack").is_some() => {
+                            tracing::error!(store = %fetch.remote.url, error = %e.message, "fetching the bundle object by object instead");
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                let (walked, walk_moved) = fetch.all(bundle, manifest, budget).await?;
+                moved.objects += walk_moved.objects;
+                moved.bytes += walk_moved.bytes;
+                moved.present += walk_moved.present;
+                moved.requests += fetch.requests.load(Ordering::Relaxed);
+                Ok((walked, moved))
             };
             tokio::time::timeout(Duration::from_secs(seconds), whole)
                 .await
@@ -89,6 +117,10 @@ struct Fetch {
     store: Store,
     /// The largest manifest taken (no tree gives its size).
     max_manifest: u64,
+    /// The objects of the bundle's pack, taken as they are asked for.
+    packed: Mutex<Packed>,
+    /// GET requests for single objects.
+    requests: AtomicUsize,
 }
 
 /// A step of the walk: whether the local store has an object, or the object from the bucket
@@ -184,6 +216,16 @@ impl Fetch {
                 blocking(move || look(&store, &url, want)).await
             }
             Step::Get(want, max) => {
+                let (kind, digest) = want.name();
+                let from_pack = self
+                    .packed
+                    .lock()
+                    .expect("pack lock")
+                    .remove(&(kind == ObjectKind::Tree, digest));
+                if let Some(bytes) = from_pack.filter(|b| b.len() as u64 <= max) {
+                    return blocking(move || verify(&url, want, bytes)).await;
+                }
+                self.requests.fetch_add(1, Ordering::Relaxed);
                 // A blob's bytes are known before it is asked for; a tree's once the server
                 // says, before its body is read.
                 let early = match want {
@@ -192,7 +234,6 @@ impl Fetch {
                     }
                     _ => None,
                 };
-                let (kind, digest) = want.name();
                 let path = self.remote.object_path(kind, &digest);
                 let (got, _late) = get_held(&self.remote.objects, &path, max, early.is_none())
                     .await

@@ -166,6 +166,8 @@ impl RemoteStore {
         let records = self.list("index/bundles").await?;
         let mut roots = Vec::new();
         let mut named_by_skipped = Vec::new();
+        // Packs are kept by the records that name them, and by nothing else.
+        let mut packs: HashSet<Digest> = HashSet::new();
         for meta in &records {
             let bytes = match get(&self.objects, &meta.location, MAX_RECORD)
                 .await
@@ -189,10 +191,14 @@ impl RemoteStore {
                 }
             };
             match BundleRecord::decode(&bytes) {
-                Ok(record) => roots.push((record.bundle, record.manifest)),
+                Ok(record) => {
+                    packs.extend(record.pack.map(|p| p.digest));
+                    roots.push((record.bundle, record.manifest));
+                }
                 Err(e) => {
                     tracing::warn!(store = %self.url, record = %meta.location, error = %e.message, "the collector skipped a record that is not one; what it names is kept");
                     named_by_skipped.extend(named_by(&bytes));
+                    packs.extend(pack_named_by(&bytes));
                     report.skipped.push(SkippedRecord {
                         record: meta.location.to_string(),
                         reason: e.message,
@@ -225,7 +231,11 @@ impl RemoteStore {
             let Some(name) = self.object_name(&meta.location) else {
                 continue;
             };
-            if marked.contains(&name) {
+            let kept = match name {
+                Named::Object(is_tree, digest) => marked.contains(&(is_tree, digest)),
+                Named::Pack(digest) => packs.contains(&digest),
+            };
+            if kept {
                 report.kept += 1;
                 continue;
             }
@@ -307,21 +317,37 @@ impl RemoteStore {
         }
     }
 
-    /// The kind and digest an object's key names (`…/objects/blob/ab/cdef…`).
-    fn object_name(&self, location: &ObjectPath) -> Option<(bool, Digest)> {
+    /// The kind and digest an object's key names (`…/objects/blob/ab/cdef…`, `…/tree/…`,
+    /// `…/pack/…`).
+    fn object_name(&self, location: &ObjectPath) -> Option<Named> {
         let parts: Vec<_> = location.parts().collect();
         let n = parts.len();
         if n < 4 {
             return None;
         }
-        let is_tree = match parts[n - 3].as_ref() {
-            "tree" => true,
-            "blob" => false,
-            _ => return None,
-        };
         let hex = format!("{}{}", parts[n - 2].as_ref(), parts[n - 1].as_ref());
-        Digest::parse(&hex).ok().map(|d| (is_tree, d))
+        let digest = Digest::parse(&hex).ok()?;
+        match parts[n - 3].as_ref() {
+            "tree" => Some(Named::Object(true, digest)),
+            "blob" => Some(Named::Object(false, digest)),
+            "pack" => Some(Named::Pack(digest)),
+            _ => None,
+        }
     }
+}
+
+/// What an object's key names.
+enum Named {
+    /// A blob (false) or a tree (true).
+    Object(bool, Digest),
+    Pack(Digest),
+}
+
+/// The pack a record that is not one still names (`pack.digest`), if it is JSON that does.
+fn pack_named_by(bytes: &[u8]) -> Option<Digest> {
+    let json = serde_json::from_slice::<serde_json::Value>(bytes).ok()?;
+    let text = json.get("pack")?.get("digest")?.as_str()?;
+    Digest::parse(text).ok()
 }
 
 /// The objects a record that is not one still names: the `bundle` tree and the `manifest`

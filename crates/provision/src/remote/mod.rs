@@ -5,6 +5,7 @@
 //! ```text
 //! <prefix>/objects/blob/ab/cdef…     blobs, named by their SHA-256, as in the local store
 //! <prefix>/objects/tree/ab/cdef…     canonical trees
+//! <prefix>/objects/pack/ab/cdef…     a bundle's objects in one (`pack`), named by the record
 //! <prefix>/index/bundles/<key>.json  bundle-index records, written after all they name
 //! <prefix>/index/tags/<id>.json      tags resolved to commits
 //! ```
@@ -28,6 +29,7 @@
 mod ceilings;
 mod download;
 pub mod gc;
+pub mod pack;
 mod publish;
 mod start;
 
@@ -50,6 +52,7 @@ const AT_ONCE: usize = 64;
 
 /// The settings this module reads.
 pub(crate) const URL_VAR: &str = "TOOLKIT_STORE_URL";
+const PACKS_VAR: &str = "TOOLKIT_STORE_PACKS";
 
 pub use super::index::MAX_RECORD;
 /// The largest tag record read.
@@ -60,6 +63,9 @@ pub struct RemoteStore {
     objects: Arc<dyn ObjectStore>,
     prefix: String,
     url: String,
+    /// Whether bundles are published with a pack and downloaded from one
+    /// (`TOOLKIT_STORE_PACKS`, on unless `false`).
+    packs: bool,
 }
 
 impl std::fmt::Debug for RemoteStore {
@@ -79,6 +85,8 @@ pub struct Moved {
     pub bytes: u64,
     /// Objects already on the other side.
     pub present: usize,
+    /// GET requests a download made for objects (a pack is one).
+    pub requests: usize,
 }
 
 /// One runtime for every request to object storage, whatever thread asks (acquisitions run on
@@ -173,7 +181,18 @@ impl RemoteStore {
                         builder = builder.with_config(key, value);
                     }
                 }
-                RemoteStore::build(&url, builder).map(Some)
+                let packs = match std::env::var(PACKS_VAR).as_deref() {
+                    Ok("false") => false,
+                    Ok("true") | Ok("") | Err(_) => true,
+                    Ok(other) => {
+                        return Err(Error::field(
+                            Code::InvalidArgument,
+                            PACKS_VAR,
+                            format!("{PACKS_VAR} is true or false, not {other}"),
+                        ))
+                    }
+                };
+                RemoteStore::build(&url, builder).map(|r| Some(r.with_packs(packs)))
             }
             _ => Ok(None),
         }
@@ -232,7 +251,14 @@ impl RemoteStore {
             objects: Arc::new(objects),
             prefix,
             url: url.to_owned(),
+            packs: true,
         })
+    }
+
+    /// With `false`, bundles are published and downloaded object by object only.
+    pub fn with_packs(mut self, packs: bool) -> RemoteStore {
+        self.packs = packs;
+        self
     }
 
     pub fn url(&self) -> &str {

@@ -1,7 +1,7 @@
 //! Publication of a bundle to the store of record: leaves first, the record last.
 
 use super::{put_new, unreachable, wait, Moved, RemoteStore, AT_ONCE};
-use crate::index::BundleRecord;
+use crate::index::{BundleRecord, PackRef};
 use cloud_harness_error::{Error, Result};
 use cloud_harness_store::cas::{Digest, Kind, ObjectKind, Store};
 use futures_util::stream;
@@ -11,7 +11,8 @@ use std::collections::HashSet;
 
 impl RemoteStore {
     /// Publishes a bundle that is whole in `store`: its blobs, its trees from the deepest up,
-    /// its manifest, then its record. Safe to repeat and to run on two runners at once.
+    /// its manifest, its pack (all of them in one object, unless packs are off), then its
+    /// record, which names the pack. Safe to repeat and to run on two runners at once.
     pub fn publish(&self, store: &Store, record: &BundleRecord) -> Result<Moved> {
         // Every object is sent even when the record is there already: a put of an object
         // present costs one refused request, and it restores one an operator deleted.
@@ -30,8 +31,14 @@ impl RemoteStore {
             send(ObjectKind::Tree, level)?;
         }
         send(ObjectKind::Blob, vec![record.manifest])?;
+        let mut record = record.clone();
+        record.pack = match self.packs {
+            true => Some(self.put_pack(store, &record)?),
+            false => None,
+        };
         cloud_harness_error::failpoint::point("fleet.before_record");
-        let json = serde_json::to_vec_pretty(record).map_err(|e| Error::internal(e.to_string()))?;
+        let json =
+            serde_json::to_vec_pretty(&record).map_err(|e| Error::internal(e.to_string()))?;
         let objects = self.objects.clone();
         let url = self.url.clone();
         wait(async move {
@@ -40,6 +47,25 @@ impl RemoteStore {
                 .map_err(|e| unreachable(&url, e))
         })?;
         Ok(moved)
+    }
+
+    /// Sends the pack of the bundle (create-only, named by its digest); what the record
+    /// names it by.
+    fn put_pack(&self, store: &Store, record: &BundleRecord) -> Result<PackRef> {
+        let bytes = super::pack::encode(store, record)?;
+        let pack = PackRef {
+            digest: Digest::of(&bytes),
+            size: bytes.len() as u64,
+        };
+        let path = self.pack_path(&pack.digest);
+        let objects = self.objects.clone();
+        let url = self.url.clone();
+        wait(async move {
+            put_new(&objects, &path, bytes)
+                .await
+                .map_err(|e| unreachable(&url, e))
+        })?;
+        Ok(pack)
     }
 
     /// Sends objects of `store`, read (and so verified) from it, a few at a time.
@@ -85,7 +111,7 @@ impl RemoteStore {
 }
 
 /// The bundle's blobs (the manifest aside) and its trees by depth, each object once.
-fn layout(store: &Store, bundle: &Digest) -> Result<(Vec<Digest>, Vec<Vec<Digest>>)> {
+pub(super) fn layout(store: &Store, bundle: &Digest) -> Result<(Vec<Digest>, Vec<Vec<Digest>>)> {
     let mut blobs = Vec::new();
     let mut levels: Vec<Vec<Digest>> = Vec::new();
     let mut seen = HashSet::new();

@@ -55,7 +55,12 @@ impl Provisioner {
         };
         match remote.download(&self.store, &record, self.limits) {
             Ok(moved) => {
-                // Only now, every object in place and checked, does the index learn of it.
+                // Only now, every object in place and checked, does the index learn of it
+                // (not of the pack: it is the bucket's).
+                let record = BundleRecord {
+                    pack: None,
+                    ..record
+                };
                 index.put(&record)?;
                 cloud_harness_control::metrics::remote("hit");
                 Ok(Some((record, moved)))

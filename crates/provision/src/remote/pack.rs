@@ -1,0 +1,251 @@
+//! A bundle's objects packed in one object of the store of record, so a runner starts from
+//! object storage in one request instead of one per object. The pack is named by its SHA-256
+//! (`objects/pack/ab/cdef…`), put create-only, and named by the bundle's record with its size;
+//! a runner that reads it trusts none of it: the stream is hashed against that name, every
+//! object in it against its own, and the download then walks and bounds the bundle exactly as
+//! it does object by object. A pack that is missing, too large or wrong in any byte is refused
+//! as a whole, and the download goes on object by object.
+//!
+//! ```text
+//! CHPACK1\n                                    8 bytes
+//! { kind: b'b' | b't', digest: [u8; 32], len: u64 LE, bytes: [u8; len] } …
+//! ```
+//! The manifest first, then the trees from the bundle down, then the blobs.
+
+use super::{blocking, hold, unreachable, Moved, RemoteStore};
+use crate::index::{BundleRecord, PackRef};
+use crate::staging::Limits;
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_store::cas::{Digest, Hasher, Store, MAX_TREE_BYTES};
+use object_store::ObjectStoreExt;
+use std::collections::HashMap;
+
+const MAGIC: &[u8; 8] = b"CHPACK1\n";
+/// An entry's head: its kind, digest and length.
+const HEAD: usize = 1 + 32 + 8;
+
+/// Objects by kind (a tree: true) and digest.
+pub(super) type Packed = HashMap<(bool, Digest), Vec<u8>>;
+
+/// The pack of a bundle whole in `store`: its manifest, trees and blobs, each once.
+pub(super) fn encode(store: &Store, record: &BundleRecord) -> Result<Vec<u8>> {
+    let (blobs, levels) = super::publish::layout(store, &record.bundle)?;
+    let mut pack = MAGIC.to_vec();
+    let mut put = |kind: u8, digest: &Digest, bytes: &[u8]| {
+        pack.push(kind);
+        pack.extend_from_slice(&digest.0);
+        pack.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        pack.extend_from_slice(bytes);
+    };
+    put(b'b', &record.manifest, &store.blob(&record.manifest)?);
+    for digest in levels.iter().flatten() {
+        put(b't', digest, &store.tree(digest)?.encode());
+    }
+    for digest in &blobs {
+        put(b'b', digest, &store.blob(digest)?);
+    }
+    Ok(pack)
+}
+
+/// A pack read as it arrives: every entry bounded before its bytes are kept.
+struct Reader {
+    limits: Limits,
+    /// What is not yet a whole head or a whole entry.
+    pending: Vec<u8>,
+    magic: bool,
+    objects: Packed,
+}
+
+impl Reader {
+    fn feed(&mut self, mut chunk: &[u8]) -> std::result::Result<(), String> {
+        while !chunk.is_empty() {
+            let want = self.wanted()?;
+            let take = (want - self.pending.len()).min(chunk.len());
+            self.pending.extend_from_slice(&chunk[..take]);
+            chunk = &chunk[take..];
+            if self.pending.len() == want {
+                self.complete()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// How many bytes `pending` must hold to be whole: the magic, a head, or a head and its
+    /// bytes (checked against what an object of its kind may have).
+    fn wanted(&self) -> std::result::Result<usize, String> {
+        if !self.magic {
+            return Ok(MAGIC.len());
+        }
+        if self.pending.len() < HEAD {
+            return Ok(HEAD);
+        }
+        let len = u64::from_le_bytes(self.pending[33..HEAD].try_into().expect("8 bytes"));
+        let max = match self.pending[0] {
+            b't' => MAX_TREE_BYTES,
+            b'b' => self.limits.max_file_bytes,
+            other => return Err(format!("an entry of unknown kind {other}")),
+        };
+        if len > max {
+            return Err(format!(
+                "an entry of {len} bytes, more than the {max} it may have"
+            ));
+        }
+        Ok(HEAD + len as usize)
+    }
+
+    fn complete(&mut self) -> std::result::Result<(), String> {
+        if !self.magic {
+            if self.pending != MAGIC {
+                return Err("it does not begin as a pack".into());
+            }
+            self.magic = true;
+            self.pending.clear();
+            return Ok(());
+        }
+        if self.pending.len() == HEAD && self.wanted()? > HEAD {
+            return Ok(()); // a head; its bytes follow
+        }
+        let is_tree = self.pending[0] == b't';
+        let digest = Digest(self.pending[1..33].try_into().expect("32 bytes"));
+        // At most as many objects as a bundle may have files and folders, and its manifest.
+        let max = self.limits.max_files.saturating_mul(2).saturating_add(2);
+        if self.objects.len() as u64 >= max {
+            return Err(format!("more than the {max} objects a bundle may have"));
+        }
+        let bytes = self.pending.split_off(HEAD);
+        self.pending.clear();
+        self.objects.insert((is_tree, digest), bytes);
+        Ok(())
+    }
+
+    fn finish(self) -> std::result::Result<Packed, String> {
+        if !self.magic || !self.pending.is_empty() {
+            return Err("it ends in the middle of an entry".into());
+        }
+        Ok(self.objects)
+    }
+}
+
+/// Every object of `bytes`, a whole pack, checked (the tests' and the fuzzer's way in).
+pub fn read_all(bytes: &[u8], limits: Limits) -> std::result::Result<usize, String> {
+    let mut reader = Reader::new(limits);
+    reader.feed(bytes)?;
+    let objects = reader.finish()?;
+    check_objects(&objects)?;
+    Ok(objects.len())
+}
+
+impl Reader {
+    fn new(limits: Limits) -> Reader {
+        Reader {
+            limits,
+            pending: Vec::new(),
+            magic: false,
+            objects: HashMap::new(),
+        }
+    }
+}
+
+/// Every object's bytes against its name.
+fn check_objects(objects: &Packed) -> std::result::Result<(), String> {
+    for ((is_tree, digest), bytes) in objects {
+        let got = Digest::of(bytes);
+        if got != *digest {
+            let kind = if *is_tree { "tree" } else { "blob" };
+            return Err(format!("its {kind} {digest} hashes to {got}"));
+        }
+    }
+    Ok(())
+}
+
+impl RemoteStore {
+    /// Where the pack named `digest` is.
+    pub(super) fn pack_path(&self, digest: &Digest) -> object_store::path::Path {
+        let hex = digest.hex();
+        self.path(&format!("objects/pack/{}/{}", &hex[..2], &hex[2..]))
+    }
+
+    /// The objects of the pack `pack` names, in one request, checked against its name and
+    /// each against its own; at most `max` bytes (what a download may hold). A pack that
+    /// cannot be used is refused, named; an outage is UPSTREAM and retryable.
+    pub(super) async fn fetch_pack(
+        &self,
+        pack: &PackRef,
+        limits: Limits,
+        max: u64,
+        moved: &mut Moved,
+    ) -> Result<Packed> {
+        let bad = |why: String| {
+            cloud_harness_control::metrics::remote("refused");
+            Error::new(
+                Code::Upstream,
+                format!(
+                    "object storage {} has a bad pack {} ({why}); it was refused",
+                    self.url, pack.digest
+                ),
+            )
+            .with_details(serde_json::json!({ "store": self.url, "pack": pack.digest.to_string() }))
+        };
+        if pack.size > max {
+            return Err(bad(format!(
+                "its record says {} bytes, more than the {max} a download may hold",
+                pack.size
+            )));
+        }
+        let _held = hold(pack.size)
+            .await
+            .map_err(|e| unreachable(&self.url, e))?;
+        moved.requests += 1;
+        let objects = match self.read_pack(pack, limits).await {
+            Ok(Ok(objects)) => objects,
+            Ok(Err(why)) => return Err(bad(why)),
+            Err(e) => return Err(unreachable(&self.url, e)),
+        };
+        let checked = blocking(move || Ok(check_objects(&objects).map(|()| objects))).await?;
+        checked.map_err(bad)
+    }
+
+    /// The pack's objects as they arrive, or why it is not the pack its record names.
+    async fn read_pack(
+        &self,
+        pack: &PackRef,
+        limits: Limits,
+    ) -> object_store::Result<std::result::Result<Packed, String>> {
+        use futures_util::StreamExt;
+        let result = match self.objects.get(&self.pack_path(&pack.digest)).await {
+            Ok(r) => r,
+            Err(object_store::Error::NotFound { .. }) => return Ok(Err("missing".into())),
+            Err(e) => return Err(e),
+        };
+        if result.meta.size != pack.size {
+            let said = result.meta.size;
+            return Ok(Err(format!(
+                "{said} bytes where its record says {}",
+                pack.size
+            )));
+        }
+        let mut reader = Reader::new(limits);
+        let mut hasher = Hasher::default();
+        let mut total = 0u64;
+        let mut body = result.into_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk?;
+            total += chunk.len() as u64;
+            if total > pack.size {
+                return Ok(Err(format!(
+                    "more bytes than the {} its record says",
+                    pack.size
+                )));
+            }
+            hasher.update(&chunk);
+            if let Err(why) = reader.feed(&chunk) {
+                return Ok(Err(why));
+            }
+        }
+        let got = hasher.finish();
+        if got != pack.digest {
+            return Ok(Err(format!("its bytes hash to {got}")));
+        }
+        Ok(reader.finish())
+    }
+}

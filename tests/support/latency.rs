@@ -1,0 +1,51 @@
+//! A TCP relay on loopback that holds every chunk a client sends for a fixed time before
+//! passing it on: an object storage server on loopback made to answer each request as late as
+//! a bucket across a network does (a request is one chunk; its answer comes back at once).
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+pub struct Latency {
+    pub addr: SocketAddr,
+}
+
+impl Latency {
+    /// Relays connections to `upstream`, each chunk from a client `delay` late. The relay
+    /// lives as long as the process (a bench's or a test's).
+    pub fn start(upstream: SocketAddr, delay: Duration) -> Latency {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = TcpStream::connect(upstream) else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || relay(client, server, delay));
+                std::thread::spawn(move || relay(s2, c2, Duration::ZERO));
+            }
+        });
+        Latency { addr }
+    }
+}
+
+fn relay(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if !delay.is_zero() {
+                    std::thread::sleep(delay);
+                }
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
