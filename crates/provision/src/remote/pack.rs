@@ -16,9 +16,10 @@ use super::{blocking, hold, unreachable, Moved, RemoteStore};
 use crate::index::{BundleRecord, PackRef};
 use crate::staging::Limits;
 use cloud_harness_error::{Code, Error, Result};
-use cloud_harness_store::cas::{Digest, Hasher, Store, MAX_TREE_BYTES};
+use cloud_harness_store::cas::{Digest, Hasher, Kind, Store, MAX_TREE_BYTES};
 use object_store::ObjectStoreExt;
 use std::collections::HashMap;
+use std::collections::HashSet;
 
 const MAGIC: &[u8; 8] = b"CHPACK1\n";
 /// An entry's head: its kind, digest and length.
@@ -29,7 +30,7 @@ pub(super) type Packed = HashMap<(bool, Digest), Vec<u8>>;
 
 /// The pack of a bundle whole in `store`: its manifest, trees and blobs, each once.
 pub(super) fn encode(store: &Store, record: &BundleRecord) -> Result<Vec<u8>> {
-    let (blobs, levels) = super::publish::layout(store, &record.bundle)?;
+    let (blobs, levels) = layout(store, &record.bundle)?;
     let mut pack = MAGIC.to_vec();
     let mut put = |kind: u8, digest: &Digest, bytes: &[u8]| {
         pack.push(kind);
@@ -45,6 +46,31 @@ pub(super) fn encode(store: &Store, record: &BundleRecord) -> Result<Vec<u8>> {
         put(b'b', digest, &store.blob(digest)?);
     }
     Ok(pack)
+}
+
+/// The bundle's blobs (the manifest aside) and its trees by depth, each object once.
+pub(super) fn layout(store: &Store, bundle: &Digest) -> Result<(Vec<Digest>, Vec<Vec<Digest>>)> {
+    let mut blobs = Vec::new();
+    let mut levels: Vec<Vec<Digest>> = Vec::new();
+    let mut seen = HashSet::new();
+    let mut level = vec![*bundle];
+    seen.insert((true, *bundle));
+    while !level.is_empty() {
+        let mut next = Vec::new();
+        for digest in &level {
+            for e in store.tree(digest)?.entries() {
+                if !seen.insert((e.kind == Kind::Tree, e.digest)) {
+                    continue;
+                }
+                match e.kind {
+                    Kind::Tree => next.push(e.digest),
+                    _ => blobs.push(e.digest),
+                }
+            }
+        }
+        levels.push(std::mem::replace(&mut level, next));
+    }
+    Ok((blobs, levels))
 }
 
 /// A pack read as it arrives: every entry bounded before its bytes are kept.

@@ -1,13 +1,13 @@
 //! Publication of a bundle to the store of record: leaves first, the record last.
 
+use super::pack::layout;
 use super::{put_new, unreachable, wait, Moved, RemoteStore, AT_ONCE};
 use crate::index::{BundleRecord, PackRef};
 use cloud_harness_error::{Error, Result};
-use cloud_harness_store::cas::{Digest, Kind, ObjectKind, Store};
+use cloud_harness_store::cas::{Digest, ObjectKind, Store};
 use futures_util::stream;
 use futures_util::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
-use std::collections::HashSet;
 
 impl RemoteStore {
     /// Publishes a bundle that is whole in `store`: its blobs, its trees from the deepest up,
@@ -108,29 +108,4 @@ impl RemoteStore {
             Ok(moved)
         })
     }
-}
-
-/// The bundle's blobs (the manifest aside) and its trees by depth, each object once.
-pub(super) fn layout(store: &Store, bundle: &Digest) -> Result<(Vec<Digest>, Vec<Vec<Digest>>)> {
-    let mut blobs = Vec::new();
-    let mut levels: Vec<Vec<Digest>> = Vec::new();
-    let mut seen = HashSet::new();
-    let mut level = vec![*bundle];
-    seen.insert((true, *bundle));
-    while !level.is_empty() {
-        let mut next = Vec::new();
-        for digest in &level {
-            for e in store.tree(digest)?.entries() {
-                if !seen.insert((e.kind == Kind::Tree, e.digest)) {
-                    continue;
-                }
-                match e.kind {
-                    Kind::Tree => next.push(e.digest),
-                    _ => blobs.push(e.digest),
-                }
-            }
-        }
-        levels.push(std::mem::replace(&mut level, next));
-    }
-    Ok((blobs, levels))
 }
