@@ -140,7 +140,18 @@ fn main() {
         .map(|i| toolkit(&store, &src, &format!("distinct{i}"), 5))
         .collect();
     let home = tmp.path().join("home");
-    let server = Server::start(store.root(), &home, &[]);
+    // Workspaces pause after this long unused: longer than the steps take (raise it with
+    // SCALE_PAUSE for 1,000), so every step's figures are of workspaces open and unpaused.
+    let pause: u64 = std::env::var("SCALE_PAUSE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let pause_env = pause.to_string();
+    let server = Server::start(
+        store.root(),
+        &home,
+        &[("CLOUD_HARNESS_IDLE_PAUSE", pause_env.as_str())],
+    );
     let pid = server.pid();
     let mcp = Mcp::new(&server.url, 8);
     let session = mcp.session().unwrap();
@@ -243,6 +254,9 @@ fn main() {
             std::thread::sleep(Duration::from_secs(hold));
         }
     }
+    paused(&mcp, &workspaces, &home, pid, &empty, pause);
+    // A session of its own: the steps' one may have timed out while they paused.
+    let session = mcp.session().unwrap();
     for (i, ws) in workspaces.iter().enumerate() {
         mcp.tool(&session, "workspace_close", json!({"workspace": ws}))
             .unwrap_or_else(|e| panic!("close {i}: {e}"));
@@ -264,6 +278,66 @@ fn main() {
         mounts: closed_mounts,
     };
     report(&results, ends, clean_exit);
+}
+
+/// Once every workspace has paused: what the runner holds then, and how long a call to a
+/// paused workspace waits for its resume (a `skills_read`, the resume and the read), over
+/// workspaces spread across all of them.
+fn paused(mcp: &Mcp, workspaces: &[String], home: &Path, pid: u32, empty: &Usage, pause: u64) {
+    let n = workspaces.len();
+    let deadline = Instant::now() + Duration::from_secs(pause + 120);
+    while resources::mounts_under(home).1 > 0 {
+        assert!(Instant::now() < deadline, "the workspaces did not pause");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    std::thread::sleep(Duration::from_secs(12)); // blocking threads idle out
+    let held = resources::usage(pid);
+    println!(
+        "scale: paused, the server's threads {:?}",
+        resources::names(pid).0
+    );
+    if let Some(hold) = std::env::var("SCALE_HOLD_PAUSED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        println!("scale: holding {hold} s for a look at the paused server (pid {pid})");
+        std::thread::sleep(Duration::from_secs(hold));
+    }
+    // A session of its own: the steps' one may have timed out meanwhile.
+    let session = &mcp.session().unwrap();
+    let session = session.as_str();
+    let resumes: Vec<Duration> = (0..LAST_OPENS.min(n))
+        .map(|k| {
+            let ws = &workspaces[k * n / LAST_OPENS.min(n)];
+            let t = Instant::now();
+            mcp.tool(
+                session,
+                "skills_read",
+                json!({"workspace": ws, "skill": "common-00"}),
+            )
+            .unwrap();
+            t.elapsed()
+        })
+        .collect();
+    let step = Step {
+        n,
+        usage: held,
+        mounts: (0, 0),
+        open_p50_ms: 0.0,
+        open_p99_ms: 0.0,
+        read_ms: 0.0,
+        walk_ms: 0.0,
+        unwatched: 0,
+    };
+    let u = &step.usage;
+    println!(
+        "scale: N={n} paused: server RSS {:.1} MiB, owned PSS {:.1} MiB ({} processes), threads {} (+{} owned), fds {}, inotify {} instances; per workspace {:.2} MiB and {:.2} threads; a call that resumes one: p50 {:.1} ms p99 {:.1} ms",
+        mib(u.rss_kib), mib(u.owned_pss_kib), u.owned_processes, u.threads, u.owned_threads,
+        u.fds, u.inotify_instances,
+        per_workspace(&step, empty, Usage::memory_kib) / 1024.0,
+        per_workspace(&step, empty, Usage::total_threads),
+        quantile(&resumes, 0.5), quantile(&resumes, 0.99)
+    );
 }
 
 fn mib(kib: u64) -> f64 {

@@ -18,6 +18,14 @@ use std::alloc::{GlobalAlloc, Layout};
 /// Blocks of at least this size are mappings of their own.
 pub const LARGE: usize = 1 << 20;
 
+/// Gives back to the system what mimalloc holds free, that of threads that have ended
+/// included (a paused workspace's FUSE and live-tier threads): mimalloc keeps the pages a
+/// thread freed until another thread reuses them.
+pub fn give_back() {
+    // SAFETY: mi_collect only walks mimalloc's own bookkeeping; it takes no pointer.
+    unsafe { libmimalloc_sys::mi_collect(true) }
+}
+
 pub struct Allocator;
 
 fn page() -> usize {

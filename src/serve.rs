@@ -104,6 +104,13 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     if let Some(max) = cloud_harness_provision::cache::max_bytes_from_env()? {
         keep_within(store.clone(), max);
     }
+    let idle = cloud_harness_control::config::env_number(
+        "CLOUD_HARNESS_IDLE_PAUSE",
+        cloud_harness_workspace::pause::IDLE.as_secs(),
+    )?;
+    if idle > 0 {
+        pause_when_idle(workspaces.clone(), Duration::from_secs(idle));
+    }
     let result = runtime.block_on(serve(workspaces.clone(), args, public_origin));
     // Unmount before exiting (runs are killed first); the records stay, so the next start
     // restores the workspaces.
@@ -132,6 +139,21 @@ fn retry_publications(workspaces: Arc<Workspaces>) {
     let _ = std::thread::Builder::new()
         .name("publication".into())
         .spawn(retry);
+}
+
+/// Pauses workspaces unused for `idle`, looked for every quarter of it (at most every
+/// 30 s, at least every second).
+fn pause_when_idle(workspaces: Arc<Workspaces>, idle: Duration) {
+    let every = (idle / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
+    let pause = move || loop {
+        std::thread::sleep(every);
+        if workspaces.pause_idle(idle) > 0 {
+            crate::allocator::give_back();
+        }
+    };
+    let _ = std::thread::Builder::new()
+        .name("idle-pause".into())
+        .spawn(pause);
 }
 
 /// Keeps the local store within `TOOLKIT_CACHE_MAX_BYTES`, checked every ten minutes.

@@ -48,7 +48,15 @@ impl Server {
                 break format!("http://{}", rest.trim());
             }
         };
-        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        // The server's log, kept where BENCH_SERVER_LOG says (else dropped).
+        let log: Box<dyn std::io::Write + Send> = match std::env::var_os("BENCH_SERVER_LOG") {
+            Some(path) => Box::new(std::fs::File::create(path).expect("the server log")),
+            None => Box::new(std::io::sink()),
+        };
+        std::thread::spawn(move || {
+            let mut log = log;
+            std::io::copy(&mut stderr, &mut log)
+        });
         Server { child, url }
     }
 

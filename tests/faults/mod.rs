@@ -19,5 +19,5 @@ mod disks;
 mod import;
 mod opens;
 mod services;
-mod site;
+pub(crate) mod site;
 mod toolkits;

@@ -34,6 +34,8 @@ mod fleet_state;
 mod hostile;
 #[path = "../http.rs"]
 mod http;
+#[path = "../idle_pause.rs"]
+mod idle_pause;
 #[path = "../imports.rs"]
 mod imports;
 #[path = "../library.rs"]

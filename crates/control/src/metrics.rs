@@ -48,6 +48,7 @@ struct Scraped;
 
 /// Open workspaces, as the server last set them.
 static OPEN_WORKSPACES: AtomicI64 = AtomicI64::new(0);
+static PAUSED_WORKSPACES: AtomicI64 = AtomicI64::new(0);
 
 /// What each principal uses of each limit, as the server last counted it: (principal, limit,
 /// used).
@@ -61,6 +62,13 @@ impl Collector for Scraped {
             "Workspaces open now",
             None,
             open.metric_type(),
+        )?)?;
+        let paused = ConstGauge::new(PAUSED_WORKSPACES.load(Ordering::Relaxed));
+        paused.encode(encoder.encode_descriptor(
+            "cloud_harness_paused_workspaces",
+            "Open workspaces paused while idle (no mounts, live tiers or sandbox until used)",
+            None,
+            paused.metric_type(),
         )?)?;
         // Tasks that outlive their requests (a binding, a stream) show here first.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -302,6 +310,10 @@ pub fn set_usage(usage: Vec<(String, &'static str, u64)>) {
 
 pub fn set_open_workspaces(n: usize) {
     OPEN_WORKSPACES.store(n as i64, Ordering::Relaxed);
+}
+
+pub fn set_paused_workspaces(n: usize) {
+    PAUSED_WORKSPACES.store(n as i64, Ordering::Relaxed);
 }
 
 /// Every series, in the text format.

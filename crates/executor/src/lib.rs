@@ -481,6 +481,16 @@ impl Executor {
             .ok_or_else(|| Error::internal("a docker executor without a container"))
     }
 
+    /// Lets go of what the executor holds while its workspace is idle: a bubblewrap sandbox
+    /// (and what it runs) goes, made again at the next run; a Docker container stays.
+    pub fn idle(&self) {
+        if self.spec.kind == Kind::Bwrap {
+            if let Ok(mut link) = self.link.try_lock() {
+                link.take();
+            }
+        }
+    }
+
     /// Removes the executor (its container and network, or its sandbox); whatever runs in it
     /// is killed.
     pub fn remove(&self) -> Result<()> {

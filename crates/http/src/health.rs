@@ -127,7 +127,11 @@ async fn metrics(
     >,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    cloud_harness_control::metrics::set_open_workspaces(workspaces.open_workspaces().len());
+    let open = workspaces.open_workspaces();
+    cloud_harness_control::metrics::set_open_workspaces(open.len());
+    cloud_harness_control::metrics::set_paused_workspaces(
+        open.iter().filter(|w| w.is_paused()).count(),
+    );
     cloud_harness_control::metrics::set_usage(
         crate::usage::all(&workspaces)
             .into_iter()
@@ -236,8 +240,11 @@ impl Checks {
         let open = ws.open_workspaces();
         self.running
             .retain(|k, busy| busy.load(Ordering::SeqCst) || open.iter().any(|w| w.id == *k));
+        // A paused workspace has no mounts to check (and a check would only keep a blocking
+        // thread busy for nothing).
         let mounts: Vec<_> = open
             .iter()
+            .filter(|w| !w.is_paused())
             .map(|w| {
                 let w = w.clone();
                 self.start(&w.id.clone(), move || w.check_mounts())

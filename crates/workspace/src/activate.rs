@@ -6,10 +6,10 @@ use super::{mounts, roots, Record, Workspace, Workspaces, WORKSPACE_SKILLS};
 use crate::stack::TierInputs;
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_executor::{self as executor, Executor, Kind, Places};
-use cloud_harness_mount::live::LiveTiers;
+use cloud_harness_mount::live::{LiveTiers, Watch};
 use cloud_harness_mount::watch::{Budget, Pool};
 use cloud_harness_skills::discovery::SkillCache;
-use cloud_harness_skills::generation::View;
+use cloud_harness_skills::generation::{Generation, View};
 use cloud_harness_skills::namespace::Namespace;
 use cloud_harness_skills::resolver::{Override, Tier};
 use std::fs;
@@ -103,15 +103,7 @@ impl Activator {
         warnings: &mut Vec<String>,
     ) -> Result<Workspace> {
         let places = Places::of(dir);
-        let cache = SkillCache::default();
-        let watch = LiveTiers::watch(
-            stack_inputs(&record, &places.repo, overrides).stack(self.store(), &cache)?,
-            &self.watches,
-            self.watch_budget,
-        )
-        .map_err(|e| Error::internal(format!("watching the workspace's folders: {e}")))?;
-        warnings.extend(watch.warnings().iter().cloned());
-        let generation = Arc::new(watch.spec().generation(self.store(), &cache)?);
+        let (watch, cache, generation) = self.watch_stack(&record, &places, overrides, warnings)?;
         if reject_conflicts {
             if let Some(err) = generation.index.conflict_error() {
                 return Err(err);
@@ -140,24 +132,84 @@ impl Activator {
         } else {
             fs::create_dir_all(&places.mounts).map_err(|e| Error::io(&places.mounts, e))?;
         }
+        // A new generation of the merged view is announced to those watching the workspace.
+        let (changes, _) = tokio::sync::watch::channel(merged.generation().digest());
+        let served = Served {
+            record: &record,
+            places: &places,
+            merged: &merged,
+            owner: &owner,
+            changes: &changes,
+        };
+        let (mounted, live) = self.serve(&served, watch, cache, warnings)?;
+        Ok(Workspace {
+            id: record.id.clone(),
+            dir: dir.to_path_buf(),
+            places,
+            record,
+            store,
+            merged,
+            owner_view: owner,
+            mounts: Mutex::new(mounted),
+            live: Mutex::new(Some(live)),
+            executor: None,
+            runs: CancellationToken::new(),
+            running: Arc::default(),
+            changes,
+            pages: Default::default(),
+            db: self.db.clone(),
+            idle: Default::default(),
+        })
+    }
+
+    /// The workspace's tier stack, watched where it is live, and its generation now.
+    pub(super) fn watch_stack(
+        &self,
+        record: &Record,
+        places: &Places,
+        overrides: &[Override],
+        warnings: &mut Vec<String>,
+    ) -> Result<(Watch, SkillCache, Arc<Generation>)> {
+        let cache = SkillCache::default();
+        let watch = LiveTiers::watch(
+            stack_inputs(record, &places.repo, overrides).stack(self.store(), &cache)?,
+            &self.watches,
+            self.watch_budget,
+        )
+        .map_err(|e| Error::internal(format!("watching the workspace's folders: {e}")))?;
+        warnings.extend(watch.warnings().iter().cloned());
+        let generation = Arc::new(watch.spec().generation(self.store(), &cache)?);
+        Ok((watch, cache, generation))
+    }
+
+    /// Mounts the workspace's views and starts its live tiers: at its open, and again when it
+    /// resumes from a pause.
+    pub(super) fn serve(
+        &self,
+        ws: &Served<'_>,
+        watch: Watch,
+        cache: SkillCache,
+        warnings: &mut Vec<String>,
+    ) -> Result<(Vec<mounts::Mounted>, LiveTiers)> {
         let (mounted, mut targets) = if self.mounting {
             mounts::mount(
-                &places.mounts,
-                merged.clone(),
-                owner,
+                &ws.places.mounts,
+                ws.merged.clone(),
+                ws.owner.clone(),
                 self.prewarm.as_deref(),
                 self.guards.as_ref(),
                 warnings,
             )?
         } else {
-            (Vec::new(), mounts::unmounted(merged.clone(), owner))
+            (
+                Vec::new(),
+                mounts::unmounted(ws.merged.clone(), ws.owner.clone()),
+            )
         };
-        // A new generation of the merged view is announced to those watching the workspace.
-        let (changes, _) = tokio::sync::watch::channel(merged.generation().digest());
         if let Some((ns, invalidate)) = targets.first_mut().map(|t| (t.0.clone(), &mut t.1)) {
             let inner = std::mem::replace(invalidate, Box::new(|_: &[_]| {}));
-            let (changes, catalogue) = (changes.clone(), self.catalogue.clone());
-            let owner: Arc<str> = Arc::from(record.owner.as_str());
+            let (changes, catalogue) = (ws.changes.clone(), self.catalogue.clone());
+            let owner: Arc<str> = Arc::from(ws.record.owner.as_str());
             *invalidate = Box::new(move |items: &[_]| {
                 inner(items);
                 let now = ns.generation().digest();
@@ -167,8 +219,9 @@ impl Activator {
             });
         }
         // Each new generation of a live tier is rooted as soon as it is served.
+        let store = self.store().clone();
         if let Some((ns, invalidate)) = targets.pop() {
-            let (pinned, pin_store, id) = (ns.clone(), store.clone(), record.id.clone());
+            let (pinned, pin_store, id) = (ns.clone(), store.clone(), ws.record.id.clone());
             targets.push((
                 ns,
                 Box::new(move |items: &[_]| {
@@ -179,24 +232,17 @@ impl Activator {
                 }),
             ));
         }
-        let live = watch.start(store.clone(), Arc::new(cache), targets);
-        Ok(Workspace {
-            id: record.id.clone(),
-            dir: dir.to_path_buf(),
-            places,
-            record,
-            store,
-            merged,
-            mounts: Mutex::new(mounted),
-            live: Mutex::new(Some(live)),
-            executor: None,
-            runs: CancellationToken::new(),
-            running: Arc::default(),
-            changes,
-            pages: Default::default(),
-            db: self.db.clone(),
-        })
+        Ok((mounted, watch.start(store, Arc::new(cache), targets)))
     }
+}
+
+/// What [`Activator::serve`] serves of a workspace.
+pub(super) struct Served<'a> {
+    pub(super) record: &'a Record,
+    pub(super) places: &'a Places,
+    pub(super) merged: &'a Arc<Namespace>,
+    pub(super) owner: &'a Arc<Namespace>,
+    pub(super) changes: &'a tokio::sync::watch::Sender<cloud_harness_store::cas::Digest>,
 }
 
 /// The tier stack of a workspace: built-in, its owner bundles, the workspace-scope folder

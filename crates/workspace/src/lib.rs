@@ -28,6 +28,7 @@ mod builtin;
 mod catalog;
 mod discard;
 mod failure;
+mod idle;
 pub mod imports;
 mod keys;
 pub mod library;
@@ -41,6 +42,7 @@ mod materialize;
 mod mounts;
 mod open;
 mod pages;
+pub mod pause;
 pub mod preview;
 pub mod progress;
 mod read;
@@ -363,6 +365,7 @@ impl Workspaces {
         if ws.owner() != who.name {
             cloud_harness_control::audit::access(&self.db, &who.name, ws.owner(), id, action);
         }
+        self.used(&ws)?;
         Ok(ws)
     }
 

@@ -28,6 +28,8 @@ pub struct Workspace {
     pub(super) record: Record,
     pub(super) store: Store,
     pub(super) merged: Arc<Namespace>,
+    /// The owner tier alone (the `owner-skills` mount), kept to mount again after a pause.
+    pub(super) owner_view: Arc<Namespace>,
     pub(super) mounts: Mutex<Vec<mounts::Mounted>>,
     pub(super) live: Mutex<Option<LiveTiers>>,
     pub(super) executor: Option<Executor>,
@@ -41,6 +43,8 @@ pub struct Workspace {
     pub(super) pages: Pages,
     /// The state database: the approvals each run checks, the refusals it records.
     pub(super) db: Db,
+    /// When it was last used, and whether it is paused (`pause`).
+    pub(super) idle: crate::idle::Idle,
 }
 impl Workspace {
     /// Waits (a bounded time) until no script of this workspace runs.
@@ -56,6 +60,11 @@ impl Workspace {
     pub(super) fn release(&self) -> Result<()> {
         self.live.lock().expect("live lock").take();
         mounts::release(&mut self.mounts.lock().expect("mount lock"))
+    }
+
+    /// Whether it is paused while idle (`pause`).
+    pub fn is_paused(&self) -> bool {
+        self.idle.paused()
     }
 
     /// The principal that opened it (empty for workspaces from before owners were kept).
@@ -74,6 +83,7 @@ impl Workspace {
             "workspace": self.id,
             "owner": self.record.owner,
             "state": "open",
+            "paused": self.is_paused(),
             "idempotencyKey": self.record.idempotency_key,
             "createdAt": self.record.created_at,
             "generation": g.digest(),
@@ -88,9 +98,21 @@ impl Workspace {
     /// SKILL.md in it can be read (a workspace served without mounts has none to check).
     /// Blocking: a hung file system blocks it, so callers bound it.
     pub fn check_mounts(&self) -> std::result::Result<(), String> {
-        if self.mounts.lock().expect("mount lock").is_empty() {
+        // A paused workspace has none until it is used again (and one paused meanwhile is
+        // not a failure).
+        self.check_mounted()
+            .or_else(|e| if self.idle.paused() { Ok(()) } else { Err(e) })
+    }
+
+    fn check_mounted(&self) -> std::result::Result<(), String> {
+        // Held: being unmounted or mounted again (a pause, a resume, a close) right now.
+        let Ok(mounts) = self.mounts.try_lock() else {
+            return Ok(());
+        };
+        if mounts.is_empty() {
             return Ok(());
         }
+        drop(mounts);
         for name in [mounts::SKILLS, mounts::OWNER_SKILLS] {
             let dir = self.places.mounts.join(name);
             if !mounts::is_mount_point(&dir) {

@@ -202,6 +202,12 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "30",
     ),
     s(
+        "workspace.idle_pause",
+        "CLOUD_HARNESS_IDLE_PAUSE",
+        Kind::Number,
+        "600",
+    ),
+    s(
         "executor.kind",
         "CLOUD_HARNESS_EXECUTOR",
         Kind::Choice(&["auto", "docker", "bwrap", "host", "none"]),
