@@ -319,7 +319,7 @@ impl Workspaces {
     }
 
     /// Tells listeners that what a workspace of `owner` serves changed.
-    fn catalogue_changed(&self, owner: &str) {
+    pub(crate) fn catalogue_changed(&self, owner: &str) {
         let _ = self.catalogue.send(Arc::from(owner));
     }
 
@@ -418,12 +418,15 @@ impl Workspaces {
             Err(_) if self.failure(id).is_some() => return self.discard(id),
             Err(e) => return self.discard(id).map_err(|_| e),
         };
+        // No pause or resume from now on (a resume under way ends first).
+        let closing = ws.closing();
         ws.runs.cancel();
         ws.wait_for_runs(Duration::from_secs(10));
         if let Some(e) = &ws.executor {
             e.remove()?;
         }
         ws.release()?;
+        drop(closing);
         mounts::unshare(&ws.places.mounts);
         roots::unpin(self.store(), id)?;
         self.open.lock().expect("workspaces lock").remove(id);
@@ -468,6 +471,8 @@ impl Workspaces {
         }
         for ws in all {
             ws.wait_for_runs(Duration::from_secs(5));
+            // No resume after this (its record stays: the next start serves it again).
+            let _closing = ws.closing();
             if let Err(e) = ws.release() {
                 tracing::error!(workspace = %ws.id, error = %e, "unmount failed");
             }

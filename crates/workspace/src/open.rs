@@ -229,7 +229,8 @@ impl Workspaces {
             // One key owns at most one workspace: one that could not be served again after a
             // restart keeps its key until it is closed.
             match self.get(&workspace) {
-                Ok(ws) => Ok(ws.record.result.clone()),
+                // The same answer again, mounts and all: a paused workspace resumes first.
+                Ok(ws) => self.used(&ws).map(|()| ws.record.result.clone()),
                 Err(_) => {
                     let why = self
                         .failure(&workspace)

@@ -26,21 +26,29 @@ impl Workspace {
             self.idle.touch();
             return Ok(false);
         }
-        if self.idle.paused() || self.idle.unused_for() < idle {
+        if self.idle.paused() || self.idle.closed.load(Ordering::SeqCst) {
             return Ok(false);
         }
-        // Paused first: a readiness check meanwhile takes the mounts going as a pause.
+        if self.idle.unused_for() < idle {
+            return Ok(false);
+        }
+        // Paused first: a readiness check meanwhile takes the mounts going as a pause; and
+        // paused it stays if releasing fails part way, so the next use serves it whole again.
         self.idle.paused.store(true, Ordering::SeqCst);
         // The sandbox first: its mount namespace holds the mounts, which would otherwise be
         // detached lazily and served until it is gone.
         if let Some(executor) = &self.executor {
             executor.idle();
         }
-        if let Err(e) = self.release() {
-            self.idle.paused.store(false, Ordering::SeqCst);
-            return Err(e);
-        }
+        self.release()?;
         Ok(true)
+    }
+
+    /// A close begins: no pause or resume runs from now on. Held until the close ends.
+    pub(super) fn closing(&self) -> std::sync::MutexGuard<'_, ()> {
+        let turning = self.idle.turning.lock().expect("pause lock");
+        self.idle.closed.store(true, Ordering::SeqCst);
+        turning
     }
 }
 
@@ -73,16 +81,16 @@ impl Workspaces {
     /// `ws` is being used: marked so, and served again first if it was paused (its live
     /// tiers read afresh, so what changed in its folders meanwhile is served).
     pub(super) fn used(&self, ws: &Workspace) -> Result<()> {
-        // Under the lock a pause takes: a pause either ends before this use (and is undone
-        // below) or sees it and leaves the workspace be.
-        let turning = ws.idle.turning.lock().expect("pause lock");
-        ws.idle.touch();
-        if !ws.idle.paused() {
-            return Ok(());
+        // The usual case, without waiting: not paused, and no pause or resume under way.
+        if let Ok(_turning) = ws.idle.turning.try_lock() {
+            ws.idle.touch();
+            if !ws.idle.paused() {
+                return Ok(());
+            }
         }
-        drop(turning);
-        // Mounting waits on the kernel and a helper process: on a worker of the server's
-        // runtime, the others take over its tasks meanwhile.
+        // Otherwise this waits for the lock and perhaps mounts, which wait on the kernel and a
+        // helper process: on a worker of the server's runtime, the others take over its tasks
+        // meanwhile.
         use tokio::runtime::{Handle, RuntimeFlavor};
         match Handle::try_current() {
             Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
@@ -92,8 +100,14 @@ impl Workspaces {
         }
     }
 
+    /// Under the lock a pause takes: a pause either ends before this use (and is undone
+    /// here) or sees it and leaves the workspace be.
     fn resume(&self, ws: &Workspace) -> Result<()> {
         let _turning = ws.idle.turning.lock().expect("pause lock");
+        ws.idle.touch();
+        if ws.idle.closed.load(Ordering::SeqCst) {
+            return Err(super::record::not_found(&ws.id));
+        }
         if !ws.idle.paused() {
             return Ok(()); // another call resumed it meanwhile
         }
@@ -104,11 +118,9 @@ impl Workspaces {
         let (watch, cache, generation) =
             act.watch_stack(&ws.record, &ws.places, &overrides, &mut warnings)?;
         roots::pin(self.store(), &ws.id, &generation)?;
+        let before = ws.merged.generation().digest();
         ws.merged.set_generation(generation.clone());
         ws.owner_view.set_generation(generation);
-        let now = ws.merged.generation().digest();
-        ws.changes
-            .send_if_modified(|seen| std::mem::replace(seen, now) != now);
         let served = Served {
             record: &ws.record,
             places: &ws.places,
@@ -116,13 +128,35 @@ impl Workspaces {
             owner: &ws.owner_view,
             changes: &ws.changes,
         };
-        let (mounted, live) = act.serve(&served, watch, cache, &mut warnings)?;
+        let (mut mounted, live) = act.serve(&served, watch, cache, &mut warnings)?;
+        if self.mounting && mounted.is_empty() {
+            // Served without its mounts, its runs would see no skills: it stays paused, and
+            // the call says why (the next one tries again).
+            drop(live);
+            let _ = super::mounts::release(&mut mounted);
+            return Err(cloud_harness_error::Error::new(
+                cloud_harness_error::Code::Upstream,
+                format!(
+                    "workspace {} could not be served again after its pause: {}",
+                    ws.id,
+                    warnings.join("; ")
+                ),
+            )
+            .with_details(serde_json::json!({ "workspace": ws.id, "retryable": true })));
+        }
         for warning in warnings {
             tracing::warn!(workspace = %ws.id, "{warning}");
         }
         *ws.mounts.lock().expect("mount lock") = mounted;
         *ws.live.lock().expect("live lock") = Some(live);
         ws.idle.paused.store(false, Ordering::SeqCst);
+        let now = ws.merged.generation().digest();
+        ws.changes
+            .send_if_modified(|seen| std::mem::replace(seen, now) != now);
+        if now != before {
+            // What changed in its folders while it was paused: its catalogue's watchers hear.
+            self.catalogue_changed(ws.owner());
+        }
         tracing::info!(workspace = %ws.id, "resumed");
         Ok(())
     }

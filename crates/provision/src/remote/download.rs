@@ -62,6 +62,8 @@ impl RemoteStore {
                     .await
                     .map_err(|_| Error::internal("the downloads' semaphore was closed"))?;
                 let mut moved = Moved::default();
+                // Held while the pack's objects are: what is in flight stays within its bound.
+                let mut _pack_held = None;
                 if let Some(pack) = pack {
                     let max = budget.max_download();
                     match fetch
@@ -69,13 +71,16 @@ impl RemoteStore {
                         .fetch_pack(&pack, limits, max, &mut moved)
                         .await
                     {
-                        Ok(objects) => fetch.packed = Mutex::new(objects),
+                        Ok((objects, held)) => {
+                            fetch.packed = Mutex::new(objects);
+                            _pack_held = Some(held);
+                        }
                         // What is in the pack is checked again object by object as it is
-                        // used; a pack refused leaves the bucket's objects to ask for.
-                        Err(e) if e.details.get("pack").is_some() => {
+                        // used; a pack refused or cut short leaves the bucket's objects to ask
+                        // for (an outage then shows there).
+                        Err(e) => {
                             tracing::error!(store = %fetch.remote.url, error = %e.message, "fetching the bundle object by object instead");
                         }
-                        Err(e) => return Err(e),
                     }
                 }
                 let (walked, walk_moved) = fetch.all(bundle, manifest, budget).await?;

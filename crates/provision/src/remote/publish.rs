@@ -32,8 +32,13 @@ impl RemoteStore {
         }
         send(ObjectKind::Blob, vec![record.manifest])?;
         let mut record = record.clone();
+        // Without its pack, a record still serves (object by object): a pack that could not
+        // be put does not fail a publication whose objects are all there.
         record.pack = match self.packs {
-            true => Some(self.put_pack(store, &record)?),
+            true => self
+                .put_pack(store, &record)
+                .map_err(|e| tracing::warn!(url = %record.key.url, error = %e.message, "the bundle is published without its pack"))
+                .ok(),
             false => None,
         };
         cloud_harness_error::failpoint::point("fleet.before_record");
