@@ -24,6 +24,11 @@ fn main() -> ExitCode {
             .collect();
         return ExitCode::from(cloud_harness_executor::agent::main(&rest).clamp(0, 255) as u8);
     }
+    // The unmount guard a daemon starts beside itself: it reads no configuration either (a
+    // bad one must not keep the daemon's mounts unguarded).
+    if args.len() == 2 && args[1] == cli::guard::COMMAND {
+        return ExitCode::from(cli::guard::guard());
+    }
     if let Err(err) = cloud_harness_control::config::init(&args) {
         eprintln!("error: {err}");
         return ExitCode::from(2);

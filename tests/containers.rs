@@ -440,7 +440,9 @@ fn a_server_removes_its_warm_pair_and_helpers_on_standby_when_it_stops() {
     let theirs = owner(server.child.id());
     // Made at start-up, before any fetch: the pair and two helpers waiting for a job.
     let standing = || owned(&["ps"], &theirs, &["name=cloud-harness-fetch-"]);
-    wait_until("two helpers on standby", || standing().len() == 2);
+    support::wait::until("two helpers on standby", Duration::from_secs(30), || {
+        standing().len() == 2
+    });
     let before = standing();
     let (network, _) = warm_pair_of(&theirs);
     let session = support::http::legacy_session(server.addr);
@@ -453,7 +455,9 @@ fn a_server_removes_its_warm_pair_and_helpers_on_standby_when_it_stops() {
     let result = &answer["result"]["structuredContent"];
     assert_eq!(result["toolkits"][0]["mode"], "container", "{answer}");
     // The fetch took one of them (gone now) and another took its place, on the same network.
-    wait_until("the standby filled again", || standing().len() == 2);
+    support::wait::until("the standby filled again", Duration::from_secs(30), || {
+        standing().len() == 2
+    });
     let after = standing();
     assert_eq!(
         before.iter().filter(|h| !after.contains(h)).count(),
@@ -482,14 +486,6 @@ fn stop_leaves_nothing(server: &mut support::http::Server, when: &str) {
     );
 }
 
-fn wait_until(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}: not within 30 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// A helper on standby is made as one made for its fetch, serves exactly one fetch, and is
 /// held to the same rules: only the proxy is reachable, refusals are the proxy's.
 #[test]
@@ -499,7 +495,9 @@ fn helpers_on_standby_are_hardened_serve_one_fetch_and_go_with_their_sandbox() {
     let p = w.provisioner(sandbox.clone(), Limits::default());
     sandbox.keep_warm(2, &p.egress, p.limits);
     let standing = || owned(&["ps"], &mine(), &["name=cloud-harness-fetch-"]);
-    wait_until("two helpers on standby", || standing().len() == 2);
+    support::wait::until("two helpers on standby", Duration::from_secs(30), || {
+        standing().len() == 2
+    });
     let (network, _) = warm_pair();
     for helper in standing() {
         let inspect = Command::new("docker")
@@ -531,7 +529,9 @@ fn helpers_on_standby_are_hardened_serve_one_fetch_and_go_with_their_sandbox() {
     let a = p.acquire(&t).unwrap();
     assert_eq!(a.mode, "container");
     assert_eq!(a.record.skills, 2);
-    wait_until("the standby filled again", || standing().len() == 2);
+    support::wait::until("the standby filled again", Duration::from_secs(30), || {
+        standing().len() == 2
+    });
     let after = standing();
     let used: Vec<_> = before.iter().filter(|h| !after.contains(h)).collect();
     assert_eq!(
@@ -582,9 +582,11 @@ fn a_server_stopped_mid_fetch_leaves_no_helper_proxy_or_network() {
             &[("Mcp-Session-Id", session.as_str())],
         );
     });
-    wait_until("the helper asked the git server", || {
-        w.server.requests() > 0
-    });
+    support::wait::until(
+        "the helper asked the git server",
+        Duration::from_secs(30),
+        || w.server.requests() > 0,
+    );
     assert!(!helpers_of(&theirs).is_empty());
     let asked = Instant::now();
     stop_leaves_nothing(&mut server, "stopped mid-fetch");

@@ -7,21 +7,13 @@ use crate::faults::site::processes_naming;
 use crate::support;
 
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use support::api::world_of;
 use support::http::server_mounting;
 
 /// What the script prints: how the skill's own file reads through the executor's mount, and
 /// how many runs the working tree has seen.
 const NOTE: &str = "echo skill: $(grep -c 'Alpha notes' /opt/cloud-harness/skills/alpha/SKILL.md)\necho run >> /workspace/notes\necho runs: $(wc -l < /workspace/notes)\n";
-
-fn wait_until(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 #[test]
 fn an_idle_workspace_pauses_and_resumes_with_the_same_files_and_runs() {
@@ -83,7 +75,7 @@ fn an_idle_workspace_pauses_and_resumes_with_the_same_files_and_runs() {
     let served = std::fs::read(&skill_md).unwrap();
 
     // Unused for a second: its mounts and its sandbox go, and it says it is paused.
-    wait_until("the workspace pauses", || {
+    support::wait::until("the workspace pauses", Duration::from_secs(20), || {
         fuse_mounts_under(&dir).is_empty() && processes_naming(&dir).is_empty()
     });
     let listed = w
@@ -116,9 +108,11 @@ fn an_idle_workspace_pauses_and_resumes_with_the_same_files_and_runs() {
     assert_eq!(listed["workspaces"][0]["paused"], false, "{listed}");
 
     // Paused again, it closes as any workspace does.
-    wait_until("the workspace pauses again", || {
-        fuse_mounts_under(&dir).is_empty()
-    });
+    support::wait::until(
+        "the workspace pauses again",
+        Duration::from_secs(20),
+        || fuse_mounts_under(&dir).is_empty(),
+    );
     let closed = w.tool(&session, "workspace_close", json!({ "workspace": ws }));
     assert_eq!(closed["isError"], false, "{closed}");
     assert!(!dir.exists());

@@ -310,21 +310,9 @@ fn metrics_move_with_the_work() {
     assert_eq!(call["fields"]["code"], "OK");
 }
 
-fn mounting_available() -> bool {
-    let ok = nix::unistd::geteuid().is_root() && std::path::Path::new("/dev/fuse").exists();
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the mount tests need root and /dev/fuse"
-        );
-        eprintln!("skipped: needs root and /dev/fuse");
-    }
-    ok
-}
-
 #[test]
 fn readyz_turns_not_ready_when_a_workspace_mount_is_gone() {
-    if !mounting_available() {
+    if !support::wait::mounting_available() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -425,33 +413,9 @@ fn readyz_turns_not_ready_when_a_workspace_mount_is_gone() {
     assert!(!mounted.contains(owner.to_str().unwrap()), "{mounted}");
 }
 
-/// The server's children: (pid, name, state), zombies included.
-fn children_of(pid: u32) -> Vec<(u32, String, char)> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(p) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let mut rest = stat[close + 1..].split_whitespace();
-        let state = rest.next().and_then(|s| s.chars().next()).unwrap_or('?');
-        if rest.next().and_then(|v| v.parse::<u32>().ok()) == Some(pid) {
-            found.push((p, stat[open + 1..close].to_owned(), state));
-        }
-    }
-    found
-}
-
 #[test]
 fn workspaces_opened_and_closed_leave_the_server_no_process_but_its_unmount_guard() {
-    if !mounting_available() {
+    if !support::wait::mounting_available() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -483,11 +447,11 @@ fn workspaces_opened_and_closed_leave_the_server_no_process_but_its_unmount_guar
     // fusermount3 per mount, never reaped, once did: a zombie for every mount ever made).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let left: Vec<_> = children_of(w.server.child.id())
+        let left: Vec<_> = support::procs::children_of(w.server.child.id())
             .into_iter()
             .filter(|(_, name, _)| name != "cloud-harness")
             .collect();
-        let guards = children_of(w.server.child.id()).len() - left.len();
+        let guards = support::procs::children_of(w.server.child.id()).len() - left.len();
         if left.is_empty() && guards == 1 {
             break;
         }

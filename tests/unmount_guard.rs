@@ -7,23 +7,11 @@ use crate::faults::aftermath::fuse_mounts_under;
 use crate::support;
 
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use support::api::{world_of, World, BIN};
 use support::http::server_mounting;
-
-fn mounting_available() -> bool {
-    let ok = nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists();
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the mount tests need root and /dev/fuse"
-        );
-        eprintln!("skipped: needs root and /dev/fuse");
-    }
-    ok
-}
 
 /// A server that mounts its workspaces, over a warm one-skill toolkit; the toolkit's spec.
 fn mounting_world() -> (World, Value) {
@@ -65,29 +53,20 @@ fn open(w: &World, session: &str, key: &str, kit: &Value) -> PathBuf {
 
 /// The server's unmount guard: its one live child process named like it.
 fn guard_of(server: u32) -> u32 {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let guards: Vec<u32> = std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| {
-                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-                let Some(close) = stat.rfind(')') else {
-                    return false;
-                };
-                let mut rest = stat[close + 1..].split_whitespace();
-                let state = rest.next().unwrap_or("Z");
-                let parent = rest.next().and_then(|p| p.parse::<u32>().ok());
-                stat.contains("(cloud-harness)") && state != "Z" && parent == Some(server)
-            })
-            .collect();
-        if guards.len() == 1 {
-            return guards[0];
-        }
-        assert!(Instant::now() < deadline, "unmount guards: {guards:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let guards = || -> Vec<u32> {
+        support::procs::children_of(server)
+            .into_iter()
+            .filter(|(_, name, state)| name == "cloud-harness" && *state != 'Z')
+            .map(|(pid, _, _)| pid)
+            .collect()
+    };
+    let found = std::cell::Cell::new(0);
+    support::wait::until("one unmount guard", Duration::from_secs(10), || {
+        let now = guards();
+        found.set(now.first().copied().unwrap_or(0));
+        now.len() == 1
+    });
+    found.get()
 }
 
 fn kill(pid: u32) {
@@ -98,17 +77,9 @@ fn kill(pid: u32) {
     .unwrap();
 }
 
-fn wait_until(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn a_guard_killed_on_its_own_is_replaced_and_told_every_mount() {
-    if !mounting_available() {
+    if !support::wait::mounting_available() {
         return;
     }
     let (mut w, kit) = mounting_world();
@@ -125,14 +96,16 @@ fn a_guard_killed_on_its_own_is_replaced_and_told_every_mount() {
     assert_eq!(fuse_mounts_under(&workspaces).len(), 4);
     kill(server);
     w.server.child.wait().unwrap();
-    wait_until("the new guard detaches all four mounts", || {
-        fuse_mounts_under(&workspaces).is_empty()
-    });
+    support::wait::until(
+        "the new guard detaches all four mounts",
+        Duration::from_secs(15),
+        || fuse_mounts_under(&workspaces).is_empty(),
+    );
 }
 
 #[test]
 fn mounts_left_by_a_server_killed_with_its_guard_are_swept_and_served_again() {
-    if !mounting_available() {
+    if !support::wait::mounting_available() {
         return;
     }
     let (mut w, kit) = mounting_world();
@@ -151,10 +124,10 @@ fn mounts_left_by_a_server_killed_with_its_guard_are_swept_and_served_again() {
         "the premise: mounts left"
     );
 
-    // The unit's ExecStopPost=.
+    // The unit's ExecStopPost=, its home from the configuration (here the variable).
     let swept = Command::new(BIN)
         .args(["mount-guard", "--sweep"])
-        .arg(&workspaces)
+        .env("CLOUD_HARNESS_HOME", w.home())
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&swept.stderr);
@@ -163,8 +136,8 @@ fn mounts_left_by_a_server_killed_with_its_guard_are_swept_and_served_again() {
     assert!(fuse_mounts_under(&workspaces).is_empty());
     // Nothing left: a second sweep detaches nothing, and says nothing.
     let again = Command::new(BIN)
-        .args(["mount-guard", "--sweep"])
-        .arg(&workspaces)
+        .args(["mount-guard", "--sweep", "--home"])
+        .arg(w.home())
         .output()
         .unwrap();
     assert!(again.status.success() && again.stderr.is_empty());
@@ -178,18 +151,28 @@ fn mounts_left_by_a_server_killed_with_its_guard_are_swept_and_served_again() {
         ("ALLOWED_GIT_HOSTS", support::WARM_HOST),
     ];
     let mut restarted = support::http::start(&root, &[], &env).unwrap();
-    wait_until("the workspace is served again", || {
-        std::fs::read_to_string(mount.join("lint/SKILL.md")).is_ok_and(|t| t.contains("Lint it."))
-    });
+    support::wait::until(
+        "the workspace is served again",
+        Duration::from_secs(15),
+        || {
+            std::fs::read_to_string(mount.join("lint/SKILL.md"))
+                .is_ok_and(|t| t.contains("Lint it."))
+        },
+    );
     kill(guard_of(restarted.child.id()));
     kill(restarted.child.id());
     restarted.child.wait().unwrap();
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(fuse_mounts_under(&workspaces).len(), 2);
     let mut last = support::http::start(&root, &[], &env).unwrap();
-    wait_until("the workspace is served after the start's sweep", || {
-        std::fs::read_to_string(mount.join("lint/SKILL.md")).is_ok_and(|t| t.contains("Lint it."))
-    });
+    support::wait::until(
+        "the workspace is served after the start's sweep",
+        Duration::from_secs(15),
+        || {
+            std::fs::read_to_string(mount.join("lint/SKILL.md"))
+                .is_ok_and(|t| t.contains("Lint it."))
+        },
+    );
     let log = last.log.lock().unwrap().clone();
     assert!(
         log.contains("detached the mounts a server that is gone left behind"),
@@ -198,7 +181,57 @@ fn mounts_left_by_a_server_killed_with_its_guard_are_swept_and_served_again() {
     assert_eq!(fuse_mounts_under(&workspaces).len(), 2);
     kill(last.child.id());
     last.child.wait().unwrap();
-    wait_until("the guard detaches them", || {
+    support::wait::until("the guard detaches them", Duration::from_secs(15), || {
         fuse_mounts_under(&workspaces).is_empty()
     });
+}
+
+/// A guard reads no configuration: one the daemon could not read (or one broken since the
+/// daemon started) must not leave its mounts unguarded. It says it is ready, and with its
+/// daemon gone at once, ends having detached nothing.
+#[test]
+fn the_guard_starts_and_says_so_whatever_the_configuration() {
+    let out = Command::new(BIN)
+        .arg("mount-guard")
+        .env("CLOUD_HARNESS_CONFIG", "/nonexistent/config.toml")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout, b"R");
+}
+
+/// A second server on a served home is refused before it touches anything: the first's
+/// mounts stay mounted and serving.
+#[test]
+fn a_second_server_on_the_same_home_is_refused_and_leaves_the_first_serving() {
+    if !support::wait::mounting_available() {
+        return;
+    }
+    let (w, kit) = mounting_world();
+    let session = w.session();
+    let mount = open(&w, &session, "first", &kit);
+    let root = w.server.tmp.path().to_owned();
+    let env = [
+        ("CLOUD_HARNESS_EXECUTOR", "none"),
+        ("CLOUD_HARNESS_CONTAINERS", "off"),
+    ];
+    let said = match support::http::start(&root, &[], &env) {
+        Err(early) => early,
+        Ok(mut second) => {
+            let status = second.child.wait().unwrap();
+            assert!(!status.success(), "the second server ran");
+            let log = second.log.lock().unwrap().clone();
+            log
+        }
+    };
+    assert!(said.contains("another server serves the home"), "{said}");
+    assert!(std::fs::read_to_string(mount.join("lint/SKILL.md"))
+        .unwrap()
+        .contains("Lint it."));
+    assert_eq!(
+        fuse_mounts_under(&w.home().join("workspaces")).len(),
+        2,
+        "the first server's mounts"
+    );
 }

@@ -18,7 +18,7 @@ pub struct HomeArg {
 }
 
 impl HomeArg {
-    fn dir(&self) -> PathBuf {
+    pub fn dir(&self) -> PathBuf {
         self.home
             .clone()
             .unwrap_or_else(cloud_harness_control::home::default_home)

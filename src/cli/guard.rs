@@ -2,33 +2,48 @@
 //! their mounts if they die without unmounting (`cloud_harness_mount::guard`); and, with
 //! `--sweep`, what the service runs after it stopped, in case its guard was killed with it.
 
+use super::control::HomeArg;
 use cloud_harness_error::{Error, Result};
 use cloud_harness_mount::guard;
-use std::path::PathBuf;
+use std::io::Write;
 
 #[derive(Debug, clap::Args)]
 pub struct GuardArgs {
-    /// Detach every FUSE mount of this program's left at or under this folder, and exit.
-    #[arg(long, value_name = "DIR")]
-    sweep: Option<PathBuf>,
+    /// Detach every FUSE mount of this program's left in the workspaces of the home (which
+    /// must not be served: the service's `ExecStopPost=`), and exit.
+    #[arg(long)]
+    sweep: bool,
+    #[command(flatten)]
+    home: HomeArg,
 }
 
+/// The command's first word, which `main` runs before anything else (the guard itself reads no
+/// configuration: a bad one must not stop it).
+pub const COMMAND: &str = "mount-guard";
+
 pub fn run(args: &GuardArgs) -> Result<u8> {
-    if let Some(root) = &args.sweep {
-        return match guard::sweep(root) {
-            Ok(0) => Ok(0),
-            Ok(n) => {
-                eprintln!(
-                    "cloud-harness: detached {n} mount(s) left under {}",
-                    root.display()
-                );
-                Ok(0)
-            }
-            // A home not made yet holds no mount.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-            Err(e) => Err(Error::internal(format!("sweeping {}: {e}", root.display()))),
-        };
+    if !args.sweep {
+        return Ok(guard());
     }
+    let root = cloud_harness_workspace::workspaces_dir(&args.home.dir());
+    match guard::sweep(&root) {
+        Ok(0) => Ok(0),
+        Ok(n) => {
+            eprintln!(
+                "cloud-harness: detached {n} mount(s) left under {}",
+                root.display()
+            );
+            Ok(0)
+        }
+        // A home not made yet holds no mount.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(Error::internal(format!("sweeping {}: {e}", root.display()))),
+    }
+}
+
+/// The guard: says it is ready, reads its daemon's records until the daemon is gone, then
+/// detaches what is still mounted. Its exit code.
+pub fn guard() -> u8 {
     // The daemon's SIGINT (a terminal's ^C reaches the whole group), a service manager's
     // SIGTERM to the unit's processes, or a closed terminal's SIGHUP must not end the guard
     // before the daemon: the guard ends on its own once the daemon has.
@@ -42,12 +57,23 @@ pub fn run(args: &GuardArgs) -> Result<u8> {
             let _ = nix::sys::signal::signal(signal, nix::sys::signal::SigHandler::SigIgn);
         }
     }
+    let mut out = std::io::stdout();
+    if out
+        .write_all(&[guard::READY])
+        .and_then(|()| out.flush())
+        .is_err()
+    {
+        return 2;
+    }
     match guard::watch(std::io::stdin().lock()) {
-        Ok(0) => Ok(0),
+        Ok(0) => 0,
         Ok(n) => {
             eprintln!("cloud-harness: the daemon ended without unmounting; detached {n} mount(s)");
-            Ok(0)
+            0
         }
-        Err(e) => Err(Error::internal(format!("the unmount guard: {e}"))),
+        Err(e) => {
+            eprintln!("cloud-harness: the unmount guard: {e}");
+            1
+        }
     }
 }

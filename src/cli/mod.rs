@@ -5,7 +5,7 @@ mod check;
 mod control;
 mod exec;
 mod fetch_pack;
-mod guard;
+pub mod guard;
 mod library;
 pub mod mount;
 mod prewarm;

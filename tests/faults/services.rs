@@ -4,7 +4,7 @@
 //! (PostgreSQL and object storage going away are tested in `fleet_state` and `fleet`.)
 
 use super::site::{api, open, session, tool, Random, Site};
-use super::toolkits::{workspace_of, Toolkits};
+use super::toolkits::{close, workspace_of, Toolkits};
 use serde_json::{json, Value};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -138,5 +138,7 @@ fn a_docker_engine_restarted_under_an_open_executor_is_recovered_without_a_resta
     assert_ne!(read["isError"], json!(true), "{read}");
     let (status, ready) = api(&running, "GET", "/readyz", None).unwrap();
     assert_eq!(status, 200, "{ready}");
+    // Closed, not left open: a stopped server keeps its workspaces (and their containers).
+    close(&running, &ws);
     site.stop(running);
 }

@@ -8,7 +8,9 @@ pub mod executors;
 pub mod http;
 pub mod latency;
 pub mod postgres;
+pub mod procs;
 pub mod s3;
+pub mod wait;
 
 use cloud_harness_control::hosts::HostPolicy;
 use cloud_harness_control::toolkit::{self, ToolkitSpec};

@@ -410,12 +410,14 @@ impl Mounted {
 /// already gone (detached by someone else, `umount -l`) is left as it is.
 pub fn unmount(mountpoint: &Path) -> io::Result<()> {
     use nix::mount::{umount2, MntFlags};
-    match umount2(mountpoint, MntFlags::empty()) {
+    // A symlink put where the mount was is not followed to some other mount.
+    let flags = MntFlags::UMOUNT_NOFOLLOW;
+    match umount2(mountpoint, flags) {
         Ok(()) => Ok(()),
         // Not a mount point (any more), or no such folder: nothing is mounted there.
         Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => Ok(()),
         Err(nix::errno::Errno::EBUSY) => {
-            umount2(mountpoint, MntFlags::MNT_DETACH).map_err(io::Error::from)
+            umount2(mountpoint, flags | MntFlags::MNT_DETACH).map_err(io::Error::from)
         }
         // Not root: the setuid helper may unmount what this user mounted.
         Err(nix::errno::Errno::EPERM) => {

@@ -65,12 +65,15 @@ impl Guards {
         }
     }
 
-    /// Whether a guard runs (started now if none did): mount with fusermount's own
-    /// `auto_unmount` where it does not.
+    /// Whether a guard runs (started now if none did, or if the last one has exited): mount
+    /// with fusermount's own `auto_unmount` where none does.
     pub fn ready(&self) -> bool {
         let mut state = self.state.lock().expect("guard lock");
-        if state.running.is_some() {
-            return true;
+        if let Some(r) = state.running.as_mut() {
+            if matches!(r.child.try_wait(), Ok(None)) {
+                return true;
+            }
+            state.running = None; // reaped by try_wait
         }
         match self.tell(&mut state, None) {
             Ok(()) => true,
@@ -121,13 +124,7 @@ impl Guards {
             let written = match state.running.as_mut() {
                 Some(r) => record.map_or(Ok(()), |rec| r.pipe.write_all(rec)),
                 None => {
-                    let mut child = Command::new(&self.program)
-                        .arg("mount-guard")
-                        .current_dir("/")
-                        .stdin(Stdio::piped())
-                        .stdout(Stdio::null())
-                        .spawn()?;
-                    let pipe = child.stdin.take().expect("a piped stdin");
+                    let (pipe, child) = self.start()?;
                     let r = state.running.insert(Running { pipe, child });
                     let all: Vec<u8> = state
                         .watched
@@ -154,6 +151,54 @@ impl Guards {
     }
 }
 
+impl Guards {
+    /// Starts a guard and waits for its ready byte: one that exits at its start (it cannot
+    /// run, say) is an error here, not a guard taken for running.
+    fn start(&self) -> io::Result<(ChildStdin, Child)> {
+        let mut child = Command::new(&self.program)
+            .arg("mount-guard")
+            .current_dir("/")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let pipe = child.stdin.take().expect("a piped stdin");
+        let out = child.stdout.take().expect("a piped stdout");
+        match ready_byte(out) {
+            Ok(()) => Ok((pipe, child)),
+            Err(e) => {
+                let _ = child.kill();
+                let status = child.wait()?;
+                Err(io::Error::other(format!(
+                    "{} mount-guard did not start ({e}; it {status})",
+                    self.program.display()
+                )))
+            }
+        }
+    }
+}
+
+/// What a guard writes once it ignores the signals meant for its daemon, and is ready.
+pub const READY: u8 = b'R';
+
+/// How long a guard may take to say it is ready.
+const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn ready_byte(mut out: std::process::ChildStdout) -> io::Result<()> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let mut fds = [PollFd::new(out.as_fd(), PollFlags::POLLIN)];
+    let timeout = PollTimeout::try_from(READY_WAIT).unwrap_or(PollTimeout::MAX);
+    if poll(&mut fds, timeout).map_err(io::Error::from)? == 0 {
+        return Err(io::Error::new(io::ErrorKind::TimedOut, "not ready in time"));
+    }
+    let mut byte = [0u8];
+    match out.read(&mut byte)? {
+        1 if byte[0] == READY => Ok(()),
+        0 => Err(io::Error::other("it exited")),
+        _ => Err(io::Error::other("it answered something else")),
+    }
+}
+
 fn record(sign: u8, id: u64, point: &Path) -> Vec<u8> {
     let mut record = format!("{}{id} ", sign as char).into_bytes();
     record.extend_from_slice(point.as_os_str().as_bytes());
@@ -174,13 +219,24 @@ impl Drop for Guards {
 
 /// The guard's side: reads records from `input` until end of file, then detaches every mount
 /// still named. How many it detached.
+/// A read error is no end of file: the daemon may still serve, so nothing is detached (the
+/// next server's start sweeps what is left).
 pub fn watch(input: impl Read) -> io::Result<usize> {
     let named = named(input)?;
     // One read of the mount table for them all: a server's guard may name thousands.
-    let table = mount_table::mounts()?;
+    let table = match mount_table::mounts() {
+        Ok(table) => Some(table),
+        Err(e) => {
+            eprintln!(
+                "cloud-harness: the mount table is unreadable ({e}); detaching every mount named"
+            );
+            None
+        }
+    };
     let mut detached = 0;
     for (point, id) in named {
-        if mount_table::topmost(&table, &point) != Some(id) {
+        let current = table.as_ref().map(|t| mount_table::topmost(t, &point));
+        if current.is_some_and(|now| now != Some(id)) {
             continue; // unmounted already, or someone else's mount now
         }
         match crate::fuse::unmount(&point) {
@@ -204,7 +260,7 @@ fn named(input: impl Read) -> io::Result<Vec<(PathBuf, u64)>> {
             Ok(0) => break,
             Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
+            Err(e) => return Err(e),
         }
         if record.pop() != Some(0) {
             // Too long, or cut by the end of the input: skip to the next record.
@@ -249,7 +305,7 @@ pub fn sweep(root: &Path) -> io::Result<usize> {
     let root = std::fs::canonicalize(root)?;
     let left: Vec<Mount> = mount_table::mounts()?
         .into_iter()
-        .filter(|m| m.is_ours() && m.point.starts_with(&root))
+        .filter(|m| m.is_ours() && m.point.starts_with(&root) && is_mount_folder(&m.point))
         .collect();
     let mut detached = 0;
     for m in left.iter().rev() {
@@ -261,6 +317,16 @@ pub fn sweep(root: &Path) -> io::Result<usize> {
         }
     }
     Ok(detached)
+}
+
+/// The names a workspace's FUSE mounts have (`<workspace>/mounts/{skills,owner-skills}`):
+/// a sweep leaves any other mount alone, whatever made it.
+pub const MOUNT_NAMES: [&str; 2] = ["skills", "owner-skills"];
+
+fn is_mount_folder(point: &Path) -> bool {
+    let name = point.file_name().and_then(|n| n.to_str());
+    let parent = point.parent().and_then(|p| p.file_name());
+    name.is_some_and(|n| MOUNT_NAMES.contains(&n)) && parent == Some("mounts".as_ref())
 }
 
 #[cfg(test)]
@@ -284,6 +350,43 @@ mod tests {
         );
         // Nothing named is mounted: the guard detaches nothing and ends.
         assert_eq!(watch(&input[..]).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_guard_that_exits_at_its_start_is_no_guard() {
+        let guards = Guards::new(PathBuf::from("/bin/false"));
+        assert!(!guards.ready());
+        // A mount point it would have to be told of: refused, not watched by nobody.
+        assert!(guards.watch(Path::new("/proc")).is_err());
+    }
+
+    #[test]
+    fn a_sweep_names_only_a_workspaces_mount_folders() {
+        assert!(is_mount_folder(Path::new("/h/workspaces/w1/mounts/skills")));
+        assert!(is_mount_folder(Path::new(
+            "/h/workspaces/w1/mounts/owner-skills"
+        )));
+        assert!(!is_mount_folder(Path::new("/h/workspaces/w1/repo")));
+        assert!(!is_mount_folder(Path::new(
+            "/h/workspaces/w1/tree/mounts/x"
+        )));
+        assert!(!is_mount_folder(Path::new("/h/workspaces/w1/skills")));
+    }
+
+    #[test]
+    fn a_read_error_is_no_end_of_file_and_detaches_nothing() {
+        struct Failing(bool);
+        impl Read for Failing {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                if std::mem::replace(&mut self.0, true) {
+                    return Err(io::Error::other("broken"));
+                }
+                let rec = b"+1 /nowhere/guard-test\0";
+                buf[..rec.len()].copy_from_slice(rec);
+                Ok(rec.len())
+            }
+        }
+        assert!(watch(Failing(false)).is_err());
     }
 
     #[test]

@@ -406,13 +406,16 @@ impl Walk<'_> {
     }
 }
 
-/// `e` with the folder of the tree it was met at named.
+/// `e` with the folder of the tree it was met at named (`details.path`); a path on the host
+/// the error named (a full disk's file system) is kept as `details.host_path`.
 fn at_path(mut e: Error, path: &str) -> Error {
     let mut details = match std::mem::take(&mut e.details) {
         serde_json::Value::Object(map) => map,
         _ => serde_json::Map::new(),
     };
-    details.insert("path".into(), path.into());
+    if let Some(host) = details.insert("path".into(), path.into()) {
+        details.insert("host_path".into(), host);
+    }
     e.context(format_args!("`{path}`"))
         .with_details(details.into())
 }

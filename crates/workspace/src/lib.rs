@@ -52,12 +52,13 @@ mod restore;
 mod roots;
 mod run;
 mod served;
+mod serving;
 mod spares;
 pub use served::Workspace;
 
 pub use failure::Failure;
 pub use read::{check_skill_path, Page, MAX_SKILL_PATH};
-pub use record::Record;
+pub use record::{workspaces_dir, Record};
 pub use request::OpenRequest;
 pub use run::blocking;
 pub use run::RunRequest;
@@ -116,6 +117,8 @@ pub struct Workspaces {
     spares: Option<spares::Spares>,
     /// The opens in progress, with how far each is.
     openings: progress::Openings,
+    /// This home is served by this process alone; let go of last.
+    _serving: serving::Serving,
 }
 
 /// Removes a half-made workspace (its executor, mounts and folder) unless disarmed.
@@ -192,6 +195,8 @@ impl Workspaces {
     ) -> Result<Workspaces> {
         let dir = record::workspaces_dir(&home);
         fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        // Before the sweep: another server's mounts under this home are live.
+        let serving = serving::lock(&home)?;
         mounts::sweep(&dir);
         let executor_kind = executors.kind()?;
         match executor_kind {
@@ -245,6 +250,7 @@ impl Workspaces {
             catalogue: tokio::sync::broadcast::channel(CATALOGUE_CHANGES).0,
             spares: None,
             openings: Default::default(),
+            _serving: serving,
         };
         // Restoring first: it removes the folders of opens that never finished, spares of a
         // killed server among them, before any new spare is made.

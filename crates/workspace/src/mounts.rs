@@ -115,9 +115,8 @@ pub fn mount(
                         // served.
                         drop(m);
                         let _ = fuse::unmount(&path);
-                        warnings.push(format!("skills are not mounted (no unmount guard: {e}); skills_read still works, and skills_run runs approved copies"));
-                        release(&mut mounts)?;
-                        return Ok((Vec::new(), unmounted(merged, owner)));
+                        let why = format!("no unmount guard: {e}");
+                        return not_mounted(&why, &mut mounts, warnings, merged, owner);
                     }
                 };
                 let notifier = m.notifier.clone();
@@ -150,16 +149,26 @@ pub fn mount(
                     Box::new(move |items: &[_]| fuse::invalidate(&notifier, items)),
                 ));
             }
-            Err(e) => {
-                warnings.push(format!(
-                    "skills are not mounted ({e}); skills_read still works, and skills_run runs approved copies"
-                ));
-                release(&mut mounts)?;
-                return Ok((Vec::new(), unmounted(merged, owner)));
-            }
+            Err(e) => return not_mounted(&e.to_string(), &mut mounts, warnings, merged, owner),
         }
     }
     Ok((mounts, targets))
+}
+
+/// Gives up mounting for `why`: what was mounted is released, and the open goes on unmounted
+/// with a warning (or fails, naming `why`, if a mount cannot be released).
+fn not_mounted(
+    why: &str,
+    mounts: &mut Vec<Mounted>,
+    warnings: &mut Vec<String>,
+    merged: Arc<Namespace>,
+    owner: Arc<Namespace>,
+) -> Result<(Vec<Mounted>, Vec<Target>)> {
+    release(mounts).map_err(|e| e.context(format_args!("skills are not mounted ({why})")))?;
+    warnings.push(format!(
+        "skills are not mounted ({why}); skills_read still works, and skills_run runs approved copies"
+    ));
+    Ok((Vec::new(), unmounted(merged, owner)))
 }
 
 /// Live-tier targets for namespaces that are not mounted.

@@ -33,7 +33,7 @@ pub struct Record {
     pub result: Value,
 }
 
-pub(crate) fn workspaces_dir(home: &Path) -> PathBuf {
+pub fn workspaces_dir(home: &Path) -> PathBuf {
     home.join("workspaces")
 }
 

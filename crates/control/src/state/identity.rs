@@ -57,21 +57,28 @@ fn seen(home: &Path) -> Result<(Option<String>, i64)> {
 }
 
 /// Refuses a database of engine `kind` that is empty (`current` 0) when this home recorded
-/// one of that engine with data. An empty database of the other engine is a move (SQLite to
-/// PostgreSQL, say), not a loss.
+/// one with data. Only an empty PostgreSQL database after SQLite is let through: that is the
+/// move to a fleet's database, not a loss. The other way round is a PostgreSQL URL that went
+/// missing (the server fell back to SQLite in its home), and starting afresh would hide it.
 pub(super) fn check(home: &Path, kind: &str, current: i64, shown: &str) -> Result<()> {
     let (seen_kind, seen) = seen(home)?;
-    let same_engine = seen_kind.as_deref().is_none_or(|k| k == kind);
-    if seen > 0 && current == 0 && same_engine {
-        return Err(Error::internal(format!(
-            "the state database {shown} is empty, but this home ({}) used it at schema version {seen}: \
-             it was lost, truncated or replaced. Restore it from its backup (docs/durability.md, \"Backing up and restoring\"); \
-             to start afresh on purpose, with no tokens, decisions or workspaces, remove {}",
-            home.display(),
-            file(home).display()
-        )));
+    let moved = seen_kind.as_deref() == Some("sqlite") && kind == "postgres";
+    if seen == 0 || current > 0 || moved {
+        return Ok(());
     }
-    Ok(())
+    let was = match seen_kind.as_deref() {
+        Some(k) if k != kind => format!(
+            " The home used a {k} database before: is CLOUD_HARNESS_DATABASE_URL (`database` in the configuration) still set as it was?"
+        ),
+        _ => String::new(),
+    };
+    Err(Error::internal(format!(
+        "the state database {shown} is empty, but this home ({}) used one at schema version {seen}: \
+         it was lost, truncated or replaced.{was} Restore it from its backup (docs/durability.md, \"Backing up and restoring\"); \
+         to start afresh on purpose, with no tokens, decisions or workspaces, remove {}",
+        home.display(),
+        file(home).display()
+    )))
 }
 
 /// Records that this home's database is of engine `kind` at schema `version`, unless it says
@@ -148,7 +155,7 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_database_is_refused_only_where_the_same_engine_held_data() {
+    fn an_empty_database_is_refused_unless_it_is_the_move_to_postgres() {
         let home = tempfile::tempdir().unwrap();
         check(home.path(), "sqlite", 0, "new").unwrap(); // a first start
         record(home.path(), "sqlite", 7);
@@ -156,6 +163,14 @@ mod tests {
         check(home.path(), "sqlite", 7, "kept").unwrap();
         // Moved to PostgreSQL: its empty database is the move, not a loss.
         check(home.path(), "postgres", 0, "moved").unwrap();
+        // Back from PostgreSQL to an empty SQLite file: its URL was lost, not a move.
+        record(home.path(), "postgres", 7);
+        let lost = check(home.path(), "sqlite", 0, "fallback").unwrap_err();
+        assert!(
+            lost.message.contains("used a postgres database before"),
+            "{}",
+            lost.message
+        );
         // A record from before engines were named holds for either.
         std::fs::write(file(home.path()), "7\n").unwrap();
         assert!(check(home.path(), "postgres", 0, "lost").is_err());

@@ -67,6 +67,14 @@ fn location() -> String {
     LOCATION.lock().map(|l| l.clone()).unwrap_or_default()
 }
 
+/// Names the database being opened, before anything of it is read: a full disk met while
+/// opening it names it too.
+fn locate(shown: &str) {
+    if let Ok(mut l) = LOCATION.lock() {
+        shown.clone_into(&mut l);
+    }
+}
+
 /// A database error as the harness reports it: a constraint is the caller's to name, a
 /// database out of reach is UPSTREAM and one that did not answer in time TIMEOUT (both
 /// retryable), anything else is internal.
@@ -128,8 +136,10 @@ impl Db {
     pub fn open_sqlite(home: &Path) -> Result<Db> {
         std::fs::create_dir_all(home).map_err(|e| Error::io(home, e))?;
         let path = path(home);
-        let conn = sqlite::open(&path).map_err(|e| {
-            Error::from(e).context(format_args!("the state database {}", path.display()))
+        locate(&path.display().to_string());
+        let conn = sqlite::open(&path).map_err(|e| match Error::from(e) {
+            full if full.is_full_disk() => full, // it names the database already
+            e => e.context(format_args!("the state database {}", path.display())),
         })?;
         identity::quick_check(&conn, &path)?;
         let shown = path.display().to_string();
@@ -152,6 +162,7 @@ impl Db {
                 ),
             ));
         }
+        locate(&crate::config::redact(url));
         let target = postgres::Target::parse(url)?;
         let pg = Box::new(target.connect()?);
         let shown = pg.shown().to_owned();
@@ -174,9 +185,7 @@ impl Db {
             shown,
             runner: crate::home::runner_name(home)?,
         };
-        if let Ok(mut l) = LOCATION.lock() {
-            l.clone_from(&db.shown);
-        }
+        locate(&db.shown);
         let before = db.write(identity::current)?;
         identity::check(home, kind, before, &db.shown)?;
         db.write(migrations::apply)?;

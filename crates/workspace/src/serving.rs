@@ -1,0 +1,66 @@
+//! The lock a server holds on its home while it serves it. A second server on the same home
+//! would sweep the first's live mounts at its start, restore its workspaces and remove its
+//! half-made ones: it is refused instead.
+
+use cloud_harness_error::{Code, Error, Result};
+use nix::fcntl::{Flock, FlockArg};
+use std::fs::{File, OpenOptions};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// How long a start waits for a server that is stopping on the same home (a restart that
+/// began before the last one had exited).
+const WAIT: Duration = Duration::from_secs(5);
+
+/// Held for the server's life; the kernel lets go of it however the process ends.
+pub struct Serving(#[allow(dead_code)] Flock<File>);
+
+/// Takes `<home>/serving.lock`, or says which home is served by someone else.
+pub fn lock(home: &Path) -> Result<Serving> {
+    let path = home.join("serving.lock");
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(&path, e))?;
+    let started = Instant::now();
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(held) => return Ok(Serving(held)),
+            Err((back, nix::errno::Errno::EWOULDBLOCK)) if started.elapsed() < WAIT => {
+                file = back;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                return Err(Error::new(
+                    Code::Conflict,
+                    format!(
+                        "another server serves the home {}: stop it, or give this one a home of its own (CLOUD_HARNESS_HOME)",
+                        home.display()
+                    ),
+                )
+                .with_details(serde_json::json!({ "path": path.to_string_lossy() })))
+            }
+            Err((_, errno)) => {
+                return Err(Error::io(&path, std::io::Error::from_raw_os_error(errno as i32)))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_server_on_a_home_is_refused_until_the_first_lets_go() {
+        let home = tempfile::tempdir().unwrap();
+        let first = lock(home.path()).unwrap();
+        let second = lock(home.path()).err().unwrap();
+        assert_eq!(second.code, Code::Conflict);
+        assert!(second.message.contains("another server serves the home"));
+        drop(first);
+        lock(home.path()).unwrap();
+    }
+}
