@@ -138,6 +138,7 @@ fn main() {
                 git_spec(&pair[1].0, &pair[1].1, "large"),
             ],
             allow_toolkit_workspace_changes: false,
+            idle_pause: true,
         };
         let t = Instant::now();
         let opened = workspaces.open(request).unwrap();

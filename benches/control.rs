@@ -139,6 +139,7 @@ fn main() {
                     idempotency_key: format!("{kind}-{r}"),
                     toolkits,
                     allow_toolkit_workspace_changes: false,
+                    idle_pause: true,
                 })
                 .unwrap();
             let took = t.elapsed();

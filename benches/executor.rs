@@ -136,6 +136,7 @@ fn main() {
         idempotency_key: key,
         toolkits: vec![kit.clone()],
         allow_toolkit_workspace_changes: false,
+        idle_pause: true,
     };
 
     // Opens, interleaved across backends.

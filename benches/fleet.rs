@@ -236,6 +236,7 @@ fn control_plane(
                     idempotency_key: format!("{engine}-{r}"),
                     toolkits: vec![spec.clone()],
                     allow_toolkit_workspace_changes: false,
+                    idle_pause: true,
                 })
                 .unwrap();
             let open = started.elapsed();

@@ -448,6 +448,7 @@ fn main() {
             idempotency_key: "baseline".into(),
             toolkits: vec![spec.clone()],
             allow_toolkit_workspace_changes: false,
+            idle_pause: true,
         })
         .unwrap();
     let ws = workspaces

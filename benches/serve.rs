@@ -69,6 +69,7 @@ fn main() {
             idempotency_key: format!("bench-{i}"),
             toolkits: kits.clone(),
             allow_toolkit_workspace_changes: false,
+            idle_pause: true,
         };
         let t = Instant::now();
         let result = workspaces.open(request).unwrap();
@@ -88,6 +89,7 @@ fn main() {
             idempotency_key: "bench-big".into(),
             toolkits: vec![big],
             allow_toolkit_workspace_changes: false,
+            idle_pause: true,
         })
         .unwrap();
     let ws = workspaces

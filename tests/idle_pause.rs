@@ -51,6 +51,27 @@ fn an_idle_workspace_pauses_and_resumes_with_the_same_files_and_runs() {
         .unwrap()
         .to_owned();
     let dir = w.home().join("workspaces").join(&ws);
+    // Beside it, one its opener asked never to pause.
+    let kept = w.tool(
+        &session,
+        "workspace_open",
+        json!({"idempotencyKey": "kept", "toolkits": [kit], "idlePause": false}),
+    );
+    assert_eq!(kept["isError"], false, "{kept}");
+    let kept = kept["structuredContent"]["workspace"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let kept_dir = w.home().join("workspaces").join(&kept);
+    let listed_as = |id: &str| -> Value {
+        let all = w
+            .call("GET", "/api/v1/workspaces", Some(w.operator.as_str()), None)
+            .1;
+        all["workspaces"]
+            .as_array()
+            .and_then(|l| l.iter().find(|x| x["workspace"] == id).cloned())
+            .unwrap_or_else(|| panic!("{id} not listed: {all}"))
+    };
     let run = || -> Value {
         w.tool(
             &session,
@@ -78,10 +99,15 @@ fn an_idle_workspace_pauses_and_resumes_with_the_same_files_and_runs() {
     support::wait::until("the workspace pauses", Duration::from_secs(20), || {
         fuse_mounts_under(&dir).is_empty() && processes_naming(&dir).is_empty()
     });
-    let listed = w
-        .call("GET", "/api/v1/workspaces", Some(w.operator.as_str()), None)
-        .1;
-    assert_eq!(listed["workspaces"][0]["paused"], true, "{listed}");
+    assert_eq!(listed_as(&ws)["paused"], true);
+    // The other, as idle, is not.
+    assert_eq!(fuse_mounts_under(&kept_dir).len(), 2);
+    let other = listed_as(&kept);
+    assert_eq!(
+        (&other["paused"], &other["idlePause"]),
+        (&json!(false), &json!(false)),
+        "{other}"
+    );
     let metrics = w
         .http
         .get(w.url("/metrics"))
@@ -102,10 +128,7 @@ fn an_idle_workspace_pauses_and_resumes_with_the_same_files_and_runs() {
     assert_eq!(again["structuredContent"]["stdout"], "skill: 2\nruns: 2\n");
     assert_eq!(fuse_mounts_under(&dir).len(), 2);
     assert_eq!(std::fs::read(&skill_md).unwrap(), served);
-    let listed = w
-        .call("GET", "/api/v1/workspaces", Some(w.operator.as_str()), None)
-        .1;
-    assert_eq!(listed["workspaces"][0]["paused"], false, "{listed}");
+    assert_eq!(listed_as(&ws)["paused"], false);
 
     // Paused again, it closes as any workspace does.
     support::wait::until(

@@ -81,6 +81,7 @@ impl World {
             idempotency_key: key.into(),
             toolkits: toolkits.clone(),
             allow_toolkit_workspace_changes: !toolkits.is_empty(),
+            idle_pause: true,
         })
     }
 
@@ -363,6 +364,7 @@ fn a_key_whose_workspace_failed_to_restore_owns_no_second_workspace() {
         idempotency_key: "same-key".into(),
         toolkits: vec![spec.clone()],
         allow_toolkit_workspace_changes: false,
+        idle_pause: true,
     };
     let first = w.workspaces.open(request()).unwrap();
     let id = first["workspace"].as_str().unwrap().to_owned();
@@ -373,6 +375,7 @@ fn a_key_whose_workspace_failed_to_restore_owns_no_second_workspace() {
     let digest = cloud_harness_store::cas::Digest::parse(&bundle).unwrap();
     std::fs::remove_file(store.object_path(cloud_harness_store::cas::ObjectKind::Tree, &digest))
         .unwrap();
+    w.workspaces.shutdown(); // a restart: the home is served by one at a time
     w.workspaces = serve(&w.tmp, &w.server, &w.certs, CloneLimits::default());
     let err = w.workspaces.open(request()).unwrap_err();
     assert_eq!(err.code, Code::Conflict, "{err}");
@@ -492,6 +495,7 @@ fn a_project_clone_stays_under_its_ceilings() {
         max_bytes: 1 << 20,
         max_files: 50,
     };
+    w.workspaces.shutdown(); // a restart: the home is served by one at a time
     w.workspaces = serve(&w.tmp, &w.server, &w.certs, limits);
     let mut x = 1u32;
     let mut noise = |len: usize| -> Vec<u8> {

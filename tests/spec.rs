@@ -247,6 +247,7 @@ impl World {
                 idempotency_key: key.into(),
                 toolkits,
                 allow_toolkit_workspace_changes: false,
+                idle_pause: true,
             })
             .unwrap()
     }

@@ -122,6 +122,7 @@ impl Harness {
                 idempotency_key: key.into(),
                 toolkits: vec![self.kit.clone()],
                 allow_toolkit_workspace_changes: false,
+                idle_pause: true,
             })
             .unwrap()
     }

@@ -75,6 +75,7 @@ pub fn decode(tool: &str, arguments: Option<JsonObject>) -> Result<Call, Error> 
                 idempotency_key: args.idempotency_key,
                 toolkits,
                 allow_toolkit_workspace_changes: args.allow_toolkit_workspace_changes,
+                idle_pause: args.idle_pause,
             })
         }
         "workspace_close" => {
@@ -187,6 +188,12 @@ struct OpenArgs {
     toolkits: Vec<Value>,
     #[serde(default)]
     allow_toolkit_workspace_changes: bool,
+    #[serde(default = "yes")]
+    idle_pause: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Deserialize)]

@@ -149,7 +149,8 @@ fn build_tools() -> Vec<Tool> {
                     "repositoryUrl": { "type": "string", "maxLength": MAX_URL, "description": "HTTPS URL of the project repository (optional: without it the working tree starts empty)" },
                     "idempotencyKey": { "type": "string", "minLength": 1, "maxLength": 200, "description": "The same key with the same request returns the same workspace (1-200 characters, no control characters)" },
                     "toolkits": { "type": "array", "maxItems": MAX_TOOLKITS, "items": toolkit },
-                    "allowToolkitWorkspaceChanges": { "type": "boolean", "description": "Required for toolkits of scope workspace, which write into .cloud-harness/skills/" }
+                    "allowToolkitWorkspaceChanges": { "type": "boolean", "description": "Required for toolkits of scope workspace, which write into .cloud-harness/skills/" },
+                    "idlePause": { "type": "boolean", "default": true, "description": "Whether the workspace may pause when idle (it lets go of its mounts and bubblewrap sandbox, and takes them back at the next call that names it); false for a workspace whose executor or mounts are used directly" }
                 },
                 "required": ["idempotencyKey"],
                 "additionalProperties": false

@@ -6,10 +6,11 @@
 //!
 //! One guard serves all the mounts of a process (`cloud-harness mount` has one, `serve` one
 //! for every workspace's): `<program> mount-guard` reads records from a pipe that only the
-//! daemon holds open — `+ID PATH` when a mount is made, `-ID PATH` when it is unmounted, each
-//! ended by a NUL — and at end of file (the daemon exited, however it died) detaches every
-//! mount still named, if the mount at that path is still the one of that ID (not one made
-//! there since). Records name the path as well as the ID because the kernel reuses an ID as
+//! daemon holds open — `?0 PATH` just before a mount is made there, `+ID PATH` once it is,
+//! `-ID PATH` when it is unmounted, each ended by a NUL — and at end of file (the daemon
+//! exited, however it died) detaches every mount still named, if the mount at that path is
+//! still the one of that ID (not one made there since); for a mount only expected (the daemon
+//! died between its mount and its `+`), if the mount there is one of ours. Records name the path as well as the ID because the kernel reuses an ID as
 //! soon as its mount is gone: `-5` sent late for one path must not drop the `+5` of another.
 //!
 //! A guard can itself be killed (a service manager's final SIGKILL to the whole unit races it),
@@ -40,8 +41,9 @@ pub struct Guards {
 #[derive(Default)]
 struct State {
     running: Option<Running>,
-    /// What a new guard must be told: every mount watched and not forgotten, by path.
-    watched: BTreeMap<PathBuf, u64>,
+    /// What a new guard must be told: every mount watched and not forgotten, by path (its ID,
+    /// or none for one expected and not yet made).
+    watched: BTreeMap<PathBuf, Option<u64>>,
 }
 
 struct Running {
@@ -49,7 +51,13 @@ struct Running {
     child: Child,
 }
 
-/// A mount the guard knows, as [`Guards::watch`] named it.
+/// A mount about to be made, as [`Guards::expect`] named it.
+#[derive(Debug)]
+pub struct Pending {
+    point: PathBuf,
+}
+
+/// A mount the guard knows, as [`Guards::mounted`] named it.
 #[derive(Debug)]
 pub struct Watched {
     id: u64,
@@ -86,28 +94,65 @@ impl Guards {
 
     /// Has the mount now at `mountpoint` detached if this process dies before [`Self::forget`].
     pub fn watch(&self, mountpoint: &Path) -> io::Result<Watched> {
+        self.mounted(self.expect(mountpoint)?)
+    }
+
+    /// A mount is about to be made at `mountpoint`: if this process dies before
+    /// [`Self::mounted`], the guard detaches whatever mount of ours is there.
+    pub fn expect(&self, mountpoint: &Path) -> io::Result<Pending> {
         // The folder it is in, resolved: the mount itself is not asked (it may not serve yet).
         let parent = mountpoint.parent().unwrap_or(Path::new("/"));
         let name = mountpoint
             .file_name()
             .ok_or_else(|| io::Error::other(format!("{} names no folder", mountpoint.display())))?;
         let point = std::fs::canonicalize(parent)?.join(name);
-        let id = mount_table::id_at(&point)
-            .ok_or_else(|| io::Error::other(format!("{} is not a mount point", point.display())))?;
         let mut state = self.state.lock().expect("guard lock");
-        state.watched.insert(point.clone(), id);
-        let told = self.tell(&mut state, Some(&record(b'+', id, &point)));
-        if let Err(e) = told {
+        state.watched.insert(point.clone(), None);
+        if let Err(e) = self.tell(&mut state, Some(&record(b'?', 0, &point))) {
             state.watched.remove(&point);
             return Err(e);
         }
-        Ok(Watched { id, point })
+        Ok(Pending { point })
+    }
+
+    /// The mount expected is made: the guard knows it by its ID from now on.
+    pub fn mounted(&self, pending: Pending) -> io::Result<Watched> {
+        let Pending { point } = pending;
+        let mut state = self.state.lock().expect("guard lock");
+        let told = mount_table::id_at(&point)
+            .ok_or_else(|| io::Error::other(format!("{} is not a mount point", point.display())))
+            .and_then(|id| {
+                state.watched.insert(point.clone(), Some(id));
+                self.tell(&mut state, Some(&record(b'+', id, &point)))
+                    .map(|()| id)
+            });
+        match told {
+            Ok(id) => Ok(Watched { id, point }),
+            Err(e) => {
+                // The caller unmounts it: the guard lets go of the path.
+                self.abandon_locked(&mut state, &point);
+                Err(e)
+            }
+        }
+    }
+
+    /// The mount expected was not made.
+    pub fn abandon(&self, pending: Pending) {
+        let mut state = self.state.lock().expect("guard lock");
+        self.abandon_locked(&mut state, &pending.point);
+    }
+
+    fn abandon_locked(&self, state: &mut State, point: &Path) {
+        state.watched.remove(point);
+        if let Err(e) = self.tell(state, Some(&record(b'-', 0, point))) {
+            tracing::warn!(error = %e, "the unmount guard was not told of a mount given up");
+        }
     }
 
     /// The mount was unmounted: the guard leaves its path alone from now on.
     pub fn forget(&self, watched: Watched) {
         let mut state = self.state.lock().expect("guard lock");
-        if state.watched.get(&watched.point) == Some(&watched.id) {
+        if state.watched.get(&watched.point) == Some(&Some(watched.id)) {
             state.watched.remove(&watched.point);
         }
         if let Err(e) = self.tell(&mut state, Some(&record(b'-', watched.id, &watched.point))) {
@@ -129,7 +174,10 @@ impl Guards {
                     let all: Vec<u8> = state
                         .watched
                         .iter()
-                        .flat_map(|(point, &id)| self::record(b'+', id, point))
+                        .flat_map(|(point, &id)| match id {
+                            Some(id) => self::record(b'+', id, point),
+                            None => self::record(b'?', 0, point),
+                        })
                         .collect();
                     r.pipe.write_all(&all)
                 }
@@ -235,9 +283,15 @@ pub fn watch(input: impl Read) -> io::Result<usize> {
     };
     let mut detached = 0;
     for (point, id) in named {
-        let current = table.as_ref().map(|t| mount_table::topmost(t, &point));
-        if current.is_some_and(|now| now != Some(id)) {
-            continue; // unmounted already, or someone else's mount now
+        if let Some(table) = &table {
+            let now = table.iter().rev().find(|m| m.point == point);
+            let still = match id {
+                Some(id) => now.is_some_and(|m| m.id == id),
+                None => now.is_some_and(Mount::is_ours),
+            };
+            if !still {
+                continue; // unmounted already (or never made), or someone else's mount now
+            }
         }
         match crate::fuse::unmount(&point) {
             Ok(()) => detached += 1,
@@ -249,9 +303,9 @@ pub fn watch(input: impl Read) -> io::Result<usize> {
 
 /// The mounts the records name at the end of `input`, newest first (a mount made inside
 /// another goes before it).
-fn named(input: impl Read) -> io::Result<Vec<(PathBuf, u64)>> {
-    // By path: its ID and when it was named.
-    let mut mounts: BTreeMap<PathBuf, (u64, u64)> = BTreeMap::new();
+fn named(input: impl Read) -> io::Result<Vec<(PathBuf, Option<u64>)>> {
+    // By path: when it was named, and its ID (none while only expected).
+    let mut mounts: BTreeMap<PathBuf, (u64, Option<u64>)> = BTreeMap::new();
     let mut input = io::BufReader::new(input);
     let mut record = Vec::new();
     for seq in 0.. {
@@ -270,16 +324,22 @@ fn named(input: impl Read) -> io::Result<Vec<(PathBuf, u64)>> {
             continue;
         }
         match parse(&record) {
-            Some((b'+', id, path)) if mounts.len() < MAX_MOUNTS || mounts.contains_key(&path) => {
-                mounts.insert(path, (seq, id));
+            Some((sign @ (b'+' | b'?'), id, path))
+                if mounts.len() < MAX_MOUNTS || mounts.contains_key(&path) =>
+            {
+                mounts.insert(path, (seq, (sign == b'+').then_some(id)));
             }
-            Some((b'-', id, path)) if mounts.get(&path).is_some_and(|&(_, known)| known == id) => {
+            Some((b'-', id, path))
+                if mounts
+                    .get(&path)
+                    .is_some_and(|&(_, known)| known.unwrap_or(0) == id) =>
+            {
                 mounts.remove(&path);
             }
             _ => {}
         }
     }
-    let mut newest_first: Vec<(u64, PathBuf, u64)> = mounts
+    let mut newest_first: Vec<(u64, PathBuf, Option<u64>)> = mounts
         .into_iter()
         .map(|(path, (seq, id))| (seq, path, id))
         .collect();
@@ -287,10 +347,10 @@ fn named(input: impl Read) -> io::Result<Vec<(PathBuf, u64)>> {
     Ok(newest_first.into_iter().map(|(_, p, id)| (p, id)).collect())
 }
 
-/// `+ID PATH` or `-ID PATH`, the path absolute.
+/// `+ID PATH`, `?0 PATH` or `-ID PATH`, the path absolute.
 fn parse(record: &[u8]) -> Option<(u8, u64, PathBuf)> {
     let (&sign, rest) = record.split_first()?;
-    if sign != b'+' && sign != b'-' {
+    if !matches!(sign, b'+' | b'-' | b'?') {
         return None;
     }
     let space = rest.iter().position(|&b| b == b' ')?;
@@ -344,8 +404,8 @@ mod tests {
         assert_eq!(
             named(&input[..]).unwrap(),
             vec![
-                (PathBuf::from("/nowhere/d"), 11),
-                (PathBuf::from("/nowhere/b"), 9)
+                (PathBuf::from("/nowhere/d"), Some(11)),
+                (PathBuf::from("/nowhere/b"), Some(9))
             ]
         );
         // Nothing named is mounted: the guard detaches nothing and ends.
@@ -396,7 +456,24 @@ mod tests {
         let input = b"+5 /w/a\0+5 /w/b\0-5 /w/a\0+6 /w/c\0+7 /w/c\0-6 /w/c\0";
         assert_eq!(
             named(&input[..]).unwrap(),
-            vec![(PathBuf::from("/w/c"), 7), (PathBuf::from("/w/b"), 5)]
+            vec![
+                (PathBuf::from("/w/c"), Some(7)),
+                (PathBuf::from("/w/b"), Some(5))
+            ]
+        );
+    }
+
+    #[test]
+    fn an_expected_mount_is_named_until_made_or_given_up() {
+        // Expected and made; expected and given up; expected only (the daemon died between
+        // its mount and its `+`).
+        let input = b"?0 /w/a\0+4 /w/a\0?0 /w/b\0-0 /w/b\0?0 /w/c\0";
+        assert_eq!(
+            named(&input[..]).unwrap(),
+            vec![
+                (PathBuf::from("/w/c"), None),
+                (PathBuf::from("/w/a"), Some(4))
+            ]
         );
     }
 }

@@ -117,8 +117,9 @@ pub struct Workspaces {
     spares: Option<spares::Spares>,
     /// The opens in progress, with how far each is.
     openings: progress::Openings,
-    /// This home is served by this process alone; let go of last.
-    _serving: serving::Serving,
+    /// This home is served by this process alone: let go of at the end of a shutdown (or
+    /// last, when dropped), so a restart in the same process can take it.
+    serving: Mutex<Option<serving::Serving>>,
 }
 
 /// Removes a half-made workspace (its executor, mounts and folder) unless disarmed.
@@ -250,7 +251,7 @@ impl Workspaces {
             catalogue: tokio::sync::broadcast::channel(CATALOGUE_CHANGES).0,
             spares: None,
             openings: Default::default(),
-            _serving: serving,
+            serving: Mutex::new(Some(serving)),
         };
         // Restoring first: it removes the folders of opens that never finished, spares of a
         // killed server among them, before any new spare is made.
@@ -484,6 +485,7 @@ impl Workspaces {
             }
         }
         self.provisioner.release();
+        drop(self.serving.lock().expect("serving lock").take());
     }
 }
 

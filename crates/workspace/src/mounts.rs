@@ -102,12 +102,30 @@ pub fn mount(
     for (ns, sub) in [(merged.clone(), SKILLS), (owner.clone(), OWNER_SKILLS)] {
         let path = dir.join(sub);
         fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
-        match fuse::mount(ns.clone(), &path, &config(threads(sub))) {
+        // Told before the mount is made: a death between the mount and the guard's knowing
+        // its ID must not leave it behind (no fusermount auto-unmount when a guard runs).
+        let mut pending = match guards.map(|g| g.expect(&path)) {
+            None => None,
+            Some(Ok(p)) => Some(p),
+            Some(Err(e)) => {
+                let why = format!("no unmount guard: {e}");
+                return not_mounted(&why, &mut mounts, warnings, merged, owner);
+            }
+        };
+        let mounted = fuse::mount(ns.clone(), &path, &config(threads(sub)));
+        if mounted.is_err() {
+            if let (Some(g), Some(p)) = (guards, pending.take()) {
+                g.abandon(p);
+            }
+        }
+        match mounted {
             Ok(m) => {
-                // The guard is told before anything can open a folder of the mount (the
-                // prewarm does at once): from then on fusermount's own auto-unmount no longer
-                // detaches it when this process dies, and only the guard does.
-                let guard = match guards.map(|g| g.watch(&path).map(|w| (g.clone(), w))) {
+                // The guard knows it by ID before anything can open a folder of the mount
+                // (the prewarm does at once).
+                let watched = guards
+                    .zip(pending)
+                    .map(|(g, p)| g.mounted(p).map(|w| (g.clone(), w)));
+                let guard = match watched {
                     None => None,
                     Some(Ok(watched)) => Some(watched),
                     Some(Err(e)) => {

@@ -350,6 +350,7 @@ impl Workspaces {
             workspace_skills,
             session_start,
             executor: None,
+            never_pause: !request.idle_pause,
             result: Value::Null,
         };
         let mut warnings = refused;

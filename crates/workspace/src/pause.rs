@@ -21,6 +21,9 @@ impl Workspace {
     /// been unused for `idle`. One that runs a script, or that a call holds (`held`: a run
     /// waiting for its turn, a long read), is in use now. Whether it paused.
     fn pause(&self, idle: Duration, held: bool) -> Result<bool> {
+        if self.record.never_pause {
+            return Ok(false);
+        }
         let _turning = self.idle.turning.lock().expect("pause lock");
         if held || self.running.load(Ordering::SeqCst) > 0 {
             self.idle.touch();

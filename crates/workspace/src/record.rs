@@ -30,6 +30,9 @@ pub struct Record {
     /// The workspace's executor; absent in records written before executors existed.
     #[serde(default)]
     pub executor: Option<executor::Spec>,
+    /// Opened with `idlePause: false`: it never pauses.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub never_pause: bool,
     pub result: Value,
 }
 

@@ -13,6 +13,10 @@ pub struct OpenRequest {
     pub idempotency_key: String,
     pub toolkits: Vec<ToolkitSpec>,
     pub allow_toolkit_workspace_changes: bool,
+    /// Whether the workspace may pause when idle (`pause`); true unless the caller says not
+    /// (something uses its executor or mounts directly, where a pause would show empty
+    /// skill folders).
+    pub idle_pause: bool,
 }
 
 impl OpenRequest {
@@ -23,6 +27,7 @@ impl OpenRequest {
             "repositoryUrl": self.repository_url,
             "toolkits": self.toolkits,
             "allowToolkitWorkspaceChanges": self.allow_toolkit_workspace_changes,
+            "idlePause": self.idle_pause,
         })
     }
 }
@@ -43,10 +48,14 @@ pub(crate) fn check_key(key: &str) -> Result<()> {
 /// resolve (defaults filled in, presets expanded), so spelling a default out changes nothing;
 /// a set as it was asked for (its members may change; the request stays the same).
 pub fn request_digest(request: &OpenRequest, toolkits: &[serde_json::Value]) -> Digest {
-    let canonical = json!({
+    let mut canonical = json!({
         "repositoryUrl": request.repository_url,
         "toolkits": toolkits,
         "allowToolkitWorkspaceChanges": request.allow_toolkit_workspace_changes,
     });
+    // Only when not the default: requests from before the choice existed keep their digest.
+    if !request.idle_pause {
+        canonical["idlePause"] = json!(false);
+    }
     Digest::of(&serde_json::to_vec(&canonical).expect("requests serialize"))
 }

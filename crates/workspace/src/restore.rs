@@ -472,6 +472,7 @@ mod tests {
             workspace_skills: Default::default(),
             session_start: Vec::new(),
             executor: None,
+            never_pause: false,
             result: json!({ "workspace": id }),
         }
         .save(&dir)
@@ -543,6 +544,7 @@ mod tests {
             idempotency_key: "k0".into(),
             toolkits: Vec::new(),
             allow_toolkit_workspace_changes: false,
+            idle_pause: true,
         });
         let err = again.expect_err("a second workspace for the key");
         assert_eq!(err.code, cloud_harness_error::Code::Conflict, "{err}");

@@ -84,6 +84,7 @@ impl Workspace {
             "owner": self.record.owner,
             "state": "open",
             "paused": self.is_paused(),
+            "idlePause": !self.record.never_pause,
             "idempotencyKey": self.record.idempotency_key,
             "createdAt": self.record.created_at,
             "generation": g.digest(),
