@@ -489,6 +489,29 @@ impl Workspaces {
     }
 }
 
+impl Workspaces {
+    /// Whether every open workspace's mounts are served (`Workspace::check_mounts`), from
+    /// one read of the mount table; what is wrong, naming each workspace. Blocking.
+    pub fn check_mounts(&self) -> std::result::Result<(), String> {
+        let table = cloud_harness_mount::mount_table::mounts()
+            .map_err(|e| format!("the mount table cannot be read: {e}"))?;
+        let bad: Vec<String> = self
+            .open_workspaces()
+            .iter()
+            .filter_map(|w| {
+                w.check_mounts(&table)
+                    .err()
+                    .map(|e| format!("workspace {} mounts: {e}", w.id))
+            })
+            .collect();
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(bad.join("; "))
+        }
+    }
+}
+
 /// Whether the merged skills view of a workspace's places is mounted (by a running server).
 pub fn is_mounted(places: &Places) -> bool {
     mounts::is_mount_point(&places.mounts.join(mounts::SKILLS))

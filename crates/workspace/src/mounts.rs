@@ -19,6 +19,8 @@ pub const OWNER_SKILLS: &str = "owner-skills";
 
 pub struct Mounted {
     pub path: PathBuf,
+    /// The same, resolved: as the mount table names it.
+    point: PathBuf,
     /// The background walk that fills the kernel's caches; stopped before the unmount (its
     /// open folders would keep the mount busy).
     prewarm: Option<Prewarm>,
@@ -27,6 +29,19 @@ pub struct Mounted {
     stopped: std::sync::mpsc::Receiver<()>,
     /// The guard that detaches the mount if this process dies, and the mount as it knows it.
     guard: Option<(Arc<Guards>, Watched)>,
+}
+
+impl Mounted {
+    /// Whether the mount `table` has it and its serving thread still runs.
+    pub fn check(&self, table: &[cloud_harness_mount::mount_table::Mount]) -> Result<(), String> {
+        if !table.iter().any(|t| t.point == self.point && t.is_ours()) {
+            return Err(format!("{} is not mounted", self.path.display()));
+        }
+        if self.thread.as_ref().is_none_or(|t| t.is_finished()) {
+            return Err(format!("{} is no longer served", self.path.display()));
+        }
+        Ok(())
+    }
 }
 
 /// How long closing waits for a serving thread: a busy mount detached lazily keeps serving
@@ -155,8 +170,10 @@ pub fn mount(
                         .ok()
                 });
                 cloud_harness_error::failpoint::point("mount.prewarming");
+                let point = fs::canonicalize(dir).map_or_else(|_| path.clone(), |d| d.join(sub));
                 mounts.push(Mounted {
                     path,
+                    point,
                     prewarm,
                     thread: Some(thread),
                     stopped,

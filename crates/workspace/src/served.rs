@@ -14,7 +14,6 @@ use cloud_harness_skills::generation::Generation;
 use cloud_harness_skills::namespace::Namespace;
 use cloud_harness_store::cas::{Digest, Store};
 use serde_json::{json, Value};
-use std::fs;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -95,50 +94,19 @@ impl Workspace {
         })
     }
 
-    /// Whether its mounts answer: each skills mount is a mount point whose listing and a
-    /// SKILL.md in it can be read (a workspace served without mounts has none to check).
-    /// Blocking: a hung file system blocks it, so callers bound it.
-    pub fn check_mounts(&self) -> std::result::Result<(), String> {
-        // A paused workspace has none until it is used again (and one paused meanwhile is
-        // not a failure).
-        self.check_mounted()
-            .or_else(|e| if self.idle.paused() { Ok(()) } else { Err(e) })
-    }
-
-    fn check_mounted(&self) -> std::result::Result<(), String> {
-        // Held: being unmounted or mounted again (a pause, a resume, a close) right now.
+    /// Whether its mounts are served: each is in the mount `table` (read once for every
+    /// workspace) and its serving thread runs. Nothing is read through the mounts: a read of
+    /// its own mount that is in flight when the server is killed waits for an answer only the
+    /// dead server could give, so the process never ends and its unmount guard never acts.
+    /// A paused workspace, or one being paused or resumed now, has none to check.
+    pub fn check_mounts(
+        &self,
+        table: &[cloud_harness_mount::mount_table::Mount],
+    ) -> std::result::Result<(), String> {
         let Ok(mounts) = self.mounts.try_lock() else {
             return Ok(());
         };
-        if mounts.is_empty() {
-            return Ok(());
-        }
-        drop(mounts);
-        for name in [mounts::SKILLS, mounts::OWNER_SKILLS] {
-            let dir = self.places.mounts.join(name);
-            if !mounts::is_mount_point(&dir) {
-                return Err(format!("{} is not mounted", dir.display()));
-            }
-            let entries = fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-            for entry in entries {
-                let skill_md = entry
-                    .map_err(|e| format!("{}: {e}", dir.display()))?
-                    .path()
-                    .join("SKILL.md");
-                match fs::read(&skill_md) {
-                    Ok(_) => break,
-                    // Not a skill folder (the resolution file, a folder without one).
-                    Err(e)
-                        if e.kind() == std::io::ErrorKind::NotFound
-                            || e.raw_os_error() == Some(nix::libc::ENOTDIR) =>
-                    {
-                        continue
-                    }
-                    Err(e) => return Err(format!("{}: {e}", skill_md.display())),
-                }
-            }
-        }
-        Ok(())
+        mounts.iter().try_for_each(|m| m.check(table))
     }
 
     /// What `workspace_open` returned for it.
