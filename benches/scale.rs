@@ -140,8 +140,10 @@ fn main() {
         .map(|i| toolkit(&store, &src, &format!("distinct{i}"), 5))
         .collect();
     let home = tmp.path().join("home");
-    // Workspaces pause after this long unused: longer than the steps take (raise it with
-    // SCALE_PAUSE for 1,000), so every step's figures are of workspaces open and unpaused.
+    // Workspaces pause after this long unused (SCALE_PAUSE): 60 s is longer than the steps
+    // of 10 and 100 take, so their figures are of workspaces all unpaused. 1,000 unpaused
+    // would need ~23 GiB: run that step with SCALE_PAUSE=30, and only the opens of the last
+    // 30 s or so stay unpaused, as on a runner whose agents come and go.
     let pause: u64 = std::env::var("SCALE_PAUSE")
         .ok()
         .and_then(|s| s.parse().ok())
