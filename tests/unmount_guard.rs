@@ -226,6 +226,15 @@ fn a_second_server_on_the_same_home_is_refused_and_leaves_the_first_serving() {
         }
     };
     assert!(said.contains("another server serves the home"), "{said}");
+    // Nor does a sweep (the unit's ExecStopPost= after that refused start) touch them.
+    let swept = Command::new(BIN)
+        .args(["mount-guard", "--sweep", "--home"])
+        .arg(w.home())
+        .output()
+        .unwrap();
+    let told = String::from_utf8_lossy(&swept.stderr);
+    assert!(swept.status.success(), "{told}");
+    assert!(told.contains("served by a running server: nothing swept"), "{told}");
     assert!(std::fs::read_to_string(mount.join("lint/SKILL.md"))
         .unwrap()
         .contains("Lint it."));

@@ -25,7 +25,25 @@ pub fn run(args: &GuardArgs) -> Result<u8> {
     if !args.sweep {
         return Ok(guard());
     }
-    let root = cloud_harness_workspace::workspaces_dir(&args.home.dir());
+    let home = args.home.dir();
+    let root = cloud_harness_workspace::workspaces_dir(&home);
+    if !root.exists() {
+        return Ok(0); // a home not made yet holds no mount
+    }
+    // Only a home no server serves: a live server's mounts are not left behind. Held while
+    // sweeping, so none starts meanwhile.
+    let _serving =
+        match cloud_harness_workspace::serving::lock_within(&home, std::time::Duration::ZERO) {
+            Ok(held) => held,
+            Err(e) if e.code == cloud_harness_error::Code::Conflict => {
+                eprintln!(
+                    "cloud-harness: {} is served by a running server: nothing swept",
+                    home.display()
+                );
+                return Ok(0);
+            }
+            Err(e) => return Err(e),
+        };
     match guard::sweep(&root) {
         Ok(0) => Ok(0),
         Ok(n) => {

@@ -118,14 +118,15 @@ impl Guards {
     /// The mount expected is made: the guard knows it by its ID from now on.
     pub fn mounted(&self, pending: Pending) -> io::Result<Watched> {
         let Pending { point } = pending;
+        // Read before the lock: the whole mount table, which every open's mount waits on.
+        let id = mount_table::id_at(&point)
+            .ok_or_else(|| io::Error::other(format!("{} is not a mount point", point.display())));
         let mut state = self.state.lock().expect("guard lock");
-        let told = mount_table::id_at(&point)
-            .ok_or_else(|| io::Error::other(format!("{} is not a mount point", point.display())))
-            .and_then(|id| {
-                state.watched.insert(point.clone(), Some(id));
-                self.tell(&mut state, Some(&record(b'+', id, &point)))
-                    .map(|()| id)
-            });
+        let told = id.and_then(|id| {
+            state.watched.insert(point.clone(), Some(id));
+            self.tell(&mut state, Some(&record(b'+', id, &point)))
+                .map(|()| id)
+        });
         match told {
             Ok(id) => Ok(Watched { id, point }),
             Err(e) => {
@@ -234,10 +235,18 @@ const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 fn ready_byte(mut out: std::process::ChildStdout) -> io::Result<()> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
-    let mut fds = [PollFd::new(out.as_fd(), PollFlags::POLLIN)];
-    let timeout = PollTimeout::try_from(READY_WAIT).unwrap_or(PollTimeout::MAX);
-    if poll(&mut fds, timeout).map_err(io::Error::from)? == 0 {
-        return Err(io::Error::new(io::ErrorKind::TimedOut, "not ready in time"));
+    let deadline = std::time::Instant::now() + READY_WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let mut fds = [PollFd::new(out.as_fd(), PollFlags::POLLIN)];
+        let timeout = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
+        match poll(&mut fds, timeout) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::TimedOut, "not ready in time")),
+            Ok(_) => break,
+            // A signal for another thread (a child's SIGCHLD) is no failure of the guard.
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
     }
     let mut byte = [0u8];
     match out.read(&mut byte)? {

@@ -52,7 +52,7 @@ mod restore;
 mod roots;
 mod run;
 mod served;
-mod serving;
+pub mod serving;
 mod spares;
 pub use served::Workspace;
 

@@ -114,6 +114,9 @@ impl Workspaces {
         if !ws.idle.paused() {
             return Ok(()); // another call resumed it meanwhile
         }
+        // What a pause that failed part way left mounted goes first: a new mount on top of
+        // it would hide it, unguarded and never unmounted.
+        super::mounts::release(&mut ws.mounts.lock().expect("mount lock"))?;
         let overrides = cloud_harness_curation::decisions::in_force(&self.db, &self.home)?
             .overrides_for(&ws.record.sets());
         let act = self.activator();

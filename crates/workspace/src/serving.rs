@@ -15,8 +15,14 @@ const WAIT: Duration = Duration::from_secs(5);
 /// Held for the server's life; the kernel lets go of it however the process ends.
 pub struct Serving(#[allow(dead_code)] Flock<File>);
 
-/// Takes `<home>/serving.lock`, or says which home is served by someone else.
+/// Takes `<home>/serving.lock`, waiting for a server still stopping, or says which home is
+/// served by someone else.
 pub fn lock(home: &Path) -> Result<Serving> {
+    lock_within(home, WAIT)
+}
+
+/// The same, waiting at most `wait`.
+pub fn lock_within(home: &Path, wait: Duration) -> Result<Serving> {
     let path = home.join("serving.lock");
     let mut file = OpenOptions::new()
         .create(true)
@@ -28,7 +34,7 @@ pub fn lock(home: &Path) -> Result<Serving> {
     loop {
         match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(held) => return Ok(Serving(held)),
-            Err((back, nix::errno::Errno::EWOULDBLOCK)) if started.elapsed() < WAIT => {
+            Err((back, nix::errno::Errno::EWOULDBLOCK)) if started.elapsed() < wait => {
                 file = back;
                 std::thread::sleep(Duration::from_millis(50));
             }

@@ -62,8 +62,11 @@ fn seen(home: &Path) -> Result<(Option<String>, i64)> {
 /// missing (the server fell back to SQLite in its home), and starting afresh would hide it.
 pub(super) fn check(home: &Path, kind: &str, current: i64, shown: &str) -> Result<()> {
     let (seen_kind, seen) = seen(home)?;
+    // Back from PostgreSQL to SQLite: the file is empty, or an old copy left from before the
+    // move (its tokens and decisions stale). Either way the URL went missing.
+    let fell_back = seen > 0 && seen_kind.as_deref() == Some("postgres") && kind == "sqlite";
     let moved = seen_kind.as_deref() == Some("sqlite") && kind == "postgres";
-    if seen == 0 || current > 0 || moved {
+    if !fell_back && (seen == 0 || current > 0 || moved) {
         return Ok(());
     }
     let was = match seen_kind.as_deref() {
@@ -73,9 +76,10 @@ pub(super) fn check(home: &Path, kind: &str, current: i64, shown: &str) -> Resul
         _ => String::new(),
     };
     Err(Error::internal(format!(
-        "the state database {shown} is empty, but this home ({}) used one at schema version {seen}: \
+        "the state database {shown} is {}, but this home ({}) used one at schema version {seen}: \
          it was lost, truncated or replaced.{was} Restore it from its backup (docs/durability.md, \"Backing up and restoring\"); \
          to start afresh on purpose, with no tokens, decisions or workspaces, remove {}",
+        if current == 0 { "empty" } else { "not the one it used last" },
         home.display(),
         file(home).display()
     )))
