@@ -234,7 +234,10 @@ fn a_second_server_on_the_same_home_is_refused_and_leaves_the_first_serving() {
         .unwrap();
     let told = String::from_utf8_lossy(&swept.stderr);
     assert!(swept.status.success(), "{told}");
-    assert!(told.contains("served by a running server: nothing swept"), "{told}");
+    assert!(
+        told.contains("served by a running server: nothing swept"),
+        "{told}"
+    );
     assert!(std::fs::read_to_string(mount.join("lint/SKILL.md"))
         .unwrap()
         .contains("Lint it."));

@@ -94,7 +94,7 @@ impl Guards {
 
     /// Has the mount now at `mountpoint` detached if this process dies before [`Self::forget`].
     pub fn watch(&self, mountpoint: &Path) -> io::Result<Watched> {
-        self.mounted(self.expect(mountpoint)?)
+        self.mounted(self.expect(mountpoint)?).map_err(|(_, e)| e)
     }
 
     /// A mount is about to be made at `mountpoint`: if this process dies before
@@ -115,8 +115,10 @@ impl Guards {
         Ok(Pending { point })
     }
 
-    /// The mount expected is made: the guard knows it by its ID from now on.
-    pub fn mounted(&self, pending: Pending) -> io::Result<Watched> {
+    /// The mount expected is made: the guard knows it by its ID from now on. If it cannot,
+    /// the mount stays expected (detached if this process dies): the caller unmounts it, then
+    /// [`Self::abandon`]s it.
+    pub fn mounted(&self, pending: Pending) -> Result<Watched, (Pending, io::Error)> {
         let Pending { point } = pending;
         // Read before the lock: the whole mount table, which every open's mount waits on.
         let id = mount_table::id_at(&point)
@@ -130,9 +132,8 @@ impl Guards {
         match told {
             Ok(id) => Ok(Watched { id, point }),
             Err(e) => {
-                // The caller unmounts it: the guard lets go of the path.
-                self.abandon_locked(&mut state, &point);
-                Err(e)
+                state.watched.insert(point.clone(), None);
+                Err((Pending { point }, e))
             }
         }
     }

@@ -116,7 +116,10 @@ pub fn mount(
     };
     for (ns, sub) in [(merged.clone(), SKILLS), (owner.clone(), OWNER_SKILLS)] {
         let path = dir.join(sub);
-        fs::create_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+        if let Err(e) = fs::create_dir_all(&path) {
+            let _ = release(&mut mounts);
+            return Err(Error::io(&path, e));
+        }
         // Told before the mount is made: a death between the mount and the guard's knowing
         // its ID must not leave it behind (no fusermount auto-unmount when a guard runs).
         let mut pending = match guards.map(|g| g.expect(&path)) {
@@ -137,17 +140,21 @@ pub fn mount(
             Ok(m) => {
                 // The guard knows it by ID before anything can open a folder of the mount
                 // (the prewarm does at once).
-                let watched = guards
-                    .zip(pending)
-                    .map(|(g, p)| g.mounted(p).map(|w| (g.clone(), w)));
+                let watched = guards.zip(pending).map(|(g, p)| {
+                    g.mounted(p)
+                        .map(|w| (g.clone(), w))
+                        .map_err(|(p, e)| (g, p, e))
+                });
                 let guard = match watched {
                     None => None,
                     Some(Ok(watched)) => Some(watched),
-                    Some(Err(e)) => {
-                        // Neither the guard nor fusermount would detach it after a crash: not
-                        // served.
+                    Some(Err((g, p, e))) => {
+                        // Not known by its ID: not served. The guard still expects it until
+                        // it is gone.
                         drop(m);
-                        let _ = fuse::unmount(&path);
+                        if fuse::unmount(&path).is_ok() {
+                            g.abandon(p);
+                        }
                         let why = format!("no unmount guard: {e}");
                         return not_mounted(&why, &mut mounts, warnings, merged, owner);
                     }
@@ -162,7 +169,19 @@ pub fn mount(
                         }
                         let _ = done.send(());
                     })
-                    .map_err(|e| Error::internal(format!("spawning a FUSE thread: {e}")))?;
+                    .map_err(|e| Error::internal(format!("spawning a FUSE thread: {e}")));
+                let thread = match thread {
+                    Ok(t) => t,
+                    Err(e) => {
+                        // Nothing serves it: neither it nor those made before stay.
+                        let _ = fuse::unmount(&path);
+                        if let Some((g, w)) = guard {
+                            g.forget(w);
+                        }
+                        let _ = release(&mut mounts);
+                        return Err(e);
+                    }
+                };
                 let prewarm = prewarm.and_then(|program| {
                     let started = Prewarm::start(program, &path, move |s| s.log(sub));
                     started
