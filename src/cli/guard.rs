@@ -32,18 +32,17 @@ pub fn run(args: &GuardArgs) -> Result<u8> {
     }
     // Only a home no server serves: a live server's mounts are not left behind. Held while
     // sweeping, so none starts meanwhile.
-    let _serving =
-        match cloud_harness_workspace::serving::lock_within(&home, std::time::Duration::ZERO) {
-            Ok(held) => held,
-            Err(e) if e.code == cloud_harness_error::Code::Conflict => {
-                eprintln!(
-                    "cloud-harness: {} is served by a running server: nothing swept",
-                    home.display()
-                );
-                return Ok(0);
-            }
-            Err(e) => return Err(e),
-        };
+    use cloud_harness_workspace::serving::{for_sweep, Sweep};
+    let _serving = match for_sweep(&home) {
+        Sweep::Free(held) => held,
+        Sweep::Served => {
+            eprintln!(
+                "cloud-harness: {} is served by a running server: nothing swept",
+                home.display()
+            );
+            return Ok(0);
+        }
+    };
     match guard::sweep(&root) {
         Ok(0) => Ok(0),
         Ok(n) => {

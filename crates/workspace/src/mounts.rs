@@ -174,9 +174,10 @@ pub fn mount(
                     Ok(t) => t,
                     Err(e) => {
                         // Nothing serves it: neither it nor those made before stay.
-                        let _ = fuse::unmount(&path);
-                        if let Some((g, w)) = guard {
-                            g.forget(w);
+                        if fuse::unmount(&path).is_ok() {
+                            if let Some((g, w)) = guard {
+                                g.forget(w);
+                            }
                         }
                         let _ = release(&mut mounts);
                         return Err(e);

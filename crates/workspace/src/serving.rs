@@ -21,8 +21,7 @@ pub fn lock(home: &Path) -> Result<Serving> {
     lock_within(home, WAIT)
 }
 
-/// The same, waiting at most `wait`.
-pub fn lock_within(home: &Path, wait: Duration) -> Result<Serving> {
+fn lock_within(home: &Path, wait: Duration) -> Result<Serving> {
     let path = home.join("serving.lock");
     let mut file = OpenOptions::new()
         .create(true)
@@ -55,6 +54,27 @@ pub fn lock_within(home: &Path, wait: Duration) -> Result<Serving> {
     }
 }
 
+/// Whether a server holds `home`, for a sweep of what a dead one left. The file is opened
+/// read-only and never made: a sweep must work on a home it cannot write (a file system
+/// remounted read-only after errors) and must not leave a file its server's user cannot open.
+pub enum Sweep {
+    /// A running server holds it.
+    Served,
+    /// None does; the lock, held while sweeping, where the file could be opened.
+    Free(Option<Serving>),
+}
+
+pub fn for_sweep(home: &Path) -> Sweep {
+    let Ok(file) = File::open(home.join("serving.lock")) else {
+        return Sweep::Free(None); // no server ever ran here, or it cannot be read: sweep
+    };
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(held) => Sweep::Free(Some(Serving(held))),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Sweep::Served,
+        Err(_) => Sweep::Free(None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,6 +86,7 @@ mod tests {
         let second = lock(home.path()).err().unwrap();
         assert_eq!(second.code, Code::Conflict);
         assert!(second.message.contains("another server serves the home"));
+        assert!(matches!(for_sweep(home.path()), Sweep::Served));
         drop(first);
         lock(home.path()).unwrap();
     }

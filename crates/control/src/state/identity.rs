@@ -69,17 +69,19 @@ pub(super) fn check(home: &Path, kind: &str, current: i64, shown: &str) -> Resul
     if !fell_back && (seen == 0 || current > 0 || moved) {
         return Ok(());
     }
-    let was = match seen_kind.as_deref() {
-        Some(k) if k != kind => format!(
-            " The home used a {k} database before: is CLOUD_HARNESS_DATABASE_URL (`database` in the configuration) still set as it was?"
-        ),
-        _ => String::new(),
-    };
+    if fell_back {
+        return Err(Error::internal(format!(
+            "this home ({}) used a PostgreSQL database (schema version {seen}), but none is configured, so the server would use the SQLite file {shown}{}: \
+             set CLOUD_HARNESS_DATABASE_URL (`database` in the configuration) as the server has it. To go back to SQLite on purpose, remove {}",
+            home.display(),
+            if current == 0 { ", which is empty" } else { ", an old copy from before the move" },
+            file(home).display()
+        )));
+    }
     Err(Error::internal(format!(
-        "the state database {shown} is {}, but this home ({}) used one at schema version {seen}: \
-         it was lost, truncated or replaced.{was} Restore it from its backup (docs/durability.md, \"Backing up and restoring\"); \
+        "the state database {shown} is empty, but this home ({}) used one at schema version {seen}: \
+         it was lost, truncated or replaced. Restore it from its backup (docs/durability.md, \"Backing up and restoring\"); \
          to start afresh on purpose, with no tokens, decisions or workspaces, remove {}",
-        if current == 0 { "empty" } else { "not the one it used last" },
         home.display(),
         file(home).display()
     )))
@@ -171,9 +173,16 @@ mod tests {
         record(home.path(), "postgres", 7);
         let lost = check(home.path(), "sqlite", 0, "fallback").unwrap_err();
         assert!(
-            lost.message.contains("used a postgres database before"),
+            lost.message.contains("set CLOUD_HARNESS_DATABASE_URL"),
             "{}",
             lost.message
+        );
+        // Nor to a SQLite file with data, left from before the move: stale, not the one.
+        let stale = check(home.path(), "sqlite", 7, "stale copy").unwrap_err();
+        assert!(
+            stale.message.contains("an old copy from before the move"),
+            "{}",
+            stale.message
         );
         // A record from before engines were named holds for either.
         std::fs::write(file(home.path()), "7\n").unwrap();
