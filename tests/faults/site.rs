@@ -294,18 +294,11 @@ pub fn processes_naming(root: &Path) -> Vec<String> {
     let wanted = root.as_os_str().as_encoded_bytes();
     let me = std::process::id();
     let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for (pid, dir) in crate::support::procs::all() {
         if pid == me {
             continue;
         }
-        let read = |what: &str| std::fs::read(entry.path().join(what)).unwrap_or_default();
+        let read = |what: &str| std::fs::read(dir.join(what)).unwrap_or_default();
         let (cmdline, environ) = (read("cmdline"), read("environ"));
         let names = |bytes: &[u8]| bytes.windows(wanted.len()).any(|w| w == wanted);
         // A zombie has neither; one of this test's own threads' children may be starting.

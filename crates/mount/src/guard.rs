@@ -138,15 +138,11 @@ impl Guards {
         }
     }
 
-    /// The mount expected was not made.
+    /// The mount expected was not made (or is unmounted again).
     pub fn abandon(&self, pending: Pending) {
         let mut state = self.state.lock().expect("guard lock");
-        self.abandon_locked(&mut state, &pending.point);
-    }
-
-    fn abandon_locked(&self, state: &mut State, point: &Path) {
-        state.watched.remove(point);
-        if let Err(e) = self.tell(state, Some(&record(b'-', 0, point))) {
+        state.watched.remove(&pending.point);
+        if let Err(e) = self.tell(&mut state, Some(&record(b'-', 0, &pending.point))) {
             tracing::warn!(error = %e, "the unmount guard was not told of a mount given up");
         }
     }
@@ -199,9 +195,7 @@ impl Guards {
             }
         }
     }
-}
 
-impl Guards {
     /// Starts a guard and waits for its ready byte: one that exits at its start (it cannot
     /// run, say) is an error here, not a guard taken for running.
     fn start(&self) -> io::Result<(ChildStdin, Child)> {
@@ -294,7 +288,7 @@ pub fn watch(input: impl Read) -> io::Result<usize> {
     let mut detached = 0;
     for (point, id) in named {
         if let Some(table) = &table {
-            let now = table.iter().rev().find(|m| m.point == point);
+            let now = mount_table::topmost_mount(table, &point);
             let still = match id {
                 Some(id) => now.is_some_and(|m| m.id == id),
                 None => now.is_some_and(Mount::is_ours),

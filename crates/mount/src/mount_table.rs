@@ -66,7 +66,12 @@ pub fn id_at(canonical: &Path) -> Option<u64> {
 
 /// The ID of the topmost mount at `point` in `table`.
 pub fn topmost(table: &[Mount], point: &Path) -> Option<u64> {
-    table.iter().rev().find(|m| m.point == point).map(|m| m.id)
+    topmost_mount(table, point).map(|m| m.id)
+}
+
+/// The topmost mount at `point` in `table` (the last one made there).
+pub fn topmost_mount<'a>(table: &'a [Mount], point: &Path) -> Option<&'a Mount> {
+    table.iter().rev().find(|m| m.point == point)
 }
 
 /// Whether `path` is a mount point.
