@@ -125,7 +125,7 @@ const PARSE_EVERY: u64 = 16;
 
 /// Whether `line` is a successful, whole answer to request `n`.
 fn check(line: &[u8], n: u64) -> Result<(), String> {
-    if n % PARSE_EVERY == 0 {
+    if n.is_multiple_of(PARSE_EVERY) {
         let checked: Checked = serde_json::from_slice(line).map_err(|e| e.to_string())?;
         let _ = checked.jsonrpc;
         return match checked.error.is_some() || checked.result.is_none_or(|r| r.is_error) {

@@ -202,7 +202,7 @@ fn main() {
                 .unwrap_or_else(|e| panic!("run in workspace {i}: {e}"));
             assert!(ran.to_string().contains("scaled"), "run {i}: {ran}");
             workspaces.push(ws);
-            if (i + 1) % 100 == 0 {
+            if (i + 1).is_multiple_of(100) {
                 println!(
                     "scale: {} open ({:.0} s)",
                     i + 1,

@@ -21,7 +21,9 @@ use crate::mount_table::{self, Mount};
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::{self, BufRead, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Mutex;
@@ -44,6 +46,9 @@ struct State {
     /// What a new guard must be told: every mount watched and not forgotten, by path (its ID,
     /// or none for one expected and not yet made).
     watched: BTreeMap<PathBuf, Option<u64>>,
+    /// A file every guard keeps open until it has detached what it must (see
+    /// [`Guards::holding`]); let go of at [`Guards::stop`].
+    hold: Option<OwnedFd>,
 }
 
 struct Running {
@@ -70,6 +75,29 @@ impl Guards {
         Guards {
             program,
             state: Mutex::default(),
+        }
+    }
+
+    /// Every guard started from now on keeps `file` open (its own copy) until it has
+    /// detached its mounts and ended: a server passes the lock it holds on its home, so the
+    /// next server on that home waits for a dead one's guard instead of mounting where it
+    /// still detaches by path.
+    pub fn holding(self, file: OwnedFd) -> Guards {
+        self.state.lock().expect("guard lock").hold = Some(file);
+        self
+    }
+
+    /// Ends the running guard once this process has unmounted everything (a server that
+    /// stops): it finds nothing left to detach, and lets go of what it held, as this does.
+    /// One is started again (holding nothing) if anything mounts after.
+    pub fn stop(&self) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let running = state.running.take();
+        state.hold = None;
+        drop(state);
+        if let Some(Running { pipe, mut child }) = running {
+            drop(pipe);
+            let _ = child.wait();
         }
     }
 
@@ -158,6 +186,11 @@ impl Guards {
         }
     }
 
+    /// How many mounts a guard must detach if this process dies now (made or expected).
+    pub fn watching(&self) -> usize {
+        self.state.lock().expect("guard lock").watched.len()
+    }
+
     /// Sends `record` to the running guard. One that is gone (killed by someone) is replaced
     /// by a new one, told every mount still watched instead.
     fn tell(&self, state: &mut State, record: Option<&[u8]>) -> io::Result<()> {
@@ -167,7 +200,8 @@ impl Guards {
             let written = match state.running.as_mut() {
                 Some(r) => record.map_or(Ok(()), |rec| r.pipe.write_all(rec)),
                 None => {
-                    let (pipe, child) = self.start()?;
+                    let hold = state.hold.as_ref().map(AsRawFd::as_raw_fd);
+                    let (pipe, child) = self.start(hold)?;
                     let r = state.running.insert(Running { pipe, child });
                     let all: Vec<u8> = state
                         .watched
@@ -198,13 +232,26 @@ impl Guards {
 
     /// Starts a guard and waits for its ready byte: one that exits at its start (it cannot
     /// run, say) is an error here, not a guard taken for running.
-    fn start(&self) -> io::Result<(ChildStdin, Child)> {
-        let mut child = Command::new(&self.program)
+    fn start(&self, hold: Option<RawFd>) -> io::Result<(ChildStdin, Child)> {
+        let mut command = Command::new(&self.program);
+        command
             .arg("mount-guard")
             .current_dir("/")
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()?;
+            .stdout(Stdio::piped());
+        if let Some(fd) = hold {
+            // SAFETY: between fork and exec, one async-signal-safe system call on a file
+            // this process holds open: the guard, and no other child, inherits it.
+            unsafe {
+                command.pre_exec(move || {
+                    if nix::libc::fcntl(fd, nix::libc::F_SETFD, 0) == -1 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = command.spawn()?;
         let pipe = child.stdin.take().expect("a piped stdin");
         let out = child.stdout.take().expect("a piped stdout");
         match ready_byte(out) {
@@ -261,11 +308,7 @@ fn record(sign: u8, id: u64, point: &Path) -> Vec<u8> {
 impl Drop for Guards {
     /// After the daemon's own unmounts: the guard finds nothing left to detach, and ends.
     fn drop(&mut self) {
-        let running = self.state.get_mut().ok().and_then(|s| s.running.take());
-        if let Some(Running { pipe, mut child }) = running {
-            drop(pipe);
-            let _ = child.wait();
-        }
+        self.stop();
     }
 }
 

@@ -114,7 +114,7 @@ pub fn record(
         .map_err(state::internal)?;
         // Every so often the history is cut to its newest KEPT rows, so it cannot grow
         // without end (opening and closing workspaces in a loop adds rows).
-        if RECORDED.fetch_add(1, Ordering::Relaxed) % PRUNE_EVERY == 0 {
+        if RECORDED.fetch_add(1, Ordering::Relaxed).is_multiple_of(PRUNE_EVERY) {
             // In steps of at most PRUNE_STEP rows: one statement stays short however far
             // behind the history is (a statement has a time limit on PostgreSQL).
             tx.execute(

@@ -28,6 +28,8 @@ mod builtin;
 mod catalog;
 mod discard;
 mod failure;
+#[cfg(test)]
+mod fake_guard;
 mod idle;
 pub mod imports;
 mod keys;
@@ -68,6 +70,7 @@ use cloud_harness_control::principal::Principal;
 use cloud_harness_control::state::Db;
 use cloud_harness_error::{Error, Result};
 use cloud_harness_executor::{self as executor, Executor, Kind, Places};
+use cloud_harness_mount::guard::Guards;
 use cloud_harness_provision::Provisioner;
 use cloud_harness_store::cas::Store;
 use serde_json::{json, Value};
@@ -180,9 +183,10 @@ impl Workspaces {
     /// New mounts from now on are walked once by `program prewarm MOUNTPOINT`, and guarded
     /// by `program mount-guard`.
     pub fn prewarming(mut self, program: PathBuf) -> Workspaces {
-        self.guards = Some(Arc::new(cloud_harness_mount::guard::Guards::new(
-            program.clone(),
-        )));
+        let serving = self.serving.lock().expect("serving lock");
+        let guards = guards(program.clone(), serving.as_ref());
+        drop(serving);
+        self.guards = Some(Arc::new(guards));
         self.prewarm = Some(program);
         self
     }
@@ -244,9 +248,7 @@ impl Workspaces {
             db,
             key_locks: KeyedLock::default(),
             mounting,
-            guards: prewarm
-                .clone()
-                .map(|p| Arc::new(cloud_harness_mount::guard::Guards::new(p))),
+            guards: prewarm.clone().map(|p| Arc::new(guards(p, Some(&serving)))),
             prewarm,
             catalogue: tokio::sync::broadcast::channel(CATALOGUE_CHANGES).0,
             spares: None,
@@ -464,6 +466,8 @@ impl Workspaces {
     /// Unmounts every workspace (server shutdown); their records, shared mount folders and
     /// containers stay, so a restart serves them again.
     pub fn shutdown(&self) {
+        // No open begins after this; those in progress are cancelled and undo what they made.
+        let quiet = self.openings.stop(OPENS_WAIT);
         let all: Vec<Arc<Workspace>> = self
             .open
             .lock()
@@ -485,9 +489,22 @@ impl Workspaces {
             }
         }
         self.provisioner.release();
+        if !quiet {
+            // It may still mount or write a record: the home stays locked (the guard keeps
+            // it so past this process's end until it has detached what is left).
+            tracing::warn!("opens still in progress at the stop; the home stays locked until this process ends");
+            return;
+        }
+        // Everything is unmounted: the guard ends, and lets go of the home with the server.
+        if let Some(guards) = &self.guards {
+            guards.stop();
+        }
         drop(self.serving.lock().expect("serving lock").take());
     }
 }
+
+/// How long a stopping server waits for the opens it cancelled to undo what they made.
+const OPENS_WAIT: Duration = Duration::from_secs(10);
 
 impl Workspaces {
     /// Whether every open workspace's mounts are served (`Workspace::check_mounts`), from
@@ -509,6 +526,20 @@ impl Workspaces {
         } else {
             Err(bad.join("; "))
         }
+    }
+}
+
+/// The unmount guards of a server holding `serving`: each keeps the home locked until it has
+/// detached a dead server's mounts (the next server must not mount where it still does).
+fn guards(program: PathBuf, serving: Option<&serving::Serving>) -> Guards {
+    let guards = Guards::new(program);
+    match serving.map(serving::Serving::copy) {
+        Some(Ok(file)) => guards.holding(file),
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, "the unmount guard cannot hold the home's lock");
+            guards
+        }
+        None => guards,
     }
 }
 

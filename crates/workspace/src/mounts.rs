@@ -44,6 +44,24 @@ impl Mounted {
     }
 }
 
+impl Drop for Mounted {
+    /// A mount its owner let go of without [`release`] (an open that failed after mounting):
+    /// unmounted, and forgotten by the guard once it is, so neither the mount nor the guard's
+    /// record of it outlives the workspace.
+    fn drop(&mut self) {
+        let Some((guards, watched)) = self.guard.take() else {
+            return; // released, or never guarded (the half-made folder's cleanup unmounts it)
+        };
+        drop(self.prewarm.take());
+        match fuse::unmount(&self.path) {
+            Ok(()) => guards.forget(watched),
+            Err(e) => {
+                tracing::warn!(mountpoint = %self.path.display(), error = %e, "a mount let go of could not be unmounted; its guard still detaches it if this server dies")
+            }
+        }
+    }
+}
+
 /// How long closing waits for a serving thread: a busy mount detached lazily keeps serving
 /// until its last user lets go, and closing must not wait for that.
 const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -285,5 +303,48 @@ pub fn sweep(dir: &Path) {
 pub fn clear(dir: &Path) {
     for sub in [SKILLS, OWNER_SKILLS] {
         let _ = fuse::unmount(&dir.join(sub));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cloud_harness_skills::discovery::SkillCache;
+    use cloud_harness_skills::generation::View;
+    use cloud_harness_skills::stack::StackSpec;
+    use cloud_harness_store::cas::Store;
+
+    #[test]
+    fn a_mount_let_go_of_without_release_is_unmounted_and_forgotten() {
+        let root = as_root() && Path::new("/dev/fuse").exists();
+        if !root {
+            assert!(std::env::var_os("CI").is_none(), "needs root and /dev/fuse");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path().join("store")).unwrap();
+        let generation = Arc::new(
+            StackSpec::default()
+                .generation(&store, &SkillCache::default())
+                .unwrap(),
+        );
+        let ns = Arc::new(Namespace::new(store, View::Merged, generation));
+        let guards = Arc::new(Guards::new(crate::fake_guard::program(tmp.path())));
+        let dir = tmp.path().join("mounts");
+        let mut warnings = Vec::new();
+        let (mounted, _) = mount(&dir, ns.clone(), ns, None, Some(&guards), &mut warnings).unwrap();
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(mounted.len(), 2);
+        assert!(is_mount_point(&dir.join(SKILLS)));
+        assert_eq!(guards.watching(), 2);
+        // An open that fails after its mounts drops them without `release`.
+        drop(mounted);
+        assert!(!is_mount_point(&dir.join(SKILLS)));
+        assert!(!is_mount_point(&dir.join(OWNER_SKILLS)));
+        assert_eq!(
+            guards.watching(),
+            0,
+            "the guard still names mounts that are gone"
+        );
     }
 }

@@ -127,6 +127,18 @@ impl Workspaces {
         // A spare executor, if one is ready, names the workspace: it was made for that id.
         let spare = self.spares.as_ref().and_then(|s| s.take());
         let id = spare.as_ref().map_or_else(new_id, |s| s.id.clone());
+        // Listed while it runs, for the API and the dashboard to show, and for a stopping
+        // server to wait for (it admits none after it began).
+        let listed = self.openings.list(&id, owner, &key, asked.progress.clone());
+        let _listed = match listed {
+            Ok(listed) => listed,
+            Err(e) => {
+                if let (Some(spares), Some(spare)) = (&self.spares, spare) {
+                    spares.give_back(spare);
+                }
+                return Err(e);
+            }
+        };
         let max = cloud_harness_control::limits::quotas().limits.workspaces;
         let claim = keys::claim(&self.db, owner, &key, &digest, &id, max);
         let spare = match (spare, &claim) {
@@ -160,8 +172,6 @@ impl Workspaces {
             }
         }
         cloud_harness_error::failpoint::point("open.claimed");
-        // Listed while it runs, for the API and the dashboard to show.
-        let _listed = self.openings.list(&id, owner, &key, asked.progress.clone());
         // A panic is an error like another: the half-made workspace is removed as it unwinds,
         // and the key and its count against the owner's limit are freed here.
         let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {

@@ -13,7 +13,8 @@ use cloud_harness_provision::observe::Observer;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 #[derive(Debug, Default)]
 pub struct OpenProgress {
@@ -101,9 +102,20 @@ impl OpenProgress {
 }
 
 /// The opens in progress in this process, by workspace id, for whoever watches them (the API
-/// and the dashboard). As many as the opens the quotas allow at once.
+/// and the dashboard). As many as the opens the quotas allow at once. A stopping server
+/// admits no more, and waits for those in progress (see [`Openings::stop`]).
 #[derive(Debug, Default)]
-pub(crate) struct Openings(Mutex<HashMap<String, Opening>>);
+pub(crate) struct Openings {
+    all: Mutex<Listing>,
+    /// Signalled as each open ends.
+    ended: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Listing {
+    by_id: HashMap<String, Opening>,
+    stopping: bool,
+}
 
 #[derive(Debug)]
 struct Opening {
@@ -121,43 +133,62 @@ pub(crate) struct Listed<'a> {
 
 impl Drop for Listed<'_> {
     fn drop(&mut self) {
-        self.openings
-            .0
-            .lock()
-            .expect("openings lock")
-            .remove(&self.id);
+        let mut all = self.openings.all.lock().expect("openings lock");
+        all.by_id.remove(&self.id);
+        self.openings.ended.notify_all();
     }
 }
 
 impl Openings {
-    /// Lists the open of workspace `id` until the guard it returns is dropped.
+    /// Lists the open of workspace `id` until the guard it returns is dropped; CANCELLED
+    /// once the server is stopping.
     pub(crate) fn list(
         &self,
         id: &str,
         owner: &str,
         key: &str,
         progress: Arc<OpenProgress>,
-    ) -> Listed<'_> {
+    ) -> Result<Listed<'_>> {
         let opening = Opening {
             owner: owner.to_owned(),
             key: key.to_owned(),
             started_ms: cloud_harness_control::state::now_ms(),
             progress,
         };
-        self.0
-            .lock()
-            .expect("openings lock")
-            .insert(id.to_owned(), opening);
-        Listed {
+        let mut all = self.all.lock().expect("openings lock");
+        if all.stopping {
+            return Err(Error::new(
+                Code::Cancelled,
+                "the server is stopping: workspace_open again once it is back",
+            ));
+        }
+        all.by_id.insert(id.to_owned(), opening);
+        Ok(Listed {
             openings: self,
             id: id.to_owned(),
+        })
+    }
+
+    /// Admits no more opens, cancels those in progress (each undoes what it made) and waits
+    /// up to `wait` for them to end. Whether none is left.
+    pub(crate) fn stop(&self, wait: Duration) -> bool {
+        let mut all = self.all.lock().expect("openings lock");
+        all.stopping = true;
+        for opening in all.by_id.values() {
+            opening.progress.cancel();
         }
+        let (all, _) = self
+            .ended
+            .wait_timeout_while(all, wait, |all| !all.by_id.is_empty())
+            .expect("openings lock");
+        all.by_id.is_empty()
     }
 
     /// The opens in progress that `who` reaches, each with how far it is, oldest first.
     pub(crate) fn of(&self, who: &Principal) -> Vec<Value> {
-        let all = self.0.lock().expect("openings lock");
+        let all = self.all.lock().expect("openings lock");
         let mut out: Vec<(i64, Value)> = all
+            .by_id
             .iter()
             .filter(|(_, o)| who.reaches(&o.owner))
             .map(|(id, o)| {
@@ -178,5 +209,53 @@ impl Openings {
             .collect();
         out.sort_by_key(|(at, _)| *at);
         out.into_iter().map(|(_, v)| v).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn a_stopping_server_cancels_opens_in_progress_waits_for_them_and_admits_no_more() {
+        let openings = Arc::new(Openings::default());
+        let progress = Arc::new(OpenProgress::default());
+        let (says_listed, is_listed) = std::sync::mpsc::channel();
+        let opening = {
+            let (openings, progress) = (openings.clone(), progress.clone());
+            std::thread::spawn(move || {
+                let _listed = openings.list("w1", "alice", "k", progress.clone()).unwrap();
+                says_listed.send(()).unwrap();
+                // An open at work: it notices the cancel at its next step, then undoes.
+                while progress.check().is_ok() {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                std::thread::sleep(Duration::from_millis(200));
+                Instant::now()
+            })
+        };
+        is_listed.recv().unwrap();
+        assert!(openings.stop(Duration::from_secs(30)));
+        let stopped = Instant::now();
+        assert!(progress.is_cancelled());
+        assert!(
+            opening.join().unwrap() <= stopped,
+            "stop returned before the open ended"
+        );
+        let refused = openings
+            .list("w2", "alice", "k2", Arc::default())
+            .err()
+            .unwrap();
+        assert_eq!(refused.code, Code::Cancelled);
+        assert!(refused.message.contains("the server is stopping"));
+        assert!(openings.stop(Duration::ZERO));
+    }
+
+    #[test]
+    fn a_stop_that_waits_in_vain_says_so() {
+        let openings = Openings::default();
+        let _stuck = openings.list("w1", "alice", "k", Arc::default()).unwrap();
+        assert!(!openings.stop(Duration::from_millis(50)));
     }
 }

@@ -3,8 +3,7 @@
 //! half-made ones: it is refused instead.
 
 use cloud_harness_error::{Code, Error, Result};
-use nix::fcntl::{Flock, FlockArg};
-use std::fs::{File, OpenOptions};
+use std::fs::{File, OpenOptions, TryLockError};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -12,8 +11,17 @@ use std::time::{Duration, Instant};
 /// began before the last one had exited).
 const WAIT: Duration = Duration::from_secs(5);
 
-/// Held for the server's life; the kernel lets go of it however the process ends.
-pub struct Serving(#[allow(dead_code)] Flock<File>);
+/// Held for the server's life; the kernel lets go of it however the process ends (and
+/// every copy of it has closed: the unmount guard keeps one until it has detached). Dropped,
+/// it closes its file without unlocking: a copy still open keeps the home locked.
+pub struct Serving(File);
+
+impl Serving {
+    /// Another handle on the same lock: the home stays locked while any handle is open.
+    pub fn copy(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        Ok(self.0.try_clone()?.into())
+    }
+}
 
 /// Takes `<home>/serving.lock`, waiting for a server still stopping, or says which home is
 /// served by someone else.
@@ -23,7 +31,7 @@ pub fn lock(home: &Path) -> Result<Serving> {
 
 fn lock_within(home: &Path, wait: Duration) -> Result<Serving> {
     let path = home.join("serving.lock");
-    let mut file = OpenOptions::new()
+    let file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
@@ -31,13 +39,12 @@ fn lock_within(home: &Path, wait: Duration) -> Result<Serving> {
         .map_err(|e| Error::io(&path, e))?;
     let started = Instant::now();
     loop {
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(held) => return Ok(Serving(held)),
-            Err((back, nix::errno::Errno::EWOULDBLOCK)) if started.elapsed() < wait => {
-                file = back;
+        match file.try_lock() {
+            Ok(()) => return Ok(Serving(file)),
+            Err(TryLockError::WouldBlock) if started.elapsed() < wait => {
                 std::thread::sleep(Duration::from_millis(50));
             }
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+            Err(TryLockError::WouldBlock) => {
                 return Err(Error::new(
                     Code::Conflict,
                     format!(
@@ -47,9 +54,7 @@ fn lock_within(home: &Path, wait: Duration) -> Result<Serving> {
                 )
                 .with_details(serde_json::json!({ "path": path.to_string_lossy() })))
             }
-            Err((_, errno)) => {
-                return Err(Error::io(&path, std::io::Error::from_raw_os_error(errno as i32)))
-            }
+            Err(TryLockError::Error(e)) => return Err(Error::io(&path, e)),
         }
     }
 }
@@ -68,10 +73,10 @@ pub fn for_sweep(home: &Path) -> Sweep {
     let Ok(file) = File::open(home.join("serving.lock")) else {
         return Sweep::Free(None); // no server ever ran here, or it cannot be read: sweep
     };
-    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(held) => Sweep::Free(Some(Serving(held))),
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Sweep::Served,
-        Err(_) => Sweep::Free(None),
+    match file.try_lock() {
+        Ok(()) => Sweep::Free(Some(Serving(file))),
+        Err(TryLockError::WouldBlock) => Sweep::Served,
+        Err(TryLockError::Error(_)) => Sweep::Free(None),
     }
 }
 
@@ -89,5 +94,27 @@ mod tests {
         assert!(matches!(for_sweep(home.path()), Sweep::Served));
         drop(first);
         lock(home.path()).unwrap();
+    }
+
+    #[test]
+    fn the_unmount_guard_keeps_the_home_locked_until_it_ends() {
+        let home = tempfile::tempdir().unwrap();
+        let serving = lock(home.path()).unwrap();
+        let guards = crate::guards(crate::fake_guard::program(home.path()), Some(&serving));
+        assert!(guards.ready());
+        // The server is gone (its lock closed) but its guard still runs: still served.
+        drop(serving);
+        let refused = lock_within(home.path(), Duration::ZERO).err().unwrap();
+        assert_eq!(refused.code, Code::Conflict);
+        assert!(matches!(for_sweep(home.path()), Sweep::Served));
+        // No other child of the server holds it.
+        let status = std::process::Command::new("sh")
+            .args(["-c", "ls -l /proc/self/fd | grep -c serving.lock"])
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&status.stdout).trim(), "0");
+        // The guard has ended: the next server serves.
+        guards.stop();
+        lock_within(home.path(), Duration::ZERO).unwrap();
     }
 }
