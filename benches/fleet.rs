@@ -129,6 +129,7 @@ fn main() {
         &spec,
         &format!("run-{}", RUNS - 1),
     );
+    ranges(&tmp, &repos, &server, &certs, &s3);
     control_plane(&tmp, &server, &certs, &spec);
 }
 
@@ -187,6 +188,104 @@ fn packs(
             pack.as_secs_f64() / objects.as_secs_f64()
         );
     }
+}
+
+/// Bytes a second the relay serves each connection at in [`ranges`]: what one connection to a
+/// bucket in the same region commonly gets.
+const CONNECTION_RATE: u64 = 64 << 20;
+
+/// A second runner's start of a large toolkit (48 MiB in four files) from its pack in one
+/// request against ranges of 8 MiB, four at once, through a relay that makes every request
+/// 20 ms late and serves each connection at [`CONNECTION_RATE`]; interleaved, medians.
+fn ranges(
+    tmp: &tempfile::TempDir,
+    repos: &std::path::Path,
+    server: &support::GitServer,
+    certs: &support::Certs,
+    s3: &S3Server,
+) {
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut bytes = |len: usize| -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed as u8
+            })
+            .collect()
+    };
+    let skills = (0..4)
+        .map(|i| {
+            let name = format!("large-{i}");
+            let md = format!("---\nname: {name}\ndescription: A large skill.\n---\n");
+            let node = Node::Dir(vec![
+                (b"SKILL.md".to_vec(), Node::File(md.into_bytes())),
+                (
+                    b"assets".to_vec(),
+                    Node::Dir(vec![(b"model.bin".to_vec(), Node::File(bytes(12 << 20)))]),
+                ),
+            ]);
+            (name.into_bytes(), node)
+        })
+        .collect();
+    let tree = Node::Dir(vec![(b"skills".to_vec(), Node::Dir(skills))]);
+    let commit = Repo::create(repos, "team/large.git", false).commit(tree);
+    let spec = ToolkitSpec::Git(GitSpec {
+        instance_id: "large".into(),
+        url: server.url("team/large.git"),
+        git_ref: Some(commit),
+        scope: None,
+        subdirectory: None,
+        layout: None,
+        skills: None,
+    });
+    let mut n = 0;
+    let mut runner = |remote: cloud_harness_provision::remote::RemoteStore| {
+        n += 1;
+        let store = Store::open(tmp.path().join(format!("store-large-{n}"))).unwrap();
+        server
+            .provisioner(certs, store, "", "127.0.0.0/8", "")
+            .with_remote(Some(remote))
+    };
+    // Published by a first runner (a cold acquisition from git with a store of record).
+    let first = runner(s3.remote("large"));
+    let toolkit = spec.resolve(first.hosts()).unwrap();
+    let got = first.acquire(&toolkit).unwrap();
+    assert_eq!(got.mode, "in-process");
+    let relay = support::latency::Latency::paced(
+        std::net::SocketAddr::from(([127, 0, 0, 1], s3.port)),
+        Duration::from_millis(20),
+        Some(CONNECTION_RATE),
+    );
+    // [one request, ranges]
+    let mut took: [Vec<Duration>; 2] = Default::default();
+    for run in 0..RUNS {
+        for ranged in [run % 2 == 0, run % 2 == 1] {
+            let mut remote = s3.remote_at(relay.addr.port(), "large");
+            if !ranged {
+                remote = remote.with_range_bytes(u64::MAX);
+            }
+            let p = runner(remote);
+            let started = Instant::now();
+            let again = p.acquire(&toolkit).unwrap();
+            took[usize::from(ranged)].push(started.elapsed());
+            assert_eq!(
+                (again.mode, again.record.bundle),
+                ("remote", got.record.bundle)
+            );
+        }
+    }
+    let [whole, ranged] = took.map(median);
+    println!("a second runner's start of a 48 MiB toolkit from its pack: one request against ranges of 8 MiB, 4 at once; every request 20 ms late, each connection at {} MiB/s; median of {RUNS} runs, interleaved", CONNECTION_RATE >> 20);
+    println!("| pack | start | ratio |");
+    println!("|---|---|---|");
+    println!("| one request | {} | 1.00x |", ms(whole));
+    println!(
+        "| ranges, 4 at once | {} | {:.2}x |",
+        ms(ranged),
+        ranged.as_secs_f64() / whole.as_secs_f64()
+    );
 }
 
 /// `workspace_open` (and close) of the toolkit, warm in the local store, on a control plane

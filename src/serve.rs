@@ -12,7 +12,7 @@ use rmcp::ServiceExt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Args)]
@@ -108,9 +108,10 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
         "CLOUD_HARNESS_IDLE_PAUSE",
         cloud_harness_workspace::pause::IDLE.as_secs(),
     )?;
-    if idle > 0 {
-        pause_when_idle(workspaces.clone(), Duration::from_secs(idle));
-    }
+    pause_when_idle(
+        workspaces.clone(),
+        (idle > 0).then(|| Duration::from_secs(idle)),
+    );
     let result = runtime.block_on(serve(workspaces.clone(), args, public_origin));
     // Unmount before exiting (runs are killed first); the records stay, so the next start
     // restores the workspaces.
@@ -141,20 +142,42 @@ fn retry_publications(workspaces: Arc<Workspaces>) {
         .spawn(retry);
 }
 
-/// Pauses workspaces unused for `idle`, looked for every quarter of it (at most every
-/// 30 s, at least every second).
-fn pause_when_idle(workspaces: Arc<Workspaces>, idle: Duration) {
-    let every = (idle / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
+/// Pauses workspaces unused for `idle` (none with `None`), looked for every quarter of it (at
+/// most every 30 s, at least every second). After a pause, a close or an open, what the
+/// allocator holds free is given back, on each look for a while: the runtime's blocking
+/// threads that served them end only after 10 s idle, and what they held is collectable once
+/// they have.
+fn pause_when_idle(workspaces: Arc<Workspaces>, idle: Option<Duration>) {
+    let every = idle.map_or(Duration::from_secs(5), |idle| {
+        (idle / 4).clamp(Duration::from_secs(1), Duration::from_secs(30))
+    });
+    // Long enough to reach the look after the blocking threads of the event have ended.
+    let window = GIVE_BACK_FOR.max(every + Duration::from_secs(11));
+    let mut open = 0;
+    let mut collect_until = None;
     let pause = move || loop {
         std::thread::sleep(every);
-        if workspaces.pause_idle(idle) > 0 {
+        let paused = idle.map_or(0, |idle| workspaces.pause_idle(idle));
+        let now_open = workspaces.open_workspaces().len();
+        // Fewer (a close) or more (an open's temporary memory) since the last look.
+        if paused > 0 || now_open != open {
+            collect_until = Some(Instant::now() + window);
+        }
+        open = now_open;
+        if collect_until.is_some_and(|until| Instant::now() <= until) {
             crate::allocator::give_back();
+        } else {
+            collect_until = None;
         }
     };
     let _ = std::thread::Builder::new()
         .name("idle-pause".into())
         .spawn(pause);
 }
+
+/// How long after a pause or a change in open workspaces the allocator is asked to give back
+/// what it holds free, at least: past the 10 s the runtime keeps an idle blocking thread.
+const GIVE_BACK_FOR: Duration = Duration::from_secs(25);
 
 /// Keeps the local store within `TOOLKIT_CACHE_MAX_BYTES`, checked every ten minutes.
 fn keep_within(store: Store, max: u64) {

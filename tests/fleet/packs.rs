@@ -132,3 +132,45 @@ fn a_pack_with_an_object_that_does_not_match_its_digest_is_refused_and_the_start
     let left = d.verify().unwrap();
     assert_eq!((left.blobs, left.trees), (0, 0));
 }
+
+#[test]
+fn a_large_pack_comes_in_ranges_under_way_at_once_and_a_bad_range_is_refused() {
+    let Some(f) = fleet() else { return };
+    let (record, a) = published(&f);
+    let pack = record.pack.unwrap();
+    let n = objects_of(&a, &record);
+    let tmp = f.w.tmp.path();
+    // Ranges of a fifth of the pack (8 MiB by default; this toolkit's pack is small).
+    let step = pack.size.div_ceil(5);
+    let ranged = || f.s3.remote(PREFIX).with_range_bytes(step);
+    let b = Store::open(tmp.join("store-b")).unwrap();
+    let moved = ranged().download(&b, &record, Limits::default()).unwrap();
+    assert_eq!((moved.requests, moved.objects), (5, n), "{moved:?}");
+    assert!(b.verify().unwrap().problems.is_empty());
+    assert_eq!(
+        contents(&b, &record.bundle, &tmp.join("out-b")),
+        contents(&a, &record.bundle, &tmp.join("out-a"))
+    );
+
+    // One byte changed in a middle range: the pack is refused whole, the start falls back to
+    // the objects one by one (after the pack's five requests).
+    let key = f.s3.file(&pack_key(&pack));
+    let good = fs::read(&key).unwrap();
+    let mut bad = good.clone();
+    bad[good.len() / 2] ^= 0x20;
+    fs::write(&key, &bad).unwrap();
+    let c = Store::open(tmp.join("store-c")).unwrap();
+    let moved = ranged().download(&c, &record, Limits::default()).unwrap();
+    assert_eq!((moved.requests, moved.objects), (5 + n, n), "{moved:?}");
+    assert!(c.verify().unwrap().problems.is_empty());
+
+    // Longer than its record says (its ranges would all be there): refused the same way.
+    let mut longer = good.clone();
+    longer.extend_from_slice(b"more\n");
+    fs::write(&key, &longer).unwrap();
+    let d = Store::open(tmp.join("store-d")).unwrap();
+    let moved = ranged().download(&d, &record, Limits::default()).unwrap();
+    assert_eq!(moved.objects, n, "{moved:?}");
+    assert!(moved.requests > 5, "not refused: {moved:?}");
+    assert!(d.verify().unwrap().problems.is_empty());
+}

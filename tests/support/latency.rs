@@ -1,6 +1,8 @@
 //! A TCP relay on loopback that holds every chunk a client sends for a fixed time before
 //! passing it on: an object storage server on loopback made to answer each request as late as
-//! a bucket across a network does (a request is one chunk; its answer comes back at once).
+//! a bucket across a network does (a request is one chunk; its answer comes back at once),
+//! and, where asked, each connection's answers no faster than a set rate (a bucket serves
+//! each connection at a bounded rate, which ranged requests under way at once add up).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -14,6 +16,11 @@ impl Latency {
     /// Relays connections to `upstream`, each chunk from a client `delay` late. The relay
     /// lives as long as the process (a bench's or a test's).
     pub fn start(upstream: SocketAddr, delay: Duration) -> Latency {
+        Latency::paced(upstream, delay, None)
+    }
+
+    /// The same, each connection's answers at most `rate` bytes a second.
+    pub fn paced(upstream: SocketAddr, delay: Duration, rate: Option<u64>) -> Latency {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         std::thread::spawn(move || {
@@ -24,16 +31,19 @@ impl Latency {
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
                 let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                std::thread::spawn(move || relay(client, server, delay));
-                std::thread::spawn(move || relay(s2, c2, Duration::ZERO));
+                std::thread::spawn(move || relay(client, server, delay, None));
+                std::thread::spawn(move || relay(s2, c2, Duration::ZERO, rate));
             }
         });
         Latency { addr }
     }
 }
 
-fn relay(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
+fn relay(mut from: TcpStream, mut to: TcpStream, delay: Duration, rate: Option<u64>) {
     let mut buf = vec![0u8; 64 << 10];
+    // When the bytes sent so far may all have gone at `rate` (an idle connection earns no
+    // credit for a later burst).
+    let mut due = std::time::Instant::now();
     loop {
         match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
@@ -43,6 +53,11 @@ fn relay(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
                 }
                 if to.write_all(&buf[..n]).is_err() {
                     break;
+                }
+                if let Some(rate) = rate {
+                    let now = std::time::Instant::now();
+                    due = due.max(now) + Duration::from_secs_f64(n as f64 / rate as f64);
+                    std::thread::sleep(due - now);
                 }
             }
         }

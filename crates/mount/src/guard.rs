@@ -168,20 +168,28 @@ impl Guards {
 
     /// The mount expected was not made (or is unmounted again).
     pub fn abandon(&self, pending: Pending) {
-        let mut state = self.state.lock().expect("guard lock");
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.watched.remove(&pending.point);
-        if let Err(e) = self.tell(&mut state, Some(&record(b'-', 0, &pending.point))) {
-            tracing::warn!(error = %e, "the unmount guard was not told of a mount given up");
-        }
+        self.tell_running(&mut state, &record(b'-', 0, &pending.point));
     }
 
     /// The mount was unmounted: the guard leaves its path alone from now on.
     pub fn forget(&self, watched: Watched) {
-        let mut state = self.state.lock().expect("guard lock");
+        // Also reached from a mount's drop: a lock poisoned elsewhere is no reason to panic.
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if state.watched.get(&watched.point) == Some(&Some(watched.id)) {
             state.watched.remove(&watched.point);
         }
-        if let Err(e) = self.tell(&mut state, Some(&record(b'-', watched.id, &watched.point))) {
+        self.tell_running(&mut state, &record(b'-', watched.id, &watched.point));
+    }
+
+    /// A removal, for a guard that runs: none is started just to be told it (one started
+    /// later is told only what is still watched). A guard gone meanwhile is replaced.
+    fn tell_running(&self, state: &mut State, record: &[u8]) {
+        if state.running.is_none() {
+            return;
+        }
+        if let Err(e) = self.tell(state, Some(record)) {
             tracing::warn!(error = %e, "the unmount guard was not told of an unmount");
         }
     }

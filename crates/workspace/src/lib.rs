@@ -186,7 +186,9 @@ impl Workspaces {
         let serving = self.serving.lock().expect("serving lock");
         let guards = guards(program.clone(), serving.as_ref());
         drop(serving);
-        self.guards = Some(Arc::new(guards));
+        if let Some(old) = self.guards.replace(Arc::new(guards)) {
+            old.stop(); // and its copy of the lock with it
+        }
         self.prewarm = Some(program);
         self
     }
@@ -467,7 +469,13 @@ impl Workspaces {
     /// containers stay, so a restart serves them again.
     pub fn shutdown(&self) {
         // No open begins after this; those in progress are cancelled and undo what they made.
-        let quiet = self.openings.stop(OPENS_WAIT);
+        // Scripts stop now, not after the wait.
+        for ws in self.open_workspaces() {
+            ws.runs.cancel();
+        }
+        let deadline = std::time::Instant::now() + OPENS_WAIT;
+        // Restores still running in the background (past the start's wait) mount too.
+        let quiet = self.openings.stop(OPENS_WAIT) && self.restores_end(deadline);
         let all: Vec<Arc<Workspace>> = self
             .open
             .lock()
@@ -492,7 +500,7 @@ impl Workspaces {
         if !quiet {
             // It may still mount or write a record: the home stays locked (the guard keeps
             // it so past this process's end until it has detached what is left).
-            tracing::warn!("opens still in progress at the stop; the home stays locked until this process ends");
+            tracing::warn!("opens or restores still in progress at the stop; the home stays locked until this process ends");
             return;
         }
         // Everything is unmounted: the guard ends, and lets go of the home with the server.
@@ -500,6 +508,36 @@ impl Workspaces {
             guards.stop();
         }
         drop(self.serving.lock().expect("serving lock").take());
+    }
+
+    /// Waits until no workspace is being restored, or `deadline`. Whether none is.
+    fn restores_end(&self, deadline: std::time::Instant) -> bool {
+        loop {
+            let restoring = self
+                .failed
+                .lock()
+                .expect("failed lock")
+                .values()
+                .any(|f| f.restoring);
+            if !restoring {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Workspaces {
+    /// Dropped without [`Workspaces::shutdown`] (a library's caller): the guard ends (it
+    /// detaches whatever is still mounted) and lets go of its copy of the home's lock, whoever
+    /// else still holds the guards.
+    fn drop(&mut self) {
+        if let Some(guards) = &self.guards {
+            guards.stop();
+        }
     }
 }
 

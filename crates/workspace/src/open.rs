@@ -122,8 +122,11 @@ impl Workspaces {
         if let Some(bound) = keys::find(&self.db, owner, &key)? {
             return self.replay(&key, bound, digest);
         }
-        // Cancelled already: no spare taken, no key claimed.
+        // Cancelled already, or the server stopping: no spare taken, no key claimed.
         asked.progress.check()?;
+        if self.openings.is_stopping() {
+            return Err(crate::progress::stopping());
+        }
         // A spare executor, if one is ready, names the workspace: it was made for that id.
         let spare = self.spares.as_ref().and_then(|s| s.take());
         let id = spare.as_ref().map_or_else(new_id, |s| s.id.clone());

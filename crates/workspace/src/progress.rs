@@ -22,6 +22,8 @@ pub struct OpenProgress {
     total: AtomicU64,
     step: Mutex<&'static str>,
     cancelled: AtomicBool,
+    /// Cancelled because the server is stopping (not by its caller): said so, and retryable.
+    stopping: AtomicBool,
     /// The acquisitions of the open, each with its own phase and bytes.
     fetches: Mutex<Vec<Arc<Observer>>>,
 }
@@ -79,8 +81,17 @@ impl OpenProgress {
         self.done.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Stops the open at its next step because the server is stopping.
+    fn cancel_for_stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.cancel();
+    }
+
     /// CANCELLED when the open was asked to stop.
     pub(crate) fn check(&self) -> Result<()> {
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(stopping());
+        }
         if self.is_cancelled() {
             return Err(Error::new(
                 Code::Cancelled,
@@ -99,6 +110,18 @@ impl OpenProgress {
             .push(observer.clone());
         observer
     }
+}
+
+/// What an open the stopping server refused or cancelled answers: 503, to be asked again
+/// (of this server once it is back, or of another).
+pub(crate) fn stopping() -> Error {
+    let mut e = Error::new(
+        Code::Cancelled,
+        "the server is stopping: workspace_open again once it is back (nothing of this open was kept)",
+    )
+    .with_details(json!({ "retryable": true }));
+    e.status = 503;
+    e
 }
 
 /// The opens in progress in this process, by workspace id, for whoever watches them (the API
@@ -157,10 +180,7 @@ impl Openings {
         };
         let mut all = self.all.lock().expect("openings lock");
         if all.stopping {
-            return Err(Error::new(
-                Code::Cancelled,
-                "the server is stopping: workspace_open again once it is back",
-            ));
+            return Err(stopping());
         }
         all.by_id.insert(id.to_owned(), opening);
         Ok(Listed {
@@ -169,13 +189,18 @@ impl Openings {
         })
     }
 
+    /// Whether the server is stopping (an open then takes nothing, not even a spare).
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.all.lock().expect("openings lock").stopping
+    }
+
     /// Admits no more opens, cancels those in progress (each undoes what it made) and waits
     /// up to `wait` for them to end. Whether none is left.
     pub(crate) fn stop(&self, wait: Duration) -> bool {
         let mut all = self.all.lock().expect("openings lock");
         all.stopping = true;
         for opening in all.by_id.values() {
-            opening.progress.cancel();
+            opening.progress.cancel_for_stop();
         }
         let (all, _) = self
             .ended
@@ -239,6 +264,9 @@ mod tests {
         assert!(openings.stop(Duration::from_secs(30)));
         let stopped = Instant::now();
         assert!(progress.is_cancelled());
+        let why = progress.check().unwrap_err();
+        assert_eq!((why.code, why.status), (Code::Cancelled, 503));
+        assert!(why.message.contains("the server is stopping"), "{why:?}");
         assert!(
             opening.join().unwrap() <= stopped,
             "stop returned before the open ended"
@@ -247,8 +275,9 @@ mod tests {
             .list("w2", "alice", "k2", Arc::default())
             .err()
             .unwrap();
-        assert_eq!(refused.code, Code::Cancelled);
+        assert_eq!((refused.code, refused.status), (Code::Cancelled, 503));
         assert!(refused.message.contains("the server is stopping"));
+        assert!(openings.is_stopping());
         assert!(openings.stop(Duration::ZERO));
     }
 

@@ -7,9 +7,10 @@ use std::fs::{File, OpenOptions, TryLockError};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// How long a start waits for a server that is stopping on the same home (a restart that
-/// began before the last one had exited).
-const WAIT: Duration = Duration::from_secs(5);
+/// How long a start (or a sweep) waits for a server that is stopping on the same home (a
+/// restart that began before the last one had exited), or for a dead server's unmount guard,
+/// which holds the lock until it has detached every mount it knew.
+const WAIT: Duration = Duration::from_secs(15);
 
 /// Held for the server's life; the kernel lets go of it however the process ends (and
 /// every copy of it has closed: the unmount guard keeps one until it has detached). Dropped,
@@ -69,14 +70,25 @@ pub enum Sweep {
     Free(Option<Serving>),
 }
 
+/// Waits as a start does: a dead server's guard may still be detaching.
 pub fn for_sweep(home: &Path) -> Sweep {
+    for_sweep_within(home, WAIT)
+}
+
+fn for_sweep_within(home: &Path, wait: Duration) -> Sweep {
     let Ok(file) = File::open(home.join("serving.lock")) else {
         return Sweep::Free(None); // no server ever ran here, or it cannot be read: sweep
     };
-    match file.try_lock() {
-        Ok(()) => Sweep::Free(Some(Serving(file))),
-        Err(TryLockError::WouldBlock) => Sweep::Served,
-        Err(TryLockError::Error(_)) => Sweep::Free(None),
+    let started = Instant::now();
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Sweep::Free(Some(Serving(file))),
+            Err(TryLockError::WouldBlock) if started.elapsed() < wait => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(TryLockError::WouldBlock) => return Sweep::Served,
+            Err(TryLockError::Error(_)) => return Sweep::Free(None),
+        }
     }
 }
 
@@ -88,10 +100,15 @@ mod tests {
     fn a_second_server_on_a_home_is_refused_until_the_first_lets_go() {
         let home = tempfile::tempdir().unwrap();
         let first = lock(home.path()).unwrap();
-        let second = lock(home.path()).err().unwrap();
+        let second = lock_within(home.path(), Duration::from_millis(200))
+            .err()
+            .unwrap();
         assert_eq!(second.code, Code::Conflict);
         assert!(second.message.contains("another server serves the home"));
-        assert!(matches!(for_sweep(home.path()), Sweep::Served));
+        assert!(matches!(
+            for_sweep_within(home.path(), Duration::ZERO),
+            Sweep::Served
+        ));
         drop(first);
         lock(home.path()).unwrap();
     }
@@ -106,7 +123,10 @@ mod tests {
         drop(serving);
         let refused = lock_within(home.path(), Duration::ZERO).err().unwrap();
         assert_eq!(refused.code, Code::Conflict);
-        assert!(matches!(for_sweep(home.path()), Sweep::Served));
+        assert!(matches!(
+            for_sweep_within(home.path(), Duration::ZERO),
+            Sweep::Served
+        ));
         // No other child of the server holds it.
         let status = std::process::Command::new("sh")
             .args(["-c", "ls -l /proc/self/fd | grep -c serving.lock"])

@@ -66,6 +66,8 @@ pub struct RemoteStore {
     /// Whether bundles are published with a pack and downloaded from one
     /// (`TOOLKIT_STORE_PACKS`, on unless `false`).
     packs: bool,
+    /// A pack larger than this comes in ranges of this size, several at once.
+    range_bytes: u64,
 }
 
 impl std::fmt::Debug for RemoteStore {
@@ -85,7 +87,7 @@ pub struct Moved {
     pub bytes: u64,
     /// Objects already on the other side.
     pub present: usize,
-    /// GET requests a download made for objects (a pack is one).
+    /// GET requests a download made for objects (a pack is one, or one per range).
     pub requests: usize,
 }
 
@@ -252,12 +254,20 @@ impl RemoteStore {
             prefix,
             url: url.to_owned(),
             packs: true,
+            range_bytes: pack::RANGE_BYTES,
         })
     }
 
     /// With `false`, bundles are published and downloaded object by object only.
     pub fn with_packs(mut self, packs: bool) -> RemoteStore {
         self.packs = packs;
+        self
+    }
+
+    /// Packs larger than `bytes` come in ranges of `bytes`, [`pack::RANGES_AT_ONCE`] at once
+    /// (8 MiB by default); `u64::MAX` fetches every pack in one request.
+    pub fn with_range_bytes(mut self, bytes: u64) -> RemoteStore {
+        self.range_bytes = bytes.max(1);
         self
     }
 

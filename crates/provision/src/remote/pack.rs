@@ -12,6 +12,9 @@
 //! { kind: b'b' | b't', digest: [u8; 32], len: u64 LE, bytes: [u8; len] } …
 //! ```
 //! The manifest first, then the trees from the bundle down, then the blobs.
+//!
+//! A large pack comes in ranges, several requests under way at once (a bucket serves each
+//! connection at a bounded rate), read in order as they arrive.
 
 use super::{blocking, hold, unreachable, Moved, RemoteStore};
 use crate::index::{BundleRecord, PackRef};
@@ -23,6 +26,11 @@ use std::collections::HashMap;
 use std::collections::HashSet;
 
 const MAGIC: &[u8; 8] = b"CHPACK1\n";
+/// A pack larger than this comes in ranges of this size (see [`RemoteStore::with_range_bytes`]).
+pub const RANGE_BYTES: u64 = 8 << 20;
+/// Ranges of one pack under way at once. Their bytes wait until read in order: at most this
+/// many ranges' (32 MiB) beside the objects read so far, which the pack's size bounds.
+pub const RANGES_AT_ONCE: usize = 4;
 /// An entry's head: its kind, digest and length.
 const HEAD: usize = 1 + 32 + 8;
 
@@ -223,8 +231,25 @@ impl RemoteStore {
         let held = hold(pack.size)
             .await
             .map_err(|e| unreachable(&self.url, e))?;
-        moved.requests += 1;
-        let objects = match self.read_pack(pack, limits).await {
+        let ranges = self.ranges(pack.size);
+        let read = if ranges.len() > 1 {
+            let sent = std::sync::atomic::AtomicUsize::new(0);
+            let read = self.read_ranges(pack, ranges, limits, &sent).await;
+            moved.requests += sent.into_inner();
+            match read {
+                // A store (or a proxy) that answers no range, or an outage: once more whole.
+                Err(e) if !matches!(e, object_store::Error::NotFound { .. }) => {
+                    tracing::warn!(store = %self.url, error = %e, "a pack's ranges failed; asking for it whole");
+                    moved.requests += 1;
+                    self.read_pack(pack, limits).await
+                }
+                read => read,
+            }
+        } else {
+            moved.requests += 1;
+            self.read_pack(pack, limits).await
+        };
+        let objects = match read {
             Ok(Ok(objects)) => objects,
             Ok(Err(why)) => return Err(bad(why)),
             Err(e) => return Err(unreachable(&self.url, e)),
@@ -271,5 +296,88 @@ impl RemoteStore {
             }
         }
         Ok(reader.finish())
+    }
+
+    /// The ranges a pack of `size` bytes comes in: one (the whole) up to the range size.
+    fn ranges(&self, size: u64) -> Vec<std::ops::Range<u64>> {
+        let step = self.range_bytes;
+        (0..size.div_ceil(step))
+            .map(|i| i * step..((i + 1) * step).min(size))
+            .collect()
+    }
+
+    /// [`Self::read_pack`] in `ranges` (in order, covering the pack), [`RANGES_AT_ONCE`]
+    /// under way; each must be exactly the range asked of an object of the recorded size.
+    /// `sent` counts the requests made.
+    async fn read_ranges(
+        &self,
+        pack: &PackRef,
+        ranges: Vec<std::ops::Range<u64>>,
+        limits: Limits,
+        sent: &std::sync::atomic::AtomicUsize,
+    ) -> object_store::Result<std::result::Result<Packed, String>> {
+        use futures_util::StreamExt;
+        let path = self.pack_path(&pack.digest);
+        let fetch = |range: std::ops::Range<u64>| {
+            let path = path.clone();
+            async move {
+                sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.read_range(&path, pack.size, range).await
+            }
+        };
+        let mut parts = futures_util::stream::iter(ranges)
+            .map(fetch)
+            .buffered(RANGES_AT_ONCE);
+        let mut reader = Reader::new(limits);
+        while let Some(part) = parts.next().await {
+            let bytes = match part {
+                Ok(Ok(bytes)) => bytes,
+                Ok(Err(why)) => return Ok(Err(why)),
+                Err(object_store::Error::NotFound { .. }) => return Ok(Err("missing".into())),
+                Err(e) => return Err(e),
+            };
+            if let Err(why) = reader.feed(&bytes) {
+                return Ok(Err(why));
+            }
+        }
+        Ok(reader.finish())
+    }
+
+    /// One range of a pack of `size` bytes, no more bytes kept than the range has.
+    async fn read_range(
+        &self,
+        path: &object_store::path::Path,
+        size: u64,
+        range: std::ops::Range<u64>,
+    ) -> object_store::Result<std::result::Result<Vec<u8>, String>> {
+        use futures_util::StreamExt;
+        let options = object_store::GetOptions {
+            range: Some(object_store::GetRange::Bounded(range.clone())),
+            ..Default::default()
+        };
+        let result = self.objects.get_opts(path, options).await?;
+        if result.meta.size != size {
+            let said = result.meta.size;
+            return Ok(Err(format!("{said} bytes where its record says {size}")));
+        }
+        if result.range != range {
+            let got = &result.range;
+            return Ok(Err(format!("bytes {got:?} where {range:?} were asked")));
+        }
+        let want = (range.end - range.start) as usize;
+        let mut bytes = Vec::with_capacity(want);
+        let mut body = result.into_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk?;
+            if bytes.len() + chunk.len() > want {
+                return Ok(Err(format!("more than the {want} bytes of {range:?}")));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        if bytes.len() != want {
+            let got = bytes.len();
+            return Ok(Err(format!("{got} bytes of the {want} of {range:?}")));
+        }
+        Ok(Ok(bytes))
     }
 }
