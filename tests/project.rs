@@ -497,22 +497,13 @@ fn a_project_clone_stays_under_its_ceilings() {
     };
     w.workspaces.shutdown(); // a restart: the home is served by one at a time
     w.workspaces = serve(&w.tmp, &w.server, &w.certs, limits);
-    let mut x = 1u32;
-    let mut noise = |len: usize| -> Vec<u8> {
-        (0..len)
-            .map(|_| {
-                x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-                (x >> 16) as u8
-            })
-            .collect()
-    };
     // Each object under the ceiling, all of them over it.
     let noisy = Node::Dir(
         (0..4)
             .map(|i| {
                 (
                     format!("blob{i}").into_bytes(),
-                    Node::File(noise(768 << 10)),
+                    Node::File(support::noise(768 << 10, i + 1)),
                 )
             })
             .collect(),

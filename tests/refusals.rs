@@ -521,26 +521,13 @@ fn a_highly_compressed_object_is_refused_unpacked() {
     assert_eq!(err.details["limit"], 64u64 << 20, "{err}");
 }
 
-/// Bytes that do not compress: a pack holding them is as large as they are.
-fn noise(len: usize) -> Vec<u8> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 #[test]
 fn an_in_process_download_stops_at_twice_the_byte_ceiling() {
     let w = world();
     let name = "noise.git";
     // 6 MiB in files each under the per-file limit (one larger would be refused unpacked):
     // the download's ceiling is what stops it.
-    let blobs = noise(6 << 20)
+    let blobs = support::noise(6 << 20, 0x9e37_79b9_7f4a_7c15)
         .chunks(1000 << 10)
         .enumerate()
         .map(|(i, c)| (format!("blob{i}.bin").into_bytes(), Node::File(c.to_vec())))

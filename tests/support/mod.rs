@@ -526,6 +526,20 @@ pub fn code_and_output(out: std::process::Output) -> (i32, String) {
 /// `n` generated skill folders named `<prefix>skill-NN`, 5 files each (SKILL.md, two
 /// references, a script, an asset; 14 KB of pseudo-random letters), for the benchmarks.
 /// `seed` carries on between calls, so every call's bytes are new.
+/// `len` bytes that do not compress (xorshift from `seed`, never 0): a pack or a git object
+/// holding them is as large as they are.
+pub fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.max(1);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 pub fn generated_skills(prefix: &str, n: usize, seed: &mut u64) -> Vec<(Vec<u8>, Node)> {
     let mut bytes = |len: usize| -> Vec<u8> {
         (0..len)

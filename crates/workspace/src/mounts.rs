@@ -14,8 +14,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub const SKILLS: &str = "skills";
-pub const OWNER_SKILLS: &str = "owner-skills";
+/// The merged view and the owner tier: the names a sweep knows as a workspace's mounts.
+pub const SKILLS: &str = cloud_harness_mount::guard::MOUNT_NAMES[0];
+pub const OWNER_SKILLS: &str = cloud_harness_mount::guard::MOUNT_NAMES[1];
 
 pub struct Mounted {
     pub path: PathBuf,
