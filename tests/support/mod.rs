@@ -523,9 +523,6 @@ pub fn code_and_output(out: std::process::Output) -> (i32, String) {
     )
 }
 
-/// `n` generated skill folders named `<prefix>skill-NN`, 5 files each (SKILL.md, two
-/// references, a script, an asset; 14 KB of pseudo-random letters), for the benchmarks.
-/// `seed` carries on between calls, so every call's bytes are new.
 /// `len` bytes that do not compress (xorshift from `seed`, never 0): a pack or a git object
 /// holding them is as large as they are.
 pub fn noise(len: usize, seed: u64) -> Vec<u8> {
@@ -540,6 +537,9 @@ pub fn noise(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// `n` generated skill folders named `<prefix>skill-NN`, 5 files each (SKILL.md, two
+/// references, a script, an asset; 14 KB of pseudo-random letters), for the benchmarks.
+/// `seed` carries on between calls, so every call's bytes are new.
 pub fn generated_skills(prefix: &str, n: usize, seed: &mut u64) -> Vec<(Vec<u8>, Node)> {
     let mut bytes = |len: usize| -> Vec<u8> {
         (0..len)

@@ -49,6 +49,9 @@ struct State {
     /// A file every guard keeps open until it has detached what it must (see
     /// [`Guards::holding`]); let go of at [`Guards::stop`].
     hold: Option<OwnedFd>,
+    /// Stopped for good: no guard is started again (a mount made after uses fusermount's own
+    /// `auto_unmount`), so none can run that holds nothing or names mounts long gone.
+    stopped: bool,
 }
 
 struct Running {
@@ -87,13 +90,15 @@ impl Guards {
         self
     }
 
-    /// Ends the running guard once this process has unmounted everything (a server that
-    /// stops): it finds nothing left to detach, and lets go of what it held, as this does.
-    /// One is started again (holding nothing) if anything mounts after.
+    /// Ends the running guard for good once this process has unmounted everything (a server
+    /// that stops): it finds nothing left to detach (it detaches what it still names), and
+    /// lets go of what it held, as this does. None is started after.
     pub fn stop(&self) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let running = state.running.take();
         state.hold = None;
+        state.stopped = true;
+        state.watched.clear();
         drop(state);
         if let Some(Running { pipe, mut child }) = running {
             drop(pipe);
@@ -105,6 +110,9 @@ impl Guards {
     /// with fusermount's own `auto_unmount` where none does.
     pub fn ready(&self) -> bool {
         let mut state = self.state.lock().expect("guard lock");
+        if state.stopped {
+            return false;
+        }
         if let Some(r) = state.running.as_mut() {
             if matches!(r.child.try_wait(), Ok(None)) {
                 return true;
@@ -202,6 +210,9 @@ impl Guards {
     /// Sends `record` to the running guard. One that is gone (killed by someone) is replaced
     /// by a new one, told every mount still watched instead.
     fn tell(&self, state: &mut State, record: Option<&[u8]>) -> io::Result<()> {
+        if state.stopped {
+            return Err(io::Error::other("the unmount guard was stopped"));
+        }
         let mut tries = 0;
         loop {
             tries += 1;

@@ -123,6 +123,10 @@ pub struct Workspaces {
     /// This home is served by this process alone: let go of at the end of a shutdown (or
     /// last, when dropped), so a restart in the same process can take it.
     serving: Mutex<Option<serving::Serving>>,
+    /// The start-up's restore, still running in the background past its wait maybe.
+    restoring: Mutex<Option<restore::Steps>>,
+    /// A stop that found opens or restores still running: the home stays locked.
+    kept_home: std::sync::atomic::AtomicBool,
 }
 
 /// Removes a half-made workspace (its executor, mounts and folder) unless disarmed.
@@ -183,11 +187,12 @@ impl Workspaces {
     /// New mounts from now on are walked once by `program prewarm MOUNTPOINT`, and guarded
     /// by `program mount-guard`.
     pub fn prewarming(mut self, program: PathBuf) -> Workspaces {
-        let serving = self.serving.lock().expect("serving lock");
-        let guards = guards(program.clone(), serving.as_ref());
-        drop(serving);
-        if let Some(old) = self.guards.replace(Arc::new(guards)) {
-            old.stop(); // and its copy of the lock with it
+        // One made already (by `new`) watches what the restore mounted: it stays.
+        if self.guards.is_none() {
+            let serving = self.serving.lock().expect("serving lock");
+            let guards = guards(program.clone(), serving.as_ref());
+            drop(serving);
+            self.guards = Some(Arc::new(guards));
         }
         self.prewarm = Some(program);
         self
@@ -256,6 +261,8 @@ impl Workspaces {
             spares: None,
             openings: Default::default(),
             serving: Mutex::new(Some(serving)),
+            restoring: Mutex::default(),
+            kept_home: Default::default(),
         };
         // Restoring first: it removes the folders of opens that never finished, spares of a
         // killed server among them, before any new spare is made.
@@ -501,6 +508,8 @@ impl Workspaces {
             // It may still mount or write a record: the home stays locked (the guard keeps
             // it so past this process's end until it has detached what is left).
             tracing::warn!("opens or restores still in progress at the stop; the home stays locked until this process ends");
+            self.kept_home
+                .store(true, std::sync::atomic::Ordering::SeqCst);
             return;
         }
         // Everything is unmounted: the guard ends, and lets go of the home with the server.
@@ -510,23 +519,13 @@ impl Workspaces {
         drop(self.serving.lock().expect("serving lock").take());
     }
 
-    /// Waits until no workspace is being restored, or `deadline`. Whether none is.
+    /// Waits until the start-up's restore has ended (every workspace served, failed or
+    /// undone), or `deadline`. Whether it has.
     fn restores_end(&self, deadline: std::time::Instant) -> bool {
-        loop {
-            let restoring = self
-                .failed
-                .lock()
-                .expect("failed lock")
-                .values()
-                .any(|f| f.restoring);
-            if !restoring {
-                return true;
-            }
-            if std::time::Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let restoring = self.restoring.lock().expect("restoring lock");
+        restoring
+            .as_ref()
+            .is_none_or(|steps| steps.end_by(deadline))
     }
 }
 
@@ -535,6 +534,10 @@ impl Drop for Workspaces {
     /// detaches whatever is still mounted) and lets go of its copy of the home's lock, whoever
     /// else still holds the guards.
     fn drop(&mut self) {
+        // Not after a stop that kept the home: what still runs may mount.
+        if self.kept_home.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         if let Some(guards) = &self.guards {
             guards.stop();
         }

@@ -117,7 +117,7 @@ impl OpenProgress {
 pub(crate) fn stopping() -> Error {
     let mut e = Error::new(
         Code::Cancelled,
-        "the server is stopping: workspace_open again once it is back (nothing of this open was kept)",
+        "the server is stopping: workspace_open again once it is back",
     )
     .with_details(json!({ "retryable": true }));
     e.status = 503;

@@ -42,6 +42,28 @@ struct Shared {
     home: PathBuf,
 }
 
+/// The steps of a start-up's restore, for whoever waits for them to end.
+pub(crate) struct Steps {
+    ended: Arc<(Mutex<usize>, Condvar)>,
+    started: usize,
+}
+
+impl Steps {
+    /// Waits until every step has ended, or `deadline`. Whether every one has.
+    pub(crate) fn end_by(&self, deadline: Instant) -> bool {
+        let (count, bell) = &*self.ended;
+        let mut done = count.lock().expect("restore count lock");
+        while *done < self.started {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            done = bell.wait_timeout(done, left).expect("restore count lock").0;
+        }
+        true
+    }
+}
+
 impl Workspaces {
     /// Serves again the workspaces left open by a previous run and removes what opens cut
     /// short left; returns when all that is done, or at the restore timeout, whichever is
@@ -135,16 +157,13 @@ impl Workspaces {
             }
             return;
         }
-        let (count, bell) = &*shared.ended;
-        let mut done = count.lock().expect("restore count lock");
-        while *done < started {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            done = bell.wait_timeout(done, left).expect("restore count lock").0;
-        }
-        drop(done);
+        let steps = Steps {
+            ended: shared.ended.clone(),
+            started,
+        };
+        steps.end_by(deadline);
+        // A stopping server waits for what is still running (see `Workspaces::shutdown`).
+        *self.restoring.lock().expect("restoring lock") = Some(steps);
         for f in self
             .failed
             .lock()

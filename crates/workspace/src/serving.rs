@@ -136,5 +136,7 @@ mod tests {
         // The guard has ended: the next server serves.
         guards.stop();
         lock_within(home.path(), Duration::ZERO).unwrap();
+        // Stopped for good: no guard (holding nothing) is started after.
+        assert!(!guards.ready());
     }
 }

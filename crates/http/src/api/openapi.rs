@@ -5,9 +5,9 @@ use serde_json::{json, Value};
 
 fn error_responses() -> Value {
     let e = json!({ "description": "an error", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } });
-    // 413: a body past 64 KiB; 429: a quota of the caller's (with `Retry-After`); 507: a disk
-    // of the server's is full.
-    json!({ "400": e, "401": e, "403": e, "404": e, "409": e, "413": e, "429": e, "500": e, "507": e })
+    // 413: a body past 64 KiB; 429: a quota of the caller's (with `Retry-After`); 503: the
+    // server is stopping; 507: a disk of the server's is full.
+    json!({ "400": e, "401": e, "403": e, "404": e, "409": e, "413": e, "429": e, "500": e, "503": e, "507": e })
 }
 
 fn op(summary: &str, body: Option<&str>, ok: &str, query: &[(&str, &str)]) -> Value {

@@ -68,6 +68,9 @@ pub struct RemoteStore {
     packs: bool,
     /// A pack larger than this comes in ranges of this size, several at once.
     range_bytes: u64,
+    /// Set once the store (or a proxy before it) answered a range with something else: its
+    /// packs come whole from then on.
+    no_ranges: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for RemoteStore {
@@ -255,6 +258,7 @@ impl RemoteStore {
             url: url.to_owned(),
             packs: true,
             range_bytes: pack::RANGE_BYTES,
+            no_ranges: Arc::default(),
         })
     }
 

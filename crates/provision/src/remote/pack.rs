@@ -24,6 +24,7 @@ use cloud_harness_store::cas::{Digest, Kind, Store, MAX_TREE_BYTES};
 use object_store::ObjectStoreExt;
 use std::collections::HashMap;
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 
 const MAGIC: &[u8; 8] = b"CHPACK1\n";
 /// A pack larger than this comes in ranges of this size (see [`RemoteStore::with_range_bytes`]).
@@ -193,6 +194,20 @@ fn check_objects(objects: &Packed) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// Whether `e` says a range was answered with something else (a whole object, another range,
+/// no `Content-Range`), as object_store words it, rather than that the store failed.
+fn ranges_unanswered(e: &object_store::Error) -> bool {
+    let mut said = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        said.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    ["non-partial response", "Content-Range", "Requested "]
+        .iter()
+        .any(|words| said.contains(words))
+}
+
 impl RemoteStore {
     /// Where the pack named `digest` is.
     pub(super) fn pack_path(&self, digest: &Digest) -> object_store::path::Path {
@@ -232,14 +247,16 @@ impl RemoteStore {
             .await
             .map_err(|e| unreachable(&self.url, e))?;
         let ranges = self.ranges(pack.size);
-        let read = if ranges.len() > 1 {
+        let no_ranges = &self.no_ranges;
+        let read = if ranges.len() > 1 && !no_ranges.load(Ordering::Relaxed) {
             let sent = std::sync::atomic::AtomicUsize::new(0);
             let read = self.read_ranges(pack, ranges, limits, &sent).await;
             moved.requests += sent.into_inner();
             match read {
-                // A store (or a proxy) that answers no range, or an outage: once more whole.
-                Err(e) if !matches!(e, object_store::Error::NotFound { .. }) => {
-                    tracing::warn!(store = %self.url, error = %e, "a pack's ranges failed; asking for it whole");
+                // A store (or a proxy) that does not answer ranges: whole, from now on.
+                Err(e) if ranges_unanswered(&e) => {
+                    tracing::warn!(store = %self.url, error = %e, "the store does not answer ranges; its packs come whole");
+                    no_ranges.store(true, Ordering::Relaxed);
                     moved.requests += 1;
                     self.read_pack(pack, limits).await
                 }
