@@ -174,3 +174,34 @@ fn a_large_pack_comes_in_ranges_under_way_at_once_and_a_bad_range_is_refused() {
     assert!(moved.requests > 5, "not refused: {moved:?}");
     assert!(d.verify().unwrap().problems.is_empty());
 }
+
+#[test]
+fn a_store_that_answers_no_range_gives_the_pack_whole_and_is_asked_whole_from_then_on() {
+    let Some(f) = fleet() else { return };
+    let (record, a) = published(&f);
+    let pack = record.pack.unwrap();
+    let n = objects_of(&a, &record);
+    let tmp = f.w.tmp.path();
+    // A proxy before the store that says 200 where the store answered a range.
+    let proxy = crate::support::latency::Latency::without_ranges(std::net::SocketAddr::from((
+        [127, 0, 0, 1],
+        f.s3.port,
+    )));
+    let remote =
+        f.s3.remote_at(proxy.addr.port(), PREFIX)
+            .with_range_bytes(pack.size.div_ceil(5));
+    let b = Store::open(tmp.join("store-b")).unwrap();
+    let moved = remote.download(&b, &record, Limits::default()).unwrap();
+    // The pack whole after the ranges were refused: not object by object.
+    assert_eq!(moved.objects, n, "{moved:?}");
+    assert!(moved.requests <= 5 + 1, "object by object: {moved:?}");
+    assert!(b.verify().unwrap().problems.is_empty());
+    assert_eq!(
+        contents(&b, &record.bundle, &tmp.join("out-b")),
+        contents(&a, &record.bundle, &tmp.join("out-a"))
+    );
+    // Remembered: the next download asks for it whole at once.
+    let c = Store::open(tmp.join("store-c")).unwrap();
+    let moved = remote.download(&c, &record, Limits::default()).unwrap();
+    assert_eq!((moved.requests, moved.objects), (1, n), "{moved:?}");
+}
