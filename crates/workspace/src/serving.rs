@@ -38,24 +38,31 @@ fn lock_within(home: &Path, wait: Duration) -> Result<Serving> {
         .write(true)
         .open(&path)
         .map_err(|e| Error::io(&path, e))?;
-    let started = Instant::now();
-    loop {
-        match file.try_lock() {
-            Ok(()) => return Ok(Serving(file)),
-            Err(TryLockError::WouldBlock) if started.elapsed() < wait => {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(TryLockError::WouldBlock) => {
-                return Err(Error::new(
+    match take_within(&file, wait) {
+        Ok(true) => Ok(Serving(file)),
+        Ok(false) => Err(Error::new(
                     Code::Conflict,
                     format!(
                         "another server serves the home {}: stop it, or give this one a home of its own (CLOUD_HARNESS_HOME)",
                         home.display()
                     ),
                 )
-                .with_details(serde_json::json!({ "path": path.to_string_lossy() })))
+                .with_details(serde_json::json!({ "path": path.to_string_lossy() }))),
+        Err(e) => Err(Error::io(&path, e)),
+    }
+}
+
+/// Takes the lock on `file`, waiting up to `wait` for whoever holds it. Whether it did.
+fn take_within(file: &File, wait: Duration) -> std::io::Result<bool> {
+    let started = Instant::now();
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(true),
+            Err(TryLockError::WouldBlock) if started.elapsed() < wait => {
+                std::thread::sleep(Duration::from_millis(50));
             }
-            Err(TryLockError::Error(e)) => return Err(Error::io(&path, e)),
+            Err(TryLockError::WouldBlock) => return Ok(false),
+            Err(TryLockError::Error(e)) => return Err(e),
         }
     }
 }
@@ -79,16 +86,10 @@ fn for_sweep_within(home: &Path, wait: Duration) -> Sweep {
     let Ok(file) = File::open(home.join("serving.lock")) else {
         return Sweep::Free(None); // no server ever ran here, or it cannot be read: sweep
     };
-    let started = Instant::now();
-    loop {
-        match file.try_lock() {
-            Ok(()) => return Sweep::Free(Some(Serving(file))),
-            Err(TryLockError::WouldBlock) if started.elapsed() < wait => {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(TryLockError::WouldBlock) => return Sweep::Served,
-            Err(TryLockError::Error(_)) => return Sweep::Free(None),
-        }
+    match take_within(&file, wait) {
+        Ok(true) => Sweep::Free(Some(Serving(file))),
+        Ok(false) => Sweep::Served,
+        Err(_) => Sweep::Free(None),
     }
 }
 

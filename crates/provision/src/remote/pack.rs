@@ -338,7 +338,7 @@ impl RemoteStore {
         let fetch = |range: std::ops::Range<u64>| {
             let path = path.clone();
             async move {
-                sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                sent.fetch_add(1, Ordering::Relaxed);
                 self.read_range(&path, pack.size, range).await
             }
         };
