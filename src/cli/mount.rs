@@ -29,7 +29,8 @@ pub struct MountArgs {
     /// Let every user read the mount (otherwise root and the mounting user).
     #[arg(long)]
     pub allow_other: bool,
-    /// Worker threads serving the kernel (default: one per CPU, at most 8).
+    /// The most of the process's FUSE threads that answer the mount at once (default: one
+    /// per CPU, at most 8; the pool has two per CPU, at least 4).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Do not walk the mount in the background right after mounting (by default every folder
@@ -87,7 +88,7 @@ pub fn run(store: &Store, args: &MountArgs) -> Result<u8> {
     };
     let mounted = fuse::mount(ns.clone(), &args.mountpoint, &config)
         .map_err(|e| Error::internal(format!("mounting at {}: {e}", args.mountpoint.display())))?;
-    let notifier = mounted.notifier.clone();
+    let notifier = mounted.notifier();
     let apply = Box::new(move |items: &[_]| fuse::invalidate(&notifier, items));
     let _live = watch.start(store.clone(), cache, vec![(ns, apply)]);
     let program = std::env::current_exe()
@@ -123,9 +124,8 @@ pub fn run(store: &Store, args: &MountArgs) -> Result<u8> {
         "cloud-harness: serving skills at {} (generation {digest})",
         args.mountpoint.display()
     );
-    mounted
-        .run()
-        .map_err(|e| Error::internal(format!("serving {}: {e}", args.mountpoint.display())))?;
+    // Served by the pool's threads until unmounted (by the signal thread, or from outside).
+    mounted.wait_end(None);
     // What the kernel asked for, in all: how well its caches served the mount's readers.
     let requests: Vec<String> = Op::ALL
         .iter()

@@ -1,78 +1,75 @@
-//! The FUSE adapter: each handler calls one function of [`Namespace`] and translates its value
-//! or errno for the kernel. Every call that would write gets `EROFS`.
+//! The FUSE adapter: each request is answered by one function of [`Namespace`], its value or
+//! errno put in the kernel's layout ([`crate::abi`]). Every call that would write gets
+//! `EROFS`. Sessions are served by the process's one pool of threads ([`crate::pool`]).
 //!
 //! Caching, as measured on this kind of machine (see docs/benchmarks.md): long
 //! entry and attribute TTLs with explicit invalidation on a generation change; negative
-//! entries (inode 0) cached as long; readdirplus; parallel directory operations; several
-//! worker threads with their own device fd; zero-message open for files (the kernel then keeps
-//! their pages, safe because a file inode's content never changes) and for directories (the
-//! kernel then caches listings, `FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR`, and a warm walk sends
-//! nothing); readdir offsets name their listing, so a reader keeps the listing of the
-//! generation it started (`namespace::listing`).
+//! entries (inode 0) cached as long; readdirplus; parallel directory operations;
+//! zero-message open for files (the kernel then keeps their pages, safe because a file
+//! inode's content never changes) and for directories (the kernel then caches listings,
+//! `FOPEN_KEEP_CACHE | FOPEN_CACHE_DIR`, and a warm walk sends nothing); readdir offsets name
+//! their listing, so a reader keeps the listing of the generation it started
+//! (`namespace::listing`).
 
+use crate::abi::{self, op, Args, Attr as KAttr, Malformed, Out};
+use crate::device::{self, Attach};
+use crate::pool::{self, Answer, Session};
 use crate::stats::{Op, Stats, STATS};
 use cloud_harness_skills::namespace::{Attr, FileKind, Invalidation, Namespace, XATTR_PREFIX};
-use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, IoctlFlags, KernelConfig, LockOwner, MountOption, Notifier, OpenFlags, ReplyAttr,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen,
-    ReplyStatfs, ReplyXattr, Request, Session, SessionACL,
-};
-use std::ffi::OsStr;
+use nix::errno::Errno;
 use std::io;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// Entries and attributes change only with a generation, which invalidates them explicitly.
-const TTL: Duration = Duration::from_secs(24 * 3600);
+const TTL: u64 = 24 * 3600;
 
-fn errno(e: nix::errno::Errno) -> Errno {
-    Errno::from_i32(e as i32)
-}
+/// The largest read the kernel may ask in one request (`max_pages`, 4 KiB pages): the
+/// readahead's size.
+const MAX_READ: u32 = 1 << 20;
 
 pub struct SkillsFs {
     ns: Arc<Namespace>,
     /// The kernel opens directories without asking (`FUSE_NO_OPENDIR_SUPPORT`).
-    no_opendir: bool,
+    no_opendir: AtomicBool,
     uid: u32,
     gid: u32,
-    time: SystemTime,
+    time: u64,
 }
 
 impl SkillsFs {
     pub fn new(ns: Arc<Namespace>) -> SkillsFs {
+        let time = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
         SkillsFs {
             ns,
-            no_opendir: false,
+            no_opendir: AtomicBool::new(false),
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
-            time: SystemTime::now(),
+            time,
         }
     }
 
-    fn attr(&self, a: Attr) -> FileAttr {
-        FileAttr {
-            ino: INodeNo(a.ino),
+    fn attr(&self, a: Attr) -> KAttr {
+        let kind = match a.kind {
+            FileKind::Directory => abi::S_IFDIR,
+            FileKind::File => abi::S_IFREG,
+            FileKind::Symlink => abi::S_IFLNK,
+        };
+        KAttr {
+            ino: a.ino,
             size: a.size,
-            blocks: a.size.div_ceil(512),
-            atime: self.time,
-            mtime: self.time,
-            ctime: self.time,
-            crtime: self.time,
-            kind: kind_of(&a),
-            perm: a.perm,
-            // 1 for directories too: "unknown", so no tool skips subdirectories by link count.
-            nlink: 1,
+            mode: kind | u32::from(a.perm),
             uid: self.uid,
             gid: self.gid,
-            rdev: 0,
-            blksize: 4096,
-            flags: 0,
+            time: self.time,
         }
     }
 
-    fn negative(&self) -> FileAttr {
+    fn negative(&self) -> KAttr {
         self.attr(Attr {
             ino: 0,
             kind: FileKind::File,
@@ -82,274 +79,301 @@ impl SkillsFs {
     }
 }
 
-fn kind_of(a: &Attr) -> FileType {
-    match a.kind {
-        FileKind::Directory => FileType::Directory,
-        FileKind::File => FileType::RegularFile,
-        FileKind::Symlink => FileType::Symlink,
+/// A request's answer: the reply's bytes after the header, or an errno.
+type Answered = Result<Out, Errno>;
+
+fn malformed(_: Malformed) -> Errno {
+    Errno::EIO
+}
+
+impl Answer for SkillsFs {
+    fn answer(&self, session: &Session, request: &[u8]) {
+        let (header, mut args) = match abi::parse(request) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                // Without a whole header there is no request to reply to.
+                tracing::warn!(error = ?e, "a malformed FUSE request");
+                if request.len() >= abi::IN_HEADER {
+                    let unique = u64::from_ne_bytes(request[8..16].try_into().unwrap_or([0; 8]));
+                    session.reply(unique, -(Errno::EIO as i32), &[]);
+                }
+                return;
+            }
+        };
+        let ino = header.nodeid;
+        let answered = match header.opcode {
+            // No reply to these.
+            op::FORGET => {
+                STATS.count(Op::Forget);
+                if let Ok(n) = args.u64() {
+                    self.ns.forget(ino, n);
+                }
+                return;
+            }
+            op::BATCH_FORGET => {
+                STATS.count(Op::Forget);
+                self.batch_forget(&mut args);
+                return;
+            }
+            op::INIT => self.init(&mut args),
+            op::LOOKUP => self.lookup(ino, &mut args),
+            op::GETATTR => {
+                STATS.count(Op::Getattr);
+                self.ns.getattr(ino).map(|a| {
+                    let mut out = Out::default();
+                    out.attr_out(&self.attr(a), TTL);
+                    out
+                })
+            }
+            op::READLINK => {
+                STATS.count(Op::Readlink);
+                match self.ns.readlink(ino) {
+                    Ok(target) => Ok(Out { bytes: target }),
+                    Err(e) => Err(e),
+                }
+            }
+            // Zero-message open: after this ENOSYS the kernel opens files without asking,
+            // keeping their cached pages (a file inode's content never changes).
+            op::OPEN => Err(Errno::ENOSYS),
+            op::READ => self.read(ino, &mut args),
+            op::OPENDIR => self.opendir(),
+            op::READDIR => self.readdir(ino, &mut args, false),
+            op::READDIRPLUS => self.readdir(ino, &mut args, true),
+            op::RELEASE | op::RELEASEDIR | op::DESTROY => Ok(Out::default()),
+            // No file here is a device: "not a terminal" for every request (the kernel sends
+            // each ioctl, Python's `isatty` on every `open` among them, and does not
+            // remember the answer).
+            op::IOCTL => {
+                STATS.count(Op::Ioctl);
+                Err(Errno::ENOTTY)
+            }
+            op::STATFS => Ok(self.statfs()),
+            op::GETXATTR => self.getxattr(ino, &mut args),
+            op::LISTXATTR => self.listxattr(ino, &mut args),
+            // ENOSYS: the kernel stops sending interrupts (nothing here waits long).
+            op::INTERRUPT => Err(Errno::ENOSYS),
+            o if op::WRITING.contains(&o) => Err(Errno::EROFS),
+            // Flush, fsync, locks, access, poll, lseek...: "not implemented", which the
+            // kernel remembers and answers itself from then on.
+            _ => Err(Errno::ENOSYS),
+        };
+        match answered {
+            Ok(out) => session.reply(header.unique, 0, &[&out.bytes]),
+            Err(e) => session.reply(header.unique, -(e as i32), &[]),
+        }
     }
 }
 
-impl Filesystem for SkillsFs {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        // Readdirplus on every page, not only the first (`FUSE_READDIRPLUS_AUTO`): walkers
-        // and searchers stat or open what they list, and an entry that came with its
+impl SkillsFs {
+    fn init(&self, args: &mut Args) -> Answered {
+        let init = abi::init_in(args).map_err(malformed)?;
+        if init.major != abi::MAJOR || init.minor < 23 {
+            tracing::error!(
+                major = init.major,
+                minor = init.minor,
+                "the kernel's FUSE protocol is too old"
+            );
+            return Err(Errno::EPROTO);
+        }
+        use abi::init_flag::*;
+        // Readdirplus on every page, not only the first (no `FUSE_READDIRPLUS_AUTO`):
+        // walkers and searchers stat or open what they list, and an entry that came with its
         // attributes needs no lookup of its own.
-        let wanted = InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_CACHE_SYMLINKS
-            | InitFlags::FUSE_NO_OPEN_SUPPORT
-            | InitFlags::FUSE_NO_OPENDIR_SUPPORT;
-        let supported = config.capabilities() & wanted;
-        let _ = config.add_capabilities(supported);
-        self.no_opendir = supported.contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
-        let _ = config.set_max_readahead(1 << 20);
-        Ok(())
+        let wanted = ASYNC_READ
+            | BIG_WRITES
+            | DO_READDIRPLUS
+            | PARALLEL_DIROPS
+            | CACHE_SYMLINKS
+            | NO_OPEN_SUPPORT
+            | NO_OPENDIR_SUPPORT
+            | MAX_PAGES;
+        let flags = init.flags & wanted;
+        self.no_opendir
+            .store(flags & NO_OPENDIR_SUPPORT != 0, Ordering::Relaxed);
+        let mut out = Out::default();
+        out.init(&abi::InitOut {
+            max_readahead: init.max_readahead.min(MAX_READ),
+            flags,
+            max_write: 4096,
+            max_pages: (MAX_READ / 4096) as u16,
+        });
+        Ok(out)
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, parent: u64, args: &mut Args) -> Answered {
         STATS.count(Op::Lookup);
+        let name = args.name().map_err(malformed)?;
+        let mut out = Out::default();
         let Some(name) = name.to_str() else {
             Stats::add(&STATS.negative_lookups, 1);
-            return reply.entry(&TTL, &self.negative(), Generation(0));
+            out.entry(&self.negative(), TTL);
+            return Ok(out);
         };
-        match self.ns.lookup(parent.0, name) {
-            Ok(Some(a)) => reply.entry(&TTL, &self.attr(a), Generation(0)),
+        match self.ns.lookup(parent, name) {
+            Ok(Some(a)) => out.entry(&self.attr(a), TTL),
             Ok(None) => {
                 Stats::add(&STATS.negative_lookups, 1);
-                reply.entry(&TTL, &self.negative(), Generation(0))
+                out.entry(&self.negative(), TTL)
             }
-            Err(e) => reply.error(errno(e)),
+            Err(e) => return Err(e),
+        };
+        Ok(out)
+    }
+
+    fn batch_forget(&self, args: &mut Args) {
+        let Ok(count) = args.u32() else { return };
+        if args.u32().is_err() {
+            return;
+        }
+        // As many as the request holds, whatever its count says.
+        for _ in 0..count {
+            let (Ok(ino), Ok(n)) = (args.u64(), args.u64()) else {
+                return;
+            };
+            self.ns.forget(ino, n);
         }
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        STATS.count(Op::Forget);
-        self.ns.forget(ino.0, nlookup);
-    }
-
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        STATS.count(Op::Getattr);
-        match self.ns.getattr(ino.0) {
-            Ok(a) => reply.attr(&TTL, &self.attr(a)),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        STATS.count(Op::Readlink);
-        match self.ns.readlink(ino.0) {
-            Ok(target) => reply.data(&target),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    /// Zero-message open: after this ENOSYS the kernel opens files without asking, keeping
-    /// their cached pages (a file inode's content never changes).
-    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        reply.error(Errno::ENOSYS);
-    }
-
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
+    fn read(&self, ino: u64, args: &mut Args) -> Answered {
         STATS.count(Op::Read);
-        match self.ns.read(ino.0, offset, size) {
-            Ok(data) => {
-                Stats::add(&STATS.read_bytes, data.len() as u64);
-                reply.data(&data)
-            }
-            Err(e) => reply.error(errno(e)),
-        }
+        let r = abi::read_in(args).map_err(malformed)?;
+        let data = self.ns.read(ino, r.offset, r.size.min(MAX_READ))?;
+        Stats::add(&STATS.read_bytes, data.len() as u64);
+        Ok(Out { bytes: data })
     }
 
     /// Zero-message opendir: after this ENOSYS the kernel opens directories without asking
     /// (and never sends releasedir), caching their listings. A kernel without that feature
     /// gets a handle that means nothing: listings go by offset, not by handle.
-    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self) -> Answered {
         STATS.count(Op::Opendir);
-        if self.no_opendir {
-            return reply.error(Errno::ENOSYS);
+        if self.no_opendir.load(Ordering::Relaxed) {
+            return Err(Errno::ENOSYS);
         }
-        reply.opened(
-            FileHandle(0),
-            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR,
-        )
+        let mut out = Out::default();
+        out.u64(0)
+            .u32(abi::FOPEN_KEEP_CACHE | abi::FOPEN_CACHE_DIR)
+            .u32(0);
+        Ok(out)
     }
 
-    fn readdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        STATS.count(Op::Readdir);
-        let (listing, start) = match self.ns.listing_at(ino.0, offset) {
-            Ok(l) => l,
-            Err(e) => return reply.error(errno(e)),
-        };
+    fn readdir(&self, ino: u64, args: &mut Args, plus: bool) -> Answered {
+        STATS.count(if plus { Op::Readdirplus } else { Op::Readdir });
+        let r = abi::read_in(args).map_err(malformed)?;
+        let limit = r.size.min(MAX_READ) as usize;
+        let (listing, start) = self.ns.listing_at(ino, r.offset)?;
+        let mut out = Out::default();
         // Positions: 0 is ".", 1 is "..", then the children; an entry's offset is the
         // cookie of the position of the next one.
         let total = listing.children.len() as u64 + 2;
         for pos in start..total {
             let next = listing.cookie(pos + 1);
-            let full = match pos {
-                0 => reply.add(ino, next, FileType::Directory, "."),
-                // The kernel answers ".." itself; the number here is not used.
-                1 => reply.add(ino, next, FileType::Directory, ".."),
-                _ => {
-                    let c = &listing.children[(pos - 2) as usize];
-                    reply.add(INodeNo(c.attr.ino), next, kind_of(&c.attr), &c.name)
-                }
-            };
-            if full {
-                break;
-            }
-        }
-        reply.ok();
-    }
-
-    fn readdirplus(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
-        STATS.count(Op::Readdirplus);
-        let (listing, start) = match self.ns.listing_at(ino.0, offset) {
-            Ok(l) => l,
-            Err(e) => return reply.error(errno(e)),
-        };
-        let total = listing.children.len() as u64 + 2;
-        for pos in start..total {
-            let next = listing.cookie(pos + 1);
-            let full = match pos {
+            let added = match pos {
                 0 | 1 => {
-                    // The kernel links neither "." nor ".."; any directory's attributes do.
-                    let attr = self
-                        .ns
-                        .getattr(ino.0)
-                        .map(|a| self.attr(a))
-                        .unwrap_or_else(|_| self.negative());
-                    let name = if pos == 0 { "." } else { ".." };
-                    reply.add(attr.ino, next, name, &TTL, &attr, Generation(0))
+                    let name: &[u8] = if pos == 0 { b"." } else { b".." };
+                    if plus {
+                        // The kernel links neither "." nor ".."; any directory's attributes do.
+                        let attr = self
+                            .ns
+                            .getattr(ino)
+                            .map(|a| self.attr(a))
+                            .unwrap_or_else(|_| self.negative());
+                        out.direntplus(&attr, TTL, next, name, limit)
+                    } else {
+                        // The kernel answers ".." itself; the number here is not used.
+                        out.dirent(ino, next, abi::S_IFDIR >> 12, name, limit)
+                    }
                 }
                 _ => {
                     let c = &listing.children[(pos - 2) as usize];
-                    // Every entry the kernel receives is a lookup reference.
-                    let attr = self.attr(self.ns.remember(c));
-                    let full = reply.add(attr.ino, next, &c.name, &TTL, &attr, Generation(0));
-                    if full {
-                        self.ns.forget(attr.ino.0, 1);
+                    if plus {
+                        // Every entry the kernel receives is a lookup reference.
+                        let attr = self.attr(self.ns.remember(c));
+                        let added = out.direntplus(&attr, TTL, next, c.name.as_bytes(), limit);
+                        if !added {
+                            self.ns.forget(attr.ino, 1);
+                        }
+                        added
+                    } else {
+                        let attr = self.attr(c.attr);
+                        out.dirent(attr.ino, next, attr.mode >> 12, c.name.as_bytes(), limit)
                     }
-                    full
                 }
             };
-            if full {
+            if !added {
                 break;
             }
         }
-        reply.ok();
+        Ok(out)
     }
 
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        reply.ok();
+    fn statfs(&self) -> Out {
+        let mut out = Out::default();
+        // blocks, free, available, files, free files
+        out.u64(0).u64(0).u64(0);
+        out.u64(self.ns.node_count() as u64).u64(0);
+        // block size, longest name, fragment size, padding, spare
+        out.u32(4096).u32(255).u32(4096).u32(0);
+        out.bytes.extend_from_slice(&[0u8; 24]);
+        out
     }
 
-    /// No file here is a device: "not a terminal" for every request (the kernel sends each
-    /// ioctl, Python's `isatty` on every `open` among them, and does not remember the answer).
-    fn ioctl(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _flags: IoctlFlags,
-        _cmd: u32,
-        _in_data: &[u8],
-        _out_size: u32,
-        reply: ReplyIoctl,
-    ) {
-        STATS.count(Op::Ioctl);
-        reply.error(Errno::ENOTTY);
-    }
-
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        reply.statfs(0, 0, 0, self.ns.node_count() as u64, 0, 4096, 255, 4096);
-    }
-
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, ino: u64, args: &mut Args) -> Answered {
+        let size = args.u32().map_err(malformed)?;
+        args.u32().map_err(malformed)?;
+        let name = args.name().map_err(malformed)?.as_encoded_bytes();
         // No security labels, no POSIX ACLs: saying "not supported" (rather than "no such
         // attribute") lets tools such as `ls -l` stop asking for every file of the mount.
-        let name_bytes = name.as_encoded_bytes();
-        if name_bytes.starts_with(b"security.") || name_bytes.starts_with(b"system.") {
-            return reply.error(Errno::EOPNOTSUPP);
+        if name.starts_with(b"security.") || name.starts_with(b"system.") {
+            return Err(Errno::EOPNOTSUPP);
         }
-        if !name_bytes.starts_with(XATTR_PREFIX.as_bytes()) {
-            return reply.error(Errno::NO_XATTR);
+        if !name.starts_with(XATTR_PREFIX.as_bytes()) {
+            return Err(Errno::ENODATA);
         }
-        let attrs = match self.ns.xattrs(ino.0) {
-            Ok(a) => a,
-            Err(e) => return reply.error(errno(e)),
-        };
-        match attrs.iter().find(|(k, _)| OsStr::new(k) == name) {
-            None => reply.error(Errno::NO_XATTR),
-            Some((_, v)) if size == 0 => reply.size(v.len() as u32),
-            Some((_, v)) if v.len() > size as usize => reply.error(Errno::ERANGE),
-            Some((_, v)) => reply.data(v.as_bytes()),
-        }
+        let attrs = self.ns.xattrs(ino)?;
+        let value = attrs
+            .iter()
+            .find(|(k, _)| k.as_bytes() == name)
+            .map(|(_, v)| v.as_bytes())
+            .ok_or(Errno::ENODATA)?;
+        sized(value, size)
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let attrs = match self.ns.xattrs(ino.0) {
-            Ok(a) => a,
-            Err(e) => return reply.error(errno(e)),
-        };
+    fn listxattr(&self, ino: u64, args: &mut Args) -> Answered {
+        let size = args.u32().map_err(malformed)?;
+        let attrs = self.ns.xattrs(ino)?;
         let mut names = Vec::new();
         for (k, _) in &attrs {
             names.extend_from_slice(k.as_bytes());
             names.push(0);
         }
-        if size == 0 {
-            reply.size(names.len() as u32);
-        } else if names.len() > size as usize {
-            reply.error(Errno::ERANGE);
-        } else {
-            reply.data(&names);
-        }
+        sized(&names, size)
     }
+}
 
-    // No call that would change the tree is implemented: the mount is `ro`, so the kernel
-    // answers EROFS before any such request reaches this process (the mount tests try each).
+/// An attribute's value (or list of names) for a caller with room for `size` bytes: with
+/// none, only its length (`struct fuse_getxattr_out`).
+fn sized(value: &[u8], size: u32) -> Answered {
+    let mut out = Out::default();
+    if size == 0 {
+        out.u32(value.len() as u32).u32(0);
+    } else if value.len() > size as usize {
+        return Err(Errno::ERANGE);
+    } else {
+        out.bytes.extend_from_slice(value);
+    }
+    Ok(out)
 }
 
 #[derive(Debug, Clone)]
 pub struct MountConfig {
     /// Let every user read the mount (`allow_other`); otherwise root and the owner.
     pub allow_other: bool,
+    /// The most of the pool's threads that answer this mount at once.
     pub threads: usize,
     /// fusermount's `auto_unmount`: a `fusermount3` process per mount for the mount's life,
     /// which detaches it if this process dies. Off where an unmount guard does that for all
-    /// of a process's mounts (fuser never reaps those helpers: a server making thousands of
-    /// mounts would keep a zombie process for each).
+    /// of a process's mounts.
     pub auto_unmount: bool,
 }
 
@@ -363,93 +387,61 @@ impl Default for MountConfig {
     }
 }
 
-/// A mounted session, not yet serving.
+/// A mounted file system, served by the pool from the moment it is mounted.
 pub struct Mounted {
-    session: Session<SkillsFs>,
-    pub notifier: Notifier,
+    session: Arc<Session>,
 }
 
 /// Mounts `ns` read-only at `mountpoint`. With `auto_unmount`, fusermount unmounts it if this
 /// process dies, so a killed daemon leaves no hung mount; without, the caller's unmount guard
 /// must be told of it.
 pub fn mount(ns: Arc<Namespace>, mountpoint: &Path, cfg: &MountConfig) -> io::Result<Mounted> {
-    clear_stale_mount(mountpoint);
-    let mut config = Config::default();
-    config.mount_options = vec![
-        MountOption::RO,
-        MountOption::FSName("cloud-harness".into()),
-        MountOption::DefaultPermissions,
-        MountOption::NoDev,
-        MountOption::NoSuid,
-        MountOption::NoAtime,
-    ];
-    if cfg.auto_unmount {
-        config.mount_options.push(MountOption::AutoUnmount);
-    }
-    config.acl = if cfg.allow_other {
-        SessionACL::All
-    } else {
-        SessionACL::RootAndOwner
+    device::clear_stale(mountpoint);
+    let how = Attach {
+        allow_other: cfg.allow_other,
+        auto_unmount: cfg.auto_unmount,
     };
-    config.n_threads = Some(cfg.threads.max(1));
-    config.clone_fd = true;
-    let session = Session::new(SkillsFs::new(ns), mountpoint, &config)?;
-    let notifier = session.notifier();
-    Ok(Mounted { session, notifier })
+    let device = device::attach(mountpoint, &how)?;
+    match pool::serve(device, Box::new(SkillsFs::new(ns)), cfg.threads) {
+        Ok(session) => Ok(Mounted { session }),
+        Err(e) => {
+            // Mounted, but nothing would serve it: not left hanging.
+            let _ = unmount(mountpoint);
+            Err(e)
+        }
+    }
 }
 
 impl Mounted {
-    /// Serves requests until the file system is unmounted.
-    pub fn run(self) -> io::Result<()> {
-        self.session.run()
+    /// What tells the kernel of changes (a generation's invalidations).
+    pub fn notifier(&self) -> Notifier {
+        Notifier {
+            session: self.session.clone(),
+        }
+    }
+
+    /// Whether the kernel still sends it requests (false once unmounted).
+    pub fn is_served(&self) -> bool {
+        self.session.is_served()
+    }
+
+    /// Waits up to `wait` (forever: `None`) for the file system to be unmounted; whether it
+    /// was.
+    pub fn wait_end(&self, wait: Option<Duration>) -> bool {
+        self.session.wait_end(wait)
     }
 }
 
-/// Unmounts `mountpoint`, which ends [`Mounted::run`]. (`auto_unmount` only covers a daemon
-/// that died: fusermount leaves a live file system alone.) A busy mount is detached lazily; one
-/// already gone (detached by someone else, `umount -l`) is left as it is.
+/// Unmounts `mountpoint`, which ends its session. A busy mount is detached lazily; one
+/// already gone is left as it is.
 pub fn unmount(mountpoint: &Path) -> io::Result<()> {
-    use nix::mount::{umount2, MntFlags};
-    // A symlink put where the mount was is not followed to some other mount.
-    let flags = MntFlags::UMOUNT_NOFOLLOW;
-    match umount2(mountpoint, flags) {
-        Ok(()) => Ok(()),
-        // Not a mount point (any more), or no such folder: nothing is mounted there.
-        Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => Ok(()),
-        Err(nix::errno::Errno::EBUSY) => {
-            umount2(mountpoint, flags | MntFlags::MNT_DETACH).map_err(io::Error::from)
-        }
-        // Not root: the setuid helper may unmount what this user mounted.
-        Err(nix::errno::Errno::EPERM) => {
-            let status = lazy_fusermount(mountpoint)?;
-            if status.success() {
-                Ok(())
-            } else {
-                Err(io::Error::other(format!("fusermount3 -u failed: {status}")))
-            }
-        }
-        Err(e) => Err(e.into()),
-    }
+    device::detach(mountpoint)
 }
 
-/// A mount point left behind by a daemon that died without cleaning up answers ENOTCONN;
-/// detach it so mounting again works.
-fn clear_stale_mount(mountpoint: &Path) {
-    if let Err(e) = std::fs::metadata(mountpoint) {
-        if e.raw_os_error() == Some(nix::libc::ENOTCONN) {
-            tracing::warn!(mountpoint = %mountpoint.display(), "detaching a stale mount");
-            let _ = lazy_fusermount(mountpoint);
-            let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
-        }
-    }
-}
-
-/// `fusermount3 -u -z`: the setuid helper detaches what this user mounted, even when busy.
-fn lazy_fusermount(mountpoint: &Path) -> io::Result<std::process::ExitStatus> {
-    std::process::Command::new("fusermount3")
-        .args(["-u", "-z"])
-        .arg(mountpoint)
-        .status()
+/// Tells a mount's kernel side what changed.
+#[derive(Clone)]
+pub struct Notifier {
+    session: Arc<Session>,
 }
 
 /// Tells the kernel what a generation change made stale. Errors (an entry the kernel no
@@ -458,9 +450,22 @@ pub fn invalidate(notifier: &Notifier, items: &[Invalidation]) {
     for item in items {
         let result = match item {
             Invalidation::Entry { parent, name } => {
-                notifier.inval_entry(INodeNo(*parent), OsStr::new(name))
+                // `struct fuse_notify_inval_entry_out`, then the name and its NUL.
+                let mut out = Out::default();
+                out.u64(*parent).u32(name.len() as u32).u32(0);
+                notifier.session.notify(
+                    abi::NOTIFY_INVAL_ENTRY,
+                    &[&out.bytes, name.as_bytes(), b"\0"],
+                )
             }
-            Invalidation::Inode { ino } => notifier.inval_inode(INodeNo(*ino), 0, 0),
+            Invalidation::Inode { ino } => {
+                // `struct fuse_notify_inval_inode_out`: the whole of its cached data.
+                let mut out = Out::default();
+                out.u64(*ino).u64(0).u64(0);
+                notifier
+                    .session
+                    .notify(abi::NOTIFY_INVAL_INODE, &[&out.bytes])
+            }
         };
         if let Err(e) = result {
             tracing::debug!(?item, error = %e, "invalidation not applied");

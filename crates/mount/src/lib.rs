@@ -6,10 +6,13 @@
 //! kernel's requests are answered from it, never waiting on anything but the store. It
 //! depends on `cloud-harness-error`, `cloud-harness-store` and `cloud-harness-skills`.
 
+mod abi;
+mod device;
 pub mod fuse;
 pub mod guard;
 pub mod live;
 pub mod mount_table;
+pub mod pool;
 pub mod prewarm;
 pub mod stats;
 pub mod watch;

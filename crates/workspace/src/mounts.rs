@@ -25,20 +25,19 @@ pub struct Mounted {
     /// The background walk that fills the kernel's caches; stopped before the unmount (its
     /// open folders would keep the mount busy).
     prewarm: Option<Prewarm>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    /// Says when the serving thread has stopped.
-    stopped: std::sync::mpsc::Receiver<()>,
+    /// Its session, served by the process's pool of FUSE threads.
+    served: fuse::Mounted,
     /// The guard that detaches the mount if this process dies, and the mount as it knows it.
     guard: Option<(Arc<Guards>, Watched)>,
 }
 
 impl Mounted {
-    /// Whether the mount `table` has it and its serving thread still runs.
+    /// Whether the mount `table` has it and the kernel still sends it requests.
     pub fn check(&self, table: &[cloud_harness_mount::mount_table::Mount]) -> Result<(), String> {
         if !table.iter().any(|t| t.point == self.point && t.is_ours()) {
             return Err(format!("{} is not mounted", self.path.display()));
         }
-        if self.thread.as_ref().is_none_or(|t| t.is_finished()) {
+        if !self.served.is_served() {
             return Err(format!("{} is no longer served", self.path.display()));
         }
         Ok(())
@@ -63,14 +62,14 @@ impl Drop for Mounted {
     }
 }
 
-/// How long closing waits for a serving thread: a busy mount detached lazily keeps serving
+/// How long closing waits for a session to end: a busy mount detached lazily is served
 /// until its last user lets go, and closing must not wait for that.
 const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// FUSE threads per mount. Each costs its stack and its allocator's pages (some 1.2 MiB each,
-/// `cargo bench --bench scale`) for the workspace's life, busy or idle; the kernel's caches
-/// answer most reads of a warm mount without any, so the merged view gets two (a second
-/// reader is not held up behind a slow first) and the owner tier, rarely read, one.
+/// The most of the process's FUSE threads (`cloud_harness_mount::pool`) that serve one mount
+/// at once: the merged view two (a second reader is not held up behind a slow first), the
+/// owner tier, rarely read, one. No mount holds a thread of its own: a workspace costs no
+/// thread for its mounts, busy or idle.
 fn threads(sub: &str) -> usize {
     if sub == SKILLS {
         2
@@ -178,30 +177,7 @@ pub fn mount(
                         return not_mounted(&why, &mut mounts, warnings, merged, owner);
                     }
                 };
-                let notifier = m.notifier.clone();
-                let (done, stopped) = std::sync::mpsc::channel();
-                let thread = std::thread::Builder::new()
-                    .name(format!("fuse-{sub}"))
-                    .spawn(move || {
-                        if let Err(e) = m.run() {
-                            tracing::error!(error = %e, "skills file system stopped");
-                        }
-                        let _ = done.send(());
-                    })
-                    .map_err(|e| Error::internal(format!("spawning a FUSE thread: {e}")));
-                let thread = match thread {
-                    Ok(t) => t,
-                    Err(e) => {
-                        // Nothing serves it: neither it nor those made before stay.
-                        if fuse::unmount(&path).is_ok() {
-                            if let Some((g, w)) = guard {
-                                g.forget(w);
-                            }
-                        }
-                        let _ = release(&mut mounts);
-                        return Err(e);
-                    }
-                };
+                let notifier = m.notifier();
                 let prewarm = prewarm.and_then(|program| {
                     let started = Prewarm::start(program, &path, move |s| s.log(sub));
                     started
@@ -214,8 +190,7 @@ pub fn mount(
                     path,
                     point,
                     prewarm,
-                    thread: Some(thread),
-                    stopped,
+                    served: m,
                     guard,
                 });
                 targets.push((
@@ -253,7 +228,7 @@ pub fn unmounted(merged: Arc<Namespace>, owner: Arc<Namespace>) -> Vec<Target> {
     ]
 }
 
-/// Unmounts and waits for the serving threads. Every mount is tried: one that cannot be
+/// Unmounts and waits for the sessions to end. Every mount is tried: one that cannot be
 /// unmounted is the error (and stays in `mounts`), and does not keep the others mounted.
 pub fn release(mounts: &mut Vec<Mounted>) -> Result<()> {
     let mut first_error = None;
@@ -269,16 +244,9 @@ pub fn release(mounts: &mut Vec<Mounted>) -> Result<()> {
         if let Some((guards, watched)) = m.guard.take() {
             guards.forget(watched);
         }
-        match m.stopped.recv_timeout(STOP_WAIT) {
-            Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                if let Some(t) = m.thread.take() {
-                    let _ = t.join();
-                }
-            }
-            // Still serving a lazily detached mount: it ends on its own once unused.
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                tracing::warn!(mountpoint = %m.path.display(), "a busy mount was detached; its thread ends when its last user lets go");
-            }
+        // Still served past the wait: a lazily detached mount, ended once unused.
+        if !m.served.wait_end(Some(STOP_WAIT)) {
+            tracing::warn!(mountpoint = %m.path.display(), "a busy mount was detached; it is served until its last user lets go");
         }
     }
     *mounts = kept;
