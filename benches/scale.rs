@@ -438,14 +438,17 @@ fn report(steps: &[Step], ends: Ends, clean_exit: bool) {
         plots(Path::new(&dir), steps);
     }
     // Back at the start: no mount, no process but the unmount guard (started at the first
-    // mount, it stays), no thread but the runtime's idle pool (its threads end on their own)
-    // and the executors' link thread,
+    // mount, it stays), no thread but the runtime's idle pool (its threads end on their own),
+    // the executors' link thread and the threads of the process's FUSE pool and live-tier
+    // waiter (started with the first mount and live tier, they serve every later one),
     // a few descriptors at most (the guard's pipe). Memory is shown, not judged: the
     // allocator keeps some pages of the threads that ended, for the next ones.
     let lasting = |threads: &resources::Counted| -> usize {
         threads
             .iter()
-            .filter(|(name, _)| name != "tokio-rt-worker")
+            .filter(|(name, _)| {
+                name != "tokio-rt-worker" && !name.starts_with("fuse-") && name != "live-tiers"
+            })
             .map(|(_, n)| n)
             .sum()
     };

@@ -7,18 +7,19 @@
 //! [`MIN_INTERVAL`] apart, twice as far apart each time changes keep coming before the
 //! interval is over (up to [`MAX_INTERVAL`]), back to the minimum after [`QUIET`] without a
 //! change. A writer touching a file every few milliseconds costs a generation every 30 s.
+//!
+//! A live tier holds no thread while nothing changes: one thread of the process waits for
+//! the changes of every live tier ([`waiter`]), and a generation is built on a thread of its
+//! own, which ends with it.
+
+mod waiter;
 
 use crate::watch::{Budget, Pool, Watcher};
 use cloud_harness_skills::discovery::SkillCache;
 use cloud_harness_skills::namespace::{Invalidation, Namespace};
 use cloud_harness_skills::stack::StackSpec;
 use cloud_harness_store::cas::Store;
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use std::io::{Read, Write};
-use std::os::fd::AsFd;
-use std::os::unix::net::UnixStream;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Changes that arrive together (an editor's save, a `git checkout`) make one generation.
@@ -34,12 +35,12 @@ pub const QUIET: Duration = Duration::from_secs(10);
 const REPEAT_AFTER: Duration = Duration::from_millis(50);
 
 /// A namespace kept current, and what to do with its invalidations (tell the kernel).
-pub type Target = (Arc<Namespace>, Box<dyn Fn(&[Invalidation]) + Send>);
+pub type Target = (Arc<Namespace>, Box<dyn Fn(&[Invalidation]) + Send + Sync>);
 
+/// A stack's live tiers, kept current until dropped.
 pub struct LiveTiers {
-    /// Written to (or closed) to stop the thread.
-    stop: UnixStream,
-    thread: Option<JoinHandle<()>>,
+    /// None: live updates are off (no inotify instance, or no waiter).
+    tier: Option<Arc<waiter::Tier>>,
 }
 
 /// The folders of a stack, watched from before its first generation is built: a change made
@@ -49,7 +50,6 @@ pub struct Watch {
     /// None: live updates are off (the system gave no inotify instance).
     watcher: Option<Watcher>,
     warnings: Vec<String>,
-    stop: (UnixStream, UnixStream),
 }
 
 impl LiveTiers {
@@ -61,7 +61,6 @@ impl LiveTiers {
 
     /// [`LiveTiers::watch`] with the watcher the system gave, or why it gave none.
     fn watch_with(spec: StackSpec, made: std::io::Result<Watcher>) -> std::io::Result<Watch> {
-        let stop = UnixStream::pair()?;
         let (watcher, warnings) = match made {
             Ok(mut w) => {
                 w.watch(&spec.live_paths());
@@ -78,7 +77,6 @@ impl LiveTiers {
             spec,
             watcher,
             warnings,
-            stop,
         })
     }
 }
@@ -102,74 +100,31 @@ impl Watch {
     /// Each new generation is made current in every target, whose callback then receives
     /// the invalidations.
     pub fn start(self, store: Store, cache: Arc<SkillCache>, targets: Vec<Target>) -> LiveTiers {
-        let Watch {
+        let Watch { spec, watcher, .. } = self;
+        let Some(watcher) = watcher else {
+            return LiveTiers { tier: None };
+        };
+        let work = Generations {
             spec,
-            watcher,
-            stop: (stop, stopped),
-            ..
-        } = self;
-        let thread = std::thread::Builder::new()
-            .name("live-tiers".into())
-            .spawn(move || run(spec, watcher, stopped, store, cache, targets))
-            .expect("spawn the live-tier thread");
-        LiveTiers {
-            stop,
-            thread: Some(thread),
+            store,
+            cache,
+            targets,
+        };
+        match waiter::watch(watcher, work) {
+            Ok(tier) => LiveTiers { tier: Some(tier) },
+            Err(e) => {
+                tracing::warn!(error = %e, "live updates are off: no thread waits for changes");
+                LiveTiers { tier: None }
+            }
         }
     }
 }
 
 impl Drop for LiveTiers {
+    /// Stops watching; a generation being built is waited for (none is applied after).
     fn drop(&mut self) {
-        let _ = self.stop.write_all(b"x");
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-enum Woke {
-    Changed,
-    Quiet,
-    Stop,
-}
-
-/// Waits for a change of the watched folders (draining what the kernel queued) or the word
-/// to stop, at most `limit` (forever without one).
-fn wait(watcher: &mut Option<Watcher>, stopped: &mut UnixStream, limit: Option<Duration>) -> Woke {
-    let deadline = limit.map(|l| Instant::now() + l);
-    loop {
-        let left = match deadline {
-            None => PollTimeout::NONE,
-            Some(d) => {
-                let ms = d.saturating_duration_since(Instant::now()).as_millis();
-                PollTimeout::try_from(ms.min(60_000) as i32).unwrap_or(PollTimeout::ZERO)
-            }
-        };
-        let (stop_ready, change_ready) = {
-            let mut fds = vec![PollFd::new(stopped.as_fd(), PollFlags::POLLIN)];
-            if let Some(w) = watcher.as_ref() {
-                fds.push(PollFd::new(w.as_fd(), PollFlags::POLLIN));
-            }
-            match poll(&mut fds, left) {
-                Ok(0) => return Woke::Quiet,
-                Ok(_) => (
-                    fds[0].any().unwrap_or(true),
-                    fds.get(1).is_some_and(|f| f.any().unwrap_or(false)),
-                ),
-                Err(nix::errno::Errno::EINTR) => (false, false),
-                Err(_) => return Woke::Stop,
-            }
-        };
-        if stop_ready {
-            let _ = stopped.read(&mut [0u8; 1]);
-            return Woke::Stop;
-        }
-        if change_ready && watcher.as_mut().is_some_and(Watcher::changed) {
-            return Woke::Changed;
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Woke::Quiet;
+        if let Some(tier) = self.tier.take() {
+            waiter::unwatch(&tier);
         }
     }
 }
@@ -214,50 +169,41 @@ impl Pace {
     }
 }
 
-/// Takes in changes until `ready` and then until [`SETTLE`] passes without one (at most
-/// [`SETTLE_AT_MOST`] past `ready`); false when told to stop.
-fn settle(watcher: &mut Option<Watcher>, stopped: &mut UnixStream, ready: Instant) -> bool {
-    let mut last_change = Instant::now();
-    loop {
-        let until = ready.max(last_change + SETTLE).min(ready + SETTLE_AT_MOST);
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return true;
-        }
-        match wait(watcher, stopped, Some(left)) {
-            Woke::Changed => last_change = Instant::now(),
-            Woke::Quiet => {}
-            Woke::Stop => return false,
-        }
+/// A change waiting for its generation: taken in until `ready`, then until [`SETTLE`] passes
+/// without another (at most [`SETTLE_AT_MOST`] past `ready`).
+#[derive(Debug, Clone, Copy)]
+struct Settling {
+    ready: Instant,
+    last_change: Instant,
+}
+
+impl Settling {
+    /// When its generation is built, as things stand.
+    fn until(&self) -> Instant {
+        self.ready
+            .max(self.last_change + SETTLE)
+            .min(self.ready + SETTLE_AT_MOST)
     }
 }
 
-fn run(
+/// What a change of a stack's folders makes: a new generation, current in every target.
+struct Generations {
     spec: StackSpec,
-    mut watcher: Option<Watcher>,
-    mut stopped: UnixStream,
     store: Store,
     cache: Arc<SkillCache>,
     targets: Vec<Target>,
-) {
-    let mut again = false;
-    let mut pace = Pace::new();
-    loop {
-        if !again {
-            match wait(&mut watcher, &mut stopped, None) {
-                Woke::Changed => {}
-                Woke::Quiet => continue,
-                Woke::Stop => return,
-            }
-        }
-        again = false;
-        let ready = pace.changed(Instant::now());
-        if !settle(&mut watcher, &mut stopped, ready) {
-            return;
-        }
+}
+
+impl Generations {
+    /// Builds the stack's generation and, if it differs, makes it current and tells the
+    /// targets what changed. Then watches the folders as they are now (some may have
+    /// appeared or gone): whether a folder is newly watched, so what was written into it
+    /// before its watch existed, which sent no event, needs another generation.
+    fn build(&self, watcher: &std::sync::Mutex<Watcher>) -> bool {
+        let targets = &self.targets;
         let previous = targets.first().map(|(ns, _)| ns.generation());
         let current = previous.as_ref().map(|g| g.digest());
-        match spec.generation(&store, &cache) {
+        match self.spec.generation(&self.store, &self.cache) {
             Ok(next) if Some(next.digest()) != current => {
                 let next = Arc::new(next);
                 let digest = next.digest();
@@ -291,14 +237,11 @@ fn run(
                 tracing::warn!(error = %e, "a live tier changed but cannot be read; still serving the previous generation")
             }
         }
-        // Folders may have appeared (a new `.claude/skills`, a new skill) or gone. What was
-        // written into a new folder before its watch existed sent no event: read once more.
-        if let Some(w) = watcher.as_mut() {
-            again = w.watch(&spec.live_paths());
-        }
-        // Paced from the end of the work: a generation that takes longer than the interval
-        // still leaves the interval free.
-        pace.built(Instant::now());
+        let places = self.spec.live_paths();
+        watcher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .watch(&places)
     }
 }
 
@@ -418,6 +361,47 @@ mod tests {
         // builds fewer, never more.
         assert!(while_writing <= 4, "{while_writing} generations");
         assert!(l.generations() <= 5, "{} generations", l.generations());
+    }
+
+    /// Threads of this process named `name`.
+    fn threads_named(name: &str) -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim_end() == name)
+            .count()
+    }
+
+    #[test]
+    fn one_thread_waits_for_every_stack_and_each_sees_its_own_changes() {
+        let stacks: Vec<Live> = (0..30)
+            .map(|_| live(|pool| Watcher::new(pool.clone(), Budget::default())).0)
+            .collect();
+        assert_eq!(waiter::tiers(), 30);
+        assert_eq!(threads_named("live-tiers"), 1);
+        // Every other stack changes: those, and only those, get a generation.
+        for (i, l) in stacks.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
+            let text = format!("---\ndescription: changed-{i}\n---\n");
+            std::fs::write(l.dir.join("s/SKILL.md"), text).unwrap();
+        }
+        for (i, l) in stacks.iter().enumerate() {
+            if i % 2 == 0 {
+                waited_for("a changed stack is served", || {
+                    l.serves(&format!("changed-{i}"))
+                });
+                waited_for("its generation is told twice", || l.generations() == 1);
+            }
+        }
+        waited_for("the generations' threads end", || {
+            threads_named("live-build") == 0
+        });
+        for (i, l) in stacks.iter().enumerate() {
+            let expected = if i % 2 == 0 { 1 } else { 0 };
+            assert_eq!(l.generations(), expected, "stack {i}");
+        }
+        assert_eq!(threads_named("live-tiers"), 1);
+        drop(stacks);
+        assert_eq!(waiter::tiers(), 0);
     }
 
     #[test]
