@@ -1,9 +1,9 @@
 //! The process's allocator: mimalloc for all but large blocks, which are anonymous mappings
 //! of their own.
 //!
-//! Why: a FUSE session's every thread holds a 16 MiB request buffer (`vec![0; n]`, fuser's
-//! size for the largest write the kernel may send), of which a read-only file system's
-//! requests touch a few KiB. mimalloc zeroes a large block it reuses, so each buffer cost
+//! Why: a FUSE session's every thread held a 16 MiB request buffer (`vec![0; n]`, the size
+//! the fuser crate used for the largest write the kernel may send; our own transport since
+//! needs 68 KiB per pool thread), of which a read-only file system's requests touch a few KiB. mimalloc zeroes a large block it reuses, so each buffer cost
 //! 16 MiB of resident memory, and it kept the blocks once freed: a server with 10 workspaces
 //! (20 mounts, 80 FUSE threads) held ~750 MiB, still held after every workspace closed
 //! (`cargo bench --bench scale`). A mapping of its own is resident only where written, is
@@ -19,7 +19,7 @@ use std::alloc::{GlobalAlloc, Layout};
 pub const LARGE: usize = 1 << 20;
 
 /// Gives back to the system what mimalloc holds free, that of threads that have ended
-/// included (a paused workspace's FUSE and live-tier threads): mimalloc keeps the pages a
+/// included (the runtime's blocking threads that served opens and closes): mimalloc keeps the pages a
 /// thread freed until another thread reuses them.
 pub fn give_back() {
     // SAFETY: mi_collect only walks mimalloc's own bookkeeping; it takes no pointer.
