@@ -45,10 +45,20 @@ pub fn attach(mountpoint: &Path, how: &Attach) -> io::Result<Device> {
     } else {
         with_fusermount(mountpoint, how)?
     };
-    let flags = nix::fcntl::fcntl(&device.fd, nix::fcntl::FcntlArg::F_GETFL)?;
-    let flags = nix::fcntl::OFlag::from_bits_retain(flags) | nix::fcntl::OFlag::O_NONBLOCK;
-    nix::fcntl::fcntl(&device.fd, nix::fcntl::FcntlArg::F_SETFL(flags))?;
+    // Mounted by now: a failure from here on must not leave it attached and unserved.
+    if let Err(e) = non_blocking(&device.fd) {
+        drop(device);
+        let _ = detach(mountpoint);
+        return Err(e);
+    }
     Ok(device)
+}
+
+fn non_blocking(fd: &OwnedFd) -> io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok(())
 }
 
 fn mount_as_root(mountpoint: &Path, allow_other: bool) -> io::Result<Device> {
@@ -131,6 +141,9 @@ fn with_fusermount(mountpoint: &Path, how: &Attach) -> io::Result<Device> {
     }
     let status = child.wait()?;
     if !status.success() {
+        // It sent a device, so it may have mounted: not left attached.
+        drop(fd);
+        let _ = detach(mountpoint);
         return Err(io::Error::other(format!("fusermount3 failed: {status}")));
     }
     Ok(Device { fd, helper: None })
@@ -138,29 +151,34 @@ fn with_fusermount(mountpoint: &Path, how: &Attach) -> io::Result<Device> {
 
 /// The one descriptor fusermount3 sends (`SCM_RIGHTS`), or why there is none.
 fn receive_fd(socket: RawFd) -> io::Result<OwnedFd> {
+    loop {
+        match receive_once(socket) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(Some(fd)) => return Ok(fd),
+            Ok(None) => return Err(io::Error::other("no device was sent")),
+        }
+    }
+}
+
+fn receive_once(socket: RawFd) -> nix::Result<Option<OwnedFd>> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut byte = [0u8; 1];
     let mut iov = [io::IoSliceMut::new(&mut byte)];
     let mut space = nix::cmsg_space!([RawFd; 1]);
-    let msg = recvmsg::<()>(
-        socket,
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )?;
+    let flags = MsgFlags::MSG_CMSG_CLOEXEC;
+    let msg = recvmsg::<()>(socket, &mut iov, Some(&mut space), flags)?;
+    let mut received = None;
     for cmsg in msg.cmsgs()? {
         if let ControlMessageOwned::ScmRights(fds) = cmsg {
-            let mut owned: Vec<OwnedFd> = fds
-                .into_iter()
-                // SAFETY: descriptors just received are this process's, owned by no one else.
-                .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
-                .collect();
-            if let Some(fd) = owned.pop() {
-                return Ok(fd);
+            for fd in fds {
+                // SAFETY: a descriptor just received is this process's, owned by no one else
+                // (any beyond the first is closed when dropped).
+                received = Some(unsafe { OwnedFd::from_raw_fd(fd) });
             }
         }
     }
-    Err(io::Error::other("no device was sent"))
+    Ok(received)
 }
 
 /// Detaches `mountpoint`, which ends its session. (`auto_unmount` only covers a daemon that

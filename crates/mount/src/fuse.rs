@@ -32,6 +32,8 @@ const MAX_READ: u32 = 1 << 20;
 
 pub struct SkillsFs {
     ns: Arc<Namespace>,
+    /// The kernel opens files without asking (`FUSE_NO_OPEN_SUPPORT`).
+    no_open: AtomicBool,
     /// The kernel opens directories without asking (`FUSE_NO_OPENDIR_SUPPORT`).
     no_opendir: AtomicBool,
     uid: u32,
@@ -46,6 +48,7 @@ impl SkillsFs {
             .map_or(0, |d| d.as_secs());
         SkillsFs {
             ns,
+            no_open: AtomicBool::new(false),
             no_opendir: AtomicBool::new(false),
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
@@ -132,9 +135,7 @@ impl Answer for SkillsFs {
                     Err(e) => Err(e),
                 }
             }
-            // Zero-message open: after this ENOSYS the kernel opens files without asking,
-            // keeping their cached pages (a file inode's content never changes).
-            op::OPEN => Err(Errno::ENOSYS),
+            op::OPEN => self.open(),
             op::READ => self.read(ino, &mut args),
             op::OPENDIR => self.opendir(),
             op::READDIR => self.readdir(ino, &mut args, false),
@@ -188,6 +189,8 @@ impl SkillsFs {
             | NO_OPENDIR_SUPPORT
             | MAX_PAGES;
         let flags = init.flags & wanted;
+        self.no_open
+            .store(flags & NO_OPEN_SUPPORT != 0, Ordering::Relaxed);
         self.no_opendir
             .store(flags & NO_OPENDIR_SUPPORT != 0, Ordering::Relaxed);
         let mut out = Out::default();
@@ -240,6 +243,18 @@ impl SkillsFs {
         let data = self.ns.read(ino, r.offset, r.size.min(MAX_READ))?;
         Stats::add(&STATS.read_bytes, data.len() as u64);
         Ok(Out { bytes: data })
+    }
+
+    /// Zero-message open: after this ENOSYS the kernel opens files without asking, keeping
+    /// their cached pages (a file inode's content never changes). A kernel without that
+    /// feature gets a handle that means nothing, and keeps the pages all the same.
+    fn open(&self) -> Answered {
+        if self.no_open.load(Ordering::Relaxed) {
+            return Err(Errno::ENOSYS);
+        }
+        let mut out = Out::default();
+        out.u64(0).u32(abi::FOPEN_KEEP_CACHE).u32(0);
+        Ok(out)
     }
 
     /// Zero-message opendir: after this ENOSYS the kernel opens directories without asking

@@ -5,8 +5,9 @@
 //! (`cargo bench --bench scale`).
 //!
 //! Fairness: a session's device is armed for one reader at a time (`EPOLLONESHOT`), and
-//! re-armed only while fewer than its share of the pool answer it, so one busy mount cannot
-//! take every thread from the others.
+//! re-armed only while fewer than its share of the pool answer it (at most 2 of at least 8
+//! for a workspace's mount), so one busy mount cannot take every thread from the others. A
+//! thread is never held long: requests are answered from the store on this machine.
 
 use crate::device::Device;
 use nix::errno::Errno;
@@ -111,37 +112,51 @@ struct Pool {
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
     next_key: AtomicU64,
     threads: usize,
+    /// Threads started so far: topped up by each new session until all run (a system out
+    /// of threads at the first mount must not leave later ones served by none).
+    started: Mutex<usize>,
 }
 
 static POOL: OnceLock<Pool> = OnceLock::new();
 
 /// The pool's threads: enough that a few slow requests (a file read from a cold disk) do not
 /// hold up the other mounts, and few enough to cost little where nothing is mounted busy.
+/// Every request is answered from the store on this machine (no network, no lock held
+/// across requests), so a thread is never held long.
 pub fn threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    (2 * cores).clamp(4, 64)
+    (2 * cores).clamp(8, 64)
 }
 
 fn pool() -> io::Result<&'static Pool> {
-    if let Some(p) = POOL.get() {
-        return Ok(p);
-    }
-    static START: Mutex<()> = Mutex::new(());
-    let _one = START.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(p) = POOL.get() {
-        return Ok(p);
-    }
-    let pool = Pool {
-        epoll: Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?,
-        sessions: Mutex::new(HashMap::new()),
-        next_key: AtomicU64::new(1),
-        threads: threads(),
+    let pool = match POOL.get() {
+        Some(p) => p,
+        None => {
+            let made = Pool {
+                epoll: Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?,
+                sessions: Mutex::new(HashMap::new()),
+                next_key: AtomicU64::new(1),
+                threads: threads(),
+                started: Mutex::new(0),
+            };
+            // Another caller may have made it meanwhile: theirs is kept, this one dropped.
+            POOL.get_or_init(|| made)
+        }
     };
-    let pool = POOL.get_or_init(|| pool);
-    for i in 0..pool.threads {
-        std::thread::Builder::new()
-            .name(format!("fuse-{i}"))
-            .spawn(move || work(pool))?;
+    let mut started = pool.started.lock().unwrap_or_else(|p| p.into_inner());
+    while *started < pool.threads {
+        let spawned = std::thread::Builder::new()
+            .name(format!("fuse-{}", *started))
+            .spawn(move || work(pool));
+        match spawned {
+            Ok(_) => *started += 1,
+            Err(e) if *started == 0 => return Err(e),
+            // Fewer for now; the next session tries again.
+            Err(e) => {
+                tracing::warn!(error = %e, started = *started, "the FUSE pool has fewer threads than it should");
+                break;
+            }
+        }
     }
     Ok(pool)
 }
@@ -259,9 +274,12 @@ fn take_one(pool: &Pool, session: &Session, buffer: &mut [u8]) {
         Err(Errno::EAGAIN | Errno::EINTR | Errno::ENOENT) => pool.arm(session),
         // The file system was unmounted (or its connection aborted).
         Err(Errno::ENODEV) => pool.end(session),
+        // Not expected while the connection stands: ending the session would leave its mount
+        // attached and unanswered, so it is read again, after a pause (no spinning).
         Err(e) => {
-            tracing::error!(error = %e, "reading a FUSE request; the session ends");
-            pool.end(session);
+            tracing::error!(error = %e, "reading a FUSE request; reading again");
+            std::thread::sleep(Duration::from_millis(10));
+            pool.arm(session);
         }
     }
 }

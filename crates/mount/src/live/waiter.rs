@@ -43,6 +43,8 @@ struct State {
 }
 
 struct Waiter {
+    /// Whether its thread runs (started with the first tier; tried again until it does).
+    running: Mutex<bool>,
     epoll: Epoll,
     /// Written to when a tier's due time may have come nearer.
     wake: EventFd,
@@ -59,28 +61,32 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 fn waiter() -> io::Result<&'static Waiter> {
-    if let Some(w) = WAITER.get() {
-        return Ok(w);
-    }
-    static START: Mutex<()> = Mutex::new(());
-    let _one = lock(&START);
-    if let Some(w) = WAITER.get() {
-        return Ok(w);
-    }
-    let made = Waiter {
-        epoll: Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?,
-        wake: EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?,
-        tiers: Mutex::new(HashMap::new()),
-        next_key: AtomicU64::new(WAKE + 1),
+    let w = match WAITER.get() {
+        Some(w) => w,
+        None => {
+            let made = Waiter {
+                running: Mutex::new(false),
+                epoll: Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?,
+                wake: EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?,
+                tiers: Mutex::new(HashMap::new()),
+                next_key: AtomicU64::new(WAKE + 1),
+            };
+            made.epoll.add(
+                made.wake.as_fd(),
+                EpollEvent::new(EpollFlags::EPOLLIN, WAKE),
+            )?;
+            // Another caller may have made it meanwhile: theirs is kept.
+            WAITER.get_or_init(|| made)
+        }
     };
-    made.epoll.add(
-        made.wake.as_fd(),
-        EpollEvent::new(EpollFlags::EPOLLIN, WAKE),
-    )?;
-    let w = WAITER.get_or_init(|| made);
-    std::thread::Builder::new()
-        .name("live-tiers".into())
-        .spawn(move || w.run())?;
+    let mut running = lock(&w.running);
+    if !*running {
+        // A system out of threads now: no tier is taken, and the next one tries again.
+        std::thread::Builder::new()
+            .name("live-tiers".into())
+            .spawn(move || w.run())?;
+        *running = true;
+    }
     Ok(w)
 }
 
