@@ -30,7 +30,7 @@ pub struct MountArgs {
     #[arg(long)]
     pub allow_other: bool,
     /// The most of the process's FUSE threads that answer the mount at once (default: one
-    /// per CPU, at most 8; the pool has two per CPU, at least 4).
+    /// per CPU, at most 8; the pool has two per CPU, at least 8).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Do not walk the mount in the background right after mounting (by default every folder
