@@ -279,6 +279,46 @@ fn agent_pid(kind: Kind, open: &Value) -> i32 {
         .expect("the agent's process")
 }
 
+/// The agent's allocator takes no huge page (2 MiB resident for each of its threads, in
+/// every workspace's executor), and a run's environment has none of the agent's settings.
+fn the_agent_holds_no_huge_page(kind: Kind) {
+    small_limits();
+    let h = harness(kind);
+    let open = h.open("small");
+    h.approve(&support::skill_digest(&open, "alpha"));
+    let ws = open["workspace"].as_str().unwrap().to_owned();
+    let hello = ran(&h, &ws, "scripts/hello.sh");
+    assert_eq!(hello["stdout"], "hello from /workspace\n", "{hello}");
+    let pid = agent_pid(kind, &open);
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    let huge = rollup
+        .lines()
+        .find_map(|l| l.strip_prefix("AnonHugePages:"))
+        .map(|v| v.trim().trim_end_matches(" kB").trim().to_owned());
+    assert_eq!(huge.as_deref(), Some("0"), "{rollup}");
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&environ).contains("MIMALLOC_ARENA_EAGER_COMMIT=0"),
+        "the agent runs without its setting"
+    );
+    h.workspaces.close(&ws).unwrap();
+    h.assert_nothing_left();
+}
+
+#[test]
+fn the_agent_holds_no_huge_page_on_bwrap() {
+    if available(Kind::Bwrap) {
+        the_agent_holds_no_huge_page(Kind::Bwrap);
+    }
+}
+
+#[test]
+fn the_agent_holds_no_huge_page_on_docker() {
+    if available(Kind::Docker) {
+        the_agent_holds_no_huge_page(Kind::Docker);
+    }
+}
+
 /// The executor as a whole holds `[limits] run_memory` and 1,024 processes: a container's
 /// limits in Docker, a cgroup of the sandbox's own in bubblewrap (where its agent is), gone
 /// with the workspace. A run whose processes together pass the memory ends as MEMORY_LIMIT.

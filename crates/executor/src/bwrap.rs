@@ -116,14 +116,11 @@ pub fn argv(places: &Places, agent: &std::path::Path) -> Vec<String> {
     ]);
     push(&["--bind", &repo, WORKSPACE, "--ro-bind", &mounts, ROOT]);
     push(&["--ro-bind", &agent.display().to_string(), AGENT]);
-    push(&[
-        "--remount-ro",
-        "/",
-        "--chdir",
-        WORKSPACE,
-        "--clearenv",
-        "--",
-    ]);
+    push(&["--remount-ro", "/", "--chdir", WORKSPACE, "--clearenv"]);
+    for (name, value) in crate::agent::ENV {
+        push(&["--setenv", name, value]);
+    }
+    push(&["--"]);
     push(&[AGENT, crate::agent::COMMAND, "--fd", &AGENT_FD.to_string()]);
     a
 }

@@ -250,6 +250,12 @@ async fn make(
                     "--listen".into(),
                     format!("{SOCKET_DIR}/{SOCKET}"),
                 ]),
+                env: Some(
+                    crate::agent::ENV
+                        .iter()
+                        .map(|(name, value)| format!("{name}={value}"))
+                        .collect(),
+                ),
                 user: Some("0:0".into()),
                 working_dir: Some(WORKSPACE.into()),
                 hostname: Some("executor".into()),

@@ -36,6 +36,11 @@ use sweep::sweep;
 
 /// The binary's command that runs the agent.
 pub const COMMAND: &str = "executor-agent";
+/// The agent's environment (runs get theirs from their plan, never this one). mimalloc
+/// otherwise commits its arena eagerly, as huge pages: 2 MiB resident for each of the agent's
+/// threads, 6 of its 9 MiB, in every executor of every workspace (`cargo bench --bench
+/// scale`). The agent allocates little; small pages are plenty.
+pub const ENV: [(&str, &str); 1] = [("MIMALLOC_ARENA_EAGER_COMMIT", "0")];
 /// Runs going at once, over all connections.
 const MAX_RUNS: usize = 64;
 /// Connections at once (Docker: the server and `cloud-harness exec` processes).
