@@ -287,7 +287,10 @@ fn main() {
 /// workspaces spread across all of them.
 fn paused(mcp: &Mcp, workspaces: &[String], home: &Path, pid: u32, empty: &Usage, pause: u64) {
     let n = workspaces.len();
-    let deadline = Instant::now() + Duration::from_secs(pause + 120);
+    // Every workspace pauses within `pause` of its last use; pausing them (unmounts, sandboxes
+    // stopped) takes its own time, which grows with their number (1,000 unpaused ones
+    // together took longer than 2 minutes).
+    let deadline = Instant::now() + Duration::from_secs(pause + 120 + n as u64 / 2);
     while resources::mounts_under(home).1 > 0 {
         assert!(Instant::now() < deadline, "the workspaces did not pause");
         std::thread::sleep(Duration::from_millis(500));
