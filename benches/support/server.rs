@@ -97,6 +97,9 @@ impl Mcp {
             .no_proxy()
             .timeout(Duration::from_secs(120))
             .pool_max_idle_per_host(connections)
+            // The server closes a connection idle for 10 s (`HEADER_TIMEOUT`): one kept
+            // longer may be reused just as it closes, and the call fails unsent.
+            .pool_idle_timeout(Duration::from_secs(5))
             .build()
             .unwrap();
         Mcp {
