@@ -5,7 +5,6 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
@@ -110,16 +109,8 @@ fn with_fusermount(mountpoint: &Path, how: &Attach) -> io::Result<Device> {
         .arg(mountpoint)
         .env("_FUSE_COMMFD", theirs_fd.to_string())
         .stdin(Stdio::null());
-    // SAFETY: between fork and exec, one async-signal-safe system call on a descriptor this
-    // process holds open: fusermount, and no other child, inherits the socket.
-    unsafe {
-        command.pre_exec(move || {
-            if nix::libc::fcntl(theirs_fd, nix::libc::F_SETFD, 0) == -1 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    // fusermount, and no other child, gets the socket.
+    crate::inherit::to_child(&mut command, theirs_fd);
     let mut child = command.spawn()?;
     drop(theirs);
     let received = receive_fd(ours.as_raw_fd());

@@ -23,7 +23,6 @@ use std::ffi::OsString;
 use std::io::{self, BufRead, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Mutex;
@@ -259,16 +258,8 @@ impl Guards {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
         if let Some(fd) = hold {
-            // SAFETY: between fork and exec, one async-signal-safe system call on a file
-            // this process holds open: the guard, and no other child, inherits it.
-            unsafe {
-                command.pre_exec(move || {
-                    if nix::libc::fcntl(fd, nix::libc::F_SETFD, 0) == -1 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            // The guard, and no other child, holds the home's lock.
+            crate::inherit::to_child(&mut command, fd);
         }
         let mut child = command.spawn()?;
         let pipe = child.stdin.take().expect("a piped stdin");

@@ -10,6 +10,7 @@ mod abi;
 mod device;
 pub mod fuse;
 pub mod guard;
+mod inherit;
 pub mod live;
 pub mod mount_table;
 pub mod pool;

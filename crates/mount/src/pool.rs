@@ -74,11 +74,17 @@ impl Session {
     }
 
     fn write_all(&self, header: &[u8], parts: &[&[u8]]) -> io::Result<()> {
-        let mut slices = Vec::with_capacity(parts.len() + 1);
-        slices.push(io::IoSlice::new(header));
-        slices.extend(parts.iter().map(|p| io::IoSlice::new(p)));
+        // No allocation per reply: a reply here has at most three parts after its header.
+        let mut slices = [io::IoSlice::new(&[]); 4];
+        if parts.len() >= slices.len() {
+            return Err(io::Error::other("a FUSE reply of too many parts"));
+        }
+        slices[0] = io::IoSlice::new(header);
+        for (slice, part) in slices[1..].iter_mut().zip(parts) {
+            *slice = io::IoSlice::new(part);
+        }
         // The device takes a whole reply in one write, or none of it.
-        nix::sys::uio::writev(&self.device.fd, &slices)?;
+        nix::sys::uio::writev(&self.device.fd, &slices[..=parts.len()])?;
         Ok(())
     }
 

@@ -154,8 +154,11 @@ impl Waiter {
 
     fn run(&'static self) {
         let mut events = vec![EpollEvent::empty(); 64];
+        // The nearest time a generation is due, from the last pass over the tiers (a build
+        // that ends, or a tier that changes, wakes the wait and makes another pass).
+        let mut nearest: Option<Instant> = None;
         loop {
-            let timeout = match self.nearest() {
+            let timeout = match nearest {
                 None => EpollTimeout::NONE,
                 Some(due) => {
                     let ms = due.saturating_duration_since(Instant::now()).as_millis();
@@ -185,19 +188,11 @@ impl Waiter {
                 }
             }
             let tiers: Vec<Arc<Tier>> = lock(&self.tiers).values().cloned().collect();
-            for tier in tiers {
-                self.build_if_due(&tier, now);
-            }
+            nearest = tiers
+                .iter()
+                .filter_map(|tier| self.build_if_due(tier, now))
+                .min();
         }
-    }
-
-    /// The nearest time a generation is due.
-    fn nearest(&self) -> Option<Instant> {
-        let tiers: Vec<Arc<Tier>> = lock(&self.tiers).values().cloned().collect();
-        tiers
-            .iter()
-            .filter_map(|t| lock(&t.state).settling.map(|s| s.until()))
-            .min()
     }
 
     /// `tier`'s instance has events: read them, and if one is a change, note it.
@@ -227,11 +222,12 @@ impl Waiter {
         }
     }
 
-    fn build_if_due(&'static self, tier: &Arc<Tier>, now: Instant) {
+    /// Starts `tier`'s generation if it is due; when the next one is due, if any.
+    fn build_if_due(&'static self, tier: &Arc<Tier>, now: Instant) -> Option<Instant> {
         let mut state = lock(&tier.state);
-        let due = state.settling.is_some_and(|s| s.until() <= now);
-        if !due || state.building || state.stopped {
-            return;
+        let until = state.settling.map(|s| s.until());
+        if until.is_none_or(|u| u > now) || state.building || state.stopped {
+            return until;
         }
         state.settling = None;
         state.building = true;
@@ -246,13 +242,16 @@ impl Waiter {
             let mut state = lock(&tier.state);
             state.building = false;
             let ready = now + MIN_INTERVAL;
-            state.settling = Some(Settling {
+            let retry = Settling {
                 ready,
                 last_change: ready,
-            });
+            };
+            state.settling = Some(retry);
             drop(state);
             tier.built.notify_all();
+            return Some(retry.until());
         }
+        None // its thread wakes the waiter when done
     }
 
     /// A generation's thread: builds it, then reads what came meanwhile.
