@@ -84,6 +84,19 @@ impl Drop for Server {
     }
 }
 
+/// An error with every cause under it: reqwest's own message alone ("error sending
+/// request") does not say whether the connection was refused, reset or closed.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// An MCP client: each call one POST, its answer read from JSON or the SSE stream.
 pub struct Mcp {
     pub url: String,
@@ -123,14 +136,14 @@ impl Mcp {
         if let Some(s) = session {
             r = r.header("Mcp-Session-Id", s);
         }
-        let response = r.send().map_err(|e| e.to_string())?;
+        let response = r.send().map_err(|e| with_causes(&e))?;
         let id = response
             .headers()
             .get("mcp-session-id")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let status = response.status();
-        let text = response.text().map_err(|e| e.to_string())?;
+        let text = response.text().map_err(|e| with_causes(&e))?;
         let answer = text
             .lines()
             .filter_map(|l| l.strip_prefix("data:"))
