@@ -58,10 +58,59 @@ pub fn mount_id(path: &Path) -> Option<u64> {
     id_at(&fs::canonicalize(path).ok()?)
 }
 
-/// The same for a canonical path, taken as written: nothing is resolved, so it answers for a
-/// mount whose daemon is gone (which answers `ENOTCONN` to what its caches do not hold).
+/// The same for a canonical path, taken as written: the last part is not followed.
+///
+/// Asked of the kernel for the path and its parent (`statx`, two lookups), not read from the
+/// whole table: with thousands of workspaces the table is megabytes, and every open asks.
+/// Where the kernel cannot say (before Linux 5.8, or a mount whose daemon is gone and answers
+/// `ENOTCONN`), from the table, which needs nothing resolved.
 pub fn id_at(canonical: &Path) -> Option<u64> {
-    topmost(&mounts().ok()?, canonical)
+    match (statx_mount(canonical), statx_mount(&canonical.join(".."))) {
+        (Ok(here), Ok(above)) => {
+            // `/..` is `/` itself: the root is a mount point of its own.
+            let root = here.node == above.node;
+            (here.id != above.id || root).then_some(here.id)
+        }
+        (Err(e), _) | (_, Err(e)) if e.kind() == io::ErrorKind::NotFound => None,
+        _ => topmost(&mounts().ok()?, canonical),
+    }
+}
+
+/// Which mount a path is on, and which file it is.
+struct OnMount {
+    id: u64,
+    node: (u64, u32, u32),
+}
+
+fn statx_mount(path: &Path) -> io::Result<OnMount> {
+    use nix::libc;
+    use std::os::unix::ffi::OsStrExt;
+    let name = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: a zeroed statx is a valid value for the kernel to fill in.
+    let mut out: libc::statx = unsafe { std::mem::zeroed() };
+    // Cached attributes do: no request reaches a FUSE daemon for this.
+    let flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_DONT_SYNC;
+    // SAFETY: a NUL-terminated path and a buffer of the kernel's layout.
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            name.as_ptr(),
+            flags,
+            libc::STATX_MNT_ID | libc::STATX_INO,
+            &mut out,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if out.stx_mask & libc::STATX_MNT_ID == 0 {
+        return Err(io::Error::from(io::ErrorKind::Unsupported));
+    }
+    Ok(OnMount {
+        id: out.stx_mnt_id,
+        node: (out.stx_ino, out.stx_dev_major, out.stx_dev_minor),
+    })
 }
 
 /// The ID of the topmost mount at `point` in `table`.
@@ -127,5 +176,25 @@ mod tests {
         assert!(is_mount_point(Path::new("/")));
         let dir = tempfile::tempdir().unwrap();
         assert!(!is_mount_point(&dir.path().join("missing")));
+        std::fs::create_dir(dir.path().join("plain")).unwrap();
+        assert!(!is_mount_point(&dir.path().join("plain")));
+    }
+
+    #[test]
+    fn the_kernel_names_the_same_mount_as_the_table_at_every_mount_point() {
+        let table = mounts().unwrap();
+        let mut compared = 0;
+        for m in &table {
+            let Some(top) = topmost_mount(&table, &m.point) else {
+                continue;
+            };
+            // Only where the path reaches that mount now (not one covered by a later mount).
+            if top.id != m.id || statx_mount(&m.point).map(|s| s.id).ok() != Some(m.id) {
+                continue;
+            }
+            assert_eq!(id_at(&m.point), Some(m.id), "{}", m.point.display());
+            compared += 1;
+        }
+        assert!(compared >= 1, "no mount point compared: {table:?}");
     }
 }
