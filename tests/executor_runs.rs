@@ -279,6 +279,91 @@ fn agent_pid(kind: Kind, open: &Value) -> i32 {
         .expect("the agent's process")
 }
 
+/// A bubblewrap sandbox starts without the other workspaces' mounts (bubblewrap reads the
+/// mount table once per bind: each mount on the host made every start slower), and the host
+/// keeps them: the other workspace's mounts are still there and still serve its runs.
+#[test]
+fn a_sandbox_starts_without_the_other_workspaces_mounts() {
+    if !available(Kind::Bwrap) {
+        return;
+    }
+    small_limits();
+    let h = harness(Kind::Bwrap);
+    let first = h.open("first");
+    h.approve(&support::skill_digest(&first, "alpha"));
+    let second = h.open("second");
+    let dir = |open: &Value| {
+        let id = open["workspace"].as_str().unwrap();
+        let dir = h.home().join("workspaces").join(id);
+        std::fs::canonicalize(dir).unwrap().display().to_string()
+    };
+    let (first_dir, second_dir) = (dir(&first), dir(&second));
+    // A sandbox starts at its workspace's first run.
+    ran(&h, first["workspace"].as_str().unwrap(), "scripts/hello.sh");
+    ran(
+        &h,
+        second["workspace"].as_str().unwrap(),
+        "scripts/hello.sh",
+    );
+    // bubblewrap's own process stays in the namespace it was started in.
+    let me = std::process::id().to_string();
+    let bwrap = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().nth(1));
+            cmdline.starts_with(b"bwrap\0")
+                && String::from_utf8_lossy(&cmdline).contains(&second_dir)
+                && ppid == Some(me.as_str())
+        })
+        .unwrap_or_else(|| {
+            let all: Vec<String> = std::fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .filter_map(|e| {
+                    let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
+                    let c = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                    let c = String::from_utf8_lossy(&c).replace('\0', " ");
+                    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                    c.contains("bwrap")
+                        .then(|| format!("{pid} {stat:.60} {c:.300}"))
+                })
+                .collect();
+            panic!("no bubblewrap of {second_dir} under {me}: {all:#?}")
+        });
+    let seen = std::fs::read_to_string(format!("/proc/{bwrap}/mountinfo")).unwrap();
+    assert!(
+        seen.contains(&format!("{second_dir}/mounts/skills ")),
+        "{seen}"
+    );
+    assert!(!seen.contains(&first_dir), "{seen}");
+    let host = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(host.contains(&format!("{first_dir}/mounts/skills ")));
+    assert!(host.contains(&format!("{first_dir}/mounts/owner-skills ")));
+    let ws = first["workspace"].as_str().unwrap();
+    let hello = ran(&h, ws, "scripts/hello.sh");
+    assert_eq!(hello["stdout"], "hello from /workspace\n", "{hello}");
+    let (code, out, err) = h.exec(
+        ws,
+        &["cat", "/opt/cloud-harness/skills/alpha/SKILL.md"],
+        b"",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("The alpha skill."), "{out}");
+    for open in [&first, &second] {
+        h.workspaces
+            .close(open["workspace"].as_str().unwrap())
+            .unwrap();
+    }
+    h.assert_nothing_left();
+}
+
 /// The agent's allocator takes no huge page (2 MiB resident for each of its threads, in
 /// every workspace's executor), and a run's environment has none of the agent's settings.
 fn the_agent_holds_no_huge_page(kind: Kind) {
