@@ -13,6 +13,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How many workspaces pause at once, at most.
+const PAUSERS: usize = 8;
 /// The default idle time before a pause.
 pub const IDLE: Duration = Duration::from_secs(600);
 
@@ -58,20 +60,40 @@ impl Workspace {
 impl Workspaces {
     /// Pauses every workspace unused for `idle`; how many paused. One that cannot be is
     /// logged and stays as it is.
+    ///
+    /// A pause waits for its sandbox to end and its mounts to be detached (about 0.4 s):
+    /// several run at once, on at most [`PAUSERS`] threads, so a thousand idle workspaces
+    /// pause in a minute, not seven.
     pub fn pause_idle(&self, idle: Duration) -> usize {
-        let mut paused = 0;
-        for ws in self.open_workspaces() {
+        let open = self.open_workspaces();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let paused = std::sync::atomic::AtomicUsize::new(0);
+        let pause_next = || loop {
+            let Some(ws) = open.get(next.fetch_add(1, Ordering::SeqCst)) else {
+                return;
+            };
             // Held by the map of open workspaces and by this list, and by nothing else.
-            let held = Arc::strong_count(&ws) > 2;
+            let held = Arc::strong_count(ws) > 2;
             match ws.pause(idle, held) {
                 Ok(true) => {
-                    paused += 1;
+                    paused.fetch_add(1, Ordering::SeqCst);
                     tracing::info!(workspace = %ws.id, "paused, unused for {} s", idle.as_secs());
                 }
                 Ok(false) => {}
                 Err(e) => tracing::warn!(workspace = %ws.id, error = %e, "could not pause"),
             }
-        }
+        };
+        std::thread::scope(|scope| {
+            for _ in 1..PAUSERS.min(open.len()) {
+                // A thread that cannot start leaves its share to the others and this one.
+                let _ = std::thread::Builder::new()
+                    .name("pause".into())
+                    .spawn_scoped(scope, pause_next);
+            }
+            pause_next();
+        });
+        drop(open);
+        let paused = paused.into_inner();
         cloud_harness_control::metrics::set_paused_workspaces(
             self.open_workspaces()
                 .iter()
