@@ -150,10 +150,6 @@ pub async fn start(
         None => None,
     };
     let mut cmd = tokio::process::Command::new(&argv[0]);
-    let hidden = places
-        .repo
-        .parent()
-        .and_then(super::launch_mounts::Hidden::others);
     let fd = theirs.as_raw_fd();
     let info_fd = info.as_ref().map(|(_, w)| w.as_raw_fd());
     let joins = group
@@ -166,7 +162,7 @@ pub async fn start(
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::inherit())
         .kill_on_drop(true);
-    // SAFETY: only system calls between fork and exec (no allocation).
+    // SAFETY: only write, dup2 and fcntl between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             use nix::libc;
@@ -189,9 +185,6 @@ pub async fn start(
                 if high[i] >= 0 && libc::dup2(high[i], to) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-            }
-            if let Some(hidden) = &hidden {
-                hidden.detach();
             }
             // Nothing else of the harness's reaches the sandbox: a descriptor another thread
             // has not marked yet (another workspace's /dev/fuse, just received) closes at

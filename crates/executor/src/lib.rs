@@ -8,10 +8,8 @@
 //! | `/opt/cloud-harness/owner-skills` | `<workspace>/mounts/owner-skills`  | read-only  |
 //! | `/opt/cloud-harness/.by-digest/H` | approved skill copies, by digest   | read-only  |
 //!
-//! `/opt/cloud-harness` is a read-only bind of `<workspace>/mounts`, itself a shared mount. In
-//! a container it is slave-propagated, so the FUSE mounts a restarted server makes show
-//! through; a bubblewrap sandbox ends with its server, and starts from a private copy of the
-//! host's mounts without the other workspaces' (`launch_mounts`). The rest is the
+//! `/opt/cloud-harness` is a read-only, slave-propagated bind of `<workspace>/mounts`, itself
+//! a shared mount, so the FUSE mounts a restarted server makes show through. The rest is the
 //! executor's own read-only root (the host's userland bound read-only) and a private `/tmp`.
 //! The harness's state (its home, the store, operator decisions) is never inside.
 //!
@@ -32,7 +30,6 @@ pub mod cgroup;
 pub mod docker;
 mod egress;
 mod event;
-mod launch_mounts;
 mod link;
 mod process;
 mod rlimits;
