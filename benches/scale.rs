@@ -4,7 +4,8 @@
 //! the same warm toolkit plus one of four distinct ones. At each step: the server's RSS, the
 //! summed RSS of every process it owns, threads, open descriptors, mounts, inotify instances
 //! and watches, and what each workspace adds above the empty server; `workspace_open` p50/p99
-//! over the step's last opens, a `skills_read` and a walk of one mount (medians). Then every
+//! and the first run's (its sandbox's start and the script) over the step's last opens, a
+//! `skills_read` and a walk of one mount (medians). Then every
 //! workspace is closed and the server's figures compared with its empty start.
 //!
 //! `cargo bench --bench scale` (as root, with /dev/fuse and bubblewrap). Writes a table and
@@ -41,6 +42,9 @@ struct Step {
     mounts: (u64, u64),
     open_p50_ms: f64,
     open_p99_ms: f64,
+    /// A workspace's first run: its sandbox starts, then the script runs.
+    first_run_p50_ms: f64,
+    first_run_p99_ms: f64,
     read_ms: f64,
     walk_ms: f64,
     /// Opens whose warnings said live updates are off (no inotify instance left).
@@ -165,6 +169,7 @@ fn main() {
 
     let mut workspaces: Vec<String> = Vec::new();
     let mut opens: Vec<Duration> = Vec::new();
+    let mut first_runs: Vec<Duration> = Vec::new();
     let mut unwatched = 0;
     let mut results = Vec::new();
     let run =
@@ -197,9 +202,11 @@ fn main() {
                 "---\nname: live-one\ndescription: A skill of the repository tier.\n---\nLive.\n",
             )
             .unwrap();
+            let t = Instant::now();
             let ran = mcp
                 .run_approved(&server.api(), &session, &run(&ws))
                 .unwrap_or_else(|e| panic!("run in workspace {i}: {e}"));
+            first_runs.push(t.elapsed());
             assert!(ran.to_string().contains("scaled"), "run {i}: {ran}");
             workspaces.push(ws);
             if (i + 1).is_multiple_of(100) {
@@ -213,6 +220,7 @@ fn main() {
         // The prewarm walks and the live tiers' first generations settle.
         std::thread::sleep(Duration::from_secs(3));
         let last = &opens[opens.len() - LAST_OPENS.min(n)..];
+        let last_runs = &first_runs[first_runs.len() - LAST_OPENS.min(n)..];
         let middle = &workspaces[n / 2];
         let reads: Vec<Duration> = (0..READS)
             .map(|k| {
@@ -242,6 +250,8 @@ fn main() {
             mounts: resources::mounts_under(&home),
             open_p50_ms: quantile(last, 0.5),
             open_p99_ms: quantile(last, 0.99),
+            first_run_p50_ms: quantile(last_runs, 0.5),
+            first_run_p99_ms: quantile(last_runs, 0.99),
             read_ms: quantile(&reads, 0.5),
             walk_ms: quantile(&walks, 0.5),
             unwatched,
@@ -330,6 +340,8 @@ fn paused(mcp: &Mcp, workspaces: &[String], home: &Path, pid: u32, empty: &Usage
         mounts: (0, 0),
         open_p50_ms: 0.0,
         open_p99_ms: 0.0,
+        first_run_p50_ms: 0.0,
+        first_run_p99_ms: 0.0,
         read_ms: 0.0,
         walk_ms: 0.0,
         unwatched: 0,
@@ -357,12 +369,13 @@ fn per_workspace(step: &Step, empty: &Usage, f: fn(&Usage) -> u64) -> f64 {
 fn print_step(s: &Step, empty: &Usage) {
     let u = &s.usage;
     println!(
-        "scale: N={}: server RSS {:.1} MiB, owned PSS {:.1} MiB ({} processes), threads {} (+{} owned), fds {} (+{} store objects), inotify {} instances / {} watches, mounts {} ({} FUSE); per workspace {:.2} MiB (server RSS and owned PSS) and {:.1} threads; open p50 {:.1} ms p99 {:.1} ms; read {:.2} ms; walk {:.2} ms; {} opens without live updates",
+        "scale: N={}: server RSS {:.1} MiB, owned PSS {:.1} MiB ({} processes), threads {} (+{} owned), fds {} (+{} store objects), inotify {} instances / {} watches, mounts {} ({} FUSE); per workspace {:.2} MiB (server RSS and owned PSS) and {:.1} threads; open p50 {:.1} ms p99 {:.1} ms; first run p50 {:.1} ms p99 {:.1} ms; read {:.2} ms; walk {:.2} ms; {} opens without live updates",
         s.n, mib(u.rss_kib), mib(u.owned_pss_kib), u.owned_processes, u.threads, u.owned_threads,
         u.fds, u.object_fds, u.inotify_instances, u.inotify_watches, s.mounts.0, s.mounts.1,
         per_workspace(s, empty, Usage::memory_kib) / 1024.0,
         per_workspace(s, empty, Usage::total_threads),
-        s.open_p50_ms, s.open_p99_ms, s.read_ms, s.walk_ms, s.unwatched
+        s.open_p50_ms, s.open_p99_ms, s.first_run_p50_ms, s.first_run_p99_ms, s.read_ms,
+        s.walk_ms, s.unwatched
     );
 }
 
@@ -384,8 +397,8 @@ fn report(steps: &[Step], ends: Ends, clean_exit: bool) {
         mounts,
     } = ends;
     let (empty, closed) = (&empty, &closed);
-    println!("| N | server RSS MiB | owned PSS MiB (processes) | threads (+ owned) | fds | inotify instances / watches | mounts (FUSE) | memory / workspace MiB | threads / workspace | open p50 / p99 ms | skills_read ms | walk ms | opens without live updates |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| N | server RSS MiB | owned PSS MiB (processes) | threads (+ owned) | fds | inotify instances / watches | mounts (FUSE) | memory / workspace MiB | threads / workspace | open p50 / p99 ms | first run p50 / p99 ms | skills_read ms | walk ms | opens without live updates |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let row = |n: String, u: &Usage, m: (u64, u64)| {
         format!(
             "| {n} | {:.1} | {:.1} ({}) | {} (+{}) | {} | {} / {} | {} ({})",
@@ -401,22 +414,24 @@ fn report(steps: &[Step], ends: Ends, clean_exit: bool) {
             m.1
         )
     };
-    println!("{} | | | | | | |", row("0 (empty)".into(), empty, (0, 0)));
+    println!("{} | | | | | | | |", row("0 (empty)".into(), empty, (0, 0)));
     for s in steps {
         println!(
-            "{} | {:.2} | {:.1} | {:.1} / {:.1} | {:.2} | {:.2} | {} |",
+            "{} | {:.2} | {:.1} | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} | {:.2} | {} |",
             row(s.n.to_string(), &s.usage, s.mounts),
             per_workspace(s, empty, Usage::memory_kib) / 1024.0,
             per_workspace(s, empty, Usage::total_threads),
             s.open_p50_ms,
             s.open_p99_ms,
+            s.first_run_p50_ms,
+            s.first_run_p99_ms,
             s.read_ms,
             s.walk_ms,
             s.unwatched
         );
     }
     println!(
-        "{} | | | | | | |",
+        "{} | | | | | | | |",
         row("0 (all closed)".into(), closed, mounts)
     );
     let rows: Vec<Value> = steps
@@ -427,7 +442,8 @@ fn report(steps: &[Step], ends: Ends, clean_exit: bool) {
                 "ownedThreads": s.usage.owned_threads, "fds": s.usage.fds,
                 "inotifyInstances": s.usage.inotify_instances, "inotifyWatches": s.usage.inotify_watches,
                 "mounts": s.mounts.0, "fuseMounts": s.mounts.1,
-                "openP50Ms": s.open_p50_ms, "openP99Ms": s.open_p99_ms, "readMs": s.read_ms,
+                "openP50Ms": s.open_p50_ms, "openP99Ms": s.open_p99_ms,
+                "firstRunP50Ms": s.first_run_p50_ms, "firstRunP99Ms": s.first_run_p99_ms, "readMs": s.read_ms,
                 "walkMs": s.walk_ms, "unwatchedOpens": s.unwatched})
         })
         .collect();
@@ -516,6 +532,7 @@ fn plots(dir: &Path, steps: &[Step]) {
             vec![
                 series("open p50", &|s| s.open_p50_ms),
                 series("open p99", &|s| s.open_p99_ms),
+                series("first run p50", &|s| s.first_run_p50_ms),
                 series("skills_read", &|s| s.read_ms),
                 series("walk of a mount", &|s| s.walk_ms),
             ],

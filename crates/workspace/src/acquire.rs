@@ -108,8 +108,9 @@ impl Workspaces {
     }
 }
 
-/// `f` of every item, at most `at_once` at a time on scoped threads, in the items' order.
-fn bounded_map<T: Sync, R: Send>(
+/// `f` of every item, at most `at_once` at a time (this thread and scoped ones), in the
+/// items' order. A thread that cannot start leaves its share to the others.
+pub(crate) fn bounded_map<T: Sync, R: Send>(
     items: &[T],
     at_once: usize,
     f: impl Fn(&T) -> R + Sync,
@@ -119,15 +120,17 @@ fn bounded_map<T: Sync, R: Send>(
     }
     let next = AtomicUsize::new(0);
     let done: Mutex<Vec<Option<R>>> = Mutex::new(items.iter().map(|_| None).collect());
+    let work = || loop {
+        let i = next.fetch_add(1, Ordering::Relaxed);
+        let Some(item) = items.get(i) else { break };
+        let r = f(item);
+        done.lock().expect("results lock")[i] = Some(r);
+    };
     std::thread::scope(|s| {
-        for _ in 0..at_once.min(items.len()) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(item) = items.get(i) else { break };
-                let r = f(item);
-                done.lock().expect("results lock")[i] = Some(r);
-            });
+        for _ in 1..at_once.min(items.len()) {
+            let _ = std::thread::Builder::new().spawn_scoped(s, work);
         }
+        work();
     });
     done.into_inner()
         .expect("results lock")

@@ -32,9 +32,10 @@ pub struct Mounted {
 }
 
 impl Mounted {
-    /// Whether the mount `table` has it and the kernel still sends it requests.
-    pub fn check(&self, table: &[cloud_harness_mount::mount_table::Mount]) -> Result<(), String> {
-        if !table.iter().any(|t| t.point == self.point && t.is_ours()) {
+    /// Whether the mount table has it among `ours` (the points of this project's FUSE
+    /// mounts) and the kernel still sends it requests.
+    pub fn check(&self, ours: &std::collections::HashSet<&Path>) -> Result<(), String> {
+        if !ours.contains(self.point.as_path()) {
             return Err(format!("{} is not mounted", self.path.display()));
         }
         if !self.served.is_served() {

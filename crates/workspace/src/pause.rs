@@ -27,8 +27,13 @@ impl Workspace {
             return Ok(false);
         }
         let _turning = self.idle.turning.lock().expect("pause lock");
-        if held || self.running.load(Ordering::SeqCst) > 0 {
+        if self.running.load(Ordering::SeqCst) > 0 {
             self.idle.touch();
+            return Ok(false);
+        }
+        // Held by a call, or for a moment by a listing: not now, and its idle time goes on (a
+        // listing that holds every workspace must not make them all wait another `idle`).
+        if held {
             return Ok(false);
         }
         if self.idle.paused() || self.idle.closed.load(Ordering::SeqCst) {
@@ -66,34 +71,23 @@ impl Workspaces {
     /// pause in a minute, not seven.
     pub fn pause_idle(&self, idle: Duration) -> usize {
         let open = self.open_workspaces();
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let paused = std::sync::atomic::AtomicUsize::new(0);
-        let pause_next = || loop {
-            let Some(ws) = open.get(next.fetch_add(1, Ordering::SeqCst)) else {
-                return;
-            };
+        let outcomes = crate::acquire::bounded_map(&open, PAUSERS, |ws| {
             // Held by the map of open workspaces and by this list, and by nothing else.
             let held = Arc::strong_count(ws) > 2;
-            match ws.pause(idle, held) {
+            ws.pause(idle, held)
+        });
+        let mut paused = 0;
+        for (ws, outcome) in open.iter().zip(outcomes) {
+            match outcome {
                 Ok(true) => {
-                    paused.fetch_add(1, Ordering::SeqCst);
+                    paused += 1;
                     tracing::info!(workspace = %ws.id, "paused, unused for {} s", idle.as_secs());
                 }
                 Ok(false) => {}
                 Err(e) => tracing::warn!(workspace = %ws.id, error = %e, "could not pause"),
             }
-        };
-        std::thread::scope(|scope| {
-            for _ in 1..PAUSERS.min(open.len()) {
-                // A thread that cannot start leaves its share to the others and this one.
-                let _ = std::thread::Builder::new()
-                    .name("pause".into())
-                    .spawn_scoped(scope, pause_next);
-            }
-            pause_next();
-        });
+        }
         drop(open);
-        let paused = paused.into_inner();
         cloud_harness_control::metrics::set_paused_workspaces(
             self.open_workspaces()
                 .iter()

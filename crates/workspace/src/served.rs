@@ -94,19 +94,19 @@ impl Workspace {
         })
     }
 
-    /// Whether its mounts are served: each is in the mount `table` (read once for every
-    /// workspace) and its serving thread runs. Nothing is read through the mounts: a read of
+    /// Whether its mounts are served: each is among `ours` (the points of this project's FUSE
+    /// mounts, from one read of the table for every workspace) and its session is served. Nothing is read through the mounts: a read of
     /// its own mount that is in flight when the server is killed waits for an answer only the
     /// dead server could give, so the process never ends and its unmount guard never acts.
     /// A paused workspace, or one being paused or resumed now, has none to check.
     pub fn check_mounts(
         &self,
-        table: &[cloud_harness_mount::mount_table::Mount],
+        ours: &std::collections::HashSet<&std::path::Path>,
     ) -> std::result::Result<(), String> {
         let Ok(mounts) = self.mounts.try_lock() else {
             return Ok(());
         };
-        mounts.iter().try_for_each(|m| m.check(table))
+        mounts.iter().try_for_each(|m| m.check(ours))
     }
 
     /// What `workspace_open` returned for it.
