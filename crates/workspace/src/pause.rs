@@ -8,7 +8,7 @@
 
 use super::activate::Served;
 use super::{roots, Workspace, Workspaces};
-use cloud_harness_error::Result;
+use cloud_harness_error::{Error, Result};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +26,11 @@ impl Workspace {
         if self.record.never_pause {
             return Ok(false);
         }
-        let _turning = self.idle.turning.lock().expect("pause lock");
+        let _turning = self
+            .idle
+            .turning
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if self.running.load(Ordering::SeqCst) > 0 {
             self.idle.touch();
             return Ok(false);
@@ -56,7 +60,11 @@ impl Workspace {
 
     /// A close begins: no pause or resume runs from now on. Held until the close ends.
     pub(super) fn closing(&self) -> std::sync::MutexGuard<'_, ()> {
-        let turning = self.idle.turning.lock().expect("pause lock");
+        let turning = self
+            .idle
+            .turning
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.idle.closed.store(true, Ordering::SeqCst);
         turning
     }
@@ -70,11 +78,17 @@ impl Workspaces {
     /// several run at once, on at most [`PAUSERS`] threads, so a thousand idle workspaces
     /// pause in a minute, not seven.
     pub fn pause_idle(&self, idle: Duration) -> usize {
-        let open = self.open_workspaces();
+        // Those that may be due, looked at without their locks (`pause` looks again).
+        let mut open = self.open_workspaces();
+        open.retain(|ws| {
+            !ws.record.never_pause && !ws.idle.paused() && ws.idle.unused_for() >= idle
+        });
         let outcomes = crate::acquire::bounded_map(&open, PAUSERS, |ws| {
             // Held by the map of open workspaces and by this list, and by nothing else.
             let held = Arc::strong_count(ws) > 2;
-            ws.pause(idle, held)
+            // A pause that panics is that workspace's failure, not the end of every pause.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ws.pause(idle, held)))
+                .unwrap_or_else(|_| Err(Error::internal("the pause panicked")))
         });
         let mut paused = 0;
         for (ws, outcome) in open.iter().zip(outcomes) {
@@ -122,7 +136,11 @@ impl Workspaces {
     /// Under the lock a pause takes: a pause either ends before this use (and is undone
     /// here) or sees it and leaves the workspace be.
     fn resume(&self, ws: &Workspace) -> Result<()> {
-        let _turning = ws.idle.turning.lock().expect("pause lock");
+        let _turning = ws
+            .idle
+            .turning
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         ws.idle.touch();
         if ws.idle.closed.load(Ordering::SeqCst) {
             return Err(super::record::not_found(&ws.id));

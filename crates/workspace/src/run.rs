@@ -14,24 +14,26 @@ use cloud_harness_executor::{self as executor, Command, RunLimits};
 use cloud_harness_store::cas::{self, Digest};
 use serde_json::json;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Counts a run as running while it lives.
-struct Running(Arc<AtomicUsize>);
+/// Counts a run as running while it lives; its end is the workspace's last use (its idle
+/// time starts there, not at the call that asked for it).
+struct Running<'a>(&'a Workspace);
 
-impl Running {
-    fn new(count: &Arc<AtomicUsize>) -> Running {
-        count.fetch_add(1, Ordering::SeqCst);
-        Running(count.clone())
+impl<'a> Running<'a> {
+    fn new(ws: &'a Workspace) -> Running<'a> {
+        ws.running.fetch_add(1, Ordering::SeqCst);
+        Running(ws)
     }
 }
 
-impl Drop for Running {
+impl Drop for Running<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.0.idle.touch();
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -224,7 +226,7 @@ impl Workspace {
             })
             .await?;
         // Closing the workspace cancels its runs too, and waits for them to end.
-        let _running = Running::new(&self.running);
+        let _running = Running::new(&self);
         let token = self.runs.child_token();
         let forward = {
             let token = token.clone();
