@@ -60,11 +60,11 @@ pub fn mount_id(path: &Path) -> Option<u64> {
 
 /// The same for a canonical path, taken as written: the last part is not followed.
 ///
-/// Asked of the kernel for the path and its parent (`statx` of one descriptor and of its
-/// `..`), not read from the whole table: with thousands of workspaces the table is
-/// megabytes, and every open asks. Where the kernel cannot say (before Linux 5.8, a mount
-/// whose daemon is gone and answers `ENOTCONN`, a file rather than a folder), from the table,
-/// which needs nothing resolved.
+/// Asked of the kernel (`statx` of the parent folder and of the name in it), not read from
+/// the whole table: with thousands of workspaces the table is megabytes, and every open asks.
+/// Nothing is looked up inside the folder itself, so no request reaches a FUSE daemon
+/// mounted there (one not serving yet, or stuck). Where the kernel cannot say (before Linux
+/// 5.8, a folder that cannot be opened), from the table, which needs nothing resolved.
 pub fn id_at(canonical: &Path) -> Option<u64> {
     match kernel_id_at(canonical) {
         Ok(id) => id,
@@ -77,18 +77,21 @@ pub fn id_at(canonical: &Path) -> Option<u64> {
 fn kernel_id_at(canonical: &Path) -> io::Result<Option<u64>> {
     use nix::fcntl::{open, OFlag};
     use nix::sys::stat::Mode;
-    // Not followed, and no automount set off: the folder as named, whatever it is.
-    let fd = open(
-        canonical,
-        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+    use std::os::unix::ffi::OsStrExt;
+    let (Some(parent), Some(name)) = (canonical.parent(), canonical.file_name()) else {
+        // `/`: a mount point of its own.
+        let root = open(canonical, OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty())?;
+        return statx_mount(&root, c"").map(Some);
+    };
+    let name = std::ffi::CString::new(name.as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let dir = open(
+        parent,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )?;
-    let here = statx_mount(&fd, c"")?;
-    if canonical.parent().is_none() {
-        return Ok(Some(here)); // `/`
-    }
-    // `..` of a mount's root is the folder it is mounted on, in the mount below.
-    let above = statx_mount(&fd, c"..")?;
+    let above = statx_mount(&dir, c"")?;
+    let here = statx_mount(&dir, &name)?;
     Ok((here != above).then_some(here))
 }
 
