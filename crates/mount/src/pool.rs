@@ -388,6 +388,47 @@ mod tests {
         assert_eq!(pool_threads(), threads());
     }
 
+    /// Panics at a lookup of a name starting with "boom" (a bug in a handler); answers the
+    /// rest.
+    struct Boom(SkillsFs);
+
+    impl Answer for Boom {
+        fn answer(&self, session: &Session, request: &[u8]) {
+            let (header, mut args) = crate::abi::parse(request).unwrap();
+            if header.opcode == crate::abi::op::LOOKUP
+                && args.name().unwrap().as_encoded_bytes().starts_with(b"boom")
+            {
+                panic!("a handler's bug");
+            }
+            self.0.answer(session, request);
+        }
+    }
+
+    #[test]
+    fn a_handler_that_panics_answers_eio_and_the_mount_goes_on_serving() {
+        if !can_mount() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let ns = namespace(tmp.path());
+        let points = Points(vec![tmp.path().join("boom")]);
+        let at = &points.0[0];
+        let served = serve(attach(at), Box::new(Boom(SkillsFs::new(ns))), 2).unwrap();
+        for _ in 0..2 * threads() {
+            let e = std::fs::metadata(at.join("boom-1")).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(nix::libc::EIO), "{e}");
+        }
+        // No thread was lost to the panics, and the mount still answers.
+        assert_eq!(pool_threads(), threads());
+        assert!(std::fs::read_dir(at).is_ok());
+        assert!(matches!(
+            std::fs::metadata(at.join("absent")).map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::NotFound)
+        ));
+        device::detach(at).unwrap();
+        assert!(served.wait_end(Some(Duration::from_secs(10))));
+    }
+
     /// Answers lookups of names starting with "slow" after a long wait, the rest at once.
     struct Slow {
         fs: SkillsFs,
