@@ -48,6 +48,7 @@ pub mod pause;
 pub mod preview;
 pub mod progress;
 mod read;
+mod readiness;
 mod record;
 mod request;
 mod restore;
@@ -546,45 +547,6 @@ impl Drop for Workspaces {
 
 /// How long a stopping server waits for the opens it cancelled to undo what they made.
 const OPENS_WAIT: Duration = Duration::from_secs(10);
-
-impl Workspaces {
-    /// Whether every open workspace's mounts are served (`Workspace::check_mounts`), from
-    /// one read of the mount table; what is wrong, naming each workspace. Blocking.
-    ///
-    /// It runs every few seconds: it holds one workspace at a time, for its own check (a
-    /// workspace held counts as in use, and does not pause), and finds each mount in the
-    /// table by its point, not by a scan of the table.
-    pub fn check_mounts(&self) -> std::result::Result<(), String> {
-        let table = cloud_harness_mount::mount_table::mounts()
-            .map_err(|e| format!("the mount table cannot be read: {e}"))?;
-        let ours: std::collections::HashSet<&std::path::Path> = table
-            .iter()
-            .filter(|m| m.is_ours())
-            .map(|m| m.point.as_path())
-            .collect();
-        let all: Vec<std::sync::Weak<Workspace>> = self
-            .open
-            .lock()
-            .expect("open lock")
-            .values()
-            .map(Arc::downgrade)
-            .collect();
-        let bad: Vec<String> = all
-            .iter()
-            .filter_map(|w| {
-                let w = w.upgrade()?; // closed meanwhile
-                w.check_mounts(&ours)
-                    .err()
-                    .map(|e| format!("workspace {} mounts: {e}", w.id))
-            })
-            .collect();
-        if bad.is_empty() {
-            Ok(())
-        } else {
-            Err(bad.join("; "))
-        }
-    }
-}
 
 /// The unmount guards of a server holding `serving`: each keeps the home locked until it has
 /// detached a dead server's mounts (the next server must not mount where it still does).
