@@ -15,5 +15,6 @@ pub mod live;
 pub mod mount_table;
 pub mod pool;
 pub mod prewarm;
+pub mod self_bind;
 pub mod stats;
 pub mod watch;

@@ -12,11 +12,18 @@ use std::path::{Path, PathBuf};
 pub struct Mount {
     /// Unique among the mounts there are now; the kernel reuses it once the mount is gone.
     pub id: u64,
+    /// The ID of the mount it is on (its own for a namespace's root).
+    pub parent: u64,
     pub point: PathBuf,
     /// `fuse` for a FUSE mount (`fuse.NAME` where the daemon named a subtype).
     pub fs_type: String,
     /// The source field: the FUSE daemon's `fsname`.
     pub source: String,
+    /// The file system's device (`MAJOR:MINOR`) and the folder of it mounted here.
+    pub device: String,
+    pub root: PathBuf,
+    /// In a peer group: mounts made in it, or taken off it, are in its peers too.
+    pub shared: bool,
 }
 
 impl Mount {
@@ -29,14 +36,25 @@ impl Mount {
 
 /// The whole table, read once, in the kernel's order (a mount after the one it is on).
 pub fn mounts() -> io::Result<Vec<Mount>> {
-    let table = fs::read("/proc/self/mountinfo")?;
+    read("/proc/self/mountinfo")
+}
+
+/// The same, of the calling thread's mount namespace (one it entered, say).
+pub fn mounts_of_this_thread() -> io::Result<Vec<Mount>> {
+    read("/proc/thread-self/mountinfo")
+}
+
+fn read(path: &str) -> io::Result<Vec<Mount>> {
+    let table = fs::read(path)?;
     Ok(table.split(|&b| b == b'\n').filter_map(parse).collect())
 }
 
 /// `ID PARENT MAJ:MIN ROOT POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER-OPTIONS`
 fn parse(line: &[u8]) -> Option<Mount> {
     let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
-    let id = std::str::from_utf8(fields.first()?).ok()?.parse().ok()?;
+    let number = |i: usize| std::str::from_utf8(fields.get(i)?).ok()?.parse().ok();
+    let id = number(0)?;
+    let parent = number(1)?;
     let point = PathBuf::from(OsString::from_vec(unescape(fields.get(4)?)));
     let dash = fields.iter().skip(6).position(|f| *f == b"-")? + 6;
     let text = |i: usize| {
@@ -46,10 +64,42 @@ fn parse(line: &[u8]) -> Option<Mount> {
     };
     Some(Mount {
         id,
+        parent,
         point,
         fs_type: text(dash + 1)?,
         source: text(dash + 2)?,
+        device: text(2)?,
+        root: PathBuf::from(OsString::from_vec(unescape(fields.get(3)?))),
+        shared: fields[6..dash].iter().any(|f| f.starts_with(b"shared:")),
     })
+}
+
+/// Whether any mount is in `dir` (not at `dir` itself).
+pub fn has_mounts_in(table: &[Mount], dir: &Path) -> bool {
+    table
+        .iter()
+        .any(|m| m.point != dir && m.point.starts_with(dir))
+}
+
+/// Whether the topmost mount at `point` is a bind of the folder under it onto itself, not
+/// shared (private, or a slave): the same files show whether it is there or not.
+pub fn is_private_self_bind(table: &[Mount], point: &Path) -> bool {
+    let Some(top) = topmost_mount(table, point) else {
+        return false;
+    };
+    // The mount the folder itself is on: the last made at the nearest folder above it.
+    let below = point.parent().and_then(|parent| {
+        parent
+            .ancestors()
+            .find_map(|folder| topmost_mount(table, folder))
+    });
+    let Some(below) = below else {
+        return false;
+    };
+    let Ok(inside) = point.strip_prefix(&below.point) else {
+        return false;
+    };
+    !top.shared && top.device == below.device && top.root == below.root.join(inside)
 }
 
 /// The ID of the mount at `path` (the topmost, if several are stacked there), in this mount
@@ -171,7 +221,11 @@ mod tests {
     fn a_line_gives_its_id_point_type_and_source_past_optional_fields() {
         let line = br"812 29 0:77 / /var/lib/ch/workspaces/w\0401/mounts/skills ro,nosuid shared:5 master:2 - fuse cloud-harness ro,user_id=0";
         let m = parse(line).unwrap();
-        assert_eq!(m.id, 812);
+        assert_eq!((m.id, m.parent), (812, 29));
+        assert_eq!(
+            (m.device.as_str(), m.root.as_path(), m.shared),
+            ("0:77", Path::new("/"), true)
+        );
         assert_eq!(
             m.point,
             Path::new("/var/lib/ch/workspaces/w 1/mounts/skills")
@@ -180,6 +234,39 @@ mod tests {
         let other = parse(b"30 1 0:5 / /tmp rw - tmpfs cloud-harness rw").unwrap();
         assert!(!other.is_ours());
         assert!(parse(b"garbage").is_none());
+    }
+
+    #[test]
+    fn a_bind_of_a_folder_onto_itself_is_told_from_another_file_system_there() {
+        let table: Vec<Mount> = [
+            &b"27 1 254:0 / / rw - ext4 /dev/vda rw"[..],
+            b"40 27 254:0 /srv/h/workspaces /srv/h/workspaces rw - ext4 /dev/vda rw",
+            b"41 27 254:0 /srv/k /srv/k rw - ext4 /dev/vda rw",
+            b"42 27 254:0 /other /srv/k/workspaces rw - ext4 /dev/vda rw",
+            b"43 27 0:50 / /srv/t/workspaces rw - tmpfs tmpfs rw",
+            b"44 27 254:0 /srv/s/workspaces /srv/s/workspaces rw shared:9 - ext4 /dev/vda rw",
+        ]
+        .iter()
+        .filter_map(|l| parse(l))
+        .collect();
+        assert!(is_private_self_bind(&table, Path::new("/srv/h/workspaces")));
+        // A bind of another folder, another file system, a shared one, no mount at all.
+        assert!(!is_private_self_bind(
+            &table,
+            Path::new("/srv/k/workspaces")
+        ));
+        assert!(!is_private_self_bind(
+            &table,
+            Path::new("/srv/t/workspaces")
+        ));
+        assert!(!is_private_self_bind(
+            &table,
+            Path::new("/srv/s/workspaces")
+        ));
+        assert!(!is_private_self_bind(
+            &table,
+            Path::new("/srv/x/workspaces")
+        ));
     }
 
     #[test]

@@ -12,25 +12,24 @@
 //! still the one of that ID (not one made there since); for a mount only expected (the daemon
 //! died between its mount and its `+`), if the mount there is one of ours. Records name the path as well as the ID because the kernel reuses an ID as
 //! soon as its mount is gone: `-5` sent late for one path must not drop the `+5` of another.
+//! `=ID PATH` names a bind of a folder onto itself that holds the daemon's mounts (a server's
+//! workspaces folder): detached after them, and only if nothing else is mounted in it then.
 //!
 //! A guard can itself be killed (a service manager's final SIGKILL to the whole unit races it),
 //! so [`sweep`] also detaches, at a server's start and after its stop, whatever FUSE mount of
 //! ours is left under its folders.
 
-use crate::mount_table::{self, Mount};
+use crate::mount_table;
 use std::collections::BTreeMap;
-use std::ffi::OsString;
-use std::io::{self, BufRead, Read, Write};
+use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Mutex;
 
-/// A record longer than this (a path past `PATH_MAX` and its ID) is not one of ours.
-const MAX_RECORD: u64 = 4096 + 32;
-/// Mounts one guard keeps at most: far beyond what a server holds (two per workspace).
-const MAX_MOUNTS: usize = 1 << 20;
+mod detach;
+pub use detach::{sweep, watch, MOUNT_NAMES};
 
 /// The daemon's side: the guard process, started at the first mount it is told of and again,
 /// told of every mount still watched, if it dies.
@@ -45,6 +44,8 @@ struct State {
     /// What a new guard must be told: every mount watched and not forgotten, by path (its ID,
     /// or none for one expected and not yet made).
     watched: BTreeMap<PathBuf, Option<u64>>,
+    /// Binds of a folder onto itself (see [`Guards::folder`]), by path: their IDs.
+    folders: BTreeMap<PathBuf, u64>,
     /// A file every guard keeps open until it has detached what it must (see
     /// [`Guards::holding`]); let go of at [`Guards::stop`].
     hold: Option<OwnedFd>,
@@ -98,6 +99,7 @@ impl Guards {
         state.hold = None;
         state.stopped = true;
         state.watched.clear();
+        state.folders.clear();
         drop(state);
         if let Some(Running { pipe, mut child }) = running {
             drop(pipe);
@@ -173,6 +175,24 @@ impl Guards {
         }
     }
 
+    /// `point` (canonical) is a bind of a folder onto itself that holds this process's
+    /// mounts: if this process dies, the guard detaches it after them, unless something
+    /// else is mounted in it by then.
+    pub fn folder(&self, point: &Path) -> io::Result<Watched> {
+        let id = mount_table::id_at(point)
+            .ok_or_else(|| io::Error::other(format!("{} is not a mount point", point.display())))?;
+        let mut state = self.state.lock().expect("guard lock");
+        state.folders.insert(point.to_owned(), id);
+        if let Err(e) = self.tell(&mut state, Some(&record(b'=', id, point))) {
+            state.folders.remove(point);
+            return Err(e);
+        }
+        Ok(Watched {
+            id,
+            point: point.to_owned(),
+        })
+    }
+
     /// The mount expected was not made (or is unmounted again).
     pub fn abandon(&self, pending: Pending) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -186,6 +206,8 @@ impl Guards {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if state.watched.get(&watched.point) == Some(&Some(watched.id)) {
             state.watched.remove(&watched.point);
+        } else if state.folders.get(&watched.point) == Some(&watched.id) {
+            state.folders.remove(&watched.point);
         }
         self.tell_running(&mut state, &record(b'-', watched.id, &watched.point));
     }
@@ -221,14 +243,15 @@ impl Guards {
                     let hold = state.hold.as_ref().map(AsRawFd::as_raw_fd);
                     let (pipe, child) = self.start(hold)?;
                     let r = state.running.insert(Running { pipe, child });
-                    let all: Vec<u8> = state
-                        .watched
+                    let folders = state
+                        .folders
                         .iter()
-                        .flat_map(|(point, &id)| match id {
-                            Some(id) => self::record(b'+', id, point),
-                            None => self::record(b'?', 0, point),
-                        })
-                        .collect();
+                        .flat_map(|(point, &id)| self::record(b'=', id, point));
+                    let mounts = state.watched.iter().flat_map(|(point, &id)| match id {
+                        Some(id) => self::record(b'+', id, point),
+                        None => self::record(b'?', 0, point),
+                    });
+                    let all: Vec<u8> = folders.chain(mounts).collect();
                     r.pipe.write_all(&all)
                 }
             };
@@ -322,152 +345,9 @@ impl Drop for Guards {
     }
 }
 
-/// The guard's side: reads records from `input` until end of file, then detaches every mount
-/// still named. How many it detached.
-/// A read error is no end of file: the daemon may still serve, so nothing is detached (the
-/// next server's start sweeps what is left).
-pub fn watch(input: impl Read) -> io::Result<usize> {
-    let named = named(input)?;
-    // One read of the mount table for them all: a server's guard may name thousands.
-    let table = match mount_table::mounts() {
-        Ok(table) => Some(table),
-        Err(e) => {
-            eprintln!(
-                "cloud-harness: the mount table is unreadable ({e}); detaching every mount named"
-            );
-            None
-        }
-    };
-    let mut detached = 0;
-    for (point, id) in named {
-        if let Some(table) = &table {
-            let now = mount_table::topmost_mount(table, &point);
-            let still = match id {
-                Some(id) => now.is_some_and(|m| m.id == id),
-                None => now.is_some_and(Mount::is_ours),
-            };
-            if !still {
-                continue; // unmounted already (or never made), or someone else's mount now
-            }
-        }
-        match crate::fuse::unmount(&point) {
-            Ok(()) => detached += 1,
-            Err(e) => eprintln!("cloud-harness: detaching {}: {e}", point.display()),
-        }
-    }
-    Ok(detached)
-}
-
-/// The mounts the records name at the end of `input`, newest first (a mount made inside
-/// another goes before it).
-fn named(input: impl Read) -> io::Result<Vec<(PathBuf, Option<u64>)>> {
-    // By path: when it was named, and its ID (none while only expected).
-    let mut mounts: BTreeMap<PathBuf, (u64, Option<u64>)> = BTreeMap::new();
-    let mut input = io::BufReader::new(input);
-    let mut record = Vec::new();
-    for seq in 0.. {
-        record.clear();
-        match (&mut input).take(MAX_RECORD).read_until(0, &mut record) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-        if record.pop() != Some(0) {
-            // Too long, or cut by the end of the input: skip to the next record.
-            if input.skip_until(0)? == 0 {
-                break;
-            }
-            continue;
-        }
-        match parse(&record) {
-            Some((sign @ (b'+' | b'?'), id, path))
-                if mounts.len() < MAX_MOUNTS || mounts.contains_key(&path) =>
-            {
-                mounts.insert(path, (seq, (sign == b'+').then_some(id)));
-            }
-            Some((b'-', id, path))
-                if mounts
-                    .get(&path)
-                    .is_some_and(|&(_, known)| known.unwrap_or(0) == id) =>
-            {
-                mounts.remove(&path);
-            }
-            _ => {}
-        }
-    }
-    let mut newest_first: Vec<(u64, PathBuf, Option<u64>)> = mounts
-        .into_iter()
-        .map(|(path, (seq, id))| (seq, path, id))
-        .collect();
-    newest_first.sort_by_key(|&(seq, _, _)| std::cmp::Reverse(seq));
-    Ok(newest_first.into_iter().map(|(_, p, id)| (p, id)).collect())
-}
-
-/// `+ID PATH`, `?0 PATH` or `-ID PATH`, the path absolute.
-fn parse(record: &[u8]) -> Option<(u8, u64, PathBuf)> {
-    let (&sign, rest) = record.split_first()?;
-    if !matches!(sign, b'+' | b'-' | b'?') {
-        return None;
-    }
-    let space = rest.iter().position(|&b| b == b' ')?;
-    let id = std::str::from_utf8(&rest[..space]).ok()?.parse().ok()?;
-    let path = PathBuf::from(OsString::from_vec(rest[space + 1..].to_vec()));
-    path.is_absolute().then_some((sign, id, path))
-}
-
-/// Detaches every FUSE mount of ours at or under `root` (whose daemon must be gone: a server
-/// at its start, or its service after it stopped), the newest first. How many.
-pub fn sweep(root: &Path) -> io::Result<usize> {
-    let root = std::fs::canonicalize(root)?;
-    let left: Vec<Mount> = mount_table::mounts()?
-        .into_iter()
-        .filter(|m| m.is_ours() && m.point.starts_with(&root) && is_mount_folder(&m.point))
-        .collect();
-    let mut detached = 0;
-    for m in left.iter().rev() {
-        match crate::fuse::unmount(&m.point) {
-            Ok(()) => detached += 1,
-            Err(e) => {
-                tracing::warn!(mountpoint = %m.point.display(), error = %e, "a mount left by a server that is gone could not be detached")
-            }
-        }
-    }
-    Ok(detached)
-}
-
-/// The names a workspace's FUSE mounts have (`<workspace>/mounts/{skills,owner-skills}`):
-/// a sweep leaves any other mount alone, whatever made it.
-pub const MOUNT_NAMES: [&str; 2] = ["skills", "owner-skills"];
-
-fn is_mount_folder(point: &Path) -> bool {
-    let name = point.file_name().and_then(|n| n.to_str());
-    let parent = point.parent().and_then(|p| p.file_name());
-    name.is_some_and(|n| MOUNT_NAMES.contains(&n)) && parent == Some("mounts".as_ref())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn records_name_mounts_until_removed_and_bad_ones_are_skipped() {
-        let mut input = Vec::new();
-        input.extend_from_slice(b"+7 /nowhere/a\0");
-        input.extend_from_slice(b"+8 relative\0"); // not absolute: not ours
-        input.extend_from_slice(&[b'+'; 5000]); // too long
-        input.extend_from_slice(b"\0-7 /nowhere/a\0+9 /nowhere/b\0+11 /nowhere/d\0");
-        input.extend_from_slice(b"garbage\0+10 /nowhere/c"); // cut by the end
-        assert_eq!(
-            named(&input[..]).unwrap(),
-            vec![
-                (PathBuf::from("/nowhere/d"), Some(11)),
-                (PathBuf::from("/nowhere/b"), Some(9))
-            ]
-        );
-        // Nothing named is mounted: the guard detaches nothing and ends.
-        assert_eq!(watch(&input[..]).unwrap(), 0);
-    }
 
     #[test]
     fn a_guard_that_exits_at_its_start_is_no_guard() {
@@ -475,62 +355,5 @@ mod tests {
         assert!(!guards.ready());
         // A mount point it would have to be told of: refused, not watched by nobody.
         assert!(guards.watch(Path::new("/proc")).is_err());
-    }
-
-    #[test]
-    fn a_sweep_names_only_a_workspaces_mount_folders() {
-        assert!(is_mount_folder(Path::new("/h/workspaces/w1/mounts/skills")));
-        assert!(is_mount_folder(Path::new(
-            "/h/workspaces/w1/mounts/owner-skills"
-        )));
-        assert!(!is_mount_folder(Path::new("/h/workspaces/w1/repo")));
-        assert!(!is_mount_folder(Path::new(
-            "/h/workspaces/w1/tree/mounts/x"
-        )));
-        assert!(!is_mount_folder(Path::new("/h/workspaces/w1/skills")));
-    }
-
-    #[test]
-    fn a_read_error_is_no_end_of_file_and_detaches_nothing() {
-        struct Failing(bool);
-        impl Read for Failing {
-            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-                if std::mem::replace(&mut self.0, true) {
-                    return Err(io::Error::other("broken"));
-                }
-                let rec = b"+1 /nowhere/guard-test\0";
-                buf[..rec.len()].copy_from_slice(rec);
-                Ok(rec.len())
-            }
-        }
-        assert!(watch(Failing(false)).is_err());
-    }
-
-    #[test]
-    fn a_late_removal_of_a_reused_id_keeps_the_other_mount() {
-        // A is unmounted, B mounted at once with A's freed ID, and only then is A's removal
-        // sent; and a path mounted again keeps its new ID past the old one's removal.
-        let input = b"+5 /w/a\0+5 /w/b\0-5 /w/a\0+6 /w/c\0+7 /w/c\0-6 /w/c\0";
-        assert_eq!(
-            named(&input[..]).unwrap(),
-            vec![
-                (PathBuf::from("/w/c"), Some(7)),
-                (PathBuf::from("/w/b"), Some(5))
-            ]
-        );
-    }
-
-    #[test]
-    fn an_expected_mount_is_named_until_made_or_given_up() {
-        // Expected and made; expected and given up; expected only (the daemon died between
-        // its mount and its `+`).
-        let input = b"?0 /w/a\0+4 /w/a\0?0 /w/b\0-0 /w/b\0?0 /w/c\0";
-        assert_eq!(
-            named(&input[..]).unwrap(),
-            vec![
-                (PathBuf::from("/w/c"), None),
-                (PathBuf::from("/w/a"), Some(4))
-            ]
-        );
     }
 }
