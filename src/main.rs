@@ -24,6 +24,13 @@ fn main() -> ExitCode {
             .collect();
         return ExitCode::from(cloud_harness_executor::agent::main(&rest).clamp(0, 255) as u8);
     }
+    // What starts a bubblewrap sandbox: nothing of the server's either.
+    if args
+        .get(1)
+        .is_some_and(|a| a == cloud_harness_executor::launcher::COMMAND)
+    {
+        return ExitCode::from(cloud_harness_executor::launcher::main(&args[2..]) as u8);
+    }
     // The unmount guard a daemon starts beside itself: it reads no configuration either (a
     // bad one must not keep the daemon's mounts unguarded).
     if args.len() == 2 && args[1] == cli::guard::COMMAND {

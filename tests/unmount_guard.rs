@@ -247,3 +247,90 @@ fn a_second_server_on_the_same_home_is_refused_and_leaves_the_first_serving() {
         "the first server's mounts"
     );
 }
+
+/// The mounts under `root`, by mount point (the folder of all workspaces among them).
+fn mounts_under(root: &std::path::Path) -> Vec<PathBuf> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4).map(PathBuf::from))
+        .filter(|point| point.starts_with(root))
+        .collect()
+}
+
+/// With bubblewrap sandboxes (as root), the folder of all workspaces is a mount of the
+/// server's own while it runs (a sandbox starts without the other workspaces' mounts). A
+/// server killed alone leaves nothing under its home once its guard has run; one killed with
+/// its guard leaves that mount, which `mount-guard --sweep` detaches after the workspaces';
+/// the next start serves its workspace in a new one, and undoes it when it stops.
+#[test]
+fn a_bubblewrap_servers_folder_mount_goes_with_it_however_it_ends() {
+    if !support::executors::available(cloud_harness_executor::Kind::Bwrap) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
+    let src = tmp.path().join("src/kit");
+    support::materialize(
+        &src,
+        &support::dir(vec![("lint", support::skill("lint", "Lint it."))]),
+    );
+    let kit = serde_json::to_value(support::warm_toolkit(&store, &src, "kit")).unwrap();
+    let root = std::fs::canonicalize(tmp.path()).unwrap();
+    let env = [
+        ("CLOUD_HARNESS_EXECUTOR", "bwrap"),
+        ("CLOUD_HARNESS_CONTAINERS", "off"),
+        ("ALLOWED_GIT_HOSTS", support::WARM_HOST),
+    ];
+    let mut w = world_of(server_mounting(tmp, &[], &env));
+    let session = w.session();
+    let mount = open(&w, &session, "kept", &kit);
+    let folder = std::fs::canonicalize(w.home().join("workspaces")).unwrap();
+    let at_folder = || {
+        mounts_under(&root)
+            .iter()
+            .filter(|point| **point == folder)
+            .count()
+    };
+    assert_eq!(at_folder(), 1, "{:?}", mounts_under(&root));
+
+    kill(w.server.child.id());
+    w.server.child.wait().unwrap();
+    support::wait::until(
+        "the guard detaches the mounts and the folder's",
+        Duration::from_secs(15),
+        || mounts_under(&root).is_empty(),
+    );
+
+    let served = || {
+        std::fs::read_to_string(mount.join("lint/SKILL.md")).is_ok_and(|t| t.contains("Lint it."))
+    };
+    let mut restarted = support::http::start(&root, &[], &env).unwrap();
+    support::wait::until("served again", Duration::from_secs(15), served);
+    kill(guard_of(restarted.child.id()));
+    kill(restarted.child.id());
+    restarted.child.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(at_folder(), 1, "the premise: the folder's mount left");
+    // The unit's ExecStopPost=: the workspaces' mounts, then the folder's.
+    let swept = Command::new(BIN)
+        .args(["mount-guard", "--sweep", "--home"])
+        .arg(root.join("home"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&swept.stderr);
+    assert!(swept.status.success(), "{said}");
+    assert!(said.contains("detached 3 mount(s)"), "{said}");
+    assert!(mounts_under(&root).is_empty(), "{:?}", mounts_under(&root));
+
+    let mut last = support::http::start(&root, &[], &env).unwrap();
+    support::wait::until("served after a restart", Duration::from_secs(15), served);
+    assert_eq!(at_folder(), 1, "{:?}", mounts_under(&root));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(last.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(last.child.wait().unwrap().success());
+    assert!(mounts_under(&root).is_empty(), "{:?}", mounts_under(&root));
+}

@@ -38,6 +38,8 @@ mod http;
 mod idle_pause;
 #[path = "../imports.rs"]
 mod imports;
+#[path = "../launch_mounts.rs"]
+mod launch_mounts;
 #[path = "../library.rs"]
 mod library;
 #[path = "../mcp.rs"]

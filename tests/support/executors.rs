@@ -29,10 +29,11 @@ pub fn available(kind: Kind) -> bool {
 }
 
 pub struct Harness {
-    pub tmp: tempfile::TempDir,
     pub kind: Kind,
     pub workspaces: Arc<Workspaces>,
     pub kit: cloud_harness_control::toolkit::ToolkitSpec,
+    /// Last: removed once the workspaces (and their mounts) are gone.
+    pub tmp: tempfile::TempDir,
 }
 
 pub fn write(path: &Path, text: &str) {
@@ -177,10 +178,21 @@ impl Harness {
     /// Nothing of this harness's workspaces is left: no container, no mount, no folder.
     pub fn assert_nothing_left(&self) {
         let home = self.home();
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        // Of the workspaces: the folder of them all is a mount of the server's own while it
+        // runs (as root, with bubblewrap).
+        let folder = std::fs::canonicalize(home.join("workspaces")).unwrap();
+        let left: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|line| {
+                let point = Path::new(line.split(' ').nth(4).unwrap_or_default());
+                point.starts_with(&home) && point != folder
+            })
+            .map(str::to_owned)
+            .collect();
         assert!(
-            !mounts.contains(&*home.to_string_lossy()),
-            "mounts left under {}",
+            left.is_empty(),
+            "mounts left under {}: {left:#?}",
             home.display()
         );
         let left: Vec<_> = std::fs::read_dir(home.join("workspaces"))

@@ -37,8 +37,6 @@ pub fn explain(e: Error) -> Error {
 
 /// Where the agent's binary is inside every executor.
 pub(crate) const AGENT: &str = "/run/cloud-harness/agent";
-/// The descriptor the agent's socket is in the sandbox.
-const AGENT_FD: i32 = 3;
 
 /// The command line of a sandbox of `places` whose pid 1 is the agent at `agent` (a host
 /// path), talking on descriptor 3.
@@ -121,7 +119,12 @@ pub fn argv(places: &Places, agent: &std::path::Path) -> Vec<String> {
         push(&["--setenv", name, value]);
     }
     push(&["--"]);
-    push(&[AGENT, crate::agent::COMMAND, "--fd", &AGENT_FD.to_string()]);
+    push(&[
+        AGENT,
+        crate::agent::COMMAND,
+        "--fd",
+        &super::launcher::AGENT_FD.to_string(),
+    ]);
     a
 }
 
@@ -143,89 +146,67 @@ pub async fn start(
         Some(_) => {
             let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
                 .map_err(|e| Error::internal(format!("a pipe for bubblewrap: {e}")))?;
-            argv.insert(1, INFO_FD.to_string());
+            argv.insert(1, super::launcher::INFO_FD.to_string());
             argv.insert(1, "--info-fd".to_owned());
             Some((read, write))
         }
         None => None,
     };
-    let mut cmd = tokio::process::Command::new(&argv[0]);
-    let fd = theirs.as_raw_fd();
-    let info_fd = info.as_ref().map(|(_, w)| w.as_raw_fd());
-    let joins = group
-        .as_ref()
-        .map(super::cgroup::Group::join_fds)
-        .unwrap_or_default();
-    cmd.args(&argv[1..])
-        .env_clear()
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true);
-    // SAFETY: only write, dup2 and fcntl between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            use nix::libc;
-            // In its group before bubblewrap makes anything: all the sandbox is counted.
-            super::cgroup::join(&joins)?;
-            // Out of the way first (either may be the other's number), then in place; dup2
-            // leaves the copies open across exec, the first ones close there.
-            // (No allocation here: another thread may have held the allocator's lock.)
-            let moves = [(fd, AGENT_FD), (info_fd.unwrap_or(-1), INFO_FD)];
-            let mut high = [-1; 2];
-            for (i, &(from, _)) in moves.iter().enumerate() {
-                if from >= 0 {
-                    high[i] = libc::fcntl(from, libc::F_DUPFD_CLOEXEC, 10);
-                    if high[i] < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-            }
-            for (i, &(_, to)) in moves.iter().enumerate() {
-                if high[i] >= 0 && libc::dup2(high[i], to) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            // Nothing else of the harness's reaches the sandbox: a descriptor another thread
-            // has not marked yet (another workspace's /dev/fuse, just received) closes at
-            // exec like the rest.
-            let first = if info_fd.is_some() {
-                INFO_FD + 1
-            } else {
-                AGENT_FD + 1
-            };
-            if libc::syscall(
-                libc::SYS_close_range,
-                first as libc::c_uint,
-                libc::c_uint::MAX,
-                4,
-            ) < 0
-            {
-                // Before Linux 5.11 (no CLOSE_RANGE_CLOEXEC): one by one.
-                for fd in first..4096 {
-                    libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-                }
-            }
-            Ok(())
-        });
-    }
-    // Reaped by the links' runtime, whichever runtime (if any) the caller is on.
+    // Started by the launcher (this program again), which `posix_spawn` starts: nothing of
+    // the server's is copied (see `launcher`).
+    let program = bwrap_program().ok_or_else(|| {
+        explain(Error::new(
+            cloud_harness_error::Code::NotFound,
+            "cannot start bwrap: it is on no folder of PATH",
+        ))
+    })?;
+    let own = places.repo.parent().unwrap_or(std::path::Path::new("/"));
+    let narrowed = super::launch_mounts::Narrowing::wanted(own);
+    let (launcher, given) = std::os::unix::net::UnixStream::pair()
+        .map_err(|e| Error::internal(format!("a socket for bubblewrap's launcher: {e}")))?;
+    let program_of_launcher = launcher_program(agent);
+    // Reaped by the links' runtime, whichever runtime (if any) the caller is on. The command
+    // goes right after: it holds a copy of the launcher's socket, whose end says it started.
     let child = {
+        let mut cmd = tokio::process::Command::new(&program_of_launcher);
+        cmd.arg(super::launcher::COMMAND);
+        if let Some(own) = &narrowed {
+            cmd.arg("--narrow").arg(own);
+        }
+        cmd.arg("--")
+            .arg(program)
+            .args(&argv[1..])
+            .env_clear()
+            .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(given)))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true);
         let _inside = super::link::runtime().enter();
         cmd.spawn()
     }
     .map_err(|e| {
-        explain(Error::new(
-            if e.kind() == std::io::ErrorKind::NotFound {
-                cloud_harness_error::Code::NotFound
-            } else {
-                cloud_harness_error::Code::Internal
-            },
-            format!("cannot start bwrap: {e}"),
+        Error::internal(format!(
+            "cannot start bubblewrap's launcher {}: {e}",
+            program_of_launcher.display()
         ))
     })?;
+    let joins = group
+        .as_ref()
+        .map(super::cgroup::Group::join_fds)
+        .unwrap_or_default();
+    let info_fd = info.as_ref().map(|(_, w)| w.as_raw_fd());
+    let launcher = std::os::fd::OwnedFd::from(launcher);
+    super::launcher::hand(&launcher, theirs.as_raw_fd(), info_fd, &joins)
+        .map_err(|e| Error::internal(format!("bubblewrap's launcher: {e}")))?;
     drop(theirs);
-    let link = Link::new(ours, Some(child))?.with_group(group);
+    super::launcher::answer(launcher)
+        .await
+        .map_err(|e| Error::internal(format!("starting bubblewrap: {e}")))?;
+    let monitor = child.id().filter(|_| narrowed.is_some());
+    let mut link = Link::new(ours, Some(child))?.with_group(group);
+    if let Some(pid) = monitor {
+        link = link.narrowed(pid);
+    }
     let (Some(policy), Some((read, write))) = (egress, info) else {
         return Ok(link);
     };
@@ -237,9 +218,6 @@ pub async fn start(
         .map_err(|e| Error::internal(format!("the sandbox's egress proxy: {e}")))??;
     Ok(link.with_task(super::egress::serve(listener, policy)?))
 }
-
-/// The descriptor bubblewrap writes its information to, with egress.
-const INFO_FD: i32 = 4;
 
 /// The host pid of the sandbox's first process, as bubblewrap writes it (`{"child-pid": N}`).
 async fn first_pid(read: std::os::fd::OwnedFd) -> cloud_harness_error::Result<u32> {
@@ -275,4 +253,27 @@ async fn first_pid(read: std::os::fd::OwnedFd) -> cloud_harness_error::Result<u3
     serde_json::from_slice::<Info>(&text[..end])
         .map(|i| i.child_pid)
         .map_err(|e| failed(format!("{e}: {}", String::from_utf8_lossy(&text))))
+}
+
+/// Where `bwrap` is: the first program of that name in an absolute folder of this process's
+/// `PATH`.
+fn bwrap_program() -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/bin:/bin".into());
+    std::env::split_paths(&path)
+        .filter(|dir| dir.is_absolute())
+        .map(|dir| dir.join("bwrap"))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+/// The program that starts bubblewrap (`executor-launch`): this one when it is the
+/// `cloud-harness` binary, the same version as the server; else (a test's or a benchmark's
+/// binary) the run agent's, which is.
+fn launcher_program(agent: &std::path::Path) -> std::path::PathBuf {
+    std::env::current_exe()
+        .ok()
+        .filter(|me| me.file_name().is_some_and(|n| n == "cloud-harness"))
+        .unwrap_or_else(|| agent.to_owned())
 }

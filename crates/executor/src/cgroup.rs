@@ -395,7 +395,7 @@ impl Group {
         Ok(group)
     }
 
-    /// The descriptors a child writes `0` to (between fork and exec) to join the group.
+    /// The descriptors bubblewrap's launcher writes `0` to, to join the group.
     pub fn join_fds(&self) -> Vec<RawFd> {
         self.joins.iter().map(|f| f.as_raw_fd()).collect()
     }
@@ -406,7 +406,7 @@ impl Group {
     }
 }
 
-/// Joins the groups of `fds` (in a child, between fork and exec: only `write`).
+/// Joins the groups of `fds` (bubblewrap's launcher, before its exec: only `write`).
 pub fn join(fds: &[RawFd]) -> std::io::Result<()> {
     for &fd in fds {
         // SAFETY: a write of two bytes from a static buffer to a descriptor we own.

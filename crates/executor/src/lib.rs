@@ -30,6 +30,8 @@ pub mod cgroup;
 pub mod docker;
 mod egress;
 mod event;
+pub mod launch_mounts;
+pub mod launcher;
 mod link;
 mod process;
 mod rlimits;
@@ -147,7 +149,8 @@ pub struct Executor {
 
 /// The binary the run agent is: `CLOUD_HARNESS_EXECUTOR_AGENT`, else this program when it is
 /// `cloud-harness`, else a `cloud-harness` beside it or one folder up (a test's or a
-/// benchmark's binary sits in `target/*/deps`).
+/// benchmark's binary sits in `target/*/deps`). Where the server is not the `cloud-harness`
+/// binary, it also starts bubblewrap (`executor-launch`, on the host).
 pub fn agent_binary() -> Result<PathBuf> {
     if let Some(path) = settings::env("CLOUD_HARNESS_EXECUTOR_AGENT") {
         return Ok(PathBuf::from(path));
@@ -352,7 +355,7 @@ impl Executor {
         *current = None;
         let link = match self.spec.kind {
             // Started from the links' runtime thread: bubblewrap's `--die-with-parent` follows
-            // the thread that forked it, which must outlive the sandbox.
+            // the thread that started it (its launcher), which must outlive the sandbox.
             Kind::Bwrap => {
                 let (places, agent) = (self.places.clone(), agent_binary()?);
                 let group = cgroup::availability().group(executor_limits())?;

@@ -32,6 +32,10 @@ pub struct Link {
     /// Its memory and processes are bounded as a whole (a container, a cgroup).
     bounded: bool,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// bubblewrap's own process, started in a narrower mount namespace, which is emptied
+    /// once the sandbox answers (see `launch_mounts::empty`); 0 for none, or done. Its pid
+    /// is no other process's while `_keep` holds it: never waited for, it is not reaped.
+    narrowed: AtomicU32,
 }
 
 impl Drop for Link {
@@ -81,7 +85,14 @@ impl Link {
             memory: None,
             bounded: false,
             tasks: Vec::new(),
+            narrowed: AtomicU32::new(0),
         })
+    }
+
+    /// The link of a sandbox whose bubblewrap (`pid`) started in a narrower namespace.
+    pub fn narrowed(self, pid: u32) -> Link {
+        self.narrowed.store(pid, Ordering::SeqCst);
+        self
     }
 
     /// The link, keeping the sandbox's `group` (whose memory its runs report on).
@@ -163,6 +174,31 @@ impl Link {
         }
     }
 
+    /// The sandbox answers, so bubblewrap has made it: the namespace bubblewrap's own
+    /// process stays in is emptied, once, in the background.
+    fn settled(&self) {
+        let pid = self.narrowed.swap(0, Ordering::SeqCst);
+        if pid == 0 || self._keep.is_none() {
+            return;
+        }
+        // Opened here, while this link keeps the process unreaped.
+        let ns = match std::fs::File::open(format!("/proc/{pid}/ns/mnt")) {
+            Ok(ns) => ns,
+            Err(e) => {
+                tracing::warn!(pid, error = %e, "the namespace bubblewrap started in cannot be opened");
+                return;
+            }
+        };
+        {
+            // On the links' runtime: a caller's own may end before it runs.
+            runtime().spawn_blocking(move || {
+                if let Err(e) = crate::launch_mounts::empty(ns) {
+                    tracing::warn!(error = %e, "the namespace bubblewrap started in was not emptied; it keeps the host's mounts of then alive until the sandbox ends");
+                }
+            });
+        }
+    }
+
     /// Starts a run: its socket made and handed over, the start sent, the agent's answer
     /// read. The run is read by the caller's task from then on.
     pub async fn spawn(&self, start: Start) -> Result<(Process, u32)> {
@@ -185,12 +221,13 @@ impl Link {
             stream.started().await
         });
         match answer.await {
-            Ok(run_stream::Start::Started) => {}
+            Ok(run_stream::Start::Started) => self.settled(),
             Ok(run_stream::Start::Refused(message)) => {
+                self.settled();
                 return Err(Error::new(
                     Code::ResourceExhausted,
                     format!("the executor refused the run: {message}"),
-                ))
+                ));
             }
             // A gone agent, or a run it dropped: `alive` tells them apart.
             Ok(run_stream::Start::Ended) => return Err(lost("its connection closed")),

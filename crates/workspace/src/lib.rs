@@ -30,6 +30,7 @@ mod discard;
 mod failure;
 #[cfg(test)]
 mod fake_guard;
+mod folder_bind;
 mod idle;
 pub mod imports;
 mod keys;
@@ -57,6 +58,7 @@ mod run;
 mod served;
 pub mod serving;
 mod spares;
+mod stop;
 pub use served::Workspace;
 
 pub use failure::Failure;
@@ -128,6 +130,9 @@ pub struct Workspaces {
     restoring: Mutex<Option<restore::Steps>>,
     /// A stop that found opens or restores still running: the home stays locked.
     kept_home: std::sync::atomic::AtomicBool,
+    /// The workspaces folder, a mount of its own while this server runs. Last: dropped
+    /// after the workspaces, once their mounts are gone.
+    folder: folder_bind::FolderBind,
 }
 
 /// Removes a half-made workspace (its executor, mounts and folder) unless disarmed.
@@ -193,6 +198,7 @@ impl Workspaces {
             let serving = self.serving.lock().expect("serving lock");
             let guards = guards(program.clone(), serving.as_ref());
             drop(serving);
+            self.folder.guard(&guards);
             self.guards = Some(Arc::new(guards));
         }
         self.prewarm = Some(program);
@@ -212,6 +218,8 @@ impl Workspaces {
         let serving = serving::lock(&home)?;
         mounts::sweep(&dir);
         let executor_kind = executors.kind()?;
+        let folder =
+            folder_bind::FolderBind::make(&dir, mounting && executor_kind == Some(Kind::Bwrap));
         match executor_kind {
             None => tracing::warn!("no executor: install bubblewrap or start a Docker engine; skills_run refuses to run scripts"),
             Some(Kind::Host) => tracing::warn!("CLOUD_HARNESS_EXECUTOR=host: scripts run on the host, for development only"),
@@ -264,7 +272,11 @@ impl Workspaces {
             serving: Mutex::new(Some(serving)),
             restoring: Mutex::default(),
             kept_home: Default::default(),
+            folder,
         };
+        if let Some(guards) = &ws.guards {
+            ws.folder.guard(guards);
+        }
         // Restoring first: it removes the folders of opens that never finished, spares of a
         // killed server among them, before any new spare is made.
         ws.restore();
@@ -472,81 +484,7 @@ impl Workspaces {
         }
         Ok(json!({ "workspace": id, "closed": true }))
     }
-
-    /// Unmounts every workspace (server shutdown); their records, shared mount folders and
-    /// containers stay, so a restart serves them again.
-    pub fn shutdown(&self) {
-        // No open begins after this; those in progress are cancelled and undo what they made.
-        // Scripts stop now, not after the wait.
-        for ws in self.open_workspaces() {
-            ws.runs.cancel();
-        }
-        let deadline = std::time::Instant::now() + OPENS_WAIT;
-        // Restores still running in the background (past the start's wait) mount too.
-        let quiet = self.openings.stop(OPENS_WAIT) && self.restores_end(deadline);
-        let all: Vec<Arc<Workspace>> = self
-            .open
-            .lock()
-            .expect("workspaces lock")
-            .drain()
-            .map(|(_, w)| w)
-            .collect();
-        // Spares have no record: nothing of them stays.
-        self.stop_spares();
-        for ws in &all {
-            ws.runs.cancel();
-        }
-        for ws in all {
-            ws.wait_for_runs(Duration::from_secs(5));
-            // No resume after this (its record stays: the next start serves it again).
-            let _closing = ws.closing();
-            if let Err(e) = ws.release() {
-                tracing::error!(workspace = %ws.id, error = %e, "unmount failed");
-            }
-        }
-        self.provisioner.release();
-        if !quiet {
-            // It may still mount or write a record: the home stays locked (the guard keeps
-            // it so past this process's end until it has detached what is left).
-            tracing::warn!("opens or restores still in progress at the stop; the home stays locked until this process ends");
-            self.kept_home
-                .store(true, std::sync::atomic::Ordering::SeqCst);
-            return;
-        }
-        // Everything is unmounted: the guard ends, and lets go of the home with the server.
-        if let Some(guards) = &self.guards {
-            guards.stop();
-        }
-        drop(self.serving.lock().expect("serving lock").take());
-    }
-
-    /// Waits until the start-up's restore has ended (every workspace served, failed or
-    /// undone), or `deadline`. Whether it has.
-    fn restores_end(&self, deadline: std::time::Instant) -> bool {
-        let restoring = self.restoring.lock().expect("restoring lock");
-        restoring
-            .as_ref()
-            .is_none_or(|steps| steps.end_by(deadline))
-    }
 }
-
-impl Drop for Workspaces {
-    /// Dropped without [`Workspaces::shutdown`] (a library's caller): the guard ends (it
-    /// detaches whatever is still mounted) and lets go of its copy of the home's lock, whoever
-    /// else still holds the guards.
-    fn drop(&mut self) {
-        // Not after a stop that kept the home: what still runs may mount.
-        if self.kept_home.load(std::sync::atomic::Ordering::SeqCst) {
-            return;
-        }
-        if let Some(guards) = &self.guards {
-            guards.stop();
-        }
-    }
-}
-
-/// How long a stopping server waits for the opens it cancelled to undo what they made.
-const OPENS_WAIT: Duration = Duration::from_secs(10);
 
 /// The unmount guards of a server holding `serving`: each keeps the home locked until it has
 /// detached a dead server's mounts (the next server must not mount where it still does).
