@@ -15,6 +15,11 @@ use support::http::server_mounting;
 
 /// A server that mounts its workspaces, over a warm one-skill toolkit; the toolkit's spec.
 fn mounting_world() -> (World, Value) {
+    mounting_world_with("none")
+}
+
+/// The same, its workspaces' executors of `kind`.
+fn mounting_world_with(kind: &str) -> (World, Value) {
     let tmp = tempfile::tempdir().unwrap();
     let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
     let src = tmp.path().join("src/kit");
@@ -27,7 +32,7 @@ fn mounting_world() -> (World, Value) {
         tmp,
         &[],
         &[
-            ("CLOUD_HARNESS_EXECUTOR", "none"),
+            ("CLOUD_HARNESS_EXECUTOR", kind),
             ("CLOUD_HARNESS_CONTAINERS", "off"),
             ("ALLOWED_GIT_HOSTS", support::WARM_HOST),
         ],
@@ -268,21 +273,13 @@ fn a_bubblewrap_servers_folder_mount_goes_with_it_however_it_ends() {
     if !support::executors::available(cloud_harness_executor::Kind::Bwrap) {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
-    let src = tmp.path().join("src/kit");
-    support::materialize(
-        &src,
-        &support::dir(vec![("lint", support::skill("lint", "Lint it."))]),
-    );
-    let kit = serde_json::to_value(support::warm_toolkit(&store, &src, "kit")).unwrap();
-    let root = std::fs::canonicalize(tmp.path()).unwrap();
+    let (mut w, kit) = mounting_world_with("bwrap");
+    let root = std::fs::canonicalize(w.server.tmp.path()).unwrap();
     let env = [
         ("CLOUD_HARNESS_EXECUTOR", "bwrap"),
         ("CLOUD_HARNESS_CONTAINERS", "off"),
         ("ALLOWED_GIT_HOSTS", support::WARM_HOST),
     ];
-    let mut w = world_of(server_mounting(tmp, &[], &env));
     let session = w.session();
     let mount = open(&w, &session, "kept", &kit);
     let folder = std::fs::canonicalize(w.home().join("workspaces")).unwrap();
@@ -301,6 +298,8 @@ fn a_bubblewrap_servers_folder_mount_goes_with_it_however_it_ends() {
         Duration::from_secs(15),
         || mounts_under(&root).is_empty(),
     );
+    // And forgets the bind as its server would have.
+    assert!(!w.home().join("workspaces.mount-id").exists());
 
     let served = || {
         std::fs::read_to_string(mount.join("lint/SKILL.md")).is_ok_and(|t| t.contains("Lint it."))

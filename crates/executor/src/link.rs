@@ -189,14 +189,12 @@ impl Link {
                 return;
             }
         };
-        {
-            // On the links' runtime: a caller's own may end before it runs.
-            runtime().spawn_blocking(move || {
-                if let Err(e) = crate::launch_mounts::empty(ns) {
-                    tracing::warn!(error = %e, "the namespace bubblewrap started in was not emptied; it keeps the host's mounts of then alive until the sandbox ends");
-                }
-            });
-        }
+        // On the links' runtime: a caller's own may end before it runs.
+        runtime().spawn_blocking(move || {
+            if let Err(e) = crate::launch_mounts::empty(ns) {
+                tracing::warn!(error = %e, "the namespace bubblewrap started in was not emptied; it keeps the host's mounts of then alive until the sandbox ends");
+            }
+        });
     }
 
     /// Starts a run: its socket made and handed over, the start sent, the agent's answer

@@ -49,11 +49,7 @@ impl Workspace {
         // Paused first: a readiness check meanwhile takes the mounts going as a pause; and
         // paused it stays if releasing fails part way, so the next use serves it whole again.
         self.idle.paused.store(true, Ordering::SeqCst);
-        // The sandbox first: its mount namespace holds the mounts, which would otherwise be
-        // detached lazily and served until it is gone.
-        if let Some(executor) = &self.executor {
-            executor.idle();
-        }
+        // The sandbox goes first (see `release`).
         self.release()?;
         Ok(true)
     }

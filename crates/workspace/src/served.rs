@@ -56,7 +56,13 @@ impl Workspace {
         }
     }
 
+    /// Lets go of its live tier and mounts; a bubblewrap sandbox first, whose namespace holds
+    /// copies of the mounts (each unmount would wait in vain for its session to end). A
+    /// Docker container stays.
     pub(super) fn release(&self) -> Result<()> {
+        if let Some(executor) = &self.executor {
+            executor.idle();
+        }
         self.live.lock().expect("live lock").take();
         mounts::release(&mut self.mounts.lock().expect("mount lock"))
     }

@@ -32,12 +32,8 @@ impl Workspaces {
             ws.wait_for_runs(Duration::from_secs(5));
             // No resume after this (its record stays: the next start serves it again).
             let _closing = ws.closing();
-            // A bubblewrap sandbox first (it would end with the server anyway): its namespace
-            // holds copies of the mounts, whose sessions would each be waited for (2 s) in
-            // vain. A Docker container stays, for the next start.
-            if let Some(executor) = &ws.executor {
-                executor.idle();
-            }
+            // Its bubblewrap sandbox goes first (it would end with the server anyway); a
+            // Docker container stays, for the next start (see `release`).
             if let Err(e) = ws.release() {
                 tracing::error!(workspace = %ws.id, error = %e, "unmount failed");
             }

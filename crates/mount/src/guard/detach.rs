@@ -52,26 +52,15 @@ pub fn watch(input: impl Read) -> io::Result<usize> {
     Ok(detached)
 }
 
-/// The binds of folders onto themselves, once their mounts are gone: only those that are
-/// still the ones named and hold no mount (a Docker executor's shared folder stays over a
-/// restart, and the bind with it; the next server takes both as they are). How many.
+/// The binds of folders onto themselves, once their mounts are gone, undone as their server
+/// would (`self_bind::undo`: only this project's, holding no mount; a Docker executor's
+/// shared folder stays over a restart, and the bind with it). How many.
 fn detach_folders(folders: &[(PathBuf, u64)]) -> usize {
-    let table = match mount_table::mounts() {
-        Ok(table) => table,
-        Err(e) => {
-            eprintln!("cloud-harness: the mount table is unreadable ({e}); folders left bound");
-            return 0;
-        }
-    };
     let mut detached = 0;
-    for (point, id) in folders {
-        let ours = mount_table::topmost_mount(&table, point).is_some_and(|m| m.id == *id);
-        if !ours || mount_table::has_mounts_in(&table, point) {
-            continue;
-        }
-        let flags = nix::mount::MntFlags::MNT_DETACH | nix::mount::MntFlags::UMOUNT_NOFOLLOW;
-        match nix::mount::umount2(point, flags) {
-            Ok(()) => detached += 1,
+    for (point, _) in folders {
+        match crate::self_bind::undo(point) {
+            Ok(true) => detached += 1,
+            Ok(false) => {}
             Err(e) => eprintln!("cloud-harness: detaching {}: {e}", point.display()),
         }
     }
