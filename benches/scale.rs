@@ -5,8 +5,10 @@
 //! summed RSS of every process it owns, threads, open descriptors, mounts, inotify instances
 //! and watches, and what each workspace adds above the empty server; `workspace_open` p50/p99
 //! and the first run's (its sandbox's start and the script) over the step's last opens, a
-//! `skills_read` and a walk of one mount (medians). Then every
-//! workspace is closed and the server's figures compared with its empty start.
+//! `skills_read` and a walk of one mount (medians). Then every workspace is closed and the
+//! server's figures compared with its empty start; last, ten workspaces are opened and run in
+//! again and the server stopped with their sandboxes live: how long its stop takes, and that
+//! it leaves no mount.
 //!
 //! `cargo bench --bench scale` (as root, with /dev/fuse and bubblewrap). Writes a table and
 //! a JSON line to stdout and, with `SCALE_PLOTS=DIR`, SVG plots of each figure against N
@@ -14,6 +16,8 @@
 
 #[path = "support/plot.rs"]
 mod plot;
+#[path = "support/scale_report.rs"]
+mod report;
 #[path = "support/resources.rs"]
 mod resources;
 #[path = "support/server.rs"]
@@ -21,6 +25,7 @@ mod server;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use report::{mib, per_workspace, print_step, report, Ends, Step, Stopped};
 use resources::Usage;
 use serde_json::{json, Value};
 use server::{Mcp, Server};
@@ -34,22 +39,8 @@ const DISTINCT: usize = 4;
 const LAST_OPENS: usize = 20;
 const READS: usize = 21;
 const WALKS: usize = 5;
-
-struct Step {
-    n: usize,
-    usage: Usage,
-    /// All mounts under the home, and of those the FUSE ones.
-    mounts: (u64, u64),
-    open_p50_ms: f64,
-    open_p99_ms: f64,
-    /// A workspace's first run: its sandbox starts, then the script runs.
-    first_run_p50_ms: f64,
-    first_run_p99_ms: f64,
-    read_ms: f64,
-    walk_ms: f64,
-    /// Opens whose warnings said live updates are off (no inotify instance left).
-    unwatched: usize,
-}
+/// Workspaces open, each with its sandbox, when the server is stopped.
+const STOP_LIVE: usize = 10;
 
 fn missing() -> Option<&'static str> {
     if !nix::unistd::geteuid().is_root() {
@@ -172,43 +163,23 @@ fn main() {
     let mut first_runs: Vec<Duration> = Vec::new();
     let mut unwatched = 0;
     let mut results = Vec::new();
-    let run =
-        |ws: &str| json!({"workspace": ws, "skill": "common-00", "script": "scripts/hello.sh"});
     let started = Instant::now();
     for &n in &steps {
         while workspaces.len() < n {
             let i = workspaces.len();
-            let args = json!({"idempotencyKey": format!("scale-{i}"), "toolkits": [common, distinct[i % DISTINCT]]});
-            let t = Instant::now();
-            let opened = mcp
-                .tool(&session, "workspace_open", args)
-                .unwrap_or_else(|e| panic!("open {i}: {e}"));
-            opens.push(t.elapsed());
-            let result = &opened["structuredContent"];
-            if result["warnings"]
-                .to_string()
-                .contains("live updates are off")
-            {
-                unwatched += 1;
-            }
-            let ws = result["workspace"].as_str().unwrap().to_owned();
-            let live = home
-                .join("workspaces")
-                .join(&ws)
-                .join("repo/.agents/skills/live-one");
-            std::fs::create_dir_all(&live).unwrap();
-            std::fs::write(
-                live.join("SKILL.md"),
-                "---\nname: live-one\ndescription: A skill of the repository tier.\n---\nLive.\n",
-            )
-            .unwrap();
-            let t = Instant::now();
-            let ran = mcp
-                .run_approved(&server.api(), &session, &run(&ws))
-                .unwrap_or_else(|e| panic!("run in workspace {i}: {e}"));
-            first_runs.push(t.elapsed());
-            assert!(ran.to_string().contains("scaled"), "run {i}: {ran}");
-            workspaces.push(ws);
+            let toolkits = json!([common, distinct[i % DISTINCT]]);
+            let opened = open_and_run(
+                &mcp,
+                &session,
+                &server.api(),
+                &home,
+                &format!("scale-{i}"),
+                toolkits,
+            );
+            opens.push(opened.open);
+            first_runs.push(opened.first_run);
+            unwatched += usize::from(opened.unwatched);
+            workspaces.push(opened.workspace);
             if (i + 1).is_multiple_of(100) {
                 println!(
                     "scale: {} open ({:.0} s)",
@@ -258,13 +229,7 @@ fn main() {
         };
         print_step(&step, &empty);
         results.push(step);
-        if let Some(hold) = std::env::var("SCALE_HOLD")
-            .ok()
-            .and_then(|s| s.parse().ok())
-        {
-            println!("scale: holding {hold} s for a look (server pid {pid})");
-            std::thread::sleep(Duration::from_secs(hold));
-        }
+        hold(&format!("N={n}"), pid);
     }
     paused(&mcp, &workspaces, &home, pid, &empty, pause);
     // A session of its own: the steps' one may have timed out while they paused.
@@ -273,15 +238,41 @@ fn main() {
         mcp.tool(&session, "workspace_close", json!({"workspace": ws}))
             .unwrap_or_else(|e| panic!("close {i}: {e}"));
     }
-    // The runtime's blocking threads end after 10 s idle; those still there are not counted.
-    std::thread::sleep(Duration::from_secs(12));
+    // The runtime's blocking threads end after 10 s idle, and the server gives back what the
+    // allocator holds free for 15 s after a close, every 2 s: looked at once both are past.
+    std::thread::sleep(Duration::from_secs(30));
     let closed = resources::usage(pid);
+    hold("all closed", pid);
     let closed_mounts = resources::mounts_under(&home);
     let (closed_threads, processes) = resources::names(pid);
     println!(
         "scale: after closing, the server's threads {closed_threads:?} and its processes {processes:?}"
     );
+    // A stop with sandboxes live: the server ends each before it unmounts its workspace (the
+    // sandbox's namespace holds copies of the mounts, whose sessions would be waited for in
+    // vain). The client's connections go first, so that the stop does not wait one out.
+    for i in 0..STOP_LIVE {
+        let toolkits = json!([common, distinct[i % DISTINCT]]);
+        open_and_run(
+            &mcp,
+            &session,
+            &server.api(),
+            &home,
+            &format!("stop-{i}"),
+            toolkits,
+        );
+    }
+    let sandboxes = resources::usage(pid).owned_processes;
+    drop(mcp);
+    let t = Instant::now();
     let clean_exit = server.stop();
+    let stop = Stopped {
+        live: STOP_LIVE,
+        sandboxes,
+        secs: t.elapsed().as_secs_f64(),
+        clean_exit,
+        mounts_left: resources::mounts_under(&home).0,
+    };
     let ends = Ends {
         empty,
         empty_threads,
@@ -290,7 +281,74 @@ fn main() {
         empty_mounts,
         mounts: closed_mounts,
     };
-    report(&results, ends, clean_exit);
+    report(&results, ends, stop);
+}
+
+/// A workspace just opened and run in once.
+struct Opened {
+    workspace: String,
+    open: Duration,
+    /// Its first run: its sandbox starts, then the script runs.
+    first_run: Duration,
+    /// Its open said live updates are off (no inotify instance left).
+    unwatched: bool,
+}
+
+/// Opens a workspace on `toolkits`, writes a skill into its repository tier (live) and runs
+/// a script of the common toolkit in it.
+fn open_and_run(
+    mcp: &Mcp,
+    session: &str,
+    api: &str,
+    home: &Path,
+    key: &str,
+    toolkits: Value,
+) -> Opened {
+    let args = json!({"idempotencyKey": key, "toolkits": toolkits});
+    let t = Instant::now();
+    let opened = mcp
+        .tool(session, "workspace_open", args)
+        .unwrap_or_else(|e| panic!("open {key}: {e}"));
+    let open = t.elapsed();
+    let result = &opened["structuredContent"];
+    let unwatched = result["warnings"]
+        .to_string()
+        .contains("live updates are off");
+    let workspace = result["workspace"].as_str().unwrap().to_owned();
+    let live = home
+        .join("workspaces")
+        .join(&workspace)
+        .join("repo/.agents/skills/live-one");
+    std::fs::create_dir_all(&live).unwrap();
+    std::fs::write(
+        live.join("SKILL.md"),
+        "---\nname: live-one\ndescription: A skill of the repository tier.\n---\nLive.\n",
+    )
+    .unwrap();
+    let run = json!({"workspace": workspace, "skill": "common-00", "script": "scripts/hello.sh"});
+    let t = Instant::now();
+    let ran = mcp
+        .run_approved(api, session, &run)
+        .unwrap_or_else(|e| panic!("run in {key}: {e}"));
+    let first_run = t.elapsed();
+    assert!(ran.to_string().contains("scaled"), "run in {key}: {ran}");
+    Opened {
+        workspace,
+        open,
+        first_run,
+        unwatched,
+    }
+}
+
+/// `SCALE_HOLD` seconds for a look at the server (`/proc/PID/smaps`, say), if set.
+fn hold(at: &str, pid: u32) {
+    if let Some(hold) = std::env::var("SCALE_HOLD")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        println!("scale: {at}: holding {hold} s for a look (server pid {pid})");
+        std::thread::sleep(Duration::from_secs(hold));
+    }
 }
 
 /// Once every workspace has paused: what the runner holds then, and how long a call to a
@@ -356,200 +414,4 @@ fn paused(mcp: &Mcp, workspaces: &[String], home: &Path, pid: u32, empty: &Usage
         per_workspace(&step, empty, Usage::total_threads),
         quantile(&resumes, 0.5), quantile(&resumes, 0.99)
     );
-}
-
-fn mib(kib: u64) -> f64 {
-    kib as f64 / 1024.0
-}
-
-/// What one workspace adds above the empty server, at `step`.
-fn per_workspace(step: &Step, empty: &Usage, f: fn(&Usage) -> u64) -> f64 {
-    (f(&step.usage) as f64 - f(empty) as f64) / step.n as f64
-}
-
-fn print_step(s: &Step, empty: &Usage) {
-    let u = &s.usage;
-    println!(
-        "scale: N={}: server RSS {:.1} MiB, owned PSS {:.1} MiB ({} processes), threads {} (+{} owned), fds {} (+{} store objects), inotify {} instances / {} watches, mounts {} ({} FUSE); per workspace {:.2} MiB (server RSS and owned PSS) and {:.1} threads; open p50 {:.1} ms p99 {:.1} ms; first run p50 {:.1} ms p99 {:.1} ms; read {:.2} ms; walk {:.2} ms; {} opens without live updates",
-        s.n, mib(u.rss_kib), mib(u.owned_pss_kib), u.owned_processes, u.threads, u.owned_threads,
-        u.fds, u.object_fds, u.inotify_instances, u.inotify_watches, s.mounts.0, s.mounts.1,
-        per_workspace(s, empty, Usage::memory_kib) / 1024.0,
-        per_workspace(s, empty, Usage::total_threads),
-        s.open_p50_ms, s.open_p99_ms, s.first_run_p50_ms, s.first_run_p99_ms, s.read_ms,
-        s.walk_ms, s.unwatched
-    );
-}
-
-/// The server at its start and after every workspace closed, with the names of its threads.
-struct Ends {
-    empty: Usage,
-    empty_threads: resources::Counted,
-    closed: Usage,
-    closed_threads: resources::Counted,
-    /// The empty server's mounts under the home (the workspaces folder's own), and those
-    /// after every workspace closed.
-    empty_mounts: (u64, u64),
-    mounts: (u64, u64),
-}
-
-fn report(steps: &[Step], ends: Ends, clean_exit: bool) {
-    let Ends {
-        empty,
-        empty_threads,
-        closed,
-        closed_threads,
-        empty_mounts,
-        mounts,
-    } = ends;
-    let (empty, closed) = (&empty, &closed);
-    println!("| N | server RSS MiB | owned PSS MiB (processes) | threads (+ owned) | fds | inotify instances / watches | mounts (FUSE) | memory / workspace MiB | threads / workspace | open p50 / p99 ms | first run p50 / p99 ms | skills_read ms | walk ms | opens without live updates |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    let row = |n: String, u: &Usage, m: (u64, u64)| {
-        format!(
-            "| {n} | {:.1} | {:.1} ({}) | {} (+{}) | {} | {} / {} | {} ({})",
-            mib(u.rss_kib),
-            mib(u.owned_pss_kib),
-            u.owned_processes,
-            u.threads,
-            u.owned_threads,
-            u.fds,
-            u.inotify_instances,
-            u.inotify_watches,
-            m.0,
-            m.1
-        )
-    };
-    println!(
-        "{} | | | | | | | |",
-        row("0 (empty)".into(), empty, empty_mounts)
-    );
-    for s in steps {
-        println!(
-            "{} | {:.2} | {:.1} | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} | {:.2} | {} |",
-            row(s.n.to_string(), &s.usage, s.mounts),
-            per_workspace(s, empty, Usage::memory_kib) / 1024.0,
-            per_workspace(s, empty, Usage::total_threads),
-            s.open_p50_ms,
-            s.open_p99_ms,
-            s.first_run_p50_ms,
-            s.first_run_p99_ms,
-            s.read_ms,
-            s.walk_ms,
-            s.unwatched
-        );
-    }
-    println!(
-        "{} | | | | | | | |",
-        row("0 (all closed)".into(), closed, mounts)
-    );
-    let rows: Vec<Value> = steps
-        .iter()
-        .map(|s| {
-            json!({"n": s.n, "rssKib": s.usage.rss_kib, "ownedRssKib": s.usage.owned_rss_kib, "ownedPssKib": s.usage.owned_pss_kib,
-                "ownedProcesses": s.usage.owned_processes, "threads": s.usage.threads,
-                "ownedThreads": s.usage.owned_threads, "fds": s.usage.fds,
-                "inotifyInstances": s.usage.inotify_instances, "inotifyWatches": s.usage.inotify_watches,
-                "mounts": s.mounts.0, "fuseMounts": s.mounts.1,
-                "openP50Ms": s.open_p50_ms, "openP99Ms": s.open_p99_ms,
-                "firstRunP50Ms": s.first_run_p50_ms, "firstRunP99Ms": s.first_run_p99_ms, "readMs": s.read_ms,
-                "walkMs": s.walk_ms, "unwatchedOpens": s.unwatched})
-        })
-        .collect();
-    println!(
-        "{}",
-        json!({"empty": {"rssKib": empty.rss_kib, "threads": empty.threads, "fds": empty.fds, "ownedProcesses": empty.owned_processes},
-            "closed": {"rssKib": closed.rss_kib, "threads": closed.threads, "fds": closed.fds, "ownedProcesses": closed.owned_processes, "mounts": mounts.0},
-            "steps": rows})
-    );
-    if let Ok(dir) = std::env::var("SCALE_PLOTS") {
-        plots(Path::new(&dir), steps);
-    }
-    // Back at the start: no mount but the empty server's (as root with bubblewrap, the
-    // workspaces folder is a mount of its own while the server runs), no process but the unmount guard (started at the first
-    // mount, it stays), no thread but the runtime's idle pool (its threads end on their own),
-    // the executors' link thread and the threads of the process's FUSE pool and live-tier
-    // waiter (started with the first mount and live tier, they serve every later one),
-    // a few descriptors at most (the guard's pipe). Memory is shown, not judged: the
-    // allocator keeps some pages of the threads that ended, for the next ones.
-    let lasting = |threads: &resources::Counted| -> usize {
-        threads
-            .iter()
-            .filter(|(name, _)| {
-                name != "tokio-rt-worker" && !name.starts_with("fuse-") && name != "live-tiers"
-            })
-            .map(|(_, n)| n)
-            .sum()
-    };
-    // (The executors' link thread, one per server, starts with the first executor.)
-    let back = lasting(&closed_threads) <= lasting(&empty_threads) + 1
-        && closed.owned_processes <= empty.owned_processes + 1
-        && closed.fds <= empty.fds + 8
-        && mounts == empty_mounts;
-    println!(
-        "scale: after closing every workspace: threads {} (empty {}), owned processes {} (empty {}), fds {} (empty {}), RSS {:.1} MiB (empty {:.1}), mounts {}: {}",
-        closed.threads, empty.threads, closed.owned_processes, empty.owned_processes,
-        closed.fds, empty.fds, mib(closed.rss_kib), mib(empty.rss_kib), mounts.0,
-        if back { "back at the start" } else { "NOT back at the start" }
-    );
-    if !back || !clean_exit {
-        eprintln!("scale: failed (back at the start {back}, clean exit {clean_exit})");
-        std::process::exit(1);
-    }
-}
-
-fn plots(dir: &Path, steps: &[Step]) {
-    use plot::Series;
-    std::fs::create_dir_all(dir).unwrap();
-    let series = |name: &'static str, f: &dyn Fn(&Step) -> f64| Series {
-        name,
-        points: steps.iter().map(|s| (s.n as f64, f(s))).collect(),
-    };
-    let figures = [
-        (
-            "scale-memory.svg",
-            "Memory against open workspaces",
-            "MiB",
-            vec![
-                series("server RSS", &|s| mib(s.usage.rss_kib)),
-                series("owned PSS", &|s| mib(s.usage.owned_pss_kib)),
-            ],
-        ),
-        (
-            "scale-threads.svg",
-            "Threads and processes",
-            "count",
-            vec![
-                series("server threads", &|s| s.usage.threads as f64),
-                series("owned threads", &|s| s.usage.owned_threads as f64),
-                series("owned processes", &|s| s.usage.owned_processes as f64),
-            ],
-        ),
-        (
-            "scale-kernel.svg",
-            "Descriptors, mounts, inotify watches",
-            "count",
-            vec![
-                series("fds", &|s| s.usage.fds as f64),
-                series("mounts", &|s| s.mounts.0 as f64),
-                series("inotify watches", &|s| s.usage.inotify_watches as f64),
-            ],
-        ),
-        (
-            "scale-latency.svg",
-            "Latency against open workspaces",
-            "ms",
-            vec![
-                series("open p50", &|s| s.open_p50_ms),
-                series("open p99", &|s| s.open_p99_ms),
-                series("first run p50", &|s| s.first_run_p50_ms),
-                series("skills_read", &|s| s.read_ms),
-                series("walk of a mount", &|s| s.walk_ms),
-            ],
-        ),
-    ];
-    for (file, title, unit, lines) in figures {
-        let text = plot::svg(title, "open workspaces (log scale)", unit, &lines);
-        std::fs::write(dir.join(file), text).unwrap();
-    }
-    println!("scale: plots written to {}", dir.display());
 }

@@ -33,11 +33,6 @@ fn approved(h: &Harness) -> String {
     result["workspace"].as_str().unwrap().to_owned()
 }
 
-fn ran(h: &Harness, ws: &str, script: &str) -> Value {
-    h.run(ws, script)
-        .unwrap_or_else(|e| panic!("{script}: {e}"))
-}
-
 fn stdout_json(outcome: &Value) -> Value {
     serde_json::from_str(outcome["stdout"].as_str().unwrap())
         .unwrap_or_else(|e| panic!("{e}: {outcome}"))
@@ -55,20 +50,20 @@ fn later_runs_see_nothing_of_earlier_ones(kind: Kind) {
     .unwrap();
     let h = harness(kind);
     let ws = approved(&h);
-    let fds = ran(&h, &ws, "scripts/fds.py");
+    let fds = h.ran(&ws, "scripts/fds.py");
     // Its standard streams, and the folder it lists.
     assert_eq!(fds["stdout"], "[0, 1, 2, 3]\n", "{fds}");
     drop(leaked);
 
     // A daemon that left the run's process group is gone once the run is over.
-    let left = ran(&h, &ws, "scripts/leave.sh");
+    let left = h.ran(&ws, "scripts/leave.sh");
     assert_eq!(left["stdout"], "left\n", "{left}");
-    let procs = ran(&h, &ws, "scripts/procs.py");
+    let procs = h.ran(&ws, "scripts/procs.py");
     assert_eq!(stdout_json(&procs), json!([]), "{procs}");
 
     // The agent's memory, descriptors, binary and socket are closed to a run; signals to it
     // do nothing; the next run is served by the same agent.
-    let first = stdout_json(&ran(&h, &ws, "scripts/agent.py"));
+    let first = stdout_json(&h.ran(&ws, "scripts/agent.py"));
     for (what, errno) in [
         ("readMemory", "EACCES"),
         ("listFds", "EACCES"),
@@ -92,18 +87,18 @@ fn later_runs_see_nothing_of_earlier_ones(kind: Kind) {
         ["EPERM", "ok"].contains(&first["kill"].as_str().unwrap()),
         "{first}"
     );
-    let second = stdout_json(&ran(&h, &ws, "scripts/agent.py"));
+    let second = stdout_json(&h.ran(&ws, "scripts/agent.py"));
     assert_eq!(first["agentStarted"], second["agentStarted"], "{second}");
 
     // Each limit ends its run with a result naming it.
-    let spin = ran(&h, &ws, "scripts/spin.sh");
+    let spin = h.ran(&ws, "scripts/spin.sh");
     assert_eq!(spin["limit"], "CPU_LIMIT", "{spin}");
     assert_eq!(spin["signal"], 24, "{spin}");
-    let loud = ran(&h, &ws, "scripts/loud.sh");
+    let loud = h.ran(&ws, "scripts/loud.sh");
     assert_eq!(loud["limit"], "OUTPUT_LIMIT", "{loud}");
     assert_eq!(loud["stdoutBytes"], 100_000, "{loud}");
     assert_eq!(loud["stdout"].as_str().unwrap().len(), 4096, "{loud}");
-    let alloc = ran(&h, &ws, "scripts/alloc.py");
+    let alloc = h.ran(&ws, "scripts/alloc.py");
     assert_ne!(alloc["exitCode"], 0, "{alloc}");
     assert!(
         alloc["stderr"].as_str().unwrap().contains("MemoryError"),
@@ -113,7 +108,7 @@ fn later_runs_see_nothing_of_earlier_ones(kind: Kind) {
     // Sixteen runs at once, in the one sandbox.
     std::thread::scope(|s| {
         let runs: Vec<_> = (0..16)
-            .map(|_| s.spawn(|| ran(&h, &ws, "scripts/hello.sh")))
+            .map(|_| s.spawn(|| h.ran(&ws, "scripts/hello.sh")))
             .collect();
         for run in runs {
             let out = run.join().unwrap();
@@ -287,7 +282,7 @@ fn the_agent_holds_no_huge_page(kind: Kind) {
     let open = h.open("small");
     h.approve(&support::skill_digest(&open, "alpha"));
     let ws = open["workspace"].as_str().unwrap().to_owned();
-    let hello = ran(&h, &ws, "scripts/hello.sh");
+    let hello = h.ran(&ws, "scripts/hello.sh");
     assert_eq!(hello["stdout"], "hello from /workspace\n", "{hello}");
     let pid = agent_pid(kind, &open);
     let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
@@ -328,7 +323,7 @@ fn the_executor_is_bounded_as_a_whole(kind: Kind) {
     let open = h.open("whole");
     h.approve(&support::skill_digest(&open, "alpha"));
     let ws = open["workspace"].as_str().unwrap().to_owned();
-    ran(&h, &ws, "scripts/hello.sh");
+    h.ran(&ws, "scripts/hello.sh");
     let group = memory_group(agent_pid(kind, &open));
     let limit = ["memory.limit_in_bytes", "memory.max"]
         .iter()
@@ -340,10 +335,10 @@ fn the_executor_is_bounded_as_a_whole(kind: Kind) {
         "{}",
         group.display()
     );
-    let crowd = ran(&h, &ws, "scripts/crowd.sh");
+    let crowd = h.ran(&ws, "scripts/crowd.sh");
     assert_eq!(crowd["limit"], "MEMORY_LIMIT", "{crowd}");
     // The executor survives it: the next run is served.
-    let next = ran(&h, &ws, "scripts/hello.sh");
+    let next = h.ran(&ws, "scripts/hello.sh");
     assert_eq!(next["stdout"], "hello from /workspace\n", "{next}");
     h.workspaces.close(&ws).unwrap();
     h.assert_nothing_left();
@@ -365,11 +360,11 @@ fn the_executor_is_bounded_as_a_whole(kind: Kind) {
 fn a_run_cannot_fork_past_the_executor_s_processes(kind: Kind) {
     let h = harness(kind);
     let ws = approved(&h);
-    let forks = stdout_json(&ran(&h, &ws, "scripts/forks.py"));
+    let forks = stdout_json(&h.ran(&ws, "scripts/forks.py"));
     assert_eq!(forks["error"], "EAGAIN", "{forks}");
     let spawned = forks["spawned"].as_u64().unwrap();
     assert!((900..1024).contains(&spawned), "{forks}");
-    let next = ran(&h, &ws, "scripts/hello.sh");
+    let next = h.ran(&ws, "scripts/hello.sh");
     assert_eq!(next["stdout"], "hello from /workspace\n", "{next}");
     h.workspaces.close(&ws).unwrap();
     h.assert_nothing_left();
@@ -442,7 +437,7 @@ fn without_a_cgroup(allow: bool) {
     match allow {
         true => {
             assert!(status.contains("rlimits only"), "{status}");
-            let out = ran(&h, &ws, "scripts/hello.sh");
+            let out = h.ran(&ws, "scripts/hello.sh");
             assert_eq!(out["stdout"], "hello from /workspace\n", "{out}");
         }
         false => {
@@ -476,10 +471,10 @@ fn an_agent_killed_mid_run_loses_that_run_only(kind: Kind) {
     h.approve(&support::skill_digest(&open, "alpha"));
     let ws = open["workspace"].as_str().unwrap().to_owned();
     // The first run makes the agent (bubblewrap builds its sandbox then).
-    ran(&h, &ws, "scripts/hello.sh");
+    h.ran(&ws, "scripts/hello.sh");
     let pid = agent_pid(kind, &open);
     let lost = std::thread::scope(|s| {
-        let long = s.spawn(|| ran(&h, &ws, "scripts/long.sh"));
+        let long = s.spawn(|| h.ran(&ws, "scripts/long.sh"));
         std::thread::sleep(std::time::Duration::from_millis(500));
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
@@ -491,7 +486,7 @@ fn an_agent_killed_mid_run_loses_that_run_only(kind: Kind) {
     assert_eq!(lost["executorLost"], true, "{lost}");
     assert!(lost["millis"].as_u64().unwrap() < 30_000, "{lost}");
     // The next run starts a new agent (Docker: the container again) and runs.
-    let next = ran(&h, &ws, "scripts/hello.sh");
+    let next = h.ran(&ws, "scripts/hello.sh");
     assert_eq!(next["stdout"], "hello from /workspace\n", "{next}");
     assert_ne!(agent_pid(kind, &open), pid);
     h.workspaces.close(&ws).unwrap();
@@ -519,7 +514,7 @@ fn a_restarted_harness_runs_in_the_open_executor(kind: Kind) {
     let open = h.open("restart");
     h.approve(&support::skill_digest(&open, "alpha"));
     let ws = open["workspace"].as_str().unwrap().to_owned();
-    ran(&h, &ws, "scripts/hello.sh");
+    h.ran(&ws, "scripts/hello.sh");
     let before = (kind == Kind::Docker).then(|| agent_pid(kind, &open));
     h.workspaces.shutdown();
     let store = cloud_harness_store::cas::Store::open(h.tmp.path().join("store")).unwrap();

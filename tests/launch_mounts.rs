@@ -11,11 +11,6 @@ use cloud_harness_executor::Kind;
 use serde_json::Value;
 use support::executors::{available, harness, Harness};
 
-fn ran(h: &Harness, ws: &str, script: &str) -> Value {
-    h.run(ws, script)
-        .unwrap_or_else(|e| panic!("{script}: {e}"))
-}
-
 /// A bubblewrap sandbox starts from a namespace without the other workspaces' mounts
 /// (bubblewrap reads the mount table once per bind: each mount on the host made every start
 /// slower): its own workspace's are there, no other's, not even of one opened since. The
@@ -39,12 +34,8 @@ fn a_sandbox_starts_without_the_other_workspaces_mounts() {
     };
     let (first_dir, second_dir) = (dir(&first), dir(&second));
     // A sandbox starts at its workspace's first run.
-    ran(&h, first["workspace"].as_str().unwrap(), "scripts/hello.sh");
-    ran(
-        &h,
-        second["workspace"].as_str().unwrap(),
-        "scripts/hello.sh",
-    );
+    h.ran(first["workspace"].as_str().unwrap(), "scripts/hello.sh");
+    h.ran(second["workspace"].as_str().unwrap(), "scripts/hello.sh");
     let workspaces = std::fs::canonicalize(h.home().join("workspaces")).unwrap();
     let workspaces = workspaces.display().to_string();
     // A workspace opened since is not in a namespace started now either (the workspaces
@@ -122,7 +113,7 @@ fn a_sandbox_starts_without_the_other_workspaces_mounts() {
     assert!(host.contains(&format!("{first_dir}/mounts/skills ")));
     assert!(host.contains(&format!("{first_dir}/mounts/owner-skills ")));
     let ws = first["workspace"].as_str().unwrap();
-    let hello = ran(&h, ws, "scripts/hello.sh");
+    let hello = h.ran(ws, "scripts/hello.sh");
     assert_eq!(hello["stdout"], "hello from /workspace\n", "{hello}");
     let (code, out, err) = h.exec(
         ws,

@@ -175,6 +175,12 @@ impl Harness {
         ))
     }
 
+    /// The outcome of `script`, which must have run (whatever its exit status).
+    pub fn ran(&self, ws: &str, script: &str) -> Value {
+        self.run(ws, script)
+            .unwrap_or_else(|e| panic!("{script}: {e}"))
+    }
+
     /// Nothing of this harness's workspaces is left: no container, no mount, no folder.
     pub fn assert_nothing_left(&self) {
         let home = self.home();
