@@ -239,18 +239,20 @@ fn main() {
             .unwrap_or_else(|e| panic!("close {i}: {e}"));
     }
     // The runtime's blocking threads end after 10 s idle, and the server gives back what the
-    // allocator holds free for 15 s after a close, every 2 s: looked at once both are past.
+    // allocator holds free from 5 s to 20 s after the last close, every 2 s: looked at once
+    // both are past.
     std::thread::sleep(Duration::from_secs(30));
     let closed = resources::usage(pid);
-    hold("all closed", pid);
     let closed_mounts = resources::mounts_under(&home);
     let (closed_threads, processes) = resources::names(pid);
     println!(
         "scale: after closing, the server's threads {closed_threads:?} and its processes {processes:?}"
     );
+    hold("all closed", pid);
     // A stop with sandboxes live: the server ends each before it unmounts its workspace (the
     // sandbox's namespace holds copies of the mounts, whose sessions would be waited for in
     // vain). The client's connections go first, so that the stop does not wait one out.
+    let session = mcp.session().unwrap();
     for i in 0..STOP_LIVE {
         let toolkits = json!([common, distinct[i % DISTINCT]]);
         open_and_run(
@@ -262,14 +264,28 @@ fn main() {
             toolkits,
         );
     }
-    let sandboxes = resources::usage(pid).owned_processes;
+    let owned = resources::descendants(pid);
     drop(mcp);
     let t = Instant::now();
-    let clean_exit = server.stop();
+    let clean_exit = server.stop(Duration::from_secs(120));
+    let secs = t.elapsed().as_secs_f64();
+    // The sandboxes end with the server; the unmount guard once it has seen it go.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let left = loop {
+        let left = owned
+            .iter()
+            .filter(|p| Path::new(&format!("/proc/{p}")).exists())
+            .count();
+        if left == 0 || Instant::now() > deadline {
+            break left;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     let stop = Stopped {
         live: STOP_LIVE,
-        sandboxes,
-        secs: t.elapsed().as_secs_f64(),
+        owned: owned.len(),
+        owned_left: left,
+        secs,
         clean_exit,
         mounts_left: resources::mounts_under(&home).0,
     };

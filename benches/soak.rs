@@ -348,7 +348,7 @@ fn main() {
     for t in threads {
         t.join().unwrap();
     }
-    let clean_exit = server.stop();
+    let clean_exit = server.stop(Duration::from_secs(120));
 
     report(&clock, &samples.lock().unwrap(), seconds, clean_exit);
 }

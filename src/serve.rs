@@ -143,31 +143,47 @@ fn retry_publications(workspaces: Arc<Workspaces>) {
 }
 
 /// Pauses workspaces unused for `idle` (none with `None`), looked for every quarter of it (at
-/// most every 30 s, at least every second). After a pause, a close or an open, what the
-/// allocator holds free is given back, on each look for a while: the runtime's blocking
-/// threads that served them end only after 10 s idle, and what they held is collectable once
-/// they have.
+/// most every 30 s, at least every second). Once 5 s have passed since the last pause, close
+/// or open, what the allocator holds free is given back every 2 s for 15 s (the runtime's
+/// blocking threads that served them end only after 10 s idle, and what they held is
+/// collectable once they have), and at least once a minute while they go on.
 fn pause_when_idle(workspaces: Arc<Workspaces>, idle: Option<Duration>) {
     let every = idle.map_or(Duration::from_secs(5), |idle| {
         (idle / 4).clamp(Duration::from_secs(1), Duration::from_secs(30))
     });
-    // Long enough to reach the look after the blocking threads of the event have ended.
-    let window = GIVE_BACK_FOR.max(every + Duration::from_secs(11));
+    // Memory is looked after more often than pauses: a close's should go back within
+    // seconds, whatever the idle time.
+    let tick = every.min(GIVE_BACK_TICK);
+    let mut next_pause = Instant::now() + every;
     let mut open = 0;
-    let mut collect_until = None;
+    // The last pause or change in open workspaces, and the first since memory was last
+    // given back.
+    let mut last_change: Option<Instant> = None;
+    let mut first_change: Option<Instant> = None;
     let pause = move || loop {
-        std::thread::sleep(every);
-        let paused = idle.map_or(0, |idle| workspaces.pause_idle(idle));
+        std::thread::sleep(tick);
+        let mut paused = 0;
+        if Instant::now() >= next_pause {
+            paused = idle.map_or(0, |idle| workspaces.pause_idle(idle));
+            next_pause = Instant::now() + every;
+        }
         let now_open = workspaces.open_workspaces().len();
         // Fewer (a close) or more (an open's temporary memory) since the last look.
         if paused > 0 || now_open != open {
-            collect_until = Some(Instant::now() + window);
+            last_change = Some(Instant::now());
+            first_change.get_or_insert_with(Instant::now);
         }
         open = now_open;
-        if collect_until.is_some_and(|until| Instant::now() <= until) {
+        // Once things are quiet (memory given back during a burst of opens would be faulted
+        // in again at once), or at least once a minute while they never are.
+        let quiet = last_change.is_some_and(|at| at.elapsed() >= GIVE_BACK_QUIET);
+        let overdue = first_change.is_some_and(|at| at.elapsed() >= GIVE_BACK_AT_LEAST);
+        if quiet || overdue {
             crate::allocator::give_back();
-        } else {
-            collect_until = None;
+            first_change = None;
+        }
+        if last_change.is_some_and(|at| at.elapsed() >= GIVE_BACK_QUIET + GIVE_BACK_FOR) {
+            last_change = None;
         }
     };
     let _ = std::thread::Builder::new()
@@ -175,9 +191,19 @@ fn pause_when_idle(workspaces: Arc<Workspaces>, idle: Option<Duration>) {
         .spawn(pause);
 }
 
-/// How long after a pause or a change in open workspaces the allocator is asked to give back
-/// what it holds free, at least: past the 10 s the runtime keeps an idle blocking thread.
-const GIVE_BACK_FOR: Duration = Duration::from_secs(25);
+/// How long after the last pause or change in open workspaces the allocator is first asked
+/// to give back what it holds free.
+const GIVE_BACK_QUIET: Duration = Duration::from_secs(5);
+
+/// And for how long after that it is asked again: past the 10 s the runtime keeps an idle
+/// blocking thread, whose pages can be taken back only once it has ended.
+const GIVE_BACK_FOR: Duration = Duration::from_secs(15);
+
+/// How often memory is given back, at least, while workspaces keep changing.
+const GIVE_BACK_AT_LEAST: Duration = Duration::from_secs(60);
+
+/// How often, at most, the idle thread looks.
+const GIVE_BACK_TICK: Duration = Duration::from_secs(2);
 
 /// Keeps the local store within `TOOLKIT_CACHE_MAX_BYTES`, checked every ten minutes.
 fn keep_within(store: Store, max: u64) {

@@ -59,8 +59,11 @@ pub struct Ends {
 /// The server's stop (SIGTERM) with `live` workspaces open, each with its sandbox.
 pub struct Stopped {
     pub live: usize,
-    /// The processes the server owned then: the sandboxes' and the unmount guard.
-    pub sandboxes: u64,
+    /// The processes the server owned then (each sandbox's two and the unmount guard), and
+    /// those still there 10 s after its exit.
+    pub owned: usize,
+    pub owned_left: usize,
+    /// From SIGTERM to its exit.
     pub secs: f64,
     pub clean_exit: bool,
     /// Mounts under the home once it has exited.
@@ -134,7 +137,7 @@ pub fn report(steps: &[Step], ends: Ends, stop: Stopped) {
         "{}",
         json!({"empty": {"rssKib": empty.rss_kib, "threads": empty.threads, "fds": empty.fds, "ownedProcesses": empty.owned_processes},
             "closed": {"rssKib": closed.rss_kib, "threads": closed.threads, "fds": closed.fds, "ownedProcesses": closed.owned_processes, "mounts": mounts.0},
-            "stop": {"live": stop.live, "secs": stop.secs, "cleanExit": stop.clean_exit, "mountsLeft": stop.mounts_left},
+            "stop": {"live": stop.live, "ownedProcesses": stop.owned, "ownedLeft": stop.owned_left, "secs": stop.secs, "cleanExit": stop.clean_exit, "mountsLeft": stop.mounts_left},
             "steps": rows})
     );
     if let Ok(dir) = std::env::var("SCALE_PLOTS") {
@@ -168,18 +171,19 @@ pub fn report(steps: &[Step], ends: Ends, stop: Stopped) {
         if back { "back at the start" } else { "NOT back at the start" }
     );
     println!(
-        "scale: a stop with {} workspaces open ({} processes owned): {:.1} s, {}, {} mounts left",
+        "scale: a stop with {} workspaces open ({} processes owned): {:.1} s, {}, {} mounts and {} of those processes left",
         stop.live,
-        stop.sandboxes,
+        stop.owned,
         stop.secs,
-        if stop.clean_exit {
-            "a clean exit"
-        } else {
-            "NOT a clean exit"
-        },
-        stop.mounts_left
+        if stop.clean_exit { "a clean exit" } else { "NOT a clean exit (or not in time)" },
+        stop.mounts_left,
+        stop.owned_left
     );
-    let stopped = stop.clean_exit && stop.mounts_left == 0;
+    // Each sandbox is bubblewrap and the run agent.
+    let stopped = stop.owned > 2 * stop.live
+        && stop.clean_exit
+        && stop.mounts_left == 0
+        && stop.owned_left == 0;
     if !back || !stopped {
         eprintln!("scale: failed (back at the start {back}, stopped cleanly {stopped})");
         std::process::exit(1);

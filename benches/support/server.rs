@@ -69,11 +69,20 @@ impl Server {
         format!("{}/api/v1", self.url.trim_end_matches("/mcp"))
     }
 
-    /// SIGTERM, then waits: whether the server exited cleanly.
-    pub fn stop(mut self) -> bool {
+    /// SIGTERM, then waits up to `wait`: whether the server exited cleanly in time (if not,
+    /// it is killed when dropped).
+    pub fn stop(mut self, wait: Duration) -> bool {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        self.child.wait().is_ok_and(|s| s.success())
+        let deadline = std::time::Instant::now() + wait;
+        while std::time::Instant::now() < deadline {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return status.success(),
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                Err(_) => return false,
+            }
+        }
+        false
     }
 }
 
