@@ -358,10 +358,12 @@ fn open_and_run(
 
 /// `SCALE_HOLD` seconds for a look at the server (`/proc/PID/smaps`, say), if set.
 fn hold(at: &str, pid: u32) {
-    if let Some(hold) = std::env::var("SCALE_HOLD")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
+    hold_for("SCALE_HOLD", at, pid);
+}
+
+/// The seconds in `var`, if set, for a look at the server.
+fn hold_for(var: &str, at: &str, pid: u32) {
+    if let Some(hold) = std::env::var(var).ok().and_then(|s| s.parse().ok()) {
         println!("scale: {at}: holding {hold} s for a look (server pid {pid})");
         std::thread::sleep(Duration::from_secs(hold));
     }
@@ -386,13 +388,7 @@ fn paused(mcp: &Mcp, workspaces: &[String], home: &Path, pid: u32, empty: &Usage
         "scale: paused, the server's threads {:?}",
         resources::names(pid).0
     );
-    if let Some(hold) = std::env::var("SCALE_HOLD_PAUSED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
-        println!("scale: holding {hold} s for a look at the paused server (pid {pid})");
-        std::thread::sleep(Duration::from_secs(hold));
-    }
+    hold_for("SCALE_HOLD_PAUSED", "paused", pid);
     // A session of its own: the steps' one may have timed out meanwhile.
     let session = &mcp.session().unwrap();
     let session = session.as_str();
