@@ -14,7 +14,7 @@ mod support;
 // The server's allocator, so the load generator (on the same two cores) takes as little CPU
 // from it as it can.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: cloud_harness_memory::Allocator = cloud_harness_memory::Allocator;
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};

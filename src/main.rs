@@ -1,8 +1,8 @@
 // mimalloc for small blocks: the server makes and drops many small JSON values per call; under
 // load it serves ~1.5x the calls per CPU second of the system allocator (benches/http_load.rs).
-// Large blocks are mappings of their own (src/allocator.rs says why).
+// Large blocks are mappings of their own (crates/memory/src/allocator.rs says why).
 #[global_allocator]
-static ALLOCATOR: cloud_harness::allocator::Allocator = cloud_harness::allocator::Allocator;
+static ALLOCATOR: cloud_harness_memory::Allocator = cloud_harness_memory::Allocator;
 
 use clap::Parser;
 use cloud_harness::cli::{self, Cli};

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Serve Streamable HTTP at ADDR (path /mcp) instead of stdio; without ADDR, loopback
     /// port 8765.
@@ -72,6 +72,8 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(cloud_harness_control::limits::BLOCKING_THREADS)
+        // A worker that parks gives back what it holds free once the server has asked.
+        .on_thread_park(cloud_harness_memory::idle::at_idle)
         .build()
         .map_err(|e| Error::internal(format!("starting the runtime: {e}")))?;
     let mounting = !args.no_mount;
@@ -109,10 +111,20 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
         cloud_harness_workspace::pause::IDLE.as_secs(),
     )?;
     pause_when_idle(
+        runtime.handle().clone(),
         workspaces.clone(),
         (idle > 0).then(|| Duration::from_secs(idle)),
     );
-    let result = runtime.block_on(serve(workspaces.clone(), args, public_origin));
+    // On a worker rather than this thread, which would otherwise make every connection's tasks
+    // and never park (the blocks the workers free would stay on its pages: memory::idle).
+    let served = {
+        let (workspaces, args) = (workspaces.clone(), args.clone());
+        runtime.spawn(async move { serve(workspaces, &args, public_origin).await })
+    };
+    let result = runtime
+        .block_on(served)
+        .map_err(|e| Error::internal(format!("the server's task failed: {e}")))
+        .and_then(|served| served);
     // Unmount before exiting (runs are killed first); the records stay, so the next start
     // restores the workspaces.
     workspaces.shutdown();
@@ -144,10 +156,14 @@ fn retry_publications(workspaces: Arc<Workspaces>) {
 
 /// Pauses workspaces unused for `idle` (none with `None`), looked for every quarter of it (at
 /// most every 30 s, at least every second). Once 5 s have passed since the last pause, close
-/// or open, what the allocator holds free is given back every 2 s for 15 s (the runtime's
-/// blocking threads that served them end only after 10 s idle, and what they held is
-/// collectable once they have), and at least once a minute while they go on.
-fn pause_when_idle(workspaces: Arc<Workspaces>, idle: Option<Duration>) {
+/// or open, every thread is asked to give back what the allocator holds free for it
+/// (`memory::idle`) every 2 s for 15 s (blocks are freed after a close too: a session's, a
+/// thread's that ends), and at least once a minute while they go on.
+fn pause_when_idle(
+    runtime: tokio::runtime::Handle,
+    workspaces: Arc<Workspaces>,
+    idle: Option<Duration>,
+) {
     let every = idle.map_or(Duration::from_secs(5), |idle| {
         (idle / 4).clamp(Duration::from_secs(1), Duration::from_secs(30))
     });
@@ -179,7 +195,11 @@ fn pause_when_idle(workspaces: Arc<Workspaces>, idle: Option<Duration>) {
         let quiet = last_change.is_some_and(|at| at.elapsed() >= GIVE_BACK_QUIET);
         let overdue = first_change.is_some_and(|at| at.elapsed() >= GIVE_BACK_AT_LEAST);
         if quiet || overdue {
-            crate::allocator::give_back();
+            cloud_harness_memory::idle::ask();
+            // A worker gives back when it next parks: work for each, so a parked one wakes.
+            for _ in 0..runtime.metrics().num_workers() {
+                runtime.spawn(async {});
+            }
             first_change = None;
         }
         if last_change.is_some_and(|at| at.elapsed() >= GIVE_BACK_QUIET + GIVE_BACK_FOR) {
@@ -196,7 +216,7 @@ fn pause_when_idle(workspaces: Arc<Workspaces>, idle: Option<Duration>) {
 const GIVE_BACK_QUIET: Duration = Duration::from_secs(5);
 
 /// And for how long after that it is asked again: past the 10 s the runtime keeps an idle
-/// blocking thread, whose pages can be taken back only once it has ended.
+/// blocking thread (what a thread that ends held goes back as its last blocks are freed).
 const GIVE_BACK_FOR: Duration = Duration::from_secs(15);
 
 /// How often memory is given back, at least, while workspaces keep changing.

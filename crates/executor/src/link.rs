@@ -65,6 +65,7 @@ pub fn runtime() -> &'static tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("executor-links")
+            .on_thread_park(cloud_harness_memory::idle::at_idle)
             .enable_all()
             .build()
             .expect("a runtime for the executors' links")

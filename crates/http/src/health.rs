@@ -304,6 +304,8 @@ impl Checks {
         Started::Running(tokio::task::spawn_blocking(move || {
             let outcome = check();
             busy.store(false, Ordering::SeqCst);
+            // The checks keep a blocking thread alive (memory::idle).
+            cloud_harness_memory::idle::at_idle();
             outcome
         }))
     }

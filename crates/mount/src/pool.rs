@@ -227,9 +227,16 @@ impl Pool {
 fn work(pool: &'static Pool) {
     let mut buffer = vec![0u8; REQUEST_BUFFER];
     let mut events = [EpollEvent::empty()];
+    // Bounded, so a thread with nothing to do still gives back what it holds (memory::idle).
+    let look = EpollTimeout::try_from(cloud_harness_memory::idle::LOOK_EVERY)
+        .unwrap_or(EpollTimeout::NONE);
     loop {
-        match pool.epoll.wait(&mut events, EpollTimeout::NONE) {
-            Ok(0) | Err(Errno::EINTR) => continue,
+        match pool.epoll.wait(&mut events, look) {
+            Ok(0) => {
+                cloud_harness_memory::idle::at_idle();
+                continue;
+            }
+            Err(Errno::EINTR) => continue,
             Ok(_) => {}
             Err(e) => {
                 // Not expected of a valid epoll; not a reason to spin.
@@ -248,6 +255,7 @@ fn work(pool: &'static Pool) {
         if let Some(session) = session {
             take_one(pool, &session, &mut buffer);
         }
+        cloud_harness_memory::idle::at_idle();
     }
 }
 

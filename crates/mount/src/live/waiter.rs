@@ -158,8 +158,11 @@ impl Waiter {
         // that ends, or a tier that changes, wakes the wait and makes another pass).
         let mut nearest: Option<Instant> = None;
         loop {
+            cloud_harness_memory::idle::at_idle();
             let timeout = match nearest {
-                None => EpollTimeout::NONE,
+                // Bounded, so the thread gives back what it holds even with no tier left.
+                None => EpollTimeout::try_from(cloud_harness_memory::idle::LOOK_EVERY)
+                    .unwrap_or(EpollTimeout::NONE),
                 Some(due) => {
                     let ms = due.saturating_duration_since(Instant::now()).as_millis();
                     // Rounded up: woken before it is due, it would only wait again.

@@ -12,16 +12,14 @@
 //! speed (benches/http_load.rs).
 
 use mimalloc::MiMalloc;
-use nix::libc;
 use std::alloc::{GlobalAlloc, Layout};
 
 /// Blocks of at least this size are mappings of their own.
 pub const LARGE: usize = 1 << 20;
 
-/// Gives back to the system what mimalloc holds free: the pages of threads that have ended
-/// (the runtime's blocking threads that served opens and closes) and those whose every block
-/// has been freed, by whichever thread (a forced collection purges every arena; mimalloc
-/// otherwise purges only as it goes, and an idle process does not go).
+/// Gives back to the system the pages this thread holds with no block in use (after taking
+/// in what other threads freed on them), and every free page of the process's arenas. Another
+/// thread's pages are its own to give back ([`crate::idle`]).
 pub fn give_back() {
     // SAFETY: mi_collect only walks mimalloc's own bookkeeping; it takes no pointer.
     unsafe { libmimalloc_sys::mi_collect(true) }
@@ -135,15 +133,15 @@ unsafe impl GlobalAlloc for Allocator {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::Mutex;
 
     /// Resident memory is the process's: the tests here take turns.
-    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    pub(crate) static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
     /// This process's resident memory, KiB.
-    fn rss_kib() -> u64 {
+    pub(crate) fn rss_kib() -> u64 {
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
         status
             .lines()
@@ -203,60 +201,6 @@ mod tests {
             unsafe { std::ptr::write_bytes(p, 0xAB, size) };
         }
         unsafe { Allocator.dealloc(p, layout) };
-    }
-
-    /// What the server relies on: its idle thread's `give_back` returns the pages of threads
-    /// that live on and never call the allocator again (the runtime's workers, parked), here
-    /// a thread's blocks freed by another. mimalloc is called directly (the tests' own
-    /// allocator is the system's).
-    #[test]
-    fn a_thread_that_gives_back_returns_what_threads_that_live_on_held() {
-        let _turn = ONE_AT_A_TIME.lock().unwrap();
-        const BLOCKS: usize = (64 << 20) / 512;
-        let layout = Layout::from_size_align(512, 8).unwrap();
-        // This thread's own mimalloc heap, as the server's idle thread has one (a thread
-        // that never allocated through mimalloc collects nothing).
-        unsafe { MiMalloc.dealloc(MiMalloc.alloc(layout), layout) };
-        let (done, wait) = std::sync::mpsc::channel::<()>();
-        let (sent, blocks) = std::sync::mpsc::channel::<Vec<usize>>();
-        let before = rss_kib();
-        let owner = std::thread::spawn(move || {
-            let blocks: Vec<usize> = (0..BLOCKS)
-                .map(|_| {
-                    let p = unsafe { MiMalloc.alloc(layout) };
-                    assert!(!p.is_null());
-                    unsafe { std::ptr::write_bytes(p, 0x5A, layout.size()) };
-                    p as usize
-                })
-                .collect();
-            sent.send(blocks).unwrap();
-            // Alive and idle until the end, as a parked worker.
-            let _ = wait.recv();
-        });
-        let mut freed_here = blocks.recv().unwrap();
-        // Half freed here, half by a third thread that then ends.
-        let elsewhere = freed_here.split_off(BLOCKS / 2);
-        for p in freed_here {
-            unsafe { MiMalloc.dealloc(p as *mut u8, layout) };
-        }
-        std::thread::spawn(move || {
-            for p in elsewhere {
-                unsafe { MiMalloc.dealloc(p as *mut u8, layout) };
-            }
-        })
-        .join()
-        .unwrap();
-        let resident = || rss_kib().saturating_sub(before) / 1024;
-        let held = resident();
-        give_back();
-        let left = resident();
-        drop(done);
-        owner.join().unwrap();
-        assert!(held > 48, "64 MiB freed stay resident at first: {held} MiB");
-        assert!(
-            held - left > 48,
-            "and go once another thread gives back: {left} MiB left of {held} MiB"
-        );
     }
 
     #[test]
