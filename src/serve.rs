@@ -72,10 +72,10 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(cloud_harness_control::limits::BLOCKING_THREADS)
-        // A worker that parks gives back what it holds free once the server has asked.
-        .on_thread_park(cloud_harness_memory::idle::at_idle)
         .build()
         .map_err(|e| Error::internal(format!("starting the runtime: {e}")))?;
+    // Its workers give back what they hold free when the server asks (memory::idle).
+    cloud_harness_memory::idle::answered_by(runtime.handle().clone());
     let mounting = !args.no_mount;
     let workspaces = Arc::new(runtime.block_on(async {
         let home = home.clone();
@@ -111,7 +111,6 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
         cloud_harness_workspace::pause::IDLE.as_secs(),
     )?;
     pause_when_idle(
-        runtime.handle().clone(),
         workspaces.clone(),
         (idle > 0).then(|| Duration::from_secs(idle)),
     );
@@ -159,11 +158,7 @@ fn retry_publications(workspaces: Arc<Workspaces>) {
 /// or open, every thread is asked to give back what the allocator holds free for it
 /// (`memory::idle`) every 2 s for 15 s (blocks are freed after a close too: a session's, a
 /// thread's that ends), and at least once a minute while they go on.
-fn pause_when_idle(
-    runtime: tokio::runtime::Handle,
-    workspaces: Arc<Workspaces>,
-    idle: Option<Duration>,
-) {
+fn pause_when_idle(workspaces: Arc<Workspaces>, idle: Option<Duration>) {
     let every = idle.map_or(Duration::from_secs(5), |idle| {
         (idle / 4).clamp(Duration::from_secs(1), Duration::from_secs(30))
     });
@@ -176,8 +171,15 @@ fn pause_when_idle(
     // given back.
     let mut last_change: Option<Instant> = None;
     let mut first_change: Option<Instant> = None;
+    // Once more, a tick after the last ask: threads that answered at once may have found the
+    // arena's purge taken by another (mimalloc skips it then), and nothing else purges an
+    // idle process.
+    let mut purge_after = false;
     let pause = move || loop {
         std::thread::sleep(tick);
+        if std::mem::take(&mut purge_after) {
+            cloud_harness_memory::allocator::give_back();
+        }
         let mut paused = 0;
         if Instant::now() >= next_pause {
             paused = idle.map_or(0, |idle| workspaces.pause_idle(idle));
@@ -196,14 +198,11 @@ fn pause_when_idle(
         let overdue = first_change.is_some_and(|at| at.elapsed() >= GIVE_BACK_AT_LEAST);
         if quiet || overdue {
             cloud_harness_memory::idle::ask();
-            // A worker gives back when it next parks: work for each, so a parked one wakes.
-            for _ in 0..runtime.metrics().num_workers() {
-                runtime.spawn(async {});
-            }
             first_change = None;
         }
         if last_change.is_some_and(|at| at.elapsed() >= GIVE_BACK_QUIET + GIVE_BACK_FOR) {
             last_change = None;
+            purge_after = true;
         }
     };
     let _ = std::thread::Builder::new()

@@ -186,7 +186,11 @@ fn write_later(db: &Db, actor: &str, action: &'static str, subject: String, deta
         }
     };
     match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => drop(runtime.spawn_blocking(write)),
+        // Writes keep blocking threads alive (memory::idle).
+        Ok(runtime) => drop(runtime.spawn_blocking(move || {
+            write();
+            cloud_harness_memory::idle::at_idle();
+        })),
         Err(_) => write(),
     }
 }

@@ -65,9 +65,9 @@ pub fn runtime() -> &'static tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("executor-links")
-            .on_thread_park(cloud_harness_memory::idle::at_idle)
             .enable_all()
             .build()
+            .inspect(|made| cloud_harness_memory::idle::answered_by(made.handle().clone()))
             .expect("a runtime for the executors' links")
     })
 }

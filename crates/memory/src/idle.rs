@@ -9,11 +9,13 @@
 //! memory stayed 80-110 MiB above the empty server's (`cargo bench --bench scale`).
 //!
 //! So the process [`ask`]s, and each long-lived thread gives back its own at its next idle
-//! point ([`at_idle`]: a runtime's worker when it parks, a blocking thread after its work, a
-//! thread that waits on an epoll when the wait ends): once per ask, an atomic load otherwise.
+//! point ([`at_idle`]: a blocking thread after its work, a thread that waits on an epoll when
+//! the wait ends, every worker of a runtime [`answered_by`] in a task of its own): once per
+//! ask, an atomic load otherwise.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// How many times the process has asked.
@@ -28,10 +30,52 @@ thread_local! {
 /// longest a thread with nothing to do keeps what it could give back.
 pub const LOOK_EVERY: Duration = Duration::from_secs(2);
 
-/// Asks every thread to give back at its next idle point, and gives back this thread's now.
+/// The runtimes whose workers answer each ask.
+static RUNTIMES: Mutex<Vec<tokio::runtime::Handle>> = Mutex::new(Vec::new());
+
+/// How long, at most, a worker's answer waits for the other workers' to have started.
+const TURN: Duration = Duration::from_millis(20);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Asks every thread to give back at its next idle point, gives back this thread's now, and
+/// has every worker of the runtimes [`answered_by`] answer.
 pub fn ask() {
     ASKED.fetch_add(1, Ordering::Relaxed);
     at_idle();
+    let runtimes = lock(&RUNTIMES).clone();
+    for runtime in &runtimes {
+        answer_on_every_worker(runtime);
+    }
+}
+
+/// Has every worker of `runtime` answer each ask. A parked worker has no idle point of its
+/// own to answer at until work wakes it, and that may be never: a runtime wakes one parked
+/// worker for new work, and the same one may take it every time.
+pub fn answered_by(runtime: tokio::runtime::Handle) {
+    lock(&RUNTIMES).push(runtime);
+}
+
+/// One task per worker, each answering and then waiting (at most [`TURN`]) until all have
+/// started: a worker runs one task at a time, so while one waits the others are taken by
+/// other workers (a busy worker's queue is stolen from). Asks come seconds apart, once the
+/// server is quiet, so the wait blocks a worker rarely and briefly.
+fn answer_on_every_worker(runtime: &tokio::runtime::Handle) {
+    let workers = runtime.metrics().num_workers();
+    let started = Arc::new((Mutex::new(0usize), Condvar::new()));
+    for _ in 0..workers {
+        let started = started.clone();
+        runtime.spawn(async move {
+            at_idle();
+            let (count, all) = &*started;
+            let mut count = lock(count);
+            *count += 1;
+            all.notify_all();
+            let _ = all.wait_timeout_while(count, TURN, |count| *count < workers);
+        });
+    }
 }
 
 /// Gives back what the allocator holds free for this thread if the process has asked since it
@@ -46,6 +90,8 @@ pub fn at_idle() {
         if answered.get() != asked {
             answered.set(asked);
             crate::allocator::give_back();
+            #[cfg(test)]
+            tests::answered(asked);
         }
     });
 }
@@ -57,6 +103,56 @@ mod tests {
     use mimalloc::MiMalloc;
     use std::alloc::{GlobalAlloc, Layout};
     use std::sync::mpsc::channel;
+    use std::thread::ThreadId;
+
+    /// Which thread answered which ask.
+    static ANSWERS: Mutex<Vec<(u64, ThreadId)>> = Mutex::new(Vec::new());
+
+    pub(super) fn answered(asked: u64) {
+        lock(&ANSWERS).push((asked, std::thread::current().id()));
+    }
+
+    #[test]
+    fn every_worker_of_a_runtime_answers_an_ask_even_parked() {
+        let _turn = ONE_AT_A_TIME.lock().unwrap();
+        const WORKERS: usize = 4;
+        let workers = Arc::new(Mutex::new(Vec::new()));
+        let seen = workers.clone();
+        // Lives as long as the process: it stays among those that answer.
+        static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+        let runtime = RUNTIME.get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(WORKERS)
+                .on_thread_start(move || lock(&*seen).push(std::thread::current().id()))
+                .build()
+                .unwrap()
+        });
+        answered_by(runtime.handle().clone());
+        // Every worker started, and parked with nothing to do.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while lock(&workers).len() < WORKERS && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let workers = lock(&workers).clone();
+        assert_eq!(workers.len(), WORKERS);
+        for _ in 0..5 {
+            ask();
+            let asked = ASKED.load(Ordering::Relaxed);
+            let answered = || {
+                let answers = lock(&ANSWERS);
+                workers
+                    .iter()
+                    .filter(|w| answers.contains(&(asked, **w)))
+                    .count()
+            };
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while answered() < WORKERS && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            assert_eq!(answered(), WORKERS, "ask {asked}: every worker answered");
+        }
+    }
 
     /// The server's case: a thread allocates, another frees, the first waits for work. Only
     /// the first can give its pages back, and it does at its idle point once asked. mimalloc
@@ -90,6 +186,8 @@ mod tests {
             for (_, p) in mine {
                 unsafe { MiMalloc.dealloc(p as *mut u8, layout) };
             }
+            // Whatever an earlier test asked is answered before the frees below.
+            at_idle();
             sent.send(theirs.into_iter().map(|(_, p)| p).collect())
                 .unwrap();
             // Waits for work, as a parked worker; then is idle once.
@@ -103,7 +201,7 @@ mod tests {
             unsafe { MiMalloc.dealloc(p as *mut u8, layout) };
         }
         let resident = || rss_kib().saturating_sub(before) / 1024;
-        // Idle before any ask: nothing to do.
+        // Idle before an ask since: nothing to do.
         idle.send(()).unwrap();
         has_been.recv().unwrap();
         let held = resident();

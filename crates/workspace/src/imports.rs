@@ -125,6 +125,8 @@ impl Imports {
             match self.take() {
                 Ok(Some((id, spec))) => self.run(&id, spec),
                 Ok(None) => {
+                    // An import opened a workspace: what others freed of it (memory::idle).
+                    cloud_harness_memory::idle::at_idle();
                     let queued = self.queued.lock().expect("queue lock");
                     // Woken by a submit, or every second (jobs queued by another process).
                     let _ = self.wake.wait_timeout(queued, Duration::from_secs(1));

@@ -410,8 +410,8 @@ pub async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'stat
     };
     let span = tracing::Span::current();
     tokio::task::spawn_blocking(move || {
-        let _slots = slots;
         let done = span.in_scope(work);
+        drop(slots);
         // A blocking thread that lives on (given work every few seconds) has no other idle
         // point at which to give back what it holds (memory::idle).
         cloud_harness_memory::idle::at_idle();

@@ -236,6 +236,8 @@ fn runtime() -> DbResult<&'static tokio::runtime::Runtime> {
                 .thread_name("state-db")
                 .enable_all()
                 .build()
+                // Rows are decoded here and dropped by whoever asked (memory::idle).
+                .inspect(|made| cloud_harness_memory::idle::answered_by(made.handle().clone()))
         })
         .as_ref()
         .map_err(|e| DbError::other(format!("a runtime for the state database: {e}")))

@@ -166,7 +166,8 @@ impl Waiter {
                 Some(due) => {
                     let ms = due.saturating_duration_since(Instant::now()).as_millis();
                     // Rounded up: woken before it is due, it would only wait again.
-                    let ms = (ms + 1).min(60_000) as u16;
+                    let most = cloud_harness_memory::idle::LOOK_EVERY.as_millis();
+                    let ms = (ms + 1).min(most) as u16;
                     EpollTimeout::from(ms)
                 }
             };
