@@ -75,7 +75,7 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
         .build()
         .map_err(|e| Error::internal(format!("starting the runtime: {e}")))?;
     // Its workers give back what they hold free when the server asks (memory::idle).
-    cloud_harness_memory::idle::answered_by(runtime.handle().clone());
+    cloud_harness_memory::idle::answered_by(runtime.handle());
     let mounting = !args.no_mount;
     let workspaces = Arc::new(runtime.block_on(async {
         let home = home.clone();

@@ -186,17 +186,14 @@ impl Checks {
             let answer = match tokio::time::timeout(CHECK_TIMEOUT, slots.acquire_owned()).await {
                 Ok(Ok(slot)) => {
                     let db = checks.db.clone();
-                    let checked = tokio::task::spawn_blocking(move || {
+                    let checked = cloud_harness_memory::idle::spawn_blocking(move || {
                         // The slot is held until the database answers, however long after
                         // the caller stopped waiting: the bound holds.
-                        let checked = match kind {
+                        let _slot = slot;
+                        match kind {
                             Kind::Token => super::authenticate(&db, &secret),
                             Kind::Cookie => super::session(&db, &secret),
-                        };
-                        drop(slot);
-                        // Checks keep blocking threads alive (memory::idle).
-                        cloud_harness_memory::idle::at_idle();
-                        checked
+                        }
                     });
                     checked
                         .await

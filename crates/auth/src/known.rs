@@ -96,7 +96,7 @@ impl Known {
             return;
         }
         let (db, loaded, reading) = (db.clone(), self.loaded.clone(), self.reading.clone());
-        tokio::task::spawn_blocking(move || {
+        cloud_harness_memory::idle::spawn_blocking(move || {
             let generation = CHANGED.load(Ordering::SeqCst);
             let at = Instant::now();
             let hashes = |sql: &str, value: i64| -> Option<HashSet<String>> {

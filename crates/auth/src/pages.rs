@@ -37,11 +37,12 @@ pub(crate) async fn login(State(auth): State<Arc<Auth>>, Query(q): Query<LoginQu
         ));
     };
     let db = auth.db().clone();
-    let session = match tokio::task::spawn_blocking(move || super::redeem(&db, &code)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return error_response(&e),
-        Err(e) => return error_response(&Error::internal(e.to_string())),
-    };
+    let session =
+        match cloud_harness_memory::idle::spawn_blocking(move || super::redeem(&db, &code)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return error_response(&e),
+            Err(e) => return error_response(&Error::internal(e.to_string())),
+        };
     // Secure: browsers keep it from http://localhost and 127.0.0.1 too (loopback is a secure
     // context); anywhere else the dashboard is served over HTTPS (a proxy in front).
     let cookie = format!(
@@ -61,7 +62,8 @@ pub(crate) async fn login(State(auth): State<Arc<Auth>>, Query(q): Query<LoginQu
 pub(crate) async fn logout(State(auth): State<Arc<Auth>>, headers: HeaderMap) -> Response {
     if let Some(secret) = cookie(&headers, COOKIE) {
         let db = auth.db().clone();
-        let ended = tokio::task::spawn_blocking(move || super::logout(&db, &secret)).await;
+        let ended =
+            cloud_harness_memory::idle::spawn_blocking(move || super::logout(&db, &secret)).await;
         match ended {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return error_response(&e),

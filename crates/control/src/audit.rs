@@ -186,11 +186,7 @@ fn write_later(db: &Db, actor: &str, action: &'static str, subject: String, deta
         }
     };
     match tokio::runtime::Handle::try_current() {
-        // Writes keep blocking threads alive (memory::idle).
-        Ok(runtime) => drop(runtime.spawn_blocking(move || {
-            write();
-            cloud_harness_memory::idle::at_idle();
-        })),
+        Ok(_) => drop(cloud_harness_memory::idle::spawn_blocking(write)),
         Err(_) => write(),
     }
 }

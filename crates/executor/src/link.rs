@@ -67,7 +67,7 @@ pub fn runtime() -> &'static tokio::runtime::Runtime {
             .thread_name("executor-links")
             .enable_all()
             .build()
-            .inspect(|made| cloud_harness_memory::idle::answered_by(made.handle().clone()))
+            .inspect(|made| cloud_harness_memory::idle::answered_by(made.handle()))
             .expect("a runtime for the executors' links")
     })
 }

@@ -301,11 +301,9 @@ impl Checks {
         if busy.swap(true, Ordering::SeqCst) {
             return Started::Busy;
         }
-        Started::Running(tokio::task::spawn_blocking(move || {
+        Started::Running(cloud_harness_memory::idle::spawn_blocking(move || {
             let outcome = check();
             busy.store(false, Ordering::SeqCst);
-            // The checks keep a blocking thread alive (memory::idle).
-            cloud_harness_memory::idle::at_idle();
             outcome
         }))
     }

@@ -9,9 +9,9 @@
 //! memory stayed 80-110 MiB above the empty server's (`cargo bench --bench scale`).
 //!
 //! So the process [`ask`]s, and each long-lived thread gives back its own at its next idle
-//! point ([`at_idle`]: a blocking thread after its work, a thread that waits on an epoll when
-//! the wait ends, every worker of a runtime [`answered_by`] in a task of its own): once per
-//! ask, an atomic load otherwise.
+//! point ([`at_idle`]: a blocking thread after work given through [`spawn_blocking`], a thread
+//! that waits on an epoll when the wait ends, every worker of a runtime [`answered_by`] in a
+//! task of its own): once per ask, an atomic load otherwise.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,8 +54,20 @@ pub fn ask() {
 /// Has every worker of `runtime` answer each ask. A parked worker has no idle point of its
 /// own to answer at until work wakes it, and that may be never: a runtime wakes one parked
 /// worker for new work, and the same one may take it every time.
-pub fn answered_by(runtime: tokio::runtime::Handle) {
-    lock(&RUNTIMES).push(runtime);
+pub fn answered_by(runtime: &tokio::runtime::Handle) {
+    lock(&RUNTIMES).push(runtime.clone());
+}
+
+/// `tokio::task::spawn_blocking`, the thread answering once `work` is done and what it held
+/// dropped: a blocking thread kept alive by such work has no other idle point.
+pub fn spawn_blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> tokio::task::JoinHandle<T> {
+    tokio::task::spawn_blocking(move || {
+        let done = work();
+        at_idle();
+        done
+    })
 }
 
 /// One task per worker, each answering and then waiting (at most [`TURN`]) until all have
@@ -82,9 +94,6 @@ fn answer_on_every_worker(runtime: &tokio::runtime::Handle) {
 /// last did; otherwise nothing.
 pub fn at_idle() {
     let asked = ASKED.load(Ordering::Relaxed);
-    if asked == 0 {
-        return;
-    }
     // A thread's own value, without a destructor: there is no state in which it is gone.
     let _ = ANSWERED.try_with(|answered| {
         if answered.get() != asked {
@@ -127,7 +136,7 @@ mod tests {
                 .build()
                 .unwrap()
         });
-        answered_by(runtime.handle().clone());
+        answered_by(runtime.handle());
         // Every worker started, and parked with nothing to do.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while lock(&workers).len() < WORKERS && std::time::Instant::now() < deadline {

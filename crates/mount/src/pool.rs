@@ -231,12 +231,10 @@ fn work(pool: &'static Pool) {
     let look = EpollTimeout::try_from(cloud_harness_memory::idle::LOOK_EVERY)
         .unwrap_or(EpollTimeout::NONE);
     loop {
+        // After a request or a wait that timed out: one atomic load unless asked.
+        cloud_harness_memory::idle::at_idle();
         match pool.epoll.wait(&mut events, look) {
-            Ok(0) => {
-                cloud_harness_memory::idle::at_idle();
-                continue;
-            }
-            Err(Errno::EINTR) => continue,
+            Ok(0) | Err(Errno::EINTR) => continue,
             Ok(_) => {}
             Err(e) => {
                 // Not expected of a valid epoll; not a reason to spin.
@@ -255,7 +253,6 @@ fn work(pool: &'static Pool) {
         if let Some(session) = session {
             take_one(pool, &session, &mut buffer);
         }
-        cloud_harness_memory::idle::at_idle();
     }
 }
 

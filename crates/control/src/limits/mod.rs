@@ -409,13 +409,9 @@ pub async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'stat
         None => None,
     };
     let span = tracing::Span::current();
-    tokio::task::spawn_blocking(move || {
-        let done = span.in_scope(work);
-        drop(slots);
-        // A blocking thread that lives on (given work every few seconds) has no other idle
-        // point at which to give back what it holds (memory::idle).
-        cloud_harness_memory::idle::at_idle();
-        done
+    cloud_harness_memory::idle::spawn_blocking(move || {
+        let _slots = slots;
+        span.in_scope(work)
     })
     .await
     .map_err(|e| Error::internal(format!("the task failed: {e}")))

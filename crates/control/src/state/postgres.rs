@@ -237,7 +237,7 @@ fn runtime() -> DbResult<&'static tokio::runtime::Runtime> {
                 .enable_all()
                 .build()
                 // Rows are decoded here and dropped by whoever asked (memory::idle).
-                .inspect(|made| cloud_harness_memory::idle::answered_by(made.handle().clone()))
+                .inspect(|made| cloud_harness_memory::idle::answered_by(made.handle()))
         })
         .as_ref()
         .map_err(|e| DbError::other(format!("a runtime for the state database: {e}")))

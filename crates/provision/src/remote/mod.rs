@@ -106,7 +106,7 @@ fn runtime() -> &'static tokio::runtime::Runtime {
             .thread_name("object-store")
             .enable_all()
             .build()
-            .inspect(|made| cloud_harness_memory::idle::answered_by(made.handle().clone()))
+            .inspect(|made| cloud_harness_memory::idle::answered_by(made.handle()))
             .expect("a runtime for object storage")
     })
 }
