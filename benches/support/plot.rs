@@ -9,7 +9,9 @@ const LEFT: f64 = 70.0;
 const RIGHT: f64 = 150.0;
 const TOP: f64 = 36.0;
 const BOTTOM: f64 = 46.0;
-const COLOURS: [&str; 4] = ["#1f5fa8", "#c0392b", "#2e8b57", "#8e44ad"];
+const COLOURS: [&str; 6] = [
+    "#1f5fa8", "#c0392b", "#2e8b57", "#8e44ad", "#d35400", "#5d6d7e",
+];
 
 pub struct Series<'a> {
     pub name: &'a str,

@@ -18,6 +18,8 @@ pub struct Step {
     pub first_run_p99_ms: f64,
     pub read_ms: f64,
     pub walk_ms: f64,
+    /// The same walk of a copy of the mount's tree on tmpfs, interleaved with it.
+    pub walk_tmpfs_ms: f64,
     /// Opens whose warnings said live updates are off (no inotify instance left).
     pub unwatched: usize,
 }
@@ -34,13 +36,13 @@ pub fn per_workspace(step: &Step, empty: &Usage, f: fn(&Usage) -> u64) -> f64 {
 pub fn print_step(s: &Step, empty: &Usage) {
     let u = &s.usage;
     println!(
-        "scale: N={}: server RSS {:.1} MiB, owned PSS {:.1} MiB ({} processes), threads {} (+{} owned), fds {} (+{} store objects), inotify {} instances / {} watches, mounts {} ({} FUSE); per workspace {:.2} MiB (server RSS and owned PSS) and {:.1} threads; open p50 {:.1} ms p99 {:.1} ms; first run p50 {:.1} ms p99 {:.1} ms; read {:.2} ms; walk {:.2} ms; {} opens without live updates",
+        "scale: N={}: server RSS {:.1} MiB, owned PSS {:.1} MiB ({} processes), threads {} (+{} owned), fds {} (+{} store objects), inotify {} instances / {} watches, mounts {} ({} FUSE); per workspace {:.2} MiB (server RSS and owned PSS) and {:.1} threads; open p50 {:.1} ms p99 {:.1} ms; first run p50 {:.1} ms p99 {:.1} ms; read {:.2} ms; walk {:.2} ms ({:.2} ms on tmpfs, {:.2}x); {} opens without live updates",
         s.n, mib(u.rss_kib), mib(u.owned_pss_kib), u.owned_processes, u.threads, u.owned_threads,
         u.fds, u.object_fds, u.inotify_instances, u.inotify_watches, s.mounts.0, s.mounts.1,
         per_workspace(s, empty, Usage::memory_kib) / 1024.0,
         per_workspace(s, empty, Usage::total_threads),
         s.open_p50_ms, s.open_p99_ms, s.first_run_p50_ms, s.first_run_p99_ms, s.read_ms,
-        s.walk_ms, s.unwatched
+        s.walk_ms, s.walk_tmpfs_ms, s.walk_ms / s.walk_tmpfs_ms, s.unwatched
     );
 }
 
@@ -80,7 +82,7 @@ pub fn report(steps: &[Step], ends: Ends, stop: Stopped) {
         mounts,
     } = ends;
     let (empty, closed) = (&empty, &closed);
-    println!("| N | server RSS MiB | owned PSS MiB (processes) | threads (+ owned) | fds | inotify instances / watches | mounts (FUSE) | memory / workspace MiB | threads / workspace | open p50 / p99 ms | first run p50 / p99 ms | skills_read ms | walk ms | opens without live updates |");
+    println!("| N | server RSS MiB | owned PSS MiB (processes) | threads (+ owned) | fds | inotify instances / watches | mounts (FUSE) | memory / workspace MiB | threads / workspace | open p50 / p99 ms | first run p50 / p99 ms | skills_read ms | walk ms (tmpfs, ratio) | opens without live updates |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let row = |n: String, u: &Usage, m: (u64, u64)| {
         format!(
@@ -103,7 +105,7 @@ pub fn report(steps: &[Step], ends: Ends, stop: Stopped) {
     );
     for s in steps {
         println!(
-            "{} | {:.2} | {:.1} | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} | {:.2} | {} |",
+            "{} | {:.2} | {:.1} | {:.1} / {:.1} | {:.1} / {:.1} | {:.2} | {:.2} ({:.2}, {:.2}x) | {} |",
             row(s.n.to_string(), &s.usage, s.mounts),
             per_workspace(s, empty, Usage::memory_kib) / 1024.0,
             per_workspace(s, empty, Usage::total_threads),
@@ -113,6 +115,8 @@ pub fn report(steps: &[Step], ends: Ends, stop: Stopped) {
             s.first_run_p99_ms,
             s.read_ms,
             s.walk_ms,
+            s.walk_tmpfs_ms,
+            s.walk_ms / s.walk_tmpfs_ms,
             s.unwatched
         );
     }
@@ -130,7 +134,7 @@ pub fn report(steps: &[Step], ends: Ends, stop: Stopped) {
                 "mounts": s.mounts.0, "fuseMounts": s.mounts.1,
                 "openP50Ms": s.open_p50_ms, "openP99Ms": s.open_p99_ms,
                 "firstRunP50Ms": s.first_run_p50_ms, "firstRunP99Ms": s.first_run_p99_ms, "readMs": s.read_ms,
-                "walkMs": s.walk_ms, "unwatchedOpens": s.unwatched})
+                "walkMs": s.walk_ms, "walkTmpfsMs": s.walk_tmpfs_ms, "unwatchedOpens": s.unwatched})
         })
         .collect();
     println!(
@@ -237,6 +241,7 @@ fn plots(dir: &Path, steps: &[Step]) {
                 series("first run p50", &|s| s.first_run_p50_ms),
                 series("skills_read", &|s| s.read_ms),
                 series("walk of a mount", &|s| s.walk_ms),
+                series("walk of its tmpfs copy", &|s| s.walk_tmpfs_ms),
             ],
         ),
     ];
