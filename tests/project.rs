@@ -344,6 +344,11 @@ fn gc_while_a_workspace_is_open_keeps_what_it_serves() {
         .filter(|name| name.starts_with("workspaces/"))
         .collect();
     assert!(left.is_empty(), "roots of a closed workspace: {left:?}");
+    let folder = w.tmp.path().join("store/roots/workspaces").join(&id);
+    assert!(
+        !folder.exists(),
+        "a closed workspace's folder of roots stays"
+    );
 }
 
 /// A workspace that cannot be served again after a restart keeps its key: opening with the

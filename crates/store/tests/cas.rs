@@ -316,6 +316,45 @@ fn a_root_that_is_a_symlink_loop_is_a_typed_error() {
     assert_eq!(err.code, Code::NotFound, "{err}");
 }
 
+/// One owner's folder of roots is read alone: a root elsewhere is not read (here, one that
+/// does not hold a digest, which a listing of every root refuses), and the folder goes once
+/// it is empty.
+#[test]
+fn a_folder_of_roots_is_read_and_removed_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = store(&tmp);
+    let d = Digest::of(b"tree");
+    s.set_root("workspaces/a/0", &d).unwrap();
+    s.set_root("workspaces/a/1", &d).unwrap();
+    s.set_root("workspaces/b/0", &d).unwrap();
+    let elsewhere = tmp.path().join("store/roots/workspaces/b/1");
+    fs::write(&elsewhere, "not a digest\n").unwrap();
+    assert!(s.roots().is_err());
+    let names = |folder: &str| -> Vec<String> {
+        s.roots_in(folder)
+            .unwrap()
+            .into_iter()
+            .map(|(name, digest)| {
+                assert_eq!(digest, d);
+                name
+            })
+            .collect()
+    };
+    assert_eq!(names("workspaces/a"), ["workspaces/a/0", "workspaces/a/1"]);
+    assert!(names("workspaces/none").is_empty());
+    assert!(s.roots_in("../elsewhere").is_err());
+
+    let folder = tmp.path().join("store/roots/workspaces/a");
+    s.remove_root("workspaces/a/0").unwrap();
+    s.remove_root_folder("workspaces/a").unwrap();
+    assert!(folder.is_dir(), "a folder still holding a root stays");
+    s.remove_root("workspaces/a/1").unwrap();
+    s.remove_root_folder("workspaces/a").unwrap();
+    assert!(!folder.exists());
+    s.remove_root_folder("workspaces/a").unwrap();
+    assert!(names("workspaces/a").is_empty());
+}
+
 #[test]
 fn verify_reports_every_corrupt_and_missing_object() {
     let tmp = tempfile::tempdir().unwrap();

@@ -1,24 +1,29 @@
 //! What a workspace serves stays in the store: every source tree of its current generation
 //! (the built-in tier, toolkit bundles, snapshots of its live folders) is a garbage-collection
 //! root, `workspaces/<id>/<n>`, from the moment it is served until the workspace closes.
+//! A workspace reads only its own folder of roots: an open, a generation and a close cost
+//! the same with a thousand other workspaces open (reading every root made each grow with
+//! them).
 
 use cloud_harness_error::Result;
 use cloud_harness_skills::generation::Generation;
 use cloud_harness_store::cas::Store;
 
-fn prefix(id: &str) -> String {
-    format!("workspaces/{id}/")
+/// The workspace's folder of roots.
+fn folder(id: &str) -> String {
+    format!("workspaces/{id}")
 }
 
 /// Roots the sources of `generation`, and drops the roots of sources it no longer has.
 pub fn pin(store: &Store, id: &str, generation: &Generation) -> Result<()> {
     let sources = &generation.index.sources;
+    let folder = folder(id);
     for (n, source) in sources.iter().enumerate() {
-        store.set_root(&format!("{}{n}", prefix(id)), &source.tree)?;
+        store.set_root(&format!("{folder}/{n}"), &source.tree)?;
     }
-    for (name, _) in store.roots()? {
+    for (name, _) in store.roots_in(&folder)? {
         let stale = name
-            .strip_prefix(&prefix(id))
+            .strip_prefix(&format!("{folder}/"))
             .and_then(|n| n.parse::<usize>().ok())
             .is_some_and(|n| n >= sources.len());
         if stale {
@@ -28,12 +33,11 @@ pub fn pin(store: &Store, id: &str, generation: &Generation) -> Result<()> {
     Ok(())
 }
 
-/// Drops every root of the workspace (it is closing).
+/// Drops every root of the workspace, and its folder of roots (it is closing).
 pub(crate) fn unpin(store: &Store, id: &str) -> Result<()> {
-    for (name, _) in store.roots()? {
-        if name.starts_with(&prefix(id)) {
-            store.remove_root(&name)?;
-        }
+    let folder = folder(id);
+    for (name, _) in store.roots_in(&folder)? {
+        store.remove_root(&name)?;
     }
-    Ok(())
+    store.remove_root_folder(&folder)
 }

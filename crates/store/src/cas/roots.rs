@@ -58,6 +58,39 @@ impl Store {
         }
     }
 
+    /// The roots in the folder of roots `folder` (`workspaces/ID`, say), named as
+    /// [`Store::roots`] names them, without reading any root outside it: none where the
+    /// folder is not. What one owner of roots reads of its own, however many others there are.
+    pub fn roots_in(&self, folder: &str) -> Result<Vec<(String, Digest)>> {
+        check_root_name(folder)?;
+        let dir = self.roots_dir().join(folder);
+        let mut out = Vec::new();
+        if dir.is_dir() {
+            collect(&dir, &format!("{folder}/"), &mut out)?;
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Removes the folder of roots `folder` if it holds nothing (no root, no root being
+    /// written), so that folders do not outlive what they rooted.
+    pub fn remove_root_folder(&self, folder: &str) -> Result<()> {
+        check_root_name(folder)?;
+        let dir = self.roots_dir().join(folder);
+        match fs::remove_dir(&dir) {
+            Ok(()) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::DirectoryNotEmpty
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(Error::io(&dir, e)),
+        }
+    }
+
     /// Every root with the digest it names. A root file that does not hold a digest is an
     /// error naming it: garbage collection must never run on a misread set of roots.
     pub fn roots(&self) -> Result<Vec<(String, Digest)>> {
