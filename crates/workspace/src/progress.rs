@@ -14,13 +14,15 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Default)]
 pub struct OpenProgress {
     done: AtomicU64,
     total: AtomicU64,
     step: Mutex<&'static str>,
+    /// When the step now going started: each step's time is logged (debug) as it ends.
+    step_started: Mutex<Option<Instant>>,
     cancelled: AtomicBool,
     /// Cancelled because the server is stopping (not by its caller): said so, and retryable.
     stopping: AtomicBool,
@@ -73,12 +75,22 @@ impl OpenProgress {
     pub(crate) fn step(&self, name: &'static str) -> Result<()> {
         self.check()?;
         *self.step.lock().expect("step lock") = name;
+        *self.step_started.lock().expect("step lock") = Some(Instant::now());
         Ok(())
     }
 
     /// One step more is done.
     pub(crate) fn advance(&self) {
         self.done.fetch_add(1, Ordering::Relaxed);
+        // A step of several parts (the toolkits) says each part's time since it started.
+        if let Some(started) = *self.step_started.lock().expect("step lock") {
+            let step = *self.step.lock().expect("step lock");
+            tracing::debug!(
+                step,
+                ms = started.elapsed().as_secs_f64() * 1000.0,
+                "open step done"
+            );
+        }
     }
 
     /// Stops the open at its next step because the server is stopping.
