@@ -65,9 +65,7 @@ impl Store {
         check_root_name(folder)?;
         let dir = self.roots_dir().join(folder);
         let mut out = Vec::new();
-        if dir.is_dir() {
-            collect(&dir, &format!("{folder}/"), &mut out)?;
-        }
+        collect(&dir, &format!("{folder}/"), &mut out)?;
         out.sort();
         Ok(out)
     }
@@ -80,9 +78,12 @@ impl Store {
         match fs::remove_dir(&dir) {
             Ok(()) => Ok(()),
             Err(e)
+                // Not empty: ENOTEMPTY, or EEXIST where a file system says so.
                 if matches!(
                     e.kind(),
-                    std::io::ErrorKind::NotFound | std::io::ErrorKind::DirectoryNotEmpty
+                    std::io::ErrorKind::NotFound
+                        | std::io::ErrorKind::DirectoryNotEmpty
+                        | std::io::ErrorKind::AlreadyExists
                 ) =>
             {
                 Ok(())
@@ -101,8 +102,15 @@ impl Store {
     }
 }
 
+/// The roots under `dir`. A root or folder removed while it is read (a workspace closing
+/// meanwhile) is left out: it was removed, not misread (a root is replaced by a rename).
 fn collect(dir: &Path, prefix: &str, out: &mut Vec<(String, Digest)>) -> Result<()> {
-    for item in fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+    let items = match fs::read_dir(dir) {
+        Err(e) if gone(&e) && !prefix.is_empty() => return Ok(()),
+        items => items.map_err(|e| Error::io(dir, e))?,
+    };
+    for item in items {
         let item = item.map_err(|e| Error::io(dir, e))?;
         let name = item.file_name().to_string_lossy().into_owned();
         if name.starts_with('.') {
@@ -110,10 +118,17 @@ fn collect(dir: &Path, prefix: &str, out: &mut Vec<(String, Digest)>) -> Result<
         }
         let path = item.path();
         let full = format!("{prefix}{name}");
-        if item.file_type().map_err(|e| Error::io(&path, e))?.is_dir() {
+        let kind = match item.file_type() {
+            Err(e) if gone(&e) => continue,
+            kind => kind.map_err(|e| Error::io(&path, e))?,
+        };
+        if kind.is_dir() {
             collect(&path, &format!("{full}/"), out)?;
         } else {
-            let text = fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+            let text = match fs::read_to_string(&path) {
+                Err(e) if gone(&e) => continue,
+                text => text.map_err(|e| Error::io(&path, e))?,
+            };
             let digest = Digest::parse(text.trim())
                 .map_err(|_| Error::internal(format!("root {full} does not hold a digest")))?;
             out.push((full, digest));
