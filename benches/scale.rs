@@ -5,10 +5,10 @@
 //! summed RSS of every process it owns, threads, open descriptors, mounts, inotify instances
 //! and watches, and what each workspace adds above the empty server; `workspace_open` p50/p99
 //! and the first run's (its sandbox's start and the script) over the step's last opens, a
-//! `skills_read` and a walk of one mount, beside a walk of a tmpfs copy of it (medians). Then every workspace is closed and the
-//! server's figures compared with its empty start; last, ten workspaces are opened and run in
-//! again and the server stopped with their sandboxes live: how long its stop takes, and that
-//! it leaves no mount.
+//! `skills_read` and a walk of one mount, beside a walk of a tmpfs copy of it (medians).
+//! Then every workspace is closed and the server's figures compared with its empty start;
+//! last, ten workspaces are opened and run in again and the server stopped with their
+//! sandboxes live: how long its stop takes, and that it leaves no mount.
 //!
 //! `cargo bench --bench scale` (as root, with /dev/fuse and bubblewrap). Writes a table and
 //! a JSON line to stdout and, with `SCALE_PLOTS=DIR`, SVG plots of each figure against N
@@ -175,7 +175,8 @@ fn main() {
                 .expect("SCALE_STEPS: counts, comma-separated")
         })
         .collect();
-    warn_of_inotify_limit(steps.iter().copied().max().unwrap_or(0));
+    let largest = steps.iter().copied().max().unwrap_or(0);
+    warn_of_inotify_limit(largest);
     let tmp = tempfile::tempdir().unwrap();
     let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
     let src = tmp.path().join("src");
@@ -187,7 +188,6 @@ fn main() {
     // Workspaces pause after this long unused (SCALE_PAUSE): longer than the steps take, so
     // each step's figures are of workspaces all unpaused (60 s for 10 and 100; opening and
     // running in 1,000 takes some 90 s, so 240 s once a step is larger).
-    let largest = steps.iter().copied().max().unwrap_or(0);
     let pause: u64 = std::env::var("SCALE_PAUSE")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -20,9 +20,8 @@ use std::time::{Duration, Instant};
 pub struct OpenProgress {
     done: AtomicU64,
     total: AtomicU64,
-    step: Mutex<&'static str>,
-    /// When the step now going started: each step's time is logged (debug) as it ends.
-    step_started: Mutex<Option<Instant>>,
+    /// The step now going, and when it started (its time is logged, at debug, as it ends).
+    step: Mutex<(&'static str, Option<Instant>)>,
     cancelled: AtomicBool,
     /// Cancelled because the server is stopping (not by its caller): said so, and retryable.
     stopping: AtomicBool,
@@ -61,7 +60,7 @@ impl OpenProgress {
         Snapshot {
             done: self.done.load(Ordering::Relaxed),
             total: self.total.load(Ordering::Relaxed),
-            step: *self.step.lock().expect("step lock"),
+            step: self.step.lock().expect("step lock").0,
             bytes,
         }
     }
@@ -74,8 +73,7 @@ impl OpenProgress {
     /// Starts the step `name`, unless the open was cancelled: CANCELLED then.
     pub(crate) fn step(&self, name: &'static str) -> Result<()> {
         self.check()?;
-        *self.step.lock().expect("step lock") = name;
-        *self.step_started.lock().expect("step lock") = Some(Instant::now());
+        *self.step.lock().expect("step lock") = (name, Some(Instant::now()));
         Ok(())
     }
 
@@ -83,8 +81,8 @@ impl OpenProgress {
     pub(crate) fn advance(&self) {
         self.done.fetch_add(1, Ordering::Relaxed);
         // A step of several parts (the toolkits) says each part's time since it started.
-        if let Some(started) = *self.step_started.lock().expect("step lock") {
-            let step = *self.step.lock().expect("step lock");
+        let (step, started) = *self.step.lock().expect("step lock");
+        if let Some(started) = started {
             tracing::debug!(
                 step,
                 ms = started.elapsed().as_secs_f64() * 1000.0,

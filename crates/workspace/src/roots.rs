@@ -18,12 +18,13 @@ fn folder(id: &str) -> String {
 pub fn pin(store: &Store, id: &str, generation: &Generation) -> Result<()> {
     let sources = &generation.index.sources;
     let folder = folder(id);
+    let prefix = format!("{folder}/");
     for (n, source) in sources.iter().enumerate() {
-        store.set_root(&format!("{folder}/{n}"), &source.tree)?;
+        store.set_root(&format!("{prefix}{n}"), &source.tree)?;
     }
     for (name, _) in store.roots_in(&folder)? {
         let stale = name
-            .strip_prefix(&format!("{folder}/"))
+            .strip_prefix(&prefix)
             .and_then(|n| n.parse::<usize>().ok())
             .is_some_and(|n| n >= sources.len());
         if stale {
