@@ -592,6 +592,7 @@ impl Fleet {
             skipped: vec![],
             acquired_at: 0,
             pack: None,
+            reach: None,
         };
         self.s3.remote(PREFIX).publish(&craft, &record).unwrap();
         record
@@ -987,6 +988,7 @@ fn stalled_bundle(
         skipped: vec![],
         acquired_at: 0,
         pack: None,
+        reach: None,
     };
     (record, stalled)
 }

@@ -377,6 +377,7 @@ fn a_set_or_a_registry_entry_that_refuses_applies_to_its_toolkits() {
         session_start_skill: None,
         commit: w.commit.clone(),
         validation: Validation::Refuse,
+        allow_unreachable: false,
     };
     registry::add(db, w.workspaces.provisioner(), new, "op").unwrap();
     let preset =

@@ -43,10 +43,25 @@ pub enum RegistryCommand {
         /// problems) or `refuse` (not served).
         #[arg(long, default_value = "warn")]
         validation: Validation,
+        /// Serve COMMIT though no branch or tag of URL reaches it (audited).
+        #[arg(long)]
+        allow_unreachable: bool,
     },
     /// Set what opens of ID do with skills that break the Agent Skills specification:
     /// `warn` or `refuse` (audited).
     Validation { id: String, validation: Validation },
+    /// Let ID serve COMMIT though no branch or tag of its repository reaches it (one commit
+    /// per entry, in place of the one before; audited); `--clear` takes the override away.
+    AllowUnreachable {
+        id: String,
+        #[arg(required_unless_present = "clear")]
+        commit: Option<String>,
+        /// Why (required when allowing): the audit log shows it.
+        #[arg(long)]
+        reason: Option<String>,
+        #[arg(long, conflicts_with = "commit")]
+        clear: bool,
+    },
     /// Move the pin of ID to COMMIT (acquired first; the old pin stays in the history).
     Pin {
         id: String,
@@ -87,6 +102,7 @@ pub fn run(store: &Store, home: &HomeArg, cmd: RegistryCommand) -> Result<u8> {
             scope,
             session_start_skill,
             validation,
+            allow_unreachable,
         } => {
             let defaults = Layout::default();
             let layout = Layout {
@@ -119,9 +135,19 @@ pub fn run(store: &Store, home: &HomeArg, cmd: RegistryCommand) -> Result<u8> {
                 session_start_skill,
                 commit,
                 validation,
+                allow_unreachable,
             };
             print(json!(registry::add(&db, &provisioner()?, new, &actor())?));
         }
+        RegistryCommand::AllowUnreachable {
+            id, commit, reason, ..
+        } => print(json!(registry::allow_unreachable(
+            &db,
+            &id,
+            commit.as_deref(),
+            reason.as_deref(),
+            &actor()
+        )?)),
         RegistryCommand::Validation { id, validation } => print(json!(registry::set_validation(
             &db,
             &id,

@@ -82,6 +82,7 @@ fn publish(
         skipped: vec![],
         acquired_at: 0,
         pack: None,
+        reach: None,
     };
     s3.remote(PREFIX)
         .with_packs(packs)

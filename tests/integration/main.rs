@@ -50,6 +50,8 @@ mod mount;
 mod operations;
 #[path = "../project.rs"]
 mod project;
+#[path = "../provenance.rs"]
+mod provenance;
 #[path = "../proxy.rs"]
 mod proxy;
 #[path = "../refusals.rs"]

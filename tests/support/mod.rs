@@ -391,22 +391,48 @@ impl Repo {
 
     /// Commits `root` on main and returns the commit id.
     pub fn commit(&self, root: Node) -> String {
+        self.commit_to("refs/heads/main", root)
+    }
+
+    /// Commits `root` on top of main to `refs/forks/NAME` alone, main unchanged, and hides
+    /// `refs/forks/` from the refs the server advertises (`uploadpack.hideRefs`): a commit
+    /// only a fork has, which the server still serves by its id, as the large hosts do.
+    pub fn commit_in_fork(&self, name: &str, root: Node) -> String {
+        run(self
+            .git()
+            .args(["config", "uploadpack.hideRefs", "refs/forks/"]));
+        let main = self.head("refs/heads/main");
+        let fork = format!("refs/forks/{name}");
+        run(self.git().args(["update-ref", &fork, &main]));
+        self.commit_to(&fork, root)
+    }
+
+    /// Points `refname` at `commit` (a branch made at a fork's commit, say).
+    pub fn set_ref(&self, refname: &str, commit: &str) {
+        run(self.git().args(["update-ref", refname, commit]));
+    }
+
+    fn head(&self, refname: &str) -> String {
+        let out = self
+            .git()
+            .args(["rev-parse", "-q", "--verify", refname])
+            .output()
+            .unwrap()
+            .stdout;
+        String::from_utf8(out).unwrap().trim().to_owned()
+    }
+
+    /// Commits `root` on top of `refname` (if it is there) and moves `refname` to it.
+    fn commit_to(&self, refname: &str, root: Node) -> String {
         let (_, tree) = self.write(&root);
         let mut cmd = self.git();
         cmd.args(["commit-tree", &tree, "-m", "commit"]);
-        let parent = String::from_utf8(
-            self.git()
-                .args(["rev-parse", "-q", "--verify", "refs/heads/main"])
-                .output()
-                .unwrap()
-                .stdout,
-        )
-        .unwrap();
-        if !parent.trim().is_empty() {
-            cmd.args(["-p", parent.trim()]);
+        let parent = self.head(refname);
+        if !parent.is_empty() {
+            cmd.args(["-p", &parent]);
         }
         let id = String::from_utf8(run(&mut cmd)).unwrap().trim().to_owned();
-        run(self.git().args(["update-ref", "refs/heads/main", &id]));
+        run(self.git().args(["update-ref", refname, &id]));
         id
     }
 
@@ -462,6 +488,7 @@ pub fn warm_toolkit(store: &Store, src: &Path, name: &str) -> ToolkitSpec {
             skipped: vec![],
             acquired_at: 0,
             pack: None,
+            reach: None,
         })
         .unwrap();
     spec

@@ -149,6 +149,10 @@ pub struct Toolkit {
     pub scope: Scope,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session_start_skill: Option<String>,
+    /// Who allowed this commit though no branch or tag of the repository reaches it
+    /// (`registry:<id>`, the entry's override); none: such a commit is refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_unreachable: Option<String>,
 }
 
 /// Parses one toolkit spec from JSON; errors name the field.
@@ -189,7 +193,8 @@ pub fn spec_from_value(mut value: serde_json::Value) -> Result<ToolkitSpec> {
     }
 }
 
-fn is_hex_commit(s: &str) -> bool {
+/// A full commit id: 40 (SHA-1) or 64 (SHA-256) lowercase hex digits.
+pub fn is_hex_commit(s: &str) -> bool {
     (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
@@ -325,6 +330,12 @@ impl ToolkitSpec {
                     }
                 };
                 hosts.check(&preset.url, "url")?;
+                let allowed = |c: &String| matches!(&revision, Revision::Commit(r) if r.eq_ignore_ascii_case(c));
+                let allow_unreachable = entry
+                    .allow_unreachable
+                    .as_ref()
+                    .filter(|c| allowed(c))
+                    .map(|_| format!("registry:{}", preset.id));
                 Ok(Toolkit {
                     instance_id: p.id.replace('/', "-"),
                     preset: Some(preset.id.clone()),
@@ -338,6 +349,7 @@ impl ToolkitSpec {
                     plugin_manifest: false,
                     scope: p.scope.unwrap_or(preset.default_scope),
                     session_start_skill: preset.session_start_skill.clone(),
+                    allow_unreachable,
                 })
             }
             ToolkitSpec::Git(g) => {
@@ -372,6 +384,7 @@ impl ToolkitSpec {
                     plugin_manifest: spec_layout.plugin_manifest.unwrap_or(false),
                     scope: g.scope.unwrap_or_default(),
                     session_start_skill: None,
+                    allow_unreachable: None,
                 })
             }
         }

@@ -26,10 +26,13 @@ pub enum Code {
     /// A quota of the caller's is used up: the details name the limit, its value and when
     /// to try again.
     ResourceExhausted,
+    /// A pinned commit no branch or tag of its repository reaches (one pushed only to a
+    /// fork, served by its id all the same): refused unless an operator allowed it.
+    CommitNotInRepository,
 }
 
 impl Code {
-    pub const ALL: [Code; 11] = [
+    pub const ALL: [Code; 12] = [
         Code::InvalidArgument,
         Code::Unauthenticated,
         Code::Forbidden,
@@ -41,6 +44,7 @@ impl Code {
         Code::Timeout,
         Code::Cancelled,
         Code::ResourceExhausted,
+        Code::CommitNotInRepository,
     ];
 
     /// The code named `name` (as [`Code::as_str`] writes it).
@@ -61,6 +65,7 @@ impl Code {
             Code::Timeout => "TIMEOUT",
             Code::Cancelled => "CANCELLED",
             Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+            Code::CommitNotInRepository => "COMMIT_NOT_IN_REPOSITORY",
         }
     }
 
@@ -78,6 +83,8 @@ impl Code {
             // As nginx answers a request its client gave up on.
             Code::Cancelled => 499,
             Code::ResourceExhausted => 429,
+            // A refusal by policy, as FORBIDDEN.
+            Code::CommitNotInRepository => 403,
         }
     }
 }

@@ -126,7 +126,7 @@ pub struct Fetched {
 /// A fetch into `dir` that failed: one whose local disk failed (full, over quota, failing)
 /// names that and `dir`; one that met an object larger than `ceiling.max_object` is
 /// TOO_LARGE; anything else [`upstream`].
-fn failed(
+pub(crate) fn failed(
     url: &str,
     dir: &Path,
     e: &(dyn std::error::Error + 'static),
@@ -198,7 +198,7 @@ pub(crate) fn object_too_large(doing: &str, limit: u64, setting: &str) -> Error 
     .with_details(serde_json::json!({ "limit": limit }))
 }
 
-fn upstream(url: &str, e: impl std::fmt::Display) -> Error {
+pub(crate) fn upstream(url: &str, e: impl std::fmt::Display) -> Error {
     let text = e.to_string();
     // The server's "not our ref" and friends: the commit is not there.
     let missing = [
@@ -259,7 +259,7 @@ pub(crate) fn pack_bytes(repo: &Path) -> u64 {
 /// Runs `work` with an interrupt flag that is raised at `deadline` (a TIMEOUT error), when
 /// the bytes under `pack_dir` pass the ceiling (TOO_LARGE), or when `observer` is cancelled
 /// (CANCELLED); the bytes so far go to `observer`.
-fn watched<T>(
+pub(crate) fn watched<T>(
     url: &str,
     deadline: Instant,
     pack_dir: PathBuf,
@@ -379,7 +379,7 @@ fn check_checkout(
 }
 
 /// Makes `conn` reach its remote through `transport` (our proxy, CA and timeouts).
-fn use_transport<T>(
+pub(crate) fn use_transport<T>(
     conn: &mut gix::remote::Connection<'_, '_, '_, T>,
     transport: &Transport,
 ) -> std::result::Result<(), gix::Error>

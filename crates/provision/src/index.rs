@@ -74,6 +74,10 @@ pub struct BundleRecord {
     /// (`remote::pack`). Never in a runner's own index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pack: Option<PackRef>,
+    /// Whether a branch or tag of the repository reaches the commit (`reach`), checked when
+    /// it was fetched; none for a bundle recorded before the check existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reach: Option<crate::reach::Reach>,
 }
 
 /// A pack of a bundle's objects in the store of record: its SHA-256 and size.

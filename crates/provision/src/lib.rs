@@ -18,8 +18,10 @@ pub mod normalize;
 pub mod observe;
 mod ownership;
 pub(crate) mod pack;
+mod provenance;
 pub mod proxy;
 pub mod publication;
+pub mod reach;
 pub mod remote;
 pub mod sandbox;
 pub mod staging;
@@ -106,6 +108,9 @@ pub struct Acquired {
     pub millis: u64,
     /// What was fetched (the pack's bytes); 0 for a warm start.
     pub bytes: u64,
+    /// The registry entry whose override served a commit no branch or tag reaches.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowed_unreachable: Option<String>,
 }
 
 pub struct Provisioner {
@@ -315,17 +320,19 @@ impl Provisioner {
         let started = Instant::now();
         let index = self.index();
         let bytes = std::cell::Cell::new(0u64);
-        let done = |mut record: BundleRecord, warm: bool, mode: &'static str| Acquired {
-            record: {
-                // The same bundle may have been acquired under another name before.
-                record.instance_id = toolkit.instance_id.clone();
-                record.preset = toolkit.preset.clone();
-                record
-            },
-            warm,
-            mode,
-            millis: started.elapsed().as_millis() as u64,
-            bytes: bytes.get(),
+        let done = |mut record: BundleRecord, warm: bool, mode: &'static str| {
+            // The same bundle may have been acquired under another name before.
+            record.instance_id = toolkit.instance_id.clone();
+            record.preset = toolkit.preset.clone();
+            let unreachable = record.reach.as_ref().is_some_and(|r| !r.reachable);
+            Acquired {
+                allowed_unreachable: toolkit.allow_unreachable.clone().filter(|_| unreachable),
+                record,
+                warm,
+                mode,
+                millis: started.elapsed().as_millis() as u64,
+                bytes: bytes.get(),
+            }
         };
         let cancelled = || {
             Error::new(
@@ -347,6 +354,7 @@ impl Provisioner {
             let key = BundleKey::new(toolkit, commit);
             if let Some(record) = index.get(&key) {
                 if index.complete(&record) {
+                    let record = self.admit(&index, record, toolkit, observer)?;
                     index.touch(&key);
                     self.complete_publication(&record);
                     return Ok(done(record, true, "warm"));
@@ -355,6 +363,7 @@ impl Provisioner {
             match self.start_from_remote(&index, &key) {
                 Ok(Some((record, moved))) => {
                     bytes.set(moved.bytes);
+                    let record = self.admit(&index, record, toolkit, observer)?;
                     return Ok(done(record, true, "remote"));
                 }
                 Ok(None) => {}
@@ -449,6 +458,14 @@ impl Provisioner {
         verify_fetched(&revision, &fetched, &fetched_url)?;
         bytes.set(fetch::pack_bytes(&scratch.path().join("repo")));
         observer.set_bytes(bytes.get());
+        let reach = self.reach_of_fetched(
+            toolkit,
+            &revision,
+            &fetched,
+            &fetched_url,
+            observer,
+            started,
+        )?;
         let commit = fetched.commit.to_string();
         if let Revision::Tag(t) = &toolkit.revision {
             index.set_tag(&toolkit.url, t, &commit)?;
@@ -460,7 +477,7 @@ impl Provisioner {
         }
         let key = BundleKey::new(toolkit, &commit);
         if let Some(record) = index.get(&key).filter(|r| index.complete(r)) {
-            return Ok((record, true));
+            return Ok((self.admit(&index, record, toolkit, observer)?, true));
         }
 
         cloud_harness_error::failpoint::point("acquire.fetched");
@@ -502,6 +519,7 @@ impl Provisioner {
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             pack: None,
+            reach: Some(reach),
         };
         cloud_harness_error::failpoint::point("acquire.normalized");
         self.record_and_publish(&index, &record)?;

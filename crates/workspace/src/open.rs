@@ -445,6 +445,8 @@ impl Workspaces {
                     "skipped": a.record.skipped,
                     "warm": a.warm,
                     "mode": a.mode,
+                    "reach": a.record.reach,
+                    "allowedUnreachable": a.allowed_unreachable,
                 })
             })
             .collect();

@@ -30,6 +30,10 @@ pub struct Entry {
     pub pin: Option<Pin>,
     /// What opens do with its skills that break the Agent Skills specification.
     pub validation: Validation,
+    /// The one commit opens of it may serve though no branch or tag of its repository
+    /// reaches it (an operator's override, audited).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_unreachable: Option<String>,
 }
 
 /// The entries presets resolve against.
@@ -52,6 +56,7 @@ impl Registry {
                         origin: "shipped".into(),
                         pin: None,
                         validation: Validation::Warn,
+                        allow_unreachable: None,
                     };
                     (p.id.clone(), entry)
                 })
@@ -78,6 +83,7 @@ impl Registry {
             Some(shipped) if e.origin == "shipped" => {
                 shipped.pin = e.pin;
                 shipped.validation = e.validation;
+                shipped.allow_unreachable = e.allow_unreachable;
             }
             _ => {
                 self.entries.insert(e.preset.id.clone(), e);

@@ -327,6 +327,15 @@ ALTER TABLE set_revisions ADD COLUMN validation TEXT NOT NULL DEFAULT 'warn' CHE
 "#,
         )],
     },
+    Migration {
+        version: 10,
+        description: "the one commit a registry entry may serve though no branch or tag reaches it",
+        parts: &[Both(
+            r#"
+ALTER TABLE registry_entries ADD COLUMN allow_unreachable TEXT;
+"#,
+        )],
+    },
 ];
 
 /// The newest version this binary knows.

@@ -18,6 +18,9 @@ use cloud_harness_skills::discovery::Layout;
 use cloud_harness_skills::spec::Validation;
 use serde_json::json;
 
+mod reachability;
+pub use reachability::allow_unreachable;
+
 fn pin_row(r: &state::Row) -> state::DbResult<Pin> {
     Ok(Pin {
         id: r.get("id")?,
@@ -74,7 +77,7 @@ fn scope_str(s: Scope) -> &'static str {
 pub fn load(db: &Db) -> Result<Registry> {
     let entries = db.with(|c| {
         c.prepare_cached(
-            "SELECT e.id, e.name, e.description, e.url, e.layout, e.default_scope, e.session_start_skill, e.origin, e.validation,
+            "SELECT e.id, e.name, e.description, e.url, e.layout, e.default_scope, e.session_start_skill, e.origin, e.validation, e.allow_unreachable,
                     p.id AS pin_id, p.commit_id, p.actor, p.reason, p.created_at
              FROM registry_entries e LEFT JOIN pins p ON p.entry_id = e.id AND p.superseded_at IS NULL
              ORDER BY e.id",
@@ -108,6 +111,7 @@ pub fn load(db: &Db) -> Result<Registry> {
                 origin: r.get("origin")?,
                 pin,
                 validation: validation_from(&r.get::<String>("validation")?),
+                allow_unreachable: r.get("allow_unreachable")?,
             })
         })?
         .collect::<state::DbResult<Vec<Entry>>>()
@@ -231,7 +235,7 @@ pub fn pin(
             actor,
             "pin.move",
             &format!("registry:{id}"),
-            &json!({ "from": before, "to": pin.commit, "bundle": acquired.record.bundle, "reason": reason }),
+            &json!({ "from": before, "to": pin.commit, "bundle": acquired.record.bundle, "reason": reason, "reach": acquired.record.reach, "allowedBy": acquired.allowed_unreachable }),
         )
     })?;
     Ok(pin)
@@ -287,6 +291,8 @@ pub struct NewEntry {
     pub commit: String,
     /// What opens do with its skills that break the Agent Skills specification.
     pub validation: Validation,
+    /// Allow `commit` though no branch or tag of `url` reaches it (audited with the entry).
+    pub allow_unreachable: bool,
 }
 
 /// An entry id: `owner/name`, each part 1-64 of letters, digits, `.`, `_` and `-`.
@@ -325,6 +331,10 @@ pub fn add(db: &Db, provisioner: &Provisioner, new: NewEntry, actor: &str) -> Re
             ));
         }
     }
+    let allow_unreachable = new
+        .allow_unreachable
+        .then(|| reachability::check_commit(&new.commit))
+        .transpose()?;
     let mut registry = load(db)?;
     if registry.find(&new.id).is_some() {
         return Err(Error::field(
@@ -352,6 +362,7 @@ pub fn add(db: &Db, provisioner: &Provisioner, new: NewEntry, actor: &str) -> Re
         origin: "operator".into(),
         pin: None,
         validation: new.validation,
+        allow_unreachable: allow_unreachable.clone(),
     });
     let acquired = acquire(provisioner, &registry, &preset.id, &new.commit)?;
     let now = state::now_ms();
@@ -365,13 +376,13 @@ pub fn add(db: &Db, provisioner: &Provisioner, new: NewEntry, actor: &str) -> Re
     };
     db.write(|tx| {
         tx.execute(
-            "INSERT INTO registry_entries (id, name, description, url, layout, default_scope, session_start_skill, origin, created_at, created_by, validation)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 'operator', $8, $9, $10)",
+            "INSERT INTO registry_entries (id, name, description, url, layout, default_scope, session_start_skill, origin, created_at, created_by, validation, allow_unreachable)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'operator', $8, $9, $10, $11)",
             params![
                 preset.id, preset.name, preset.description, preset.url,
                 serde_json::to_string(&preset.layout).expect("layouts serialize"),
                 scope_str(preset.default_scope), preset.session_start_skill, now, actor,
-                validation_str(new.validation)
+                validation_str(new.validation), allow_unreachable
             ],
         )
         .map_err(|e| if state::is_constraint(&e) { Error::field(Code::Conflict, "id", format!("the registry has {:?} already", preset.id)) } else { state::internal(e) })?;
@@ -380,13 +391,14 @@ pub fn add(db: &Db, provisioner: &Provisioner, new: NewEntry, actor: &str) -> Re
             params![pin.id, preset.id, pin.commit, actor, now],
         )
         .map_err(state::internal)?;
-        audit::record(tx, actor, "registry.add", &format!("registry:{}", preset.id), &json!({ "url": preset.url, "commit": pin.commit, "validation": new.validation }))
+        audit::record(tx, actor, "registry.add", &format!("registry:{}", preset.id), &json!({ "url": preset.url, "commit": pin.commit, "validation": new.validation, "allowUnreachable": allow_unreachable }))
     })?;
     Ok(Entry {
         preset,
         origin: "operator".into(),
         pin: Some(pin),
         validation: new.validation,
+        allow_unreachable,
     })
 }
 

@@ -66,6 +66,10 @@ pub fn router(api: Arc<Api>) -> Router {
             put(registry::validation),
         )
         .route(
+            "/api/v1/registry/{owner}/{name}/reachability",
+            put(registry::reachability),
+        )
+        .route(
             "/api/v1/registry/{owner}/{name}/rollback",
             post(registry::rollback),
         )

@@ -95,6 +95,7 @@ pub fn spec() -> Value {
             "/api/v1/registry/{owner}/{name}": { "get": op("one entry and every pin it had", None, "200", &[]) },
             "/api/v1/registry/{owner}/{name}/pin": { "post": op("move the pin (the commit is acquired first)", Some("MovePin"), "200", &[]) },
             "/api/v1/registry/{owner}/{name}/validation": { "put": op("set what opens of the entry do with skills that break the Agent Skills specification: warn (served, problems said) or refuse (not served)", Some("SetValidation"), "200", &[]) },
+            "/api/v1/registry/{owner}/{name}/reachability": { "put": op("allow the one commit opens of the entry may serve though no branch or tag of its repository reaches it (commit null: none); audited", Some("AllowUnreachable"), "200", &[]) },
             "/api/v1/registry/{owner}/{name}/rollback": { "post": op("move the pin back to the one before", None, "200", &[]) },
             "/api/v1/registry/{owner}/{name}/updates": { "post": op("ask the remote for its default branch head (refs only) and compare it with the pin", None, "200", &[]) },
             "/api/v1/imports": {
@@ -160,12 +161,17 @@ pub fn spec() -> Value {
                         "defaultScope": { "enum": ["owner", "workspace"] },
                         "sessionStartSkill": text(64),
                         "commit": { "type": "string", "pattern": "^([0-9a-f]{40}|[0-9a-f]{64})$" },
-                        "validation": { "enum": ["warn", "refuse"], "description": "skills that break the Agent Skills specification: served with their problems (warn) or not served (refuse)" }
+                        "validation": { "enum": ["warn", "refuse"], "description": "skills that break the Agent Skills specification: served with their problems (warn) or not served (refuse)" },
+                        "allowUnreachable": { "type": "boolean", "description": "serve the commit though no branch or tag of the repository reaches it (audited)" }
                     }
                 },
                 "SetValidation": {
                     "type": "object", "additionalProperties": false, "required": ["validation"],
                     "properties": { "validation": { "enum": ["warn", "refuse"], "description": "skills that break the Agent Skills specification: served with their problems (warn) or not served (refuse)" } }
+                },
+                "AllowUnreachable": {
+                    "type": "object", "additionalProperties": false, "required": ["commit"],
+                    "properties": { "commit": { "type": ["string", "null"], "pattern": "^([0-9a-f]{40}|[0-9a-f]{64})$" }, "reason": text(1000) }
                 },
                 "MovePin": {
                     "type": "object", "additionalProperties": false, "required": ["commit"],

@@ -30,6 +30,15 @@ struct AddEntry {
     commit: String,
     #[serde(default)]
     validation: Validation,
+    #[serde(default)]
+    allow_unreachable: bool,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AllowUnreachable {
+    commit: Option<String>,
+    reason: Option<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -72,6 +81,7 @@ pub async fn add(
             session_start_skill: req.session_start_skill,
             commit: req.commit,
             validation: req.validation,
+            allow_unreachable: req.allow_unreachable,
         };
         registry::add(ws.db(), ws.provisioner(), new, &actor(&who))
     })
@@ -94,6 +104,29 @@ pub async fn validation(
             &db,
             &format!("{owner}/{name}"),
             req.validation,
+            &actor(&who),
+        )
+    })
+    .await;
+    answer(StatusCode::OK, set.map(|e| json!(e)))
+}
+
+/// `PUT /api/v1/registry/{owner}/{name}/reachability`: the one commit opens of the entry
+/// may serve though no branch or tag of its repository reaches it (`commit: null` clears it).
+pub async fn reachability(
+    axum::extract::State(api): State,
+    Extension(who): Extension<Identity>,
+    Path((owner, name)): Path<(String, String)>,
+    bytes: Bytes,
+) -> Response {
+    let db = api.workspaces.db().clone();
+    let set = blocking(move || {
+        let req: AllowUnreachable = body(&bytes)?;
+        registry::allow_unreachable(
+            &db,
+            &format!("{owner}/{name}"),
+            req.commit.as_deref(),
+            req.reason.as_deref(),
             &actor(&who),
         )
     })

@@ -141,6 +141,7 @@ pub async fn add(
             session_start_skill: None,
             commit: f.commit.trim().to_owned(),
             validation: Default::default(),
+            allow_unreachable: false,
         };
         registry::add(ws.db(), ws.provisioner(), new, &actor)
     })

@@ -406,6 +406,7 @@ mod tests {
             skipped: vec![],
             acquired_at: 0,
             pack: None,
+            reach: None,
         };
         let limits = Limits {
             max_files: 4000,
