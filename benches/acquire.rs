@@ -2,7 +2,10 @@
 //! from the same local HTTPS server, in-process and in a helper container (made for the fetch,
 //! or taken from the standby `serve` keeps), and the warm start; and a cold `workspace_open` of
 //! two toolkits (14 and 41 skills, the sizes of the two presets) in each mode against
-//! `git clone --depth 1` of both, one after the other; in one run, interleaved (medians).
+//! `git clone --depth 1` of both, one after the other; and the provenance check of a pinned
+//! commit (`reach`): at a branch's tip against `git ls-remote`, 200 commits down a branch
+//! against `git clone --shallow-since`, and on a warm start with and without a recorded
+//! result; in one run, interleaved (medians).
 //!
 //! `cargo bench --bench acquire` (needs python3, git and openssl, as the tests do; the
 //! container row needs a Docker engine).
@@ -48,6 +51,17 @@ fn main() {
     let repo = Repo::create(&repos, "toolkit.git", false);
     let commit = repo.commit(dir(vec![("skills", Node::Dir(skills_of("", 50)))]));
     let url = server.url("toolkit.git");
+    // A branch 200 commits long: its first commit is found in its history, its tip advertised.
+    let long = Repo::create(&repos, "long.git", false);
+    let long_commits: Vec<String> = (0..200)
+        .map(|n| {
+            long.commit(dir(vec![(
+                "skills",
+                Node::Dir(skills_of(&format!("l{n}-"), 1)),
+            )]))
+        })
+        .collect();
+    let long_url = server.url("long.git");
     // The pair a workspace opens: (url, commit) of 14 and 41 skills.
     let pair: Vec<(String, String)> = [("small", 14), ("large", 41)]
         .iter()
@@ -168,10 +182,36 @@ fn main() {
             .unwrap();
         assert!(status.success());
     };
+    // Git itself, reaching the server as the fetches do; its standard output.
+    let git = |args: &[&str]| -> String {
+        let out = Command::new("git")
+            .arg("-c")
+            .arg(format!(
+                "http.curloptResolve=localhost:{}:{address}",
+                server.port
+            ))
+            .args(args)
+            .env("GIT_SSL_CAINFO", &certs.ca)
+            .stderr(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
     let (mut ours, mut clone, mut warm, mut contained, mut standing) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut open_ours, mut open_contained, mut open_standing, mut clone_both) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut at_tip, mut ls_remote, mut in_history, mut shallow_since) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut warm_checked, mut warm_unrecorded) = (Vec::new(), Vec::new());
+    // The commits of `long` and when they were made (all in the same few seconds).
+    let first = gix::ObjectId::from_hex(long_commits[0].as_bytes()).unwrap();
+    let tip = gix::ObjectId::from_hex(long_commits[199].as_bytes()).unwrap();
+    let committed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
     for run in 0..RUNS {
         let store = Store::open(tmp.path().join(format!("store{run}"))).unwrap();
         let p = provisioner(store, None);
@@ -184,6 +224,69 @@ fn main() {
         let a = p.acquire(&toolkit).unwrap();
         warm.push(t.elapsed());
         assert!(a.warm);
+        assert_eq!(a.record.reach.as_ref().map(|r| r.reachable), Some(true));
+
+        // A warm start reads the recorded result; the same record without one, for the cost.
+        let t = Instant::now();
+        p.acquire(&toolkit).unwrap();
+        warm_checked.push(t.elapsed());
+        let index = p.index();
+        let unrecorded = cloud_harness_provision::index::BundleRecord {
+            reach: None,
+            ..index.get(&a.record.key).unwrap()
+        };
+        index.put(&unrecorded).unwrap();
+        let t = Instant::now();
+        p.acquire(&toolkit).unwrap();
+        warm_unrecorded.push(t.elapsed());
+        index.put(&a.record).unwrap();
+
+        // The check alone, cold: a tip (refs only), then a commit 200 down (its history).
+        let check = |commit: gix::ObjectId| {
+            let ceiling = cloud_harness_provision::fetch::Ceiling {
+                max_bytes: 1 << 30,
+                setting: "bench",
+                max_object: 1 << 30,
+                object_setting: "bench",
+            };
+            let reach = cloud_harness_provision::reach::check(
+                &long_url,
+                commit,
+                gix::hash::Kind::Sha1,
+                committed,
+                &p.transport().unwrap(),
+                &p.store.tmp_dir(),
+                Instant::now() + Duration::from_secs(60),
+                &ceiling,
+                &Default::default(),
+            )
+            .unwrap();
+            assert!(reach.reachable);
+            reach.how
+        };
+        let t = Instant::now();
+        assert_eq!(check(tip), cloud_harness_provision::reach::How::Advertised);
+        at_tip.push(t.elapsed());
+        let t = Instant::now();
+        let listed = git(&["ls-remote", &long_url]);
+        ls_remote.push(t.elapsed());
+        assert!(listed.contains(&long_commits[199]));
+        let t = Instant::now();
+        assert_eq!(check(first), cloud_harness_provision::reach::How::History);
+        in_history.push(t.elapsed());
+        let since = format!("--shallow-since=@{}", committed - 86_400);
+        let dest = tmp.path().join(format!("since{run}"));
+        let t = Instant::now();
+        git(&[
+            "clone",
+            "-q",
+            "--bare",
+            "--no-single-branch",
+            &since,
+            &long_url,
+            dest.to_str().unwrap(),
+        ]);
+        shallow_since.push(t.elapsed());
 
         if let Some(s) = &sandbox {
             let store = Store::open(tmp.path().join(format!("contained{run}"))).unwrap();
@@ -289,4 +392,42 @@ fn main() {
             c.as_secs_f64() / open_ours.as_secs_f64()
         );
     }
+
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let (at_tip, ls_remote, in_history, shallow_since) = (
+        median(at_tip),
+        median(ls_remote),
+        median(in_history),
+        median(shallow_since),
+    );
+    let (warm_checked, warm_unrecorded) = (median(warm_checked), median(warm_unrecorded));
+    println!();
+    println!(
+        "provenance: is a pinned commit reachable from a branch or tag, median of {RUNS} runs"
+    );
+    println!("| what | median | ratio |");
+    println!("|---|---|---|");
+    println!(
+        "| check of a branch's tip (refs only) | {:.1} ms | {:.2}x `git ls-remote` ({:.1} ms) |",
+        ms(at_tip),
+        ms(at_tip) / ms(ls_remote),
+        ms(ls_remote)
+    );
+    println!(
+        "| check of a commit 200 down a branch (history since a day before it) | {:.1} ms | {:.2}x `git clone --bare --shallow-since` ({:.1} ms) |",
+        ms(in_history),
+        ms(in_history) / ms(shallow_since),
+        ms(shallow_since)
+    );
+    println!(
+        "| cold acquisition of the 50-skill toolkit, its check included (a tip) | {:.0} ms | the check {:.0}% of it |",
+        ms(ours),
+        100.0 * ms(at_tip) / ms(ours)
+    );
+    println!(
+        "| warm start, the result recorded (read, nothing asked) | {:.3} ms | {:.2}x the same record without one ({:.3} ms); goal: the check < 1 ms |",
+        ms(warm_checked),
+        ms(warm_checked) / ms(warm_unrecorded),
+        ms(warm_unrecorded)
+    );
 }

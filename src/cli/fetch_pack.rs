@@ -52,6 +52,7 @@ pub fn run(_args: &FetchPackArgs) -> Result<u8> {
     let transport = Transport {
         extra_ca: job.extra_ca.map(String::into_bytes),
         proxy: Transport::proxy_from_env(),
+        timeout: None,
     };
     let fetched = fetch::fetch(
         &job.url,

@@ -194,6 +194,7 @@ impl GitServer {
         let transport = Transport {
             extra_ca: Some(std::fs::read(&certs.ca).unwrap()),
             proxy: None,
+            timeout: None,
         };
         Provisioner::new(
             store,
@@ -423,7 +424,7 @@ impl Repo {
     }
 
     /// Commits `root` on top of `refname` (if it is there) and moves `refname` to it.
-    fn commit_to(&self, refname: &str, root: Node) -> String {
+    pub fn commit_to(&self, refname: &str, root: Node) -> String {
         let (_, tree) = self.write(&root);
         let mut cmd = self.git();
         cmd.args(["commit-tree", &tree, "-m", "commit"]);

@@ -68,6 +68,9 @@ pub struct Transport {
     pub extra_ca: Option<Vec<u8>>,
     /// `HTTPS_PROXY`.
     pub proxy: Option<String>,
+    /// The longest any one request may take, its answer read whole (none: as long as the
+    /// caller's deadline lets it).
+    pub timeout: Option<Duration>,
 }
 
 impl Transport {
@@ -93,7 +96,11 @@ impl Transport {
             }
             None => None,
         };
-        Ok(Transport { extra_ca, proxy })
+        Ok(Transport {
+            extra_ca,
+            proxy,
+            timeout: None,
+        })
     }
 
     fn configure(
@@ -107,6 +114,9 @@ impl Transport {
             {
                 builder = builder.add_root_certificate(cert);
             }
+        }
+        if let Some(timeout) = self.timeout {
+            builder = builder.timeout(timeout);
         }
         builder = match &self.proxy {
             Some(p) => builder

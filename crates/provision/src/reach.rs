@@ -19,16 +19,23 @@ use gix::remote::fetch::Shallow;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-/// How far before the commit's own date its history is looked at, one fetch each.
+/// How far before the commit's own date (or now, if that is later) its history is looked at:
+/// the default branch's, then every branch's and tag's.
 const MARGINS: [i64; 2] = [86_400, 30 * 86_400];
 
 /// Commits walked at most in one attempt (the ceiling bounds them first on any real host).
 const MAX_WALK: usize = 2_000_000;
 
-/// Refs named in a refusal (all are counted).
+/// Refs named in a refusal (all are counted), and the longest name shown.
 const NAMED: usize = 20;
+const NAME_SHOWN: usize = 200;
+
+/// Branches a host makes of commits it has not merged (GitHub's merge queue): not the
+/// repository's publishing.
+const NOT_PUBLISHED: [&str; 1] = ["refs/heads/gh-readonly-queue/"];
 
 /// How a commit was found to belong to its repository, or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,9 +123,28 @@ struct Tip {
     id: gix::ObjectId,
 }
 
+/// Where the history looked at starts: every branch and tag, or the default branch alone.
+#[derive(Clone, Copy, PartialEq)]
+enum Tips {
+    All,
+    DefaultBranch,
+}
+
+/// What a check is about, and what it may spend.
+struct Job<'a> {
+    url: &'a str,
+    commit: gix::ObjectId,
+    object_hash: gix::hash::Kind,
+    transport: &'a Transport,
+    ceiling: &'a Ceiling<'a>,
+}
+
 /// Whether `commit` (of `object_hash`, committed at `committed_at`) is reachable from a
-/// branch or tag of `url`, found in scratch repositories under `scratch`. A download past
-/// `ceiling` or `deadline` is that error: nothing was established.
+/// branch or tag of `url`, found in scratch repositories under `scratch`: the advertised refs;
+/// then the default branch's history since a day before the commit (where most pins are);
+/// then every branch's and tag's since 30 days before. git's `deepen-since` bounds only the
+/// tips newer than the date (an old tag brings its whole history), so the last step can be
+/// large: past `ceiling` or `deadline` it is that error, and nothing was established.
 #[allow(clippy::too_many_arguments)]
 pub fn check(
     url: &str,
@@ -131,186 +157,246 @@ pub fn check(
     ceiling: &Ceiling<'_>,
     observer: &Observer,
 ) -> Result<Reach> {
-    let mut tried = Vec::new();
-    for (attempt, margin) in MARGINS.iter().enumerate() {
+    let transport = Transport {
+        timeout: Some(deadline.saturating_duration_since(Instant::now())),
+        ..transport.clone()
+    };
+    let job = Job {
+        url,
+        commit,
+        object_hash,
+        transport: &transport,
+        ceiling,
+    };
+    let found = |how, via: &str, refs| Reach {
+        reachable: true,
+        how,
+        via: Some(via.to_owned()),
+        refs,
+        tried: Vec::new(),
+        committed_at,
+        checked_at: now(),
+    };
+    let context = |e: Error| {
+        let message = format!(
+            "checking that commit {commit} is reachable from a branch or tag of {url}: {}",
+            e.message
+        );
+        Error { message, ..e }
+    };
+    let run = |tips: Tips, margin: Option<i64>| {
         let dir = tempfile::Builder::new()
             .prefix("reach-")
             .tempdir_in(scratch)
             .map_err(|e| Error::io(scratch, e))?;
-        let cutoff = committed_at.saturating_sub(*margin);
-        let found = fetch::watched(
+        // A commit dated ahead of this clock is looked for from now (its tips are not newer).
+        let cutoff = margin.map(|m| committed_at.min(now() as i64).saturating_sub(m));
+        fetch::watched(
             url,
             deadline,
             dir.path().join("objects/pack"),
             ceiling,
             observer,
-            |interrupt| {
-                attempt_once(
-                    url,
-                    (commit, object_hash),
-                    cutoff,
-                    attempt == 0,
-                    transport,
-                    dir.path(),
-                    ceiling,
-                    interrupt,
-                )
-            },
-        )?;
-        match found {
-            Found::Yes { how, via, refs } => {
-                return Ok(Reach {
-                    reachable: true,
-                    how,
-                    via: Some(via),
-                    refs,
-                    tried: Vec::new(),
-                    committed_at,
-                    checked_at: now(),
-                })
+            |interrupt| look(&job, dir.path(), tips, cutoff, interrupt),
+        )
+        .map_err(context)
+    };
+    // The refs alone: a branch or tag at the commit.
+    let advertised = run(Tips::All, None)?;
+    let names: Vec<String> = advertised.tips.iter().map(|t| t.name.clone()).collect();
+    if let Some(tip) = advertised.tips.iter().find(|t| t.id == commit) {
+        return Ok(found(How::Advertised, &tip.name, names.len()));
+    }
+    if !names.is_empty() {
+        if let Some(branch) = &advertised.default_branch {
+            if run(Tips::DefaultBranch, Some(MARGINS[0]))?.via.is_some() {
+                return Ok(found(How::History, branch, names.len()));
             }
-            Found::No(names) => tried = names,
+        }
+        if let Some(via) = run(Tips::All, Some(MARGINS[1]))?.via {
+            return Ok(found(How::History, &via, names.len()));
         }
     }
     Ok(Reach {
         reachable: false,
         how: How::NotFound,
         via: None,
-        refs: tried.len(),
-        tried: tried.into_iter().take(NAMED).collect(),
+        refs: names.len(),
+        tried: names
+            .iter()
+            .take(NAMED)
+            .map(|n| {
+                n.chars()
+                    .take(NAME_SHOWN)
+                    .map(|c| if c.is_control() { '?' } else { c })
+                    .collect()
+            })
+            .collect(),
         committed_at,
         checked_at: now(),
     })
 }
 
-enum Found {
-    Yes {
-        how: How,
-        via: String,
-        refs: usize,
-    },
-    /// Not reached from these refs.
-    No(Vec<String>),
+/// What one connection found: the tips, the default branch, and (when history was fetched)
+/// the tip whose history holds the commit.
+struct Looked {
+    tips: Vec<Tip>,
+    default_branch: Option<String>,
+    via: Option<String>,
 }
 
-/// One connection: the refs, and unless one is at the commit (looked for when `look_at_tips`),
-/// the history since `cutoff` walked from them.
-#[allow(clippy::too_many_arguments)]
-fn attempt_once(
-    url: &str,
-    (commit, object_hash): (gix::ObjectId, gix::hash::Kind),
-    cutoff: i64,
-    look_at_tips: bool,
-    transport: &Transport,
+/// One connection: the refs `tips` names, and with a `cutoff` their history since then,
+/// received and walked.
+fn look(
+    job: &Job<'_>,
     dir: &Path,
-    ceiling: &Ceiling<'_>,
-    interrupt: &std::sync::atomic::AtomicBool,
-) -> Result<Found> {
+    tips: Tips,
+    cutoff: Option<i64>,
+    interrupt: &AtomicBool,
+) -> Result<Looked> {
+    let url = job.url;
     let up = |e: &dyn std::fmt::Display| fetch::upstream(url, e);
     let repo = gix::ThreadSafeRepository::init_opts(
         dir,
         gix::create::Kind::Bare,
         gix::create::Options {
-            object_hash: Some(object_hash),
+            object_hash: Some(job.object_hash),
             ..Default::default()
         },
         gix::open::Options::isolated().config_overrides([format!(
             "gitoxide.objects.allocLimit={}",
-            ceiling.max_object
+            job.ceiling.max_object
         )]),
     )
     .map_err(|e| up(&e))?
     .to_thread_local();
+    let specs: &[&str] = match tips {
+        Tips::All => &[
+            "+HEAD:refs/remotes/origin/HEAD",
+            "+refs/heads/*:refs/heads/*",
+            "+refs/tags/*:refs/tags/*",
+        ],
+        Tips::DefaultBranch => &["+HEAD:refs/remotes/origin/HEAD"],
+    };
     let remote = repo
         .remote_at(url)
         .map_err(|e| up(&e))?
         .with_fetch_tags(gix::remote::fetch::Tags::None)
-        .with_refspecs(
-            ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"],
-            gix::remote::Direction::Fetch,
-        )
+        .with_refspecs(specs.iter().copied(), gix::remote::Direction::Fetch)
         .map_err(|e| up(&e))?;
     let mut conn = remote
         .connect(gix::remote::Direction::Fetch)
         .map_err(|e| up(&e))?;
-    fetch::use_transport(&mut conn, transport).map_err(|e| up(&e))?;
+    fetch::use_transport(&mut conn, job.transport).map_err(|e| up(&e))?;
     let prepare = conn
         .prepare_fetch(gix::progress::Discard, Default::default())
         .map_err(|e| up(&e))?;
-    let tips = tips(prepare.ref_map());
-    let names = || tips.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
-    if look_at_tips {
-        if let Some(tip) = tips.iter().find(|t| t.id == commit) {
-            return Ok(Found::Yes {
-                how: How::Advertised,
-                via: tip.name.clone(),
-                refs: tips.len(),
-            });
-        }
-    }
-    if tips.is_empty() {
-        return Ok(Found::No(Vec::new()));
-    }
-    if prepare.ref_map().object_hash != object_hash {
+    let refs = prepare.ref_map();
+    let default_branch = default_branch(refs);
+    let mut found = Looked {
+        tips: published(refs, tips),
+        default_branch,
+        via: None,
+    };
+    let Some(cutoff) = cutoff.filter(|_| !found.tips.is_empty()) else {
+        return Ok(found);
+    };
+    if refs.object_hash != job.object_hash {
         return Err(Error::new(
             Code::Upstream,
             format!("{url} changed its object format since the commit was fetched"),
         ));
     }
-    prepare
+    let received = prepare
         .with_shallow(Shallow::Since {
             cutoff: gix::date::Time::new(cutoff, 0),
         })
-        .receive(gix::progress::Discard, interrupt)
-        .map_err(|e| fetch::failed(url, dir, &e, ceiling))?;
-    Ok(match walk(&repo, &tips, commit)? {
-        Some(via) => Found::Yes {
-            how: How::History,
-            via,
-            refs: tips.len(),
-        },
-        None => Found::No(names()),
+        .receive(gix::progress::Discard, interrupt);
+    match received {
+        Ok(_) => {}
+        // Nothing of any tip is that recent: no tip reaches a commit of that date.
+        Err(e) if e.to_string().contains("no commits selected") => return Ok(found),
+        Err(e) => return Err(fetch::failed(url, dir, &e, job.ceiling)),
+    }
+    found.via = walk(&repo, &found.tips, job.commit, interrupt)?;
+    Ok(found)
+}
+
+/// The branch the remote's HEAD names.
+fn default_branch(refs: &gix::remote::fetch::RefMap) -> Option<String> {
+    refs.remote_refs.iter().find_map(|r| match r {
+        gix::protocol::handshake::Ref::Symbolic {
+            full_ref_name,
+            target,
+            ..
+        } if full_ref_name == "HEAD" => Some(target.to_string()),
+        _ => None,
     })
 }
 
-/// The branches, then the tags, the remote advertised, each at the commit it names.
-fn tips(refs: &gix::remote::fetch::RefMap) -> Vec<Tip> {
-    let mut tips: Vec<Tip> = refs
+/// The tips `tips` asks for, each at the commit it names: the default branch (as `HEAD`), or
+/// the branches, then the tags, the remote advertised, but those a host makes of commits it
+/// has not merged.
+fn published(refs: &gix::remote::fetch::RefMap, tips: Tips) -> Vec<Tip> {
+    let mut out: Vec<Tip> = refs
         .remote_refs
         .iter()
         .filter_map(|r| {
             let (name, target, peeled) = r.unpack();
             let id = peeled.or(target)?.to_owned();
             let name = name.to_string();
-            (name.starts_with("refs/heads/") || name.starts_with("refs/tags/"))
-                .then_some(Tip { name, id })
+            let wanted = match tips {
+                Tips::DefaultBranch => name == "HEAD",
+                Tips::All => {
+                    (name.starts_with("refs/heads/") || name.starts_with("refs/tags/"))
+                        && !NOT_PUBLISHED.iter().any(|p| name.starts_with(p))
+                }
+            };
+            wanted.then_some(Tip { name, id })
         })
         .collect();
-    tips.sort_by_key(|t| !t.name.starts_with("refs/heads/"));
-    tips
+    out.sort_by_key(|t| !t.name.starts_with("refs/heads/"));
+    out
 }
 
-/// The first tip whose history (as far as it was received) holds `commit`; every commit is
-/// visited once however many tips share it.
-fn walk(repo: &gix::Repository, tips: &[Tip], commit: gix::ObjectId) -> Result<Option<String>> {
+/// The first tip whose history (as far as it was received) holds `commit`. Every commit is
+/// looked at once however many tips and merges share it, and at most [`MAX_WALK`] of them;
+/// a raised `interrupt` (the deadline, a cancel) stops it.
+fn walk(
+    repo: &gix::Repository,
+    tips: &[Tip],
+    commit: gix::ObjectId,
+    interrupt: &AtomicBool,
+) -> Result<Option<String>> {
     let mut seen = HashSet::new();
+    let mut pending = Vec::new();
     for tip in tips {
-        let mut pending = vec![tip.id];
+        if seen.insert(tip.id) {
+            pending.push(tip.id);
+        }
         while let Some(id) = pending.pop() {
-            if !seen.insert(id) {
-                continue;
-            }
             if id == commit {
                 return Ok(Some(tip.name.clone()));
             }
-            if seen.len() > MAX_WALK {
-                return Err(Error::too_large(format!(
-                    "the history looked at for commit {commit} holds more than {MAX_WALK} commits"
-                )));
+            if interrupt.load(Ordering::Relaxed) {
+                return Err(Error::new(
+                    Code::Timeout,
+                    format!("looking for commit {commit} took longer than the time allowed"),
+                ));
             }
             // Past the shallow boundary a parent is not there: that path ends.
-            if let Ok(c) = repo.find_commit(id) {
-                pending.extend(c.parent_ids().map(|p| p.detach()));
+            let Ok(c) = repo.find_commit(id) else {
+                continue;
+            };
+            for parent in c.parent_ids() {
+                if seen.insert(parent.detach()) {
+                    if seen.len() > MAX_WALK {
+                        return Err(Error::too_large(format!(
+                            "the history looked at for commit {commit} holds more than {MAX_WALK} commits"
+                        )));
+                    }
+                    pending.push(parent.detach());
+                }
             }
         }
     }

@@ -57,7 +57,7 @@ impl Workspaces {
         progress: &OpenProgress,
     ) -> Result<Acquisition> {
         let started = Instant::now();
-        let head = match t.revision {
+        let mut head = match t.revision {
             Revision::DefaultHead => Some(cloud_harness_control::heads::fresh(
                 &self.db, &t.url, head_ttl,
             )?),
@@ -74,7 +74,15 @@ impl Workspaces {
         // when the open is cancelled.
         progress.check()?;
         let observer = progress.fetch(actor);
-        let a = self.provisioner.acquire_observed(&fetch, &observer);
+        let mut a = self.provisioner.acquire_observed(&fetch, &observer);
+        // A remembered head that its branch has left since (a force-push) is no longer the
+        // repository's: the head is asked for again.
+        if matches!(head, Some(Some(_)))
+            && matches!(&a, Err(e) if e.code == cloud_harness_error::Code::CommitNotInRepository)
+        {
+            a = self.provisioner.acquire_observed(t, &observer);
+            head = Some(None);
+        }
         let millis = started.elapsed().as_millis() as u64;
         // A fetch refused by the opener's budget is no acquisition: not kept in the history,
         // which a client looping on its refusal would otherwise fill. (A full disk is kept:

@@ -463,6 +463,7 @@ mod tests {
         let transport = Transport {
             extra_ca: None,
             proxy: None,
+            timeout: None,
         };
         let hosts = HostPolicy::new("", "").unwrap();
         let provisioner = Provisioner::new(

@@ -38,11 +38,14 @@ pub fn sync_shipped(db: &Db) -> Result<()> {
     db.write(|tx| {
         let now = state::now_ms();
         for p in presets::all() {
+            // An override names a commit of the URL it was allowed for: a shipped preset
+            // that moved to another repository loses it.
             tx.execute(
                 "INSERT INTO registry_entries (id, name, description, url, layout, default_scope, session_start_skill, origin, created_at, created_by)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, 'shipped', $8, 'system:shipped')
                  ON CONFLICT (id) DO UPDATE SET name = $2, description = $3, url = $4, layout = $5,
-                     default_scope = $6, session_start_skill = $7",
+                     default_scope = $6, session_start_skill = $7,
+                     allow_unreachable = CASE WHEN registry_entries.url = $4 THEN registry_entries.allow_unreachable END",
                 params![
                     p.id, p.name, p.description, p.url,
                     serde_json::to_string(&p.layout).expect("layouts serialize"),

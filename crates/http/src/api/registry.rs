@@ -37,7 +37,8 @@ struct AddEntry {
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AllowUnreachable {
-    commit: Option<String>,
+    /// Required: a commit, or null to clear (a missing field must not clear it).
+    commit: serde_json::Value,
     reason: Option<String>,
 }
 
@@ -122,10 +123,21 @@ pub async fn reachability(
     let db = api.workspaces.db().clone();
     let set = blocking(move || {
         let req: AllowUnreachable = body(&bytes)?;
+        let commit = match &req.commit {
+            serde_json::Value::Null => None,
+            serde_json::Value::String(c) => Some(c.as_str()),
+            _ => {
+                return Err(Error::field(
+                    Code::InvalidArgument,
+                    "commit",
+                    "a commit id, or null to allow none",
+                ))
+            }
+        };
         registry::allow_unreachable(
             &db,
             &format!("{owner}/{name}"),
-            req.commit.as_deref(),
+            commit,
             req.reason.as_deref(),
             &actor(&who),
         )
