@@ -268,7 +268,8 @@ pub(crate) fn pack_bytes(repo: &Path) -> u64 {
 
 /// Runs `work` with an interrupt flag that is raised at `deadline` (a TIMEOUT error), when
 /// the bytes under `pack_dir` pass the ceiling (TOO_LARGE), or when `observer` is cancelled
-/// (CANCELLED); the bytes so far go to `observer`.
+/// (CANCELLED); the bytes so far go to `observer`, added to what it had (an acquisition's
+/// fetch, then its provenance check, count as one).
 pub(crate) fn watched<T>(
     url: &str,
     deadline: Instant,
@@ -280,6 +281,7 @@ pub(crate) fn watched<T>(
     let interrupt = AtomicBool::new(false);
     let (done, wait) = channel::<()>();
     let max_bytes = ceiling.max_bytes;
+    let before = observer.bytes();
     let (interrupt, pack_dir) = (&interrupt, &pack_dir);
     let (result, over) = std::thread::scope(|s| {
         let watcher = s.spawn(move || loop {
@@ -291,7 +293,7 @@ pub(crate) fn watched<T>(
                 }
                 Err(RecvTimeoutError::Timeout) => {
                     let seen = bytes_in(pack_dir);
-                    observer.set_bytes(seen);
+                    observer.set_bytes(before.saturating_add(seen));
                     if seen > max_bytes {
                         interrupt.store(true, Ordering::SeqCst);
                         return Some(seen);
