@@ -425,9 +425,27 @@ impl Repo {
 
     /// Commits `root` on top of `refname` (if it is there) and moves `refname` to it.
     pub fn commit_to(&self, refname: &str, root: Node) -> String {
+        self.commit_at(refname, root, None)
+    }
+
+    /// [`Repo::commit_to`], dated `days` days ago (author and committer).
+    pub fn commit_days_ago(&self, refname: &str, root: Node, days: u64) -> String {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        self.commit_at(refname, root, Some(now - days * 86_400))
+    }
+
+    fn commit_at(&self, refname: &str, root: Node, date: Option<u64>) -> String {
         let (_, tree) = self.write(&root);
         let mut cmd = self.git();
         cmd.args(["commit-tree", &tree, "-m", "commit"]);
+        if let Some(date) = date {
+            let date = format!("@{date} +0000");
+            cmd.env("GIT_AUTHOR_DATE", &date)
+                .env("GIT_COMMITTER_DATE", &date);
+        }
         let parent = self.head(refname);
         if !parent.is_empty() {
             cmd.args(["-p", &parent]);

@@ -142,18 +142,28 @@ pub(crate) fn failed(
     e: &(dyn std::error::Error + 'static),
     ceiling: &Ceiling<'_>,
 ) -> Error {
+    failed_here(url, dir, e, ceiling).unwrap_or_else(|| upstream(url, e))
+}
+
+/// Of a fetch's failures, those that are not the remote's answer cut short: this machine's
+/// disk, or an object past `ceiling.max_object`.
+pub(crate) fn failed_here(
+    url: &str,
+    dir: &Path,
+    e: &(dyn std::error::Error + 'static),
+    ceiling: &Ceiling<'_>,
+) -> Option<Error> {
     if let Some(local) = local_disk(dir, e) {
-        return local;
+        return Some(local);
     }
-    match past_alloc_limit(e) {
-        true => object_too_large(
+    past_alloc_limit(e).then(|| {
+        object_too_large(
             &format!("fetching {url}"),
             ceiling.max_object,
             ceiling.object_setting,
         )
-        .with_details(serde_json::json!({ "url": url, "limit": ceiling.max_object })),
-        false => upstream(url, e),
-    }
+        .with_details(serde_json::json!({ "url": url, "limit": ceiling.max_object }))
+    })
 }
 
 /// The failure of this machine's disk among `e` and its sources, as the error of `dir`: the

@@ -8,7 +8,7 @@ use super::index::{BundleIndex, BundleRecord};
 use super::reach::{self, Reach};
 use super::{fetch, observe::Observer, Provisioner};
 use cloud_harness_control::toolkit::{Revision, Toolkit};
-use cloud_harness_error::{Error, Result};
+use cloud_harness_error::{Code, Error, Result};
 use std::time::{Duration, Instant};
 
 impl Provisioner {
@@ -36,14 +36,23 @@ impl Provisioner {
             (Revision::DefaultHead, Revision::DefaultHead) => {
                 Reach::requested("HEAD", committed_at)
             }
-            _ => self.check_reach(
+            _ => match self.check_reach(
                 fetched_url,
                 fetched.commit,
                 fetched.repo.object_hash(),
                 committed_at,
                 observer,
                 started,
-            )?,
+            ) {
+                Ok(reach) => reach,
+                // An entry that allows the commit is served whatever the check could not
+                // find out (a history past the ceiling, say); it is recorded as unknown.
+                Err(e) if toolkit.allow_unreachable.is_some() && e.code != Code::Cancelled => {
+                    tracing::warn!(url = %fetched_url, error = %e.message, "the provenance check did not finish; the registry entry allows the commit");
+                    Reach::unknown(committed_at)
+                }
+                Err(e) => return Err(e),
+            },
         };
         allowed(toolkit, &fetched.commit.to_string(), &reach)?;
         Ok(reach)

@@ -6,11 +6,12 @@
 //!
 //! How, with the git protocol alone (the same for every host; no host API is asked): the
 //! advertised branches and tags first, where one at the commit settles it with nothing
-//! fetched; otherwise the history of every branch and tag back to a day before the commit's
-//! own date (`deepen-since`), received into a scratch repository under the fetch's ceiling and
-//! deadline and walked from the tips; then once more back to 30 days before, for clocks that
-//! disagree. A commit dated long ago by whoever made it makes that history large: the ceiling
-//! refuses it (TOO_LARGE) rather than fetching the world.
+//! fetched; otherwise the default branch's history back to a day before the commit's own
+//! date (`deepen-since`), received into a scratch repository under the fetch's ceiling and
+//! deadline and walked from its tip; then every branch's and tag's back to 30 days before.
+//! A commit dated long ago by whoever made it, or old tags (`deepen-since` bounds only tips
+//! newer than the date), make that history large: the ceiling refuses it (TOO_LARGE) rather
+//! than fetching the world.
 
 use crate::fetch::{self, Ceiling, Transport};
 use crate::observe::Observer;
@@ -49,6 +50,8 @@ pub enum How {
     History,
     /// No branch or tag reaches it.
     NotFound,
+    /// The check did not finish (the error says why); served only where an entry allows it.
+    Unknown,
 }
 
 /// The result of a check, kept with the bundle.
@@ -79,6 +82,19 @@ impl Reach {
             how: How::Requested,
             via: Some(via.to_owned()),
             refs: 1,
+            tried: Vec::new(),
+            committed_at,
+            checked_at: now(),
+        }
+    }
+
+    /// A check that did not finish.
+    pub fn unknown(committed_at: i64) -> Reach {
+        Reach {
+            reachable: false,
+            how: How::Unknown,
+            via: None,
+            refs: 0,
             tried: Vec::new(),
             committed_at,
             checked_at: now(),
@@ -115,6 +131,14 @@ pub fn not_in_repository(url: &str, commit: &str, reach: &Reach) -> Error {
         "refs": named,
         "refsTried": total,
     }))
+}
+
+/// A ref name as a message shows it: bounded, without control characters.
+fn shown(name: &str) -> String {
+    name.chars()
+        .take(NAME_SHOWN)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 /// A branch or tag and the commit it is at (a tag peeled).
@@ -157,21 +181,10 @@ pub fn check(
     ceiling: &Ceiling<'_>,
     observer: &Observer,
 ) -> Result<Reach> {
-    let transport = Transport {
-        timeout: Some(deadline.saturating_duration_since(Instant::now())),
-        ..transport.clone()
-    };
-    let job = Job {
-        url,
-        commit,
-        object_hash,
-        transport: &transport,
-        ceiling,
-    };
     let found = |how, via: &str, refs| Reach {
         reachable: true,
         how,
-        via: Some(via.to_owned()),
+        via: Some(shown(via)),
         refs,
         tried: Vec::new(),
         committed_at,
@@ -185,12 +198,26 @@ pub fn check(
         Error { message, ..e }
     };
     let run = |tips: Tips, margin: Option<i64>| {
+        // Each read of an answer waits at most what is left (reqwest bounds every read, not a
+        // whole answer); the watcher interrupts what it can at the deadline.
+        let transport = Transport {
+            timeout: Some(deadline.saturating_duration_since(Instant::now())),
+            ..transport.clone()
+        };
+        let job = Job {
+            url,
+            commit,
+            object_hash,
+            transport: &transport,
+            ceiling,
+        };
         let dir = tempfile::Builder::new()
             .prefix("reach-")
             .tempdir_in(scratch)
             .map_err(|e| Error::io(scratch, e))?;
-        // A commit dated ahead of this clock is looked for from now (its tips are not newer).
-        let cutoff = margin.map(|m| committed_at.min(now() as i64).saturating_sub(m));
+        // A commit dated ahead of this clock is looked for from now (its tips are not newer);
+        // git reads a date before 1970 as none at all.
+        let cutoff = margin.map(|m| committed_at.min(now() as i64).saturating_sub(m).max(1));
         fetch::watched(
             url,
             deadline,
@@ -222,16 +249,7 @@ pub fn check(
         how: How::NotFound,
         via: None,
         refs: names.len(),
-        tried: names
-            .iter()
-            .take(NAMED)
-            .map(|n| {
-                n.chars()
-                    .take(NAME_SHOWN)
-                    .map(|c| if c.is_control() { '?' } else { c })
-                    .collect()
-            })
-            .collect(),
+        tried: names.iter().take(NAMED).map(|n| shown(n)).collect(),
         committed_at,
         checked_at: now(),
     })
@@ -314,9 +332,19 @@ fn look(
         .receive(gix::progress::Discard, interrupt);
     match received {
         Ok(_) => {}
-        // Nothing of any tip is that recent: no tip reaches a commit of that date.
-        Err(e) if e.to_string().contains("no commits selected") => return Ok(found),
-        Err(e) => return Err(fetch::failed(url, dir, &e, job.ceiling)),
+        Err(e) if interrupt.load(Ordering::Relaxed) => {
+            return Err(fetch::failed(url, dir, &e, job.ceiling))
+        }
+        // A server that finds nothing of any tip since the cutoff ends its answer early (git
+        // says so only in its own log): no tip reaches a commit of that date. Anything else
+        // that cut the history short leaves this step without an answer too.
+        Err(e) => {
+            if let Some(local) = fetch::failed_here(url, dir, &e, job.ceiling) {
+                return Err(local);
+            }
+            tracing::debug!(url, error = %e, "the history since the cutoff was not received");
+            return Ok(found);
+        }
     }
     found.via = walk(&repo, &found.tips, job.commit, interrupt)?;
     Ok(found)
