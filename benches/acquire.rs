@@ -254,6 +254,7 @@ fn main() {
                 commit,
                 gix::hash::Kind::Sha1,
                 committed,
+                None,
                 &p.transport().unwrap(),
                 &p.store.tmp_dir(),
                 Instant::now() + Duration::from_secs(60),

@@ -19,7 +19,7 @@ struct Fixture {
     fork: String,
     /// The first of two commits of branch `release`, made off main's first.
     release: String,
-    _git: GitServer,
+    git: GitServer,
     _certs: Certs,
 }
 
@@ -67,7 +67,7 @@ fn fixture() -> Fixture {
         main,
         fork,
         release,
-        _git: git,
+        git,
         _certs: certs,
     }
 }
@@ -156,7 +156,11 @@ fn a_fork_only_commit_is_refused_allowed_for_one_entry_audited_and_accepted_once
         (Some(true), Some("history"), Some("refs/heads/main")),
         "{reach}"
     );
+    // At a tip, the check reads the refs the fetch was given: no request beyond the fetch's
+    // three (the capabilities, the ref listing, the pack).
+    let before = f.git.requests();
     let tip = open(w, "tip", git_kit(&f.main[2]));
+    assert_eq!(f.git.requests() - before, 3, "{tip}");
     assert_eq!(
         tip["structuredContent"]["toolkits"][0]["reach"]["how"], "advertised",
         "{tip}"

@@ -131,6 +131,9 @@ impl Transport {
 pub struct Fetched {
     pub repo: gix::Repository,
     pub commit: gix::ObjectId,
+    /// The branches and tags the remote listed to this fetch (a fetch of a commit by id
+    /// asks for every ref); none where a helper container fetched.
+    pub advertised: Option<crate::reach::Advertised>,
 }
 
 /// A fetch into `dir` that failed: one whose local disk failed (full, over quota, failing)
@@ -552,7 +555,12 @@ pub fn fetch(
             // The fetched commit must be there (a server may answer without it).
             repo.find_commit(commit)
                 .map_err(|e| upstream(url, format!("commit {commit}: {e}")))?;
-            Ok(Fetched { repo, commit })
+            let advertised = Some(crate::reach::Advertised::of(&outcome.ref_map));
+            Ok(Fetched {
+                repo,
+                commit,
+                advertised,
+            })
         },
     )
 }

@@ -425,7 +425,7 @@ impl Provisioner {
             Some(c) => Revision::Commit(c.clone()),
             None => toolkit.revision.clone(),
         };
-        let fetched = match self.sandbox() {
+        let mut fetched = match self.sandbox() {
             Some(sandbox) => sandbox.fetch(
                 &fetched_url,
                 &revision,
@@ -461,7 +461,7 @@ impl Provisioner {
         let reach = self.reach_of_fetched(
             toolkit,
             &revision,
-            &fetched,
+            &mut fetched,
             &fetched_url,
             observer,
             started,

@@ -88,5 +88,10 @@ pub fn index_pack_from(
             format!("the helper's pack lacks commit {commit}"),
         )
     })?;
-    Ok(Fetched { repo, commit })
+    // Refs the container says it saw are not taken on faith: the check asks for them itself.
+    Ok(Fetched {
+        repo,
+        commit,
+        advertised: None,
+    })
 }

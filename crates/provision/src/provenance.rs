@@ -20,7 +20,7 @@ impl Provisioner {
         &self,
         toolkit: &Toolkit,
         revision: &Revision,
-        fetched: &fetch::Fetched,
+        fetched: &mut fetch::Fetched,
         fetched_url: &str,
         observer: &Observer,
         started: Instant,
@@ -38,9 +38,9 @@ impl Provisioner {
             }
             _ => match self.check_reach(
                 fetched_url,
-                fetched.commit,
-                fetched.repo.object_hash(),
+                (fetched.commit, fetched.repo.object_hash()),
                 committed_at,
+                fetched.advertised.take(),
                 observer,
                 started,
             ) {
@@ -83,8 +83,14 @@ impl Provisioner {
         };
         observer.admit_fetch()?;
         let started = Instant::now();
-        let reach =
-            self.check_reach(&url, commit, hash, recorded.committed_at, observer, started)?;
+        let reach = self.check_reach(
+            &url,
+            (commit, hash),
+            recorded.committed_at,
+            None,
+            observer,
+            started,
+        )?;
         allowed(toolkit, &record.key.commit, &reach)?;
         record.reach = Some(reach);
         index.put(&record)?;
@@ -96,9 +102,9 @@ impl Provisioner {
     fn check_reach(
         &self,
         url: &str,
-        commit: gix::ObjectId,
-        hash: gix::hash::Kind,
+        (commit, hash): (gix::ObjectId, gix::hash::Kind),
         committed_at: i64,
+        advertised: Option<reach::Advertised>,
         observer: &Observer,
         started: Instant,
     ) -> Result<Reach> {
@@ -109,6 +115,7 @@ impl Provisioner {
             commit,
             hash,
             committed_at,
+            advertised,
             &self.transport()?,
             &self.store.tmp_dir(),
             deadline,

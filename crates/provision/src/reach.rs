@@ -141,6 +141,22 @@ fn shown(name: &str) -> String {
         .collect()
 }
 
+/// What a remote advertised: its branches and tags (as [`check`] looks at them) and the
+/// branch its `HEAD` names.
+pub struct Advertised {
+    tips: Vec<Tip>,
+    default_branch: Option<String>,
+}
+
+impl Advertised {
+    pub fn of(refs: &gix::remote::fetch::RefMap) -> Advertised {
+        Advertised {
+            tips: published(refs, Tips::All),
+            default_branch: default_branch(refs),
+        }
+    }
+}
+
 /// A branch or tag and the commit it is at (a tag peeled).
 struct Tip {
     name: String,
@@ -164,7 +180,8 @@ struct Job<'a> {
 }
 
 /// Whether `commit` (of `object_hash`, committed at `committed_at`) is reachable from a
-/// branch or tag of `url`, found in scratch repositories under `scratch`: the advertised refs;
+/// branch or tag of `url`, found in scratch repositories under `scratch`: the advertised refs
+/// (those the commit's own fetch was given, if it listed branches, else asked for);
 /// then the default branch's history since a day before the commit (where most pins are);
 /// then every branch's and tag's since 30 days before. git's `deepen-since` bounds only the
 /// tips newer than the date (an old tag brings its whole history), so the last step can be
@@ -175,6 +192,7 @@ pub fn check(
     commit: gix::ObjectId,
     object_hash: gix::hash::Kind,
     committed_at: i64,
+    advertised: Option<Advertised>,
     transport: &Transport,
     scratch: &Path,
     deadline: Instant,
@@ -229,7 +247,16 @@ pub fn check(
         .map_err(context)
     };
     // The refs alone: a branch or tag at the commit.
-    let advertised = run(Tips::All, None)?;
+    let advertised = match advertised.filter(|a| !a.tips.is_empty()) {
+        Some(a) => a,
+        None => {
+            let looked = run(Tips::All, None)?;
+            Advertised {
+                tips: looked.tips,
+                default_branch: looked.default_branch,
+            }
+        }
+    };
     let names: Vec<String> = advertised.tips.iter().map(|t| t.name.clone()).collect();
     if let Some(tip) = advertised.tips.iter().find(|t| t.id == commit) {
         return Ok(found(How::Advertised, &tip.name, names.len()));
