@@ -104,7 +104,7 @@ impl Provisioner {
         url: &str,
         (commit, hash): (gix::ObjectId, gix::hash::Kind),
         committed_at: i64,
-        advertised: Option<reach::Advertised>,
+        advertised: Option<fetch::Advertised>,
         observer: &Observer,
         started: Instant,
     ) -> Result<Reach> {

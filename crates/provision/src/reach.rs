@@ -13,7 +13,7 @@
 //! newer than the date), make that history large: the ceiling refuses it (TOO_LARGE) rather
 //! than fetching the world.
 
-use crate::fetch::{self, Ceiling, Transport};
+use crate::fetch::{self, Advertised, Ceiling, Transport};
 use crate::observe::Observer;
 use cloud_harness_error::{Code, Error, Result};
 use gix::remote::fetch::Shallow;
@@ -141,22 +141,6 @@ fn shown(name: &str) -> String {
         .collect()
 }
 
-/// What a remote advertised: its branches and tags (as [`check`] looks at them) and the
-/// branch its `HEAD` names.
-pub struct Advertised {
-    tips: Vec<Tip>,
-    default_branch: Option<String>,
-}
-
-impl Advertised {
-    pub fn of(refs: &gix::remote::fetch::RefMap) -> Advertised {
-        Advertised {
-            tips: published(refs, Tips::All),
-            default_branch: default_branch(refs),
-        }
-    }
-}
-
 /// A branch or tag and the commit it is at (a tag peeled).
 struct Tip {
     name: String,
@@ -247,22 +231,17 @@ pub fn check(
         .map_err(context)
     };
     // The refs alone: a branch or tag at the commit.
-    let advertised = match advertised.filter(|a| !a.tips.is_empty()) {
+    let advertised = match advertised.filter(|a| !published(a, Tips::All).is_empty()) {
         Some(a) => a,
-        None => {
-            let looked = run(Tips::All, None)?;
-            Advertised {
-                tips: looked.tips,
-                default_branch: looked.default_branch,
-            }
-        }
+        None => run(Tips::All, None)?.advertised,
     };
-    let names: Vec<String> = advertised.tips.iter().map(|t| t.name.clone()).collect();
-    if let Some(tip) = advertised.tips.iter().find(|t| t.id == commit) {
+    let tips = published(&advertised, Tips::All);
+    let names: Vec<String> = tips.iter().map(|t| t.name.clone()).collect();
+    if let Some(tip) = tips.iter().find(|t| t.id == commit) {
         return Ok(found(How::Advertised, &tip.name, names.len()));
     }
     if !names.is_empty() {
-        if let Some(branch) = &advertised.default_branch {
+        if let Some(branch) = &advertised.head {
             if run(Tips::DefaultBranch, Some(MARGINS[0]))?.via.is_some() {
                 return Ok(found(How::History, branch, names.len()));
             }
@@ -282,11 +261,11 @@ pub fn check(
     })
 }
 
-/// What one connection found: the tips, the default branch, and (when history was fetched)
-/// the tip whose history holds the commit.
+/// What one connection found: the refs, those of them looked from, and (when history was
+/// fetched) the one whose history holds the commit.
 struct Looked {
+    advertised: Advertised,
     tips: Vec<Tip>,
-    default_branch: Option<String>,
     via: Option<String>,
 }
 
@@ -337,10 +316,10 @@ fn look(
         .prepare_fetch(gix::progress::Discard, Default::default())
         .map_err(|e| up(&e))?;
     let refs = prepare.ref_map();
-    let default_branch = default_branch(refs);
+    let advertised = Advertised::of(refs);
     let mut found = Looked {
-        tips: published(refs, tips),
-        default_branch,
+        tips: published(&advertised, tips),
+        advertised,
         via: None,
     };
     let Some(cutoff) = cutoff.filter(|_| !found.tips.is_empty()) else {
@@ -377,29 +356,14 @@ fn look(
     Ok(found)
 }
 
-/// The branch the remote's HEAD names.
-fn default_branch(refs: &gix::remote::fetch::RefMap) -> Option<String> {
-    refs.remote_refs.iter().find_map(|r| match r {
-        gix::protocol::handshake::Ref::Symbolic {
-            full_ref_name,
-            target,
-            ..
-        } if full_ref_name == "HEAD" => Some(target.to_string()),
-        _ => None,
-    })
-}
-
 /// The tips `tips` asks for, each at the commit it names: the default branch (as `HEAD`), or
 /// the branches, then the tags, the remote advertised, but those a host makes of commits it
 /// has not merged.
-fn published(refs: &gix::remote::fetch::RefMap, tips: Tips) -> Vec<Tip> {
-    let mut out: Vec<Tip> = refs
-        .remote_refs
+fn published(advertised: &Advertised, tips: Tips) -> Vec<Tip> {
+    let mut out: Vec<Tip> = advertised
+        .refs
         .iter()
-        .filter_map(|r| {
-            let (name, target, peeled) = r.unpack();
-            let id = peeled.or(target)?.to_owned();
-            let name = name.to_string();
+        .filter_map(|(name, id)| {
             let wanted = match tips {
                 Tips::DefaultBranch => name == "HEAD",
                 Tips::All => {
@@ -407,7 +371,10 @@ fn published(refs: &gix::remote::fetch::RefMap, tips: Tips) -> Vec<Tip> {
                         && !NOT_PUBLISHED.iter().any(|p| name.starts_with(p))
                 }
             };
-            wanted.then_some(Tip { name, id })
+            wanted.then(|| Tip {
+                name: name.clone(),
+                id: *id,
+            })
         })
         .collect();
     out.sort_by_key(|t| !t.name.starts_with("refs/heads/"));

@@ -19,7 +19,6 @@ use cloud_harness_skills::spec::Validation;
 use serde_json::json;
 
 mod reachability;
-pub use reachability::allow_unreachable;
 
 fn pin_row(r: &state::Row) -> state::DbResult<Pin> {
     Ok(Pin {
@@ -431,6 +430,20 @@ pub fn set_validation(db: &Db, id: &str, validation: Validation, actor: &str) ->
     })?;
     entry.validation = validation;
     Ok(entry)
+}
+
+/// Lets the entry `id` serve `commit` though no branch or tag of its repository reaches it
+/// (one commit per entry, in place of the one before; `None`: none), audited as
+/// `registry.reachability` with `reason`, required when allowing.
+pub fn allow_unreachable(
+    db: &Db,
+    id: &str,
+    commit: Option<&str>,
+    reason: Option<&str>,
+    actor: &str,
+) -> Result<Entry> {
+    let entry = load(db)?.find(id).cloned().ok_or_else(|| unknown(id))?;
+    reachability::allow_unreachable(db, entry, commit, reason, actor)
 }
 
 /// A policy as the database keeps it.

@@ -3,10 +3,10 @@
 //! `cloud_harness_provision::reach`). Setting or clearing it is one transaction with its audit
 //! row (`registry.reachability`).
 
-use super::{load, unknown};
 use cloud_harness_control::audit;
 use cloud_harness_control::input::check_text;
 use cloud_harness_control::params;
+use cloud_harness_control::presets::registry::Entry;
 use cloud_harness_control::state::{self, Db};
 use cloud_harness_control::toolkit::is_hex_commit;
 use cloud_harness_error::{Code, Error, Result};
@@ -25,17 +25,17 @@ pub(super) fn check_commit(commit: &str) -> Result<String> {
     }
 }
 
-/// Lets the entry `id` serve `commit` though no branch or tag of its repository reaches it,
-/// in place of the commit allowed before; `None` takes the override away. `reason` is
-/// required when allowing: it is what the audit log shows a reviewer.
-pub fn allow_unreachable(
+/// Lets `entry` serve `commit` though no branch or tag of its repository reaches it, in
+/// place of the commit allowed before; `None` takes the override away. `reason` is required
+/// when allowing: it is what the audit log shows a reviewer.
+pub(super) fn allow_unreachable(
     db: &Db,
-    id: &str,
+    mut entry: Entry,
     commit: Option<&str>,
     reason: Option<&str>,
     actor: &str,
-) -> Result<super::Entry> {
-    let mut entry = load(db)?.find(id).cloned().ok_or_else(|| unknown(id))?;
+) -> Result<Entry> {
+    let id = entry.preset.id.clone();
     let commit = commit.map(check_commit).transpose()?;
     match (commit.is_some(), reason) {
         (_, Some(r)) => check_text("reason", r, 1000)?,
