@@ -132,9 +132,10 @@ fn a_fork_only_commit_is_refused_allowed_for_one_entry_audited_and_accepted_once
     );
 
     // The same through MCP, as a git toolkit: refused, no workspace; a merge queue's branch
-    // at it (a host's, of a pull request) does not count.
+    // and a pull request's ref at it (a host's, listed) do not count.
     f.repo
         .set_ref("refs/heads/gh-readonly-queue/main/pr-1", &f.fork);
+    f.repo.set_ref("refs/pull/1/head", &f.fork);
     let refused = open(w, "fork", git_kit(&f.fork));
     assert_eq!(refused["isError"], true, "{refused}");
     assert_eq!(

@@ -183,7 +183,9 @@ pub fn fetch(
             // The fetched commit must be there (a server may answer without it).
             repo.find_commit(commit)
                 .map_err(|e| upstream(url, format!("commit {commit}: {e}")))?;
-            let advertised = Some(Advertised::of(&outcome.ref_map));
+            // A fetch by id lists every ref (a tag or the head lists only its own).
+            let advertised =
+                matches!(revision, Revision::Commit(_)).then(|| Advertised::of(&outcome.ref_map));
             Ok(Fetched {
                 repo,
                 commit,
