@@ -10,6 +10,22 @@ use std::time::Duration;
 
 #[derive(Debug, Subcommand)]
 pub enum CasCommand {
+    /// A bundle's inventory (CycloneDX 1.5 JSON): its toolkit, commit and reachability, each
+    /// skill and file with its SHA-256, size and mode. With `--file` or `--skill` instead:
+    /// which bundles hold that file or skill, and which workspaces and imports they served.
+    Inventory {
+        /// The bundle's digest (as `workspace_open` shows it).
+        #[arg(required_unless_present_any = ["file", "skill"], conflicts_with_all = ["file", "skill"])]
+        bundle: Option<Digest>,
+        /// A file's SHA-256.
+        #[arg(long, conflicts_with = "skill")]
+        file: Option<Digest>,
+        /// A skill folder's name.
+        #[arg(long)]
+        skill: Option<String>,
+        #[command(flatten)]
+        home: super::control::HomeArg,
+    },
     /// Import a directory as a tree; prints its digest.
     Import {
         dir: PathBuf,
@@ -38,6 +54,33 @@ pub enum CasCommand {
 
 pub fn run(store: &Store, cmd: CasCommand) -> Result<u8> {
     match cmd {
+        CasCommand::Inventory {
+            bundle,
+            file,
+            skill,
+            home,
+        } => {
+            use cloud_harness_provision::inventory::{self, Needle};
+            let found = match (bundle, file, skill) {
+                (Some(bundle), _, _) => {
+                    let index = cloud_harness_provision::index::BundleIndex::open(store);
+                    inventory::of(store, &inventory::record(&index, &bundle)?)?
+                }
+                (None, Some(file), _) => {
+                    serde_json::json!(inventory::search(store, &home.db()?, &Needle::File(file))?)
+                }
+                (None, None, Some(skill)) => {
+                    serde_json::json!(inventory::search(
+                        store,
+                        &home.db()?,
+                        &Needle::Skill(skill)
+                    )?)
+                }
+                (None, None, None) => unreachable!("clap requires one"),
+            };
+            super::control::print(found);
+            Ok(0)
+        }
         CasCommand::Import { dir, root } => {
             let imported = store.import_dir(&dir, &Limits::default())?;
             if let Some(name) = root {

@@ -38,6 +38,8 @@ mod http;
 mod idle_pause;
 #[path = "../imports.rs"]
 mod imports;
+#[path = "../inventory.rs"]
+mod inventory;
 #[path = "../launch_mounts.rs"]
 mod launch_mounts;
 #[path = "../library.rs"]

@@ -11,6 +11,10 @@ mod api;
 mod decisions;
 #[path = "../imports.rs"]
 mod imports;
+#[path = "../inventory.rs"]
+mod inventory;
+#[path = "../provenance.rs"]
+mod provenance;
 #[path = "../registry.rs"]
 mod registry;
 #[path = "../sets.rs"]

@@ -116,7 +116,7 @@ pub fn parse_public_origin(text: &str) -> Result<String, Error> {
 
 /// The role a request needs: MCP and the API's reads `client` (a client sees its own
 /// workspaces and what they meet), except tokens, the audit log, imports, the acquisition
-/// history and the metrics; the dashboard's pages and every write `operator`.
+/// history, inventories (they name every principal's workspaces) and the metrics; the dashboard's pages and every write `operator`.
 fn required(method: &Method, path: &str) -> Role {
     let reads = matches!(*method, Method::GET | Method::HEAD);
     let operators_only = [
@@ -124,6 +124,7 @@ fn required(method: &Method, path: &str) -> Role {
         "/api/v1/audit",
         "/api/v1/imports",
         "/api/v1/acquisitions",
+        "/api/v1/inventory",
         "/api/v1/usage",
     ]
     .iter()

@@ -9,3 +9,13 @@ pub enum Scope {
     Owner,
     Workspace,
 }
+
+impl Scope {
+    /// As the wire and the database write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Owner => "owner",
+            Scope::Workspace => "workspace",
+        }
+    }
+}

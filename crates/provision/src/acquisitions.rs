@@ -43,6 +43,9 @@ pub struct Acquisition {
     /// The workspace or the import job it was for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub subject: Option<String>,
+    /// The tier the toolkit was for (`owner` or `workspace`); none in rows from before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
 }
 
 /// Records one acquisition's outcome; a failure to record is logged, never the caller's.
@@ -89,8 +92,8 @@ pub fn record(
     let written = db.write(|tx| {
         tx.execute(
             "INSERT INTO acquisitions (at, toolkit, preset, url, requested, commit_id, bundle, mode, millis, bytes, skills,
-                 result, error_code, error_message, actor, via, subject)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+                 result, error_code, error_message, actor, via, subject, tier)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
             params![
                 state::now_ms(),
                 toolkit.instance_id,
@@ -109,6 +112,7 @@ pub fn record(
                 actor,
                 via,
                 subject,
+                toolkit.scope.as_str(),
             ],
         )
         .map_err(state::internal)?;
@@ -141,37 +145,54 @@ static RECORDED: AtomicU64 = AtomicU64::new(0);
 /// from when there is more.
 pub fn list(db: &Db, before: Option<i64>, limit: usize) -> Result<(Vec<Acquisition>, Option<i64>)> {
     let mut all = db.with(|c| {
-        c.prepare_cached(
-            "SELECT seq, at, toolkit, preset, url, requested, commit_id, bundle, mode, millis, bytes, skills,
-                    result, error_code, error_message, actor, via, subject
-             FROM acquisitions WHERE (CAST($1 AS BIGINT) IS NULL OR seq < $1) ORDER BY seq DESC LIMIT $2",
-        )?
-        .query_map(params![before, (limit + 1) as i64], |r| {
-            Ok(Acquisition {
-                seq: r.get(0)?,
-                at: r.get(1)?,
-                toolkit: r.get(2)?,
-                preset: r.get(3)?,
-                url: r.get(4)?,
-                requested: r.get(5)?,
-                commit: r.get(6)?,
-                bundle: r.get(7)?,
-                mode: r.get(8)?,
-                millis: r.get(9)?,
-                bytes: r.get(10)?,
-                skills: r.get(11)?,
-                result: r.get(12)?,
-                error_code: r.get(13)?,
-                error_message: r.get(14)?,
-                actor: r.get(15)?,
-                via: r.get(16)?,
-                subject: r.get(17)?,
-            })
-        })?
+        c.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM acquisitions WHERE (CAST($1 AS BIGINT) IS NULL OR seq < $1) ORDER BY seq DESC LIMIT $2"
+        ))?
+        .query_map(params![before, (limit + 1) as i64], row)?
         .collect::<state::DbResult<Vec<_>>>()
     })?;
     let more = all.len() > limit;
     all.truncate(limit);
     let next = more.then(|| all.last().map(|a| a.seq)).flatten();
     Ok((all, next))
+}
+
+/// The acquisitions that served `bundle` (a digest's text), newest first, at most `limit`:
+/// which workspaces and imports held it, and when, open or closed since.
+pub fn of_bundle(db: &Db, bundle: &str, limit: usize) -> Result<Vec<Acquisition>> {
+    db.with(|c| {
+        c.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM acquisitions WHERE bundle = $1 AND result = 'ok' ORDER BY seq DESC LIMIT $2"
+        ))?
+        .query_map(params![bundle, limit as i64], row)?
+        .collect::<state::DbResult<Vec<_>>>()
+    })
+}
+
+const COLUMNS: &str =
+    "seq, at, toolkit, preset, url, requested, commit_id, bundle, mode, millis, bytes, skills,
+     result, error_code, error_message, actor, via, subject, tier";
+
+fn row(r: &state::Row) -> state::DbResult<Acquisition> {
+    Ok(Acquisition {
+        seq: r.get(0)?,
+        at: r.get(1)?,
+        toolkit: r.get(2)?,
+        preset: r.get(3)?,
+        url: r.get(4)?,
+        requested: r.get(5)?,
+        commit: r.get(6)?,
+        bundle: r.get(7)?,
+        mode: r.get(8)?,
+        millis: r.get(9)?,
+        bytes: r.get(10)?,
+        skills: r.get(11)?,
+        result: r.get(12)?,
+        error_code: r.get(13)?,
+        error_message: r.get(14)?,
+        actor: r.get(15)?,
+        via: r.get(16)?,
+        subject: r.get(17)?,
+        tier: r.get(18)?,
+    })
 }

@@ -15,6 +15,7 @@ pub mod engine;
 pub mod fetch;
 
 pub mod index;
+pub mod inventory;
 pub mod normalize;
 pub mod observe;
 mod ownership;

@@ -336,6 +336,16 @@ ALTER TABLE registry_entries ADD COLUMN allow_unreachable TEXT;
 "#,
         )],
     },
+    Migration {
+        version: 11,
+        description: "the tier an acquisition served, and acquisitions found by bundle",
+        parts: &[Both(
+            r#"
+ALTER TABLE acquisitions ADD COLUMN tier TEXT;
+CREATE INDEX acquisitions_bundle ON acquisitions (bundle, seq);
+"#,
+        )],
+    },
 ];
 
 /// The newest version this binary knows.

@@ -5,6 +5,7 @@
 mod conflicts;
 mod decisions;
 mod imports;
+mod inventory;
 mod openapi;
 mod registry;
 mod sets;
@@ -81,6 +82,8 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/api/v1/imports/{id}", get(imports::get))
         .route("/api/v1/imports/{id}/cancel", post(imports::cancel))
         .route("/api/v1/acquisitions", get(imports::acquisitions))
+        .route("/api/v1/inventory", get(inventory::search))
+        .route("/api/v1/inventory/{bundle}", get(inventory::bundle))
         .route("/api/v1/skills", get(skills::list))
         .route("/api/v1/skills/{digest}", get(skills::get))
         .route("/api/v1/audit", get(audit))

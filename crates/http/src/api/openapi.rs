@@ -104,6 +104,8 @@ pub fn spec() -> Value {
             },
             "/api/v1/imports/{id}": { "get": op("one import job: state, phase, bytes, result or error", None, "200", &[]) },
             "/api/v1/imports/{id}/cancel": { "post": op("cancel a queued or running import", None, "200", &[]) },
+            "/api/v1/inventory": { "get": op("which bundles hold a file (by SHA-256) or a skill (by name), and the acquisitions that served them: workspaces and imports, by whom, which tier, when", None, "200", &[("file", "string"), ("skill", "string")]) },
+            "/api/v1/inventory/{bundle}": { "get": op("a bundle's inventory, CycloneDX 1.5 JSON: toolkit, commit, reachability, each skill and file with its SHA-256, size and mode", None, "200", &[]) },
             "/api/v1/acquisitions": { "get": op("every acquisition (workspace_open's and imports'), newest first, paged", None, "200", &[("cursor", "string"), ("limit", "integer")]) },
             "/api/v1/skills": { "get": op("the library: every skill of the store and the built-in tier, searched (every word of q in the name, description or toolkit) and filtered, with where each is used", None, "200", &[("q", "string"), ("tier", "string"), ("toolkit", "string"), ("warnings", "boolean"), ("problems", "boolean"), ("cursor", "string"), ("limit", "integer")]) },
             "/api/v1/skills/{digest}": { "get": op("one skill folder: every copy of it, its files, where it is used", None, "200", &[]) },
