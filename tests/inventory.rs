@@ -222,7 +222,7 @@ fn a_bundles_inventory_matches_its_mount_and_a_file_or_skill_is_found_where_it_w
     assert_eq!(fmt["held"][0]["bundle"], bundle.as_str(), "{fmt}");
     assert_eq!(fmt["held"].as_array().unwrap().len(), 1);
     let none = w.op("GET", "/api/v1/inventory?skill=absent", None);
-    assert_eq!(none, json!({"held": [], "served": []}));
+    assert_eq!(none, json!({"held": [], "served": [], "truncated": false}));
 
     // Bad questions are refused by name; a client may not ask (it names every principal's).
     for q in ["file=nothex", "file=x&skill=y", "", "other=1"] {
@@ -254,11 +254,11 @@ fn a_bundles_inventory_matches_its_mount_and_a_file_or_skill_is_found_where_it_w
     );
     assert_eq!(status, 404);
     let client = w.client("agent");
-    let (status, _) = w.call(
-        "GET",
-        &format!("/api/v1/inventory?file={lint}"),
-        Some(&client),
-        None,
-    );
-    assert_eq!(status, 403);
+    for path in [
+        format!("/api/v1/inventory?file={lint}"),
+        format!("/api/v1/inventory/{bundle}"),
+    ] {
+        let (status, _) = w.call("GET", &path, Some(&client), None);
+        assert_eq!(status, 403, "{path}");
+    }
 }

@@ -3,18 +3,25 @@
 //! folder, and each file with its SHA-256, size and mode, read from the store. And the other
 //! way: which bundles hold a file (by digest) or a skill (by name).
 //!
-//! Every walk is bounded (`WalkBudget`) and so is every answer ([`MAX_HELD`]).
+//! Every walk is bounded (entries and depth) and so is every answer ([`MAX_HELD`]): a search
+//! shares one budget across every bundle it reads, and stops where it runs out, saying so.
 
 use crate::index::{BundleIndex, BundleRecord};
 use cloud_harness_error::{Code, Error, Result};
-use cloud_harness_store::cas::{Digest, Kind, Store, WalkBudget};
+use cloud_harness_store::cas::{Digest, Kind, Store, WalkBudget, MAX_TREE_DEPTH};
 use serde::Serialize;
 use serde_json::{json, Value};
+use std::collections::{BTreeSet, HashMap};
 
-/// The most places one search answers with.
+/// The most places, and acquisitions, one search answers with.
 pub const MAX_HELD: usize = 1_000;
 
-/// The record of the bundle `bundle` in the index, or NOT_FOUND.
+/// The most tree entries one inventory or one search reads: twice what staging lets a
+/// toolkit hold by default, across every bundle a search reads (about a second of work).
+pub const MAX_ENTRIES: u64 = 1 << 18;
+
+/// The newest record of the bundle `bundle` in the index (one bundle may be recorded under
+/// several keys), or NOT_FOUND.
 pub fn record(index: &BundleIndex, bundle: &Digest) -> Result<BundleRecord> {
     index
         .list()?
@@ -38,12 +45,18 @@ struct File {
     digest: Digest,
 }
 
-/// Every file of the tree `root`, depth first in canonical order, under `budget`.
+/// Every file of the tree `root`, sorted by skill and path, under `budget` and the store's
+/// depth limit.
 fn files(store: &Store, root: &Digest, budget: &mut WalkBudget) -> Result<Vec<File>> {
     let mut out = Vec::new();
-    // (tree, its path in the bundle)
-    let mut pending = vec![(*root, String::new())];
-    while let Some((digest, at)) = pending.pop() {
+    // (tree, its path in the bundle, its depth)
+    let mut pending = vec![(*root, String::new(), 0usize)];
+    while let Some((digest, at, depth)) = pending.pop() {
+        if depth > MAX_TREE_DEPTH {
+            return Err(Error::too_large(format!(
+                "bundle {root} nests folders deeper than {MAX_TREE_DEPTH}"
+            )));
+        }
         let tree = budget.tree(store, &digest)?;
         for entry in tree.entries().iter().rev() {
             let path = match at.is_empty() {
@@ -51,7 +64,7 @@ fn files(store: &Store, root: &Digest, budget: &mut WalkBudget) -> Result<Vec<Fi
                 false => format!("{at}/{}", entry.name),
             };
             match entry.kind {
-                Kind::Tree => pending.push((entry.digest, path)),
+                Kind::Tree => pending.push((entry.digest, path, depth + 1)),
                 kind => {
                     let (skill, rest) = match path.split_once('/') {
                         Some((s, r)) => (s.to_owned(), r.to_owned()),
@@ -84,22 +97,29 @@ fn property(name: &str, value: impl ToString) -> Value {
     json!({ "name": format!("cloud-harness:{name}"), "value": value.to_string() })
 }
 
-/// A serial number of the form CycloneDX asks for (`urn:uuid:`), the same for the same bundle.
-fn serial(bundle: &Digest) -> String {
-    let h = bundle.hex();
+/// A serial number as CycloneDX asks for it (an RFC 4122 UUID, name-based: version 5's bits
+/// over a SHA-256), the same for the same record of the same bundle.
+fn serial(record: &BundleRecord) -> String {
+    let name = format!("{}\n{}", record.key.id(), record.bundle);
+    let h = Digest::of(name.as_bytes()).hex();
+    let variant = ["8", "9", "a", "b"][usize::from_str_radix(&h[16..17], 16).unwrap_or(0) % 4];
     format!(
-        "urn:uuid:{}-{}-{}-{}-{}",
+        "urn:uuid:{}-{}-5{}-{variant}{}-{}",
         &h[0..8],
         &h[8..12],
-        &h[12..16],
-        &h[16..20],
+        &h[13..16],
+        &h[17..20],
         &h[20..32]
     )
 }
 
 /// The inventory of the bundle `record` names, from `store`.
 pub fn of(store: &Store, record: &BundleRecord) -> Result<Value> {
-    let files = files(store, &record.bundle, &mut WalkBudget::default())?;
+    let files = files(
+        store,
+        &record.bundle,
+        &mut WalkBudget::with_limit(MAX_ENTRIES),
+    )?;
     let mut properties = vec![
         property("commit", &record.key.commit),
         property("bundle", record.bundle),
@@ -161,7 +181,7 @@ pub fn of(store: &Store, record: &BundleRecord) -> Result<Value> {
     Ok(json!({
         "bomFormat": "CycloneDX",
         "specVersion": "1.5",
-        "serialNumber": serial(&record.bundle),
+        "serialNumber": serial(record),
         "version": 1,
         "metadata": {
             "tools": { "components": [{
@@ -194,7 +214,7 @@ pub enum Needle {
 /// A place a bundle holds what was looked for.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Held {
+pub struct Place {
     pub bundle: Digest,
     pub url: String,
     pub commit: String,
@@ -205,54 +225,89 @@ pub struct Held {
     pub path: String,
 }
 
-/// Every place a bundle of the index holds `needle`, at most [`MAX_HELD`]; each bundle's walk
-/// bounded.
-pub fn held(store: &Store, index: &BundleIndex, needle: &Needle) -> Result<Vec<Held>> {
-    let mut out = Vec::new();
-    for record in index.list()? {
-        let place = |skill: &str, path: &str| Held {
-            bundle: record.bundle,
-            url: record.key.url.clone(),
-            commit: record.key.commit.clone(),
-            instance_id: record.instance_id.clone(),
-            skill: skill.to_owned(),
-            path: path.to_owned(),
-        };
-        match needle {
-            Needle::Skill(name) => {
-                let tree = store.tree(&record.bundle)?;
-                let found = tree
-                    .entries()
-                    .iter()
-                    .any(|e| e.kind == Kind::Tree && e.name == *name);
-                if found {
-                    out.push(place(name, ""));
-                }
-            }
-            Needle::File(digest) => {
-                for f in files(store, &record.bundle, &mut WalkBudget::default())? {
-                    if f.digest == *digest && f.kind != Kind::Symlink {
-                        out.push(place(&f.skill, &f.path));
-                    }
-                }
-            }
-        }
-        if out.len() >= MAX_HELD {
-            out.truncate(MAX_HELD);
-            break;
-        }
-    }
-    Ok(out)
+/// What a search found in the index: the places, the bundles it could not read (damaged,
+/// or trimmed from the store meanwhile) and whether it stopped short (its budget or
+/// [`MAX_HELD`] reached).
+pub struct Held {
+    pub places: Vec<Place>,
+    pub unreadable: Vec<Digest>,
+    pub truncated: bool,
 }
 
-/// Where something was found: the places bundles hold it, and the acquisitions that served
-/// those bundles (which workspaces and imports, by whom, for which tier, when; the history
-/// keeps closed workspaces' too).
+/// Every place a bundle of the index holds `needle`: each bundle read once however many
+/// records name it, all of them under one budget of [`MAX_ENTRIES`].
+pub fn held(store: &Store, index: &BundleIndex, needle: &Needle) -> Result<Held> {
+    let mut budget = WalkBudget::with_limit(MAX_ENTRIES);
+    let mut found = Held {
+        places: Vec::new(),
+        unreadable: Vec::new(),
+        truncated: false,
+    };
+    // (skill, path) matched in each bundle read so far.
+    let mut read: HashMap<Digest, Vec<(String, String)>> = HashMap::new();
+    for record in index.list()? {
+        if let std::collections::hash_map::Entry::Vacant(slot) = read.entry(record.bundle) {
+            let matched = match needle {
+                Needle::Skill(name) => budget.tree(store, &record.bundle).map(|tree| {
+                    tree.entries()
+                        .iter()
+                        .filter(|e| e.kind == Kind::Tree && e.name == *name)
+                        .map(|e| (e.name.clone(), String::new()))
+                        .collect()
+                }),
+                Needle::File(digest) => files(store, &record.bundle, &mut budget).map(|all| {
+                    all.into_iter()
+                        .filter(|f| f.digest == *digest && f.kind != Kind::Symlink)
+                        .take(MAX_HELD + 1)
+                        .map(|f| (f.skill, f.path))
+                        .collect()
+                }),
+            };
+            match matched {
+                Ok(m) => {
+                    slot.insert(m);
+                }
+                Err(e) if e.code == Code::TooLarge => {
+                    found.truncated = true;
+                    break;
+                }
+                Err(_) => {
+                    found.unreadable.push(record.bundle);
+                    slot.insert(Vec::new());
+                }
+            }
+        }
+        for (skill, path) in &read[&record.bundle] {
+            if found.places.len() == MAX_HELD {
+                found.truncated = true;
+                return Ok(found);
+            }
+            found.places.push(Place {
+                bundle: record.bundle,
+                url: record.key.url.clone(),
+                commit: record.key.commit.clone(),
+                instance_id: record.instance_id.clone(),
+                skill: skill.clone(),
+                path: path.clone(),
+            });
+        }
+    }
+    Ok(found)
+}
+
+/// Where something was found: the places bundles of this runner's index hold it, and the
+/// acquisitions that served those bundles (which workspaces and imports, by whom, for which
+/// tier, when; the history keeps closed workspaces' too, its newest 100,000 rows).
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Found {
-    pub held: Vec<Held>,
+    pub held: Vec<Place>,
     pub served: Vec<crate::acquisitions::Acquisition>,
+    /// Bundles of the index that could not be read (damaged, or trimmed meanwhile).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unreadable: Vec<Digest>,
+    /// True when `held` or `served` stopped short of all there is.
+    pub truncated: bool,
 }
 
 /// [`held`], and the acquisitions of each bundle found, newest first, at most [`MAX_HELD`].
@@ -262,16 +317,19 @@ pub fn search(
     needle: &Needle,
 ) -> Result<Found> {
     let held = held(store, &BundleIndex::open(store), needle)?;
-    let mut bundles: Vec<String> = held.iter().map(|h| h.bundle.to_string()).collect();
-    bundles.dedup();
+    // One bundle may be recorded under several keys (the same tree from two URLs).
+    let bundles: BTreeSet<String> = held.places.iter().map(|h| h.bundle.to_string()).collect();
     let mut served = Vec::new();
     for bundle in &bundles {
-        let left = MAX_HELD.saturating_sub(served.len());
-        if left == 0 {
-            break;
-        }
-        served.extend(crate::acquisitions::of_bundle(db, bundle, left)?);
+        served.extend(crate::acquisitions::of_bundle(db, bundle, MAX_HELD + 1)?);
     }
     served.sort_by_key(|a| std::cmp::Reverse(a.seq));
-    Ok(Found { held, served })
+    let truncated = held.truncated || served.len() > MAX_HELD;
+    served.truncate(MAX_HELD);
+    Ok(Found {
+        held: held.places,
+        served,
+        unreadable: held.unreadable,
+        truncated,
+    })
 }

@@ -54,7 +54,7 @@ pub fn spec() -> Value {
         "info": {
             "title": "Cloud Harness control plane",
             "version": env!("CARGO_PKG_VERSION"),
-            "description": "Operator decisions, tokens and the audit log. Authenticate with `Authorization: Bearer <token>`; a browser session's writes also send `X-CSRF-Token`. Reads need the `client` role (tokens and audit: `operator`), writes `operator`."
+            "description": "Operator decisions, tokens and the audit log. Authenticate with `Authorization: Bearer <token>`; a browser session's writes also send `X-CSRF-Token`. Reads need the `client` role (tokens, the audit log, imports, acquisitions, inventories and usage: `operator`), writes `operator`."
         },
         "servers": [{ "url": "/" }],
         "security": [{ "bearer": [] }],
@@ -104,8 +104,8 @@ pub fn spec() -> Value {
             },
             "/api/v1/imports/{id}": { "get": op("one import job: state, phase, bytes, result or error", None, "200", &[]) },
             "/api/v1/imports/{id}/cancel": { "post": op("cancel a queued or running import", None, "200", &[]) },
-            "/api/v1/inventory": { "get": op("which bundles hold a file (by SHA-256) or a skill (by name), and the acquisitions that served them: workspaces and imports, by whom, which tier, when", None, "200", &[("file", "string"), ("skill", "string")]) },
-            "/api/v1/inventory/{bundle}": { "get": op("a bundle's inventory, CycloneDX 1.5 JSON: toolkit, commit, reachability, each skill and file with its SHA-256, size and mode", None, "200", &[]) },
+            "/api/v1/inventory": { "get": op("(operators) which bundles of this runner's store hold a file (by SHA-256) or a skill (by name), and the acquisitions that served them: workspaces and imports, by whom, which tier, when; `truncated` when cut short", None, "200", &[("file", "string"), ("skill", "string")]) },
+            "/api/v1/inventory/{bundle}": { "get": op("(operators) a bundle's inventory, CycloneDX 1.5 JSON: toolkit, commit, reachability, each skill and file with its SHA-256, size and mode", None, "200", &[]) },
             "/api/v1/acquisitions": { "get": op("every acquisition (workspace_open's and imports'), newest first, paged", None, "200", &[("cursor", "string"), ("limit", "integer")]) },
             "/api/v1/skills": { "get": op("the library: every skill of the store and the built-in tier, searched (every word of q in the name, description or toolkit) and filtered, with where each is used", None, "200", &[("q", "string"), ("tier", "string"), ("toolkit", "string"), ("warnings", "boolean"), ("problems", "boolean"), ("cursor", "string"), ("limit", "integer")]) },
             "/api/v1/skills/{digest}": { "get": op("one skill folder: every copy of it, its files, where it is used", None, "200", &[]) },
