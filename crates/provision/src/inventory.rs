@@ -8,17 +8,15 @@
 
 use crate::index::{BundleIndex, BundleRecord};
 use cloud_harness_error::{Code, Error, Result};
-use cloud_harness_store::cas::{Digest, Kind, Store, WalkBudget, MAX_TREE_DEPTH};
+use cloud_harness_store::cas::{
+    Digest, Entry, Kind, Store, WalkBudget, MAX_TREE_DEPTH, MAX_WALK_ENTRIES,
+};
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashMap};
 
 /// The most places, and acquisitions, one search answers with.
 pub const MAX_HELD: usize = 1_000;
-
-/// The most tree entries one inventory or one search reads: twice what staging lets a
-/// toolkit hold by default, across every bundle a search reads (about a second of work).
-pub const MAX_ENTRIES: u64 = 1 << 18;
 
 /// The newest record of the bundle `bundle` in the index (one bundle may be recorded under
 /// several keys), or NOT_FOUND.
@@ -45,40 +43,67 @@ struct File {
     digest: Digest,
 }
 
-/// Every file of the tree `root`, sorted by skill and path, under `budget` and the store's
-/// depth limit.
-fn files(store: &Store, root: &Digest, budget: &mut WalkBudget) -> Result<Vec<File>> {
+/// The most bytes of paths one walk builds: a hostile tree of long names nested deep cannot
+/// make a walk build gigabytes of them.
+const MAX_PATH_BYTES: usize = 64 << 20;
+
+/// The files of the tree `root` that `keep` keeps, sorted by skill and path, under `budget`
+/// and the store's depth limit; a path is built only for a file kept.
+fn files(
+    store: &Store,
+    root: &Digest,
+    budget: &mut WalkBudget,
+    keep: impl Fn(&Entry) -> bool,
+) -> Result<Vec<File>> {
     let mut out = Vec::new();
-    // (tree, its path in the bundle, its depth)
-    let mut pending = vec![(*root, String::new(), 0usize)];
-    while let Some((digest, at, depth)) = pending.pop() {
+    // Each folder walked: its parent's index here and its name, so a path costs its own
+    // names only when a file in it is kept.
+    let mut folders: Vec<(Option<usize>, String)> = Vec::new();
+    let mut built = 0usize;
+    // (tree, its folder's index, its depth)
+    let mut pending = vec![(*root, None, 0usize)];
+    while let Some((digest, folder, depth)) = pending.pop() {
         if depth > MAX_TREE_DEPTH {
             return Err(Error::too_large(format!(
                 "bundle {root} nests folders deeper than {MAX_TREE_DEPTH}"
-            )));
+            ))
+            .with_details(json!({ "bound": "depth", "limit": MAX_TREE_DEPTH })));
         }
         let tree = budget.tree(store, &digest)?;
-        for entry in tree.entries().iter().rev() {
-            let path = match at.is_empty() {
-                true => entry.name.clone(),
-                false => format!("{at}/{}", entry.name),
-            };
-            match entry.kind {
-                Kind::Tree => pending.push((entry.digest, path, depth + 1)),
-                kind => {
-                    let (skill, rest) = match path.split_once('/') {
-                        Some((s, r)) => (s.to_owned(), r.to_owned()),
-                        None => (String::new(), path),
-                    };
-                    out.push(File {
-                        skill,
-                        path: rest,
-                        kind,
-                        size: entry.size,
-                        digest: entry.digest,
-                    });
-                }
+        for entry in tree.entries() {
+            if entry.kind == Kind::Tree {
+                folders.push((folder, entry.name.clone()));
+                pending.push((entry.digest, Some(folders.len() - 1), depth + 1));
+                continue;
             }
+            if !keep(entry) {
+                continue;
+            }
+            let mut names = vec![entry.name.as_str()];
+            let mut at = folder;
+            while let Some(i) = at {
+                names.push(folders[i].1.as_str());
+                at = folders[i].0;
+            }
+            names.reverse();
+            built += names.iter().map(|n| n.len() + 1).sum::<usize>();
+            if built > MAX_PATH_BYTES {
+                return Err(Error::too_large(format!(
+                    "bundle {root} names files by paths longer than {MAX_PATH_BYTES} bytes in all"
+                ))
+                .with_details(json!({ "bound": "path_bytes", "limit": MAX_PATH_BYTES })));
+            }
+            let (skill, path) = match names.split_first() {
+                Some((first, rest)) if !rest.is_empty() => (first.to_string(), rest.join("/")),
+                _ => (String::new(), entry.name.clone()),
+            };
+            out.push(File {
+                skill,
+                path,
+                kind: entry.kind,
+                size: entry.size,
+                digest: entry.digest,
+            });
         }
     }
     out.sort_by(|a, b| (&a.skill, &a.path).cmp(&(&b.skill, &b.path)));
@@ -115,11 +140,7 @@ fn serial(record: &BundleRecord) -> String {
 
 /// The inventory of the bundle `record` names, from `store`.
 pub fn of(store: &Store, record: &BundleRecord) -> Result<Value> {
-    let files = files(
-        store,
-        &record.bundle,
-        &mut WalkBudget::with_limit(MAX_ENTRIES),
-    )?;
+    let files = files(store, &record.bundle, &mut WalkBudget::default(), |_| true)?;
     let mut properties = vec![
         property("commit", &record.key.commit),
         property("bundle", record.bundle),
@@ -235,9 +256,9 @@ pub struct Held {
 }
 
 /// Every place a bundle of the index holds `needle`: each bundle read once however many
-/// records name it, all of them under one budget of [`MAX_ENTRIES`].
+/// records name it, all of them under one walk budget (about a second of work).
 pub fn held(store: &Store, index: &BundleIndex, needle: &Needle) -> Result<Held> {
-    let mut budget = WalkBudget::with_limit(MAX_ENTRIES);
+    let mut budget = WalkBudget::default();
     let mut found = Held {
         places: Vec::new(),
         unreadable: Vec::new(),
@@ -255,9 +276,11 @@ pub fn held(store: &Store, index: &BundleIndex, needle: &Needle) -> Result<Held>
                         .map(|e| (e.name.clone(), String::new()))
                         .collect()
                 }),
-                Needle::File(digest) => files(store, &record.bundle, &mut budget).map(|all| {
+                Needle::File(digest) => files(store, &record.bundle, &mut budget, |e| {
+                    e.digest == *digest && e.kind != Kind::Symlink
+                })
+                .map(|all| {
                     all.into_iter()
-                        .filter(|f| f.digest == *digest && f.kind != Kind::Symlink)
                         .take(MAX_HELD + 1)
                         .map(|f| (f.skill, f.path))
                         .collect()
@@ -267,7 +290,8 @@ pub fn held(store: &Store, index: &BundleIndex, needle: &Needle) -> Result<Held>
                 Ok(m) => {
                     slot.insert(m);
                 }
-                Err(e) if e.code == Code::TooLarge => {
+                // The search's budget is spent (not this bundle's own fault): stop here.
+                Err(_) if budget.listed() > MAX_WALK_ENTRIES => {
                     found.truncated = true;
                     break;
                 }
