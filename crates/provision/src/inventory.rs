@@ -357,3 +357,95 @@ pub fn search(
         truncated,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::BundleKey;
+
+    fn record(url: &str, bundle: Digest) -> BundleRecord {
+        BundleRecord {
+            key: BundleKey {
+                url: url.into(),
+                commit: "c".repeat(40),
+                subdirectory: String::new(),
+                layout: Default::default(),
+                plugin_manifest: false,
+                normalizer: crate::normalize::NORMALIZER_VERSION,
+            },
+            bundle,
+            manifest: bundle,
+            skills: 1,
+            instance_id: "kit".into(),
+            preset: None,
+            fetched_url: url.into(),
+            object_format: "sha1".into(),
+            requested: "commit".into(),
+            warnings: vec![],
+            skipped: vec![],
+            acquired_at: 0,
+            pack: None,
+            reach: None,
+        }
+    }
+
+    #[test]
+    fn a_bundle_two_records_name_is_found_for_each_and_one_missing_is_named_not_fatal() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = Store::open(tmp.path().join("store")).unwrap();
+        let src = tmp.path().join("src");
+        std::fs::create_dir_all(src.join("lint/scripts")).unwrap();
+        std::fs::write(src.join("lint/SKILL.md"), "same").unwrap();
+        std::fs::write(src.join("lint/scripts/copy.md"), "same").unwrap();
+        let bundle = store.import_dir(&src, &Default::default()).unwrap().digest;
+        let index = BundleIndex::open(&store);
+        let gone = Digest::of(b"a bundle no longer in the store");
+        for r in [
+            record("https://a.example/kit.git", bundle),
+            record("https://b.example/kit.git", bundle),
+            record("https://c.example/gone.git", gone),
+        ] {
+            index.put(&r).unwrap();
+        }
+        let found = held(&store, &index, &Needle::File(Digest::of(b"same"))).unwrap();
+        let mut places: Vec<(String, String, String)> = found
+            .places
+            .iter()
+            .map(|p| (p.url.clone(), p.skill.clone(), p.path.clone()))
+            .collect();
+        places.sort();
+        assert_eq!(places.len(), 4, "{places:?}");
+        assert_eq!(
+            places[..2],
+            [
+                (
+                    "https://a.example/kit.git".into(),
+                    "lint".into(),
+                    "SKILL.md".into()
+                ),
+                (
+                    "https://a.example/kit.git".into(),
+                    "lint".into(),
+                    "scripts/copy.md".into()
+                ),
+            ]
+        );
+        assert_eq!((found.unreadable, found.truncated), (vec![gone], false));
+
+        // The inventory's serial is an RFC 4122 UUID of the version-5 shape, per record.
+        let doc = of(&store, &record("https://a.example/kit.git", bundle)).unwrap();
+        let serial = doc["serialNumber"].as_str().unwrap();
+        let uuid = serial.strip_prefix("urn:uuid:").unwrap();
+        let parts: Vec<&str> = uuid.split('-').collect();
+        assert_eq!(
+            parts.iter().map(|p| p.len()).collect::<Vec<_>>(),
+            [8, 4, 4, 4, 12]
+        );
+        assert!(
+            parts[2].starts_with('5') && "89ab".contains(&parts[3][..1]),
+            "{serial}"
+        );
+        let other = of(&store, &record("https://b.example/kit.git", bundle)).unwrap();
+        assert_ne!(other["serialNumber"], doc["serialNumber"]);
+    }
+}
