@@ -6,7 +6,7 @@
 use crate::support;
 
 use serde_json::{json, Value};
-use support::api::{mcp_session, tool, world_with, World};
+use support::api::{github_world, mcp_session, tool, World};
 use support::{dir, skill, Certs, GitServer, Repo};
 
 struct Fixture {
@@ -40,19 +40,7 @@ fn fixture() -> Fixture {
         dir(vec![("lint", skill("lint", "Lint it."))]),
     )]));
     let git = GitServer::start(&repos, &certs);
-    let ca = certs.ca.display().to_string();
-    let rewrite = format!("https://github.com/={}", git.url(""));
-    let w = world_with(
-        tmp,
-        &[
-            ("CLOUD_HARNESS_EXECUTOR", "none"),
-            ("CLOUD_HARNESS_CONTAINERS", "off"),
-            ("ALLOWED_GIT_HOSTS", &git.host()),
-            ("CLOUD_HARNESS_EXTRA_CA", &ca),
-            ("CLOUD_HARNESS_ALLOW_CIDRS", "127.0.0.0/8"),
-            ("CLOUD_HARNESS_URL_REWRITE", &rewrite),
-        ],
-    );
+    let w = github_world(tmp, &git, &certs);
     Fixture {
         w,
         git,

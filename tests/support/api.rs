@@ -21,6 +21,24 @@ pub fn world_with(tmp: tempfile::TempDir, env: &[(&str, &str)]) -> World {
     world_of(server_in(tmp, &[], env))
 }
 
+/// A world whose github.com is the local HTTPS git server `git` (by a URL rewrite, the
+/// server's host allowed, loopback let through the egress proxy); no executor.
+pub fn github_world(tmp: tempfile::TempDir, git: &super::GitServer, certs: &super::Certs) -> World {
+    let ca = certs.ca.display().to_string();
+    let rewrite = format!("https://github.com/={}", git.url(""));
+    world_with(
+        tmp,
+        &[
+            ("CLOUD_HARNESS_EXECUTOR", "none"),
+            ("CLOUD_HARNESS_CONTAINERS", "off"),
+            ("ALLOWED_GIT_HOSTS", &git.host()),
+            ("CLOUD_HARNESS_EXTRA_CA", &ca),
+            ("CLOUD_HARNESS_ALLOW_CIDRS", "127.0.0.0/8"),
+            ("CLOUD_HARNESS_URL_REWRITE", &rewrite),
+        ],
+    )
+}
+
 /// A world of a server already started (that checks tokens).
 pub fn world_of(server: Server) -> World {
     let operator = first_token(&server.tmp.path().join("home"), &server.log);
