@@ -21,17 +21,13 @@ pub const MAX_HELD: usize = 1_000;
 /// The newest record of the bundle `bundle` in the index (one bundle may be recorded under
 /// several keys), or NOT_FOUND.
 pub fn record(index: &BundleIndex, bundle: &Digest) -> Result<BundleRecord> {
-    index
-        .list()?
-        .into_iter()
-        .find(|r| r.bundle == *bundle)
-        .ok_or_else(|| {
-            Error::field(
-                Code::NotFound,
-                "bundle",
-                format!("no bundle {bundle} in this store's index"),
-            )
-        })
+    index.by_bundle(bundle)?.ok_or_else(|| {
+        Error::field(
+            Code::NotFound,
+            "bundle",
+            format!("no bundle {bundle} in this store's index"),
+        )
+    })
 }
 
 /// One file of a bundle: the skill folder it is in (empty at the top) and its path there.
