@@ -64,7 +64,12 @@ pub fn run(store: &Store, cmd: CasCommand) -> Result<u8> {
             let found = match (bundle, file, skill) {
                 (Some(bundle), _, _) => {
                     let index = cloud_harness_provision::index::BundleIndex::open(store);
-                    inventory::of(store, &inventory::record(&index, &bundle)?)?
+                    inventory::of(
+                        store,
+                        &inventory::record(&index, &bundle)?,
+                        &home.db()?,
+                        &cloud_harness_control::signatures::policy::Policy::from_env()?,
+                    )?
                 }
                 (None, Some(file), _) => {
                     serde_json::json!(inventory::search(store, &home.db()?, &Needle::File(file))?)

@@ -13,6 +13,7 @@ mod progress;
 mod proxy;
 mod registry;
 mod sets;
+mod signature;
 mod skills;
 pub mod tiers;
 mod toolkit;
@@ -109,6 +110,13 @@ pub enum Command {
         #[command(subcommand)]
         command: registry::RegistryCommand,
     },
+    /// Signatures over bundles served in a tier, and the trust policy's verdict on them.
+    Signature {
+        #[command(flatten)]
+        home: control::HomeArg,
+        #[command(subcommand)]
+        command: signature::SignatureCommand,
+    },
     /// The library: every skill of the store and the built-in tier, searched.
     Library(library::LibraryArgs),
     /// The audit log, newest first.
@@ -182,6 +190,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Toolkit(cmd) => toolkit::run(&store, cmd),
         Command::Serve(args) => crate::serve::run(&store, &args),
         Command::Registry { home, command } => registry::run(&store, &home, command),
+        Command::Signature { home, command } => signature::run(&store, &home, command),
         Command::Library(args) => library::run(&store, args),
         Command::Proxy(_)
         | Command::Prewarm(_)

@@ -62,6 +62,8 @@ mod refusals;
 mod registry;
 #[path = "../sets.rs"]
 mod sets;
+#[path = "../signatures.rs"]
+mod signatures;
 #[path = "../skills_resources.rs"]
 mod skills_resources;
 #[path = "../spec.rs"]

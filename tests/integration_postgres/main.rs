@@ -19,3 +19,5 @@ mod provenance;
 mod registry;
 #[path = "../sets.rs"]
 mod sets;
+#[path = "../signatures.rs"]
+mod signatures;

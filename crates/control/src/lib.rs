@@ -20,5 +20,6 @@ pub mod operator;
 pub mod presets;
 pub mod principal;
 pub(crate) mod scope;
+pub mod signatures;
 pub mod state;
 pub mod toolkit;

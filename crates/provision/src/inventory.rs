@@ -7,6 +7,8 @@
 //! shares one budget across every bundle it reads, and stops where it runs out, saying so.
 
 use crate::index::{BundleIndex, BundleRecord};
+use cloud_harness_control::signatures::{self, policy::Policy, stored::Subject, verdict::judge};
+use cloud_harness_control::state::Db;
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_store::cas::{
     Digest, Entry, Kind, Store, WalkBudget, MAX_TREE_DEPTH, MAX_WALK_ENTRIES,
@@ -134,8 +136,52 @@ fn serial(record: &BundleRecord) -> String {
     )
 }
 
-/// The inventory of the bundle `record` names, from `store`.
-pub fn of(store: &Store, record: &BundleRecord) -> Result<Value> {
+/// `signature.<tier>.status` (the verdict), `….verifiedBy` (the trusted keys whose signatures
+/// verified) and `….signedBy` (every key with a signature kept) of each tier that has a
+/// signature or a scope of the policy.
+fn signature_properties(record: &BundleRecord, db: &Db, policy: &Policy) -> Result<Vec<Value>> {
+    let bundle = record.bundle.to_string();
+    let kept = signatures::stored::of(db, &bundle, None)?;
+    let mut out = Vec::new();
+    for tier in signatures::TIERS {
+        let on = Subject {
+            url: &record.key.url,
+            commit: &record.key.commit,
+            bundle: &bundle,
+            tier,
+        };
+        let signed_by: Vec<&str> = kept
+            .iter()
+            .filter(|s| s.tier == *tier)
+            .map(|s| s.key.as_str())
+            .collect();
+        if signed_by.is_empty() && policy.covering(on.url, tier).next().is_none() {
+            continue;
+        }
+        let verdict = judge(policy, on, &kept);
+        out.push(property(
+            &format!("signature.{tier}.status"),
+            verdict.status.as_str(),
+        ));
+        if !verdict.keys.is_empty() {
+            out.push(property(
+                &format!("signature.{tier}.verifiedBy"),
+                verdict.keys.join(","),
+            ));
+        }
+        if !signed_by.is_empty() {
+            out.push(property(
+                &format!("signature.{tier}.signedBy"),
+                signed_by.join(","),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// The inventory of the bundle `record` names, from `store`; its signatures (from `db`) and
+/// `policy`'s verdict on them, for each tier with a signature or a scope covering it.
+pub fn of(store: &Store, record: &BundleRecord, db: &Db, policy: &Policy) -> Result<Value> {
     let files = files(store, &record.bundle, &mut WalkBudget::default(), |_| true)?;
     let mut properties = vec![
         property("commit", &record.key.commit),
@@ -163,6 +209,7 @@ pub fn of(store: &Store, record: &BundleRecord) -> Result<Value> {
         }
         None => properties.push(property("reach.how", "unchecked")),
     }
+    properties.extend(signature_properties(record, db, policy)?);
     let mut skills: Vec<Value> = Vec::new();
     let mut top: Vec<Value> = Vec::new();
     for f in &files {
@@ -331,11 +378,7 @@ pub struct Found {
 }
 
 /// [`held`], and the acquisitions of each bundle found, newest first, at most [`MAX_HELD`].
-pub fn search(
-    store: &Store,
-    db: &cloud_harness_control::state::Db,
-    needle: &Needle,
-) -> Result<Found> {
+pub fn search(store: &Store, db: &Db, needle: &Needle) -> Result<Found> {
     let held = held(store, &BundleIndex::open(store), needle)?;
     // One bundle may be recorded under several keys (the same tree from two URLs).
     let bundles: BTreeSet<String> = held.places.iter().map(|h| h.bundle.to_string()).collect();
@@ -429,7 +472,16 @@ mod tests {
         assert_eq!((found.unreadable, found.truncated), (vec![gone], false));
 
         // The inventory's serial is an RFC 4122 UUID of the version-5 shape, per record.
-        let doc = of(&store, &record("https://a.example/kit.git", bundle)).unwrap();
+        let home = tempfile::tempdir().unwrap();
+        let db = Db::open_sqlite(home.path()).unwrap();
+        let policy = Policy::default();
+        let doc = of(
+            &store,
+            &record("https://a.example/kit.git", bundle),
+            &db,
+            &policy,
+        )
+        .unwrap();
         let serial = doc["serialNumber"].as_str().unwrap();
         let uuid = serial.strip_prefix("urn:uuid:").unwrap();
         let parts: Vec<&str> = uuid.split('-').collect();
@@ -441,7 +493,13 @@ mod tests {
             parts[2].starts_with('5') && "89ab".contains(&parts[3][..1]),
             "{serial}"
         );
-        let other = of(&store, &record("https://b.example/kit.git", bundle)).unwrap();
+        let other = of(
+            &store,
+            &record("https://b.example/kit.git", bundle),
+            &db,
+            &policy,
+        )
+        .unwrap();
         assert_ne!(other["serialNumber"], doc["serialNumber"]);
     }
 }

@@ -59,6 +59,7 @@ mod served;
 pub mod serving;
 mod spares;
 mod stop;
+mod trust;
 pub use served::Workspace;
 
 pub use failure::Failure;
@@ -130,6 +131,8 @@ pub struct Workspaces {
     restoring: Mutex<Option<restore::Steps>>,
     /// A stop that found opens or restores still running: the home stays locked.
     kept_home: std::sync::atomic::AtomicBool,
+    /// Which keys must sign which toolkits' bundles (`CLOUD_HARNESS_TRUST_POLICY`).
+    trust: cloud_harness_control::signatures::policy::Policy,
     /// The workspaces folder, a mount of its own while this server runs. Last: dropped
     /// after the workspaces, once their mounts are gone.
     folder: folder_bind::FolderBind,
@@ -251,7 +254,9 @@ impl Workspaces {
             "CLOUD_HARNESS_RESTORE_TIMEOUT",
             restore::TIMEOUT.as_secs(),
         )?);
+        let trust = cloud_harness_control::signatures::policy::Policy::from_env()?;
         let ws = Workspaces {
+            trust,
             home,
             provisioner: Arc::new(provisioner),
             executors,
@@ -304,6 +309,11 @@ impl Workspaces {
         if let Some(spares) = &self.spares {
             spares.stop();
         }
+    }
+
+    /// The trust policy opens are checked against.
+    pub fn trust(&self) -> &cloud_harness_control::signatures::policy::Policy {
+        &self.trust
     }
 
     pub fn db(&self) -> &Db {

@@ -8,6 +8,7 @@ use crate::progress::OpenProgress;
 use crate::session_start::{self, SessionStart};
 use crate::stack::OwnerBundle;
 use cloud_harness_control::principal::Principal;
+use cloud_harness_control::signatures::verdict::Verdict;
 use cloud_harness_control::toolkit::{self, Revision, Scope};
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_executor::{self as executor, Executor, Kind, Places};
@@ -321,6 +322,16 @@ impl Workspaces {
             resolved_at.push(a.resolved_at);
             acquired.push((t.clone(), a.acquired));
         }
+        // The trust policy's verdict on each toolkit: one it refuses is acquired (and listed)
+        // but serves nothing.
+        let mut warnings = Vec::new();
+        let verdicts = self.judge_signatures(&acquired, actor, &id, &mut warnings)?;
+        let served: Vec<(toolkit::Toolkit, Acquired)> = acquired
+            .iter()
+            .zip(&verdicts)
+            .filter(|(_, v)| v.as_ref().is_none_or(|v| v.served()))
+            .map(|(a, _)| a.clone())
+            .collect();
         // The overrides for the sets the toolkits came from, and the global ones.
         let sets: Vec<String> = origins
             .iter()
@@ -331,15 +342,15 @@ impl Workspaces {
             cloud_harness_curation::decisions::in_force(&self.db, &self.home)?.overrides_for(&sets);
         progress.step("writing workspace-scope skills")?;
         let (workspace_skills, refused) =
-            materialize::workspace_scope(self.store(), repo, &acquired, &overrides)?;
+            materialize::workspace_scope(self.store(), repo, &served, &overrides)?;
         progress.advance();
         if matches!(self.executor_kind, Some(Kind::Docker | Kind::Bwrap))
             && nix::unistd::geteuid().is_root()
         {
             materialize::hand_over(repo, self.executors.uid, self.executors.gid)?;
         }
-        let owner_bundles = owner_bundles(&acquired);
-        let session_start: Vec<SessionStart> = acquired
+        let owner_bundles = owner_bundles(&served);
+        let session_start: Vec<SessionStart> = served
             .iter()
             .filter_map(|(t, a)| {
                 let skill = t.session_start_skill.as_deref()?;
@@ -366,7 +377,7 @@ impl Workspaces {
             never_pause: !request.idle_pause,
             result: Value::Null,
         };
-        let mut warnings = refused;
+        warnings.extend(refused);
         let act = self.activator();
         progress.step("mounting the skills")?;
         let mut ws = act.activate(record, &dir, &overrides, true, &mut warnings)?;
@@ -389,7 +400,7 @@ impl Workspaces {
             Some(_) => {}
         }
         ws.executor = cleanup.disarm();
-        ws.record.result = self.open_result(&ws, &acquired, repository, warnings);
+        ws.record.result = self.open_result(&ws, &acquired, &verdicts, repository, warnings);
         // The set (and revision) each toolkit a set brought came from; when the head of each
         // default-head toolkit was found.
         if let Some(listed) = ws.record.result["toolkits"].as_array_mut() {
@@ -426,13 +437,15 @@ impl Workspaces {
         &self,
         ws: &Workspace,
         acquired: &[(toolkit::Toolkit, Acquired)],
+        verdicts: &[Option<Verdict>],
         repository: Value,
         warnings: Vec<String>,
     ) -> Value {
         let toolkits: Vec<Value> = acquired
             .iter()
-            .map(|(t, a)| {
-                json!({
+            .zip(verdicts)
+            .map(|((t, a), verdict)| {
+                let mut listed = json!({
                     "instanceId": t.instance_id,
                     "preset": t.preset,
                     "scope": t.scope,
@@ -447,7 +460,12 @@ impl Workspaces {
                     "mode": a.mode,
                     "reach": a.record.reach,
                     "allowedUnreachable": a.allowed_unreachable,
-                })
+                });
+                if let Some(v) = verdict {
+                    listed["signature"] = json!(v);
+                    listed["served"] = json!(v.served());
+                }
+                listed
             })
             .collect();
         let g = ws.merged.generation();

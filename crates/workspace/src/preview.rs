@@ -4,6 +4,7 @@
 
 use super::{materialize, Workspaces, WORKSPACE_SKILLS};
 use crate::stack::TierInputs;
+use cloud_harness_control::signatures::verdict::Verdict;
 use cloud_harness_control::toolkit::{self, Scope, ToolkitSpec};
 use cloud_harness_error::{Error, Result};
 use cloud_harness_skills::discovery::SkillCache;
@@ -20,6 +21,8 @@ pub struct Acquired {
     pub commit: String,
     pub skills: usize,
     pub warm: bool,
+    /// The trust policy's verdict, when a scope of it covers the toolkit.
+    pub signature: Option<Verdict>,
 }
 
 pub struct Preview {
@@ -53,6 +56,15 @@ impl Workspaces {
             );
             acquired.push((t.clone(), a?));
         }
+        // A toolkit the trust policy refuses is previewed as an open would serve it: without
+        // its skills.
+        let verdicts = self.judge_signatures(&acquired, actor, "preview", &mut Vec::new())?;
+        let served: Vec<_> = acquired
+            .iter()
+            .zip(&verdicts)
+            .filter(|(_, v)| v.as_ref().is_none_or(|v| v.served()))
+            .map(|(a, _)| a.clone())
+            .collect();
         let sets: Vec<String> = set.into_iter().map(str::to_owned).collect();
         let overrides =
             cloud_harness_curation::decisions::in_force(&self.db, &self.home)?.overrides_for(&sets);
@@ -62,11 +74,11 @@ impl Workspaces {
             .prefix(".preview-")
             .tempdir_in(&self.home)
             .map_err(|e| Error::io(&self.home, e))?;
-        materialize::workspace_scope(self.store(), scratch.path(), &acquired, &overrides)?;
+        materialize::workspace_scope(self.store(), scratch.path(), &served, &overrides)?;
         let ws_dir = scratch.path().join(WORKSPACE_SKILLS);
         let inputs = TierInputs {
             builtin: true,
-            owner_bundles: super::open::owner_bundles(&acquired),
+            owner_bundles: super::open::owner_bundles(&served),
             workspace_dirs: if ws_dir.is_dir() {
                 vec![ws_dir]
             } else {
@@ -83,7 +95,9 @@ impl Workspaces {
         Ok(Preview {
             toolkits: acquired
                 .iter()
-                .map(|(t, a)| Acquired {
+                .zip(verdicts)
+                .map(|((t, a), signature)| Acquired {
+                    signature,
                     instance_id: t.instance_id.clone(),
                     scope: t.scope,
                     url: a.record.key.url.clone(),

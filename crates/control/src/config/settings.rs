@@ -202,6 +202,12 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "30",
     ),
     s(
+        "trust.policy",
+        "CLOUD_HARNESS_TRUST_POLICY",
+        Kind::Path,
+        "none: no signature is checked",
+    ),
+    s(
         "workspace.idle_pause",
         "CLOUD_HARNESS_IDLE_PAUSE",
         Kind::Number,

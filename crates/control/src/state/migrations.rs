@@ -346,6 +346,25 @@ CREATE INDEX acquisitions_bundle ON acquisitions (bundle, seq);
 "#,
         )],
     },
+    Migration {
+        version: 12,
+        description: "signatures of bundles, one per bundle, tier and key",
+        parts: &[Both(
+            r#"
+CREATE TABLE bundle_signatures (
+    bundle TEXT NOT NULL,
+    tier TEXT NOT NULL CHECK (tier IN ('owner', 'workspace')),
+    key TEXT NOT NULL,
+    url TEXT NOT NULL,
+    commit_id TEXT NOT NULL,
+    signature TEXT NOT NULL,
+    added_by TEXT NOT NULL,
+    added_at BIGINT NOT NULL,
+    PRIMARY KEY (bundle, tier, key)
+);
+"#,
+        )],
+    },
 ];
 
 /// The newest version this binary knows.

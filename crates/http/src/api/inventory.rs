@@ -29,6 +29,8 @@ pub async fn bundle(axum::extract::State(api): State, Path(bundle): Path<String>
         inventory::of(
             store,
             &inventory::record(&BundleIndex::open(store), &bundle)?,
+            api.workspaces.db(),
+            api.workspaces.trust(),
         )
     })
     .await;

@@ -31,6 +31,7 @@ mod download;
 pub mod gc;
 pub mod pack;
 mod publish;
+mod signatures;
 mod start;
 
 use super::index::{self, BundleKey, BundleRecord};

@@ -1,0 +1,115 @@
+//! Signatures over a tier's root: an SSH signature (the format `ssh-keygen -Y sign` writes, in
+//! the namespace [`NAMESPACE`]) by an Ed25519 key over one line-based [`message`] naming the
+//! toolkit's repository, the commit, the bundle digest and the tier it is served in. SSH
+//! signatures because operators and publishers already hold Ed25519 SSH keys and `ssh-keygen`
+//! (git signs commits the same way); Ed25519 only, so a policy never weighs algorithms.
+//!
+//! A signature is third-party text (a publisher's, or the bucket's copy): it is read under
+//! [`MAX_TEXT`], and believed only once it verifies against a key the trust policy names
+//! (`policy`, `verdict`). `stored` keeps them in the state database.
+
+pub mod policy;
+pub mod stored;
+pub mod verdict;
+
+use cloud_harness_error::{Code, Error, Result};
+use ssh_key::{Algorithm, HashAlg, PublicKey, SshSig};
+
+/// The SSH signature namespace of a bundle signature: a signature made for anything else
+/// (a commit, a file) never verifies as one.
+pub const NAMESPACE: &str = "cloud-harness-bundle";
+
+/// The longest signature text read (an Ed25519 one is about 300 bytes).
+pub const MAX_TEXT: usize = 8 * 1024;
+
+/// The tiers a bundle is served in, as signatures and policies name them.
+pub const TIERS: &[&str] = &["owner", "workspace"];
+
+/// What is signed: the repository URL (the toolkit's identity in the store), the commit, the
+/// bundle's full-tree digest and the tier, one per line, so no field can stand for another.
+pub fn message(url: &str, commit: &str, bundle: &str, tier: &str) -> String {
+    format!(
+        "cloud-harness bundle signature v1\nurl {url}\ncommit {commit}\nbundle {bundle}\ntier {tier}\n"
+    )
+}
+
+/// A tier named by a signature or a policy: `owner` or `workspace`.
+pub fn check_tier(tier: &str) -> Result<&'static str> {
+    TIERS.iter().copied().find(|t| *t == tier).ok_or_else(|| {
+        Error::field(
+            Code::InvalidArgument,
+            "tier",
+            "must be owner or workspace (the tiers a toolkit's bundle is served in)",
+        )
+    })
+}
+
+/// A signature's text, parsed: who signed, and the signature itself.
+#[derive(Debug, Clone)]
+pub struct Signed {
+    sig: SshSig,
+}
+
+impl Signed {
+    /// Parses an armored SSH signature (`-----BEGIN SSH SIGNATURE-----`): at most
+    /// [`MAX_TEXT`] bytes, by an Ed25519 key, in [`NAMESPACE`].
+    pub fn parse(text: &str) -> Result<Signed> {
+        let bad = |why: String| Error::field(Code::InvalidArgument, "signature", why);
+        if text.len() > MAX_TEXT {
+            return Err(bad(format!(
+                "is {} bytes, more than a signature's {MAX_TEXT}",
+                text.len()
+            )));
+        }
+        let sig = SshSig::from_pem(text.trim())
+            .map_err(|e| bad(format!("is not an SSH signature ({e})")))?;
+        if sig.algorithm() != Algorithm::Ed25519 {
+            return Err(bad(format!(
+                "is made with a {} key; only Ed25519 keys sign bundles",
+                sig.algorithm()
+            )));
+        }
+        if sig.namespace() != NAMESPACE {
+            return Err(bad(format!(
+                "is in the namespace {:?}, not {NAMESPACE:?} (sign with `ssh-keygen -Y sign -n {NAMESPACE}`)",
+                sig.namespace()
+            )));
+        }
+        Ok(Signed { sig })
+    }
+
+    /// The signing key, as a public key with no comment.
+    pub fn key(&self) -> PublicKey {
+        PublicKey::from(self.sig.public_key().clone())
+    }
+
+    /// The signing key's fingerprint, as `ssh-keygen -l` prints it (`SHA256:…`).
+    pub fn fingerprint(&self) -> String {
+        self.key().fingerprint(HashAlg::Sha256).to_string()
+    }
+
+    /// Whether this signs `message` (by the key it carries; whether that key is trusted is
+    /// the policy's question).
+    pub fn verifies(&self, message: &str) -> bool {
+        self.key()
+            .verify(NAMESPACE, message.as_bytes(), &self.sig)
+            .is_ok()
+    }
+}
+
+/// A public key a policy trusts: one OpenSSH line (`ssh-ed25519 AAAA… comment`).
+pub fn parse_key(line: &str) -> Result<PublicKey> {
+    let bad = |why: String| Error::field(Code::InvalidArgument, "keys", why);
+    let key = PublicKey::from_openssh(line.trim())
+        .map_err(|e| bad(format!("{line:?} is not an OpenSSH public key ({e})")))?;
+    if key.algorithm() != Algorithm::Ed25519 {
+        return Err(bad(format!(
+            "{line:?} is a {} key; only Ed25519 keys sign bundles",
+            key.algorithm()
+        )));
+    }
+    Ok(key)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,164 @@
+use super::policy::Policy;
+use super::stored::{Stored, Subject};
+use super::verdict::{judge, Status};
+use super::{message, Signed, NAMESPACE};
+use ssh_key::private::{Ed25519Keypair, PrivateKey};
+use ssh_key::{HashAlg, LineEnding};
+
+const URL: &str = "https://git.example/acme/skills";
+const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
+const BUNDLE: &str = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+
+fn key(seed: u8) -> PrivateKey {
+    PrivateKey::from(Ed25519Keypair::from_seed(&[seed; 32]))
+}
+
+fn sign(k: &PrivateKey, namespace: &str, msg: &str) -> String {
+    k.sign(namespace, HashAlg::Sha512, msg.as_bytes())
+        .unwrap()
+        .to_pem(LineEnding::LF)
+        .unwrap()
+}
+
+fn subject(tier: &str) -> Subject<'_> {
+    Subject {
+        url: URL,
+        commit: COMMIT,
+        bundle: BUNDLE,
+        tier,
+    }
+}
+
+fn stored(tier: &str, text: String) -> Stored {
+    Stored {
+        bundle: BUNDLE.into(),
+        tier: tier.into(),
+        url: URL.into(),
+        commit: COMMIT.into(),
+        key: String::new(),
+        signature: text,
+        added_by: "test".into(),
+        added_at: 0,
+    }
+}
+
+fn policy(mode: &str, keys: &[&PrivateKey], tiers: &str) -> Policy {
+    let keys: Vec<String> = keys
+        .iter()
+        .map(|k| format!("{:?}", k.public_key().to_openssh().unwrap()))
+        .collect();
+    Policy::parse(&format!(
+        "[[scope]]\nname = \"acme\"\ntoolkits = [\"https://git.example/acme/*\"]\n{tiers}keys = [{}]\nmode = \"{mode}\"\n",
+        keys.join(", ")
+    ))
+    .unwrap()
+}
+
+#[test]
+fn a_signature_verifies_only_the_message_it_was_made_for() {
+    let k = key(1);
+    let text = sign(&k, NAMESPACE, &subject("owner").message());
+    let signed = Signed::parse(&text).unwrap();
+    assert!(signed.verifies(&subject("owner").message()));
+    assert!(!signed.verifies(&subject("workspace").message()));
+    assert!(!signed.verifies(&message(URL, COMMIT, BUNDLE, "owner").replace("acme", "evil")));
+    assert_eq!(
+        signed.fingerprint(),
+        k.public_key().fingerprint(HashAlg::Sha256).to_string()
+    );
+}
+
+#[test]
+fn text_that_is_not_an_ed25519_bundle_signature_is_refused() {
+    let k = key(1);
+    let other = sign(&k, "git", "x");
+    assert!(Signed::parse(&other)
+        .unwrap_err()
+        .message
+        .contains("namespace"));
+    assert!(Signed::parse("not a signature").is_err());
+    assert!(Signed::parse(&"A".repeat(super::MAX_TEXT + 1))
+        .unwrap_err()
+        .message
+        .contains("bytes"));
+    let mut flipped = sign(&k, NAMESPACE, "x").into_bytes();
+    flipped[60] = if flipped[60] == b'A' { b'B' } else { b'A' };
+    // Bytes changed inside the armor either fail to parse or fail to verify.
+    if let Ok(s) = Signed::parse(std::str::from_utf8(&flipped).unwrap()) {
+        assert!(!s.verifies("x"));
+    }
+}
+
+#[test]
+fn a_policy_is_judged_scope_by_scope() {
+    let (trusted, other) = (key(1), key(2));
+    let good = sign(&trusted, NAMESPACE, &subject("owner").message());
+    let require = policy("require", &[&trusted], "");
+
+    let v = judge(&require, subject("owner"), &[stored("owner", good.clone())]);
+    assert_eq!(v.status, Status::Verified);
+    assert!(v.served());
+    assert_eq!(v.keys.len(), 1);
+
+    let v = judge(&require, subject("owner"), &[]);
+    assert_eq!((v.status, v.served()), (Status::Unsigned, false));
+
+    let by_other = sign(&other, NAMESPACE, &subject("owner").message());
+    let v = judge(&require, subject("owner"), &[stored("owner", by_other)]);
+    assert_eq!((v.status, v.served()), (Status::UntrustedKey, false));
+
+    // Signed for the owner tier, stored as the workspace tier's: it signs other facts.
+    let v = judge(
+        &require,
+        subject("workspace"),
+        &[stored("workspace", good.clone())],
+    );
+    assert_eq!((v.status, v.served()), (Status::Bad, false));
+
+    let warn = policy("warn", &[&trusted], "");
+    let v = judge(&warn, subject("owner"), &[]);
+    assert_eq!(
+        (v.status, v.served(), v.mode),
+        (Status::Unsigned, true, Some("warn"))
+    );
+
+    // A scope for the owner tier only says nothing of the workspace tier.
+    let owner_only = policy("require", &[&trusted], "tiers = [\"owner\"]\n");
+    let v = judge(&owner_only, subject("workspace"), &[]);
+    assert_eq!((v.status, v.served()), (Status::NotRequired, true));
+    let v = judge(&Policy::default(), subject("owner"), &[]);
+    assert_eq!(v.status, Status::NotRequired);
+}
+
+#[test]
+fn require_outranks_warn_when_both_cover_a_toolkit() {
+    let (a, b) = (key(1), key(2));
+    let text = format!(
+        "[[scope]]\ntoolkits = [\"*\"]\nkeys = [{:?}]\nmode = \"warn\"\n\n[[scope]]\ntoolkits = [\"https://git.example/*\"]\nkeys = [{:?}]\nmode = \"require\"\n",
+        a.public_key().to_openssh().unwrap(),
+        b.public_key().to_openssh().unwrap()
+    );
+    let p = Policy::parse(&text).unwrap();
+    let by_a = sign(&a, NAMESPACE, &subject("owner").message());
+    let v = judge(&p, subject("owner"), &[stored("owner", by_a)]);
+    assert_eq!(
+        (v.status, v.mode, v.served()),
+        (Status::UntrustedKey, Some("require"), false)
+    );
+    assert!(v.problems[0].contains("scope 2"), "{:?}", v.problems);
+}
+
+#[test]
+fn a_bad_policy_is_refused_with_its_reason() {
+    let k = key(1).public_key().to_openssh().unwrap();
+    for (text, why) in [
+        ("[[scope]]\ntoolkits = [\"*\"]\nkeys = []\nmode = \"require\"\n", "no key"),
+        (&*format!("[[scope]]\ntoolkits = [\"*\"]\nkeys = [{k:?}]\nmode = \"maybe\"\n"), "maybe"),
+        (&*format!("[[scope]]\ntoolkits = [\"*\"]\ntiers = [\"builtin\"]\nkeys = [{k:?}]\nmode = \"warn\"\n"), "tier"),
+        ("[[scope]]\ntoolkits = [\"*\"]\nkeys = [\"ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQ x\"]\nmode = \"warn\"\n", "key"),
+        ("[[scope]]\ntoolkits = [\"*\"]\nkeys = [\"x\"]\nmode = \"warn\"\nextra = 1\n", "extra"),
+    ] {
+        let e = Policy::parse(text).unwrap_err();
+        assert!(e.message.contains(why), "{text}: {}", e.message);
+    }
+}

@@ -1,0 +1,111 @@
+//! The trust policy applied to an open's toolkits before any of their skills is served: each
+//! toolkit's bundle judged in the tier it is for, against the signatures the state database
+//! keeps (and, for a bundle just taken from the store of record, those beside it there). A
+//! toolkit refused under `require` is left out of the stack — neither mounted nor written
+//! into the working tree, so the mount and the MCP tools alike never serve it — and the open
+//! says why; its refusal is audited (`signature.refused`, throttled like every refusal).
+
+use super::Workspaces;
+use cloud_harness_control::audit;
+use cloud_harness_control::signatures::stored::{self, Subject};
+use cloud_harness_control::signatures::verdict::{judge, Verdict};
+use cloud_harness_control::toolkit::Toolkit;
+use cloud_harness_error::Result;
+use cloud_harness_provision::Acquired;
+use serde_json::json;
+
+impl Workspaces {
+    /// The verdict on each of `acquired`, in order (none when no scope of the policy covers
+    /// it), for the open (or preview) `subject` by `actor`; a warning for each toolkit not
+    /// verified.
+    pub(super) fn judge_signatures(
+        &self,
+        acquired: &[(Toolkit, Acquired)],
+        actor: &str,
+        subject: &str,
+        warnings: &mut Vec<String>,
+    ) -> Result<Vec<Option<Verdict>>> {
+        if self.trust.is_empty() {
+            return Ok(acquired.iter().map(|_| None).collect());
+        }
+        let mut verdicts = Vec::with_capacity(acquired.len());
+        for (t, a) in acquired {
+            let bundle = a.record.bundle.to_string();
+            let on = Subject {
+                url: &a.record.key.url,
+                commit: &a.record.key.commit,
+                bundle: &bundle,
+                tier: t.scope.as_str(),
+            };
+            if self.trust.covering(on.url, on.tier).next().is_none() {
+                verdicts.push(None);
+                continue;
+            }
+            if a.mode == "remote" {
+                self.import_signatures(a, on);
+            }
+            let verdict = judge(
+                &self.trust,
+                on,
+                &stored::of(&self.db, &bundle, Some(on.tier))?,
+            );
+            if !verdict.problems.is_empty() {
+                let served = verdict.served();
+                warnings.push(format!(
+                    "toolkit {} ({} at {}) {} in the {} tier: {}",
+                    t.instance_id,
+                    on.url,
+                    on.commit,
+                    if served {
+                        "is served unverified"
+                    } else {
+                        "is not served"
+                    },
+                    on.tier,
+                    verdict.problems.join("; ")
+                ));
+                if !served {
+                    self.audit_refusal(actor, subject, on, &verdict);
+                }
+            }
+            verdicts.push(Some(verdict));
+        }
+        Ok(verdicts)
+    }
+
+    /// Keeps the signatures the store of record holds beside a bundle just taken from it.
+    /// A bucket that cannot be read leaves the database as it was (the verdict then rests on
+    /// what it has).
+    fn import_signatures(&self, a: &Acquired, on: Subject) {
+        let Some(remote) = self.provisioner.remote() else {
+            return;
+        };
+        match remote.signatures(&a.record.bundle) {
+            Ok(found) => {
+                for (tier, text) in found {
+                    let one = Subject { tier, ..on };
+                    if let Err(e) = stored::import(&self.db, one, &text) {
+                        tracing::warn!(bundle = on.bundle, tier, error = %e, "a signature in the store of record is not one: passed over");
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(bundle = on.bundle, error = %e, "cannot read the store of record's signatures")
+            }
+        }
+    }
+
+    fn audit_refusal(&self, actor: &str, subject: &str, on: Subject, verdict: &Verdict) {
+        let what = format!("toolkit:{}", on.url);
+        let Some(repeated) = audit::admit_refusal(actor, "signature.refused", &what) else {
+            return;
+        };
+        let details = json!({
+            "via": subject, "tier": on.tier, "commit": on.commit, "bundle": on.bundle,
+            "status": verdict.status, "problems": verdict.problems, "repeated": repeated,
+        });
+        if let Err(e) = audit::event(&self.db, actor, "signature.refused", &what, &details) {
+            tracing::error!(error = %e, "cannot record a signature's refusal in the audit log");
+        }
+    }
+}

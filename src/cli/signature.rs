@@ -1,0 +1,198 @@
+//! `cloud-harness signature …`: signatures over a bundle served in a tier — the text to sign,
+//! signing it with an SSH key (`ssh-keygen -Y sign`), adding one made elsewhere, listing,
+//! removing, and the trust policy's verdict. Kept in the state database `serve` uses, and
+//! beside the bundle in the store of record when `TOOLKIT_STORE_URL` names one.
+
+use super::control::{actor, print, HomeArg};
+use clap::{Args, Subcommand};
+use cloud_harness_control::signatures::policy::Policy;
+use cloud_harness_control::signatures::stored::{self, Subject};
+use cloud_harness_control::signatures::verdict::judge;
+use cloud_harness_control::signatures::{check_tier, NAMESPACE};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_provision::index::{BundleIndex, BundleRecord};
+use cloud_harness_provision::remote::RemoteStore;
+use cloud_harness_store::cas::{Digest, Store};
+use serde_json::json;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+#[derive(Debug, Args)]
+pub struct Signed {
+    /// The bundle's digest (as `workspace_open` and `toolkit list` show it).
+    bundle: Digest,
+    /// The tier it is signed for: `owner` or `workspace`.
+    #[arg(long)]
+    tier: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SignatureCommand {
+    /// Print the text a signature of BUNDLE in TIER signs (to sign elsewhere:
+    /// `… | ssh-keygen -Y sign -n cloud-harness-bundle -f KEY > SIG`).
+    Payload(Signed),
+    /// Sign BUNDLE in TIER with an Ed25519 SSH key (by `ssh-keygen -Y sign`) and add the
+    /// signature (audited).
+    Sign {
+        #[command(flatten)]
+        what: Signed,
+        /// The private key file (`ssh-keygen -t ed25519` made it).
+        #[arg(long, value_name = "FILE")]
+        key: PathBuf,
+    },
+    /// Add a signature of BUNDLE in TIER made elsewhere (audited); refused unless it signs
+    /// exactly that bundle in that tier.
+    Add {
+        #[command(flatten)]
+        what: Signed,
+        /// The signature (`-----BEGIN SSH SIGNATURE-----`); `-` reads standard input.
+        #[arg(long, value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Every signature of BUNDLE.
+    List { bundle: Digest },
+    /// Remove the signature of BUNDLE in TIER by KEY (a fingerprint, `SHA256:…`; audited).
+    Remove {
+        #[command(flatten)]
+        what: Signed,
+        #[arg(long)]
+        key: String,
+    },
+    /// The trust policy's verdict on BUNDLE in TIER (`CLOUD_HARNESS_TRUST_POLICY`).
+    Check(Signed),
+}
+
+pub fn run(store: &Store, home: &HomeArg, cmd: SignatureCommand) -> Result<u8> {
+    let record = |what: &Signed| -> Result<(BundleRecord, &'static str)> {
+        let tier = check_tier(&what.tier)?;
+        let record = BundleIndex::open(store)
+            .by_bundle(&what.bundle)?
+            .ok_or_else(|| {
+                Error::not_found(format!(
+                    "{} is not a bundle of this store (see `cloud-harness toolkit list`)",
+                    what.bundle
+                ))
+            })?;
+        Ok((record, tier))
+    };
+    match cmd {
+        SignatureCommand::Payload(what) => {
+            let (r, tier) = record(&what)?;
+            print!("{}", subject(&r, &what.bundle.to_string(), tier).message());
+        }
+        SignatureCommand::Sign { what, key } => {
+            let (r, tier) = record(&what)?;
+            let bundle = what.bundle.to_string();
+            let on = subject(&r, &bundle, tier);
+            let text = ssh_keygen_sign(&key, &on.message())?;
+            print(json!(add(&home.db()?, on, &what.bundle, &text)?));
+        }
+        SignatureCommand::Add { what, file } => {
+            let (r, tier) = record(&what)?;
+            let bundle = what.bundle.to_string();
+            let text = read_signature(&file)?;
+            print(json!(add(
+                &home.db()?,
+                subject(&r, &bundle, tier),
+                &what.bundle,
+                &text
+            )?));
+        }
+        SignatureCommand::List { bundle } => {
+            print(json!(stored::of(&home.db()?, &bundle.to_string(), None)?));
+        }
+        SignatureCommand::Remove { what, key } => {
+            let tier = check_tier(&what.tier)?;
+            stored::remove(&home.db()?, &what.bundle.to_string(), tier, &key, &actor())?;
+            if let Some(remote) = RemoteStore::from_env()? {
+                remote.remove_signature(&what.bundle, tier, &key)?;
+            }
+            print(json!({ "removed": { "bundle": what.bundle, "tier": tier, "key": key } }));
+        }
+        SignatureCommand::Check(what) => {
+            let (r, tier) = record(&what)?;
+            let bundle = what.bundle.to_string();
+            let on = subject(&r, &bundle, tier);
+            let policy = Policy::from_env()?;
+            let verdict = judge(&policy, on, &stored::of(&home.db()?, &bundle, Some(tier))?);
+            print(
+                json!({ "bundle": bundle, "tier": tier, "url": on.url, "commit": on.commit, "verdict": verdict, "served": verdict.served() }),
+            );
+            return Ok(if verdict.served() { 0 } else { 1 });
+        }
+    }
+    Ok(0)
+}
+
+fn subject<'a>(r: &'a BundleRecord, bundle: &'a str, tier: &'static str) -> Subject<'a> {
+    Subject {
+        url: &r.key.url,
+        commit: &r.key.commit,
+        bundle,
+        tier,
+    }
+}
+
+/// Adds the signature in the database, then beside the bundle in the store of record.
+fn add(
+    db: &cloud_harness_control::state::Db,
+    on: Subject,
+    bundle: &Digest,
+    text: &str,
+) -> Result<stored::Stored> {
+    let added = stored::add(db, on, text, &actor())?;
+    if let Some(remote) = RemoteStore::from_env()? {
+        remote.put_signature(bundle, on.tier, &added.key, &added.signature)?;
+    }
+    Ok(added)
+}
+
+fn read_signature(file: &PathBuf) -> Result<String> {
+    let limit = cloud_harness_control::signatures::MAX_TEXT as u64 + 1;
+    let mut text = String::new();
+    let read = if file.as_os_str() == "-" {
+        std::io::stdin().take(limit).read_to_string(&mut text)
+    } else {
+        std::fs::File::open(file).and_then(|f| f.take(limit).read_to_string(&mut text))
+    };
+    read.map_err(|e| Error::io(file, e))?;
+    Ok(text)
+}
+
+/// `message` signed by `ssh-keygen -Y sign` with the key at `key` (it asks for the key's
+/// passphrase itself, on the terminal).
+fn ssh_keygen_sign(key: &PathBuf, message: &str) -> Result<String> {
+    let mut child = Command::new("ssh-keygen")
+        .args(["-q", "-Y", "sign", "-n", NAMESPACE, "-f"])
+        .arg(key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            Error::new(
+                Code::Internal,
+                format!("cannot run ssh-keygen (install openssh-client): {e}"),
+            )
+        })?;
+    child
+        .stdin
+        .take()
+        .expect("piped")
+        .write_all(message.as_bytes())
+        .map_err(|e| Error::internal(format!("writing to ssh-keygen: {e}")))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| Error::internal(format!("ssh-keygen: {e}")))?;
+    if !out.status.success() {
+        return Err(Error::new(
+            Code::InvalidArgument,
+            format!(
+                "ssh-keygen could not sign with {} ({})",
+                key.display(),
+                out.status
+            ),
+        ));
+    }
+    String::from_utf8(out.stdout).map_err(|_| Error::internal("ssh-keygen wrote no text"))
+}
