@@ -1,6 +1,9 @@
-//! The control plane's two figures: the library query over 10,000 skills (100 bundles of 100)
-//! against `grep -ril` over the same SKILL.md files, and `workspace_open` of a warm 3-toolkit
-//! set against the same three toolkits listed directly. Runs interleaved, medians reported.
+//! The control plane's figures: the library query over 10,000 skills (100 bundles of 100)
+//! against `grep -ril` over the same SKILL.md files; `workspace_open` of a warm 3-toolkit set
+//! against the same three toolkits listed directly; and the same three toolkits opened on a
+//! server whose trust policy requires a signature of each against one without a policy, with
+//! the check alone timed (its first verification, then remembered). Runs interleaved, medians
+//! reported.
 //!
 //! `cargo bench --bench control` (`CONTROL_ROUNDS` to change the default of 15).
 
@@ -163,5 +166,160 @@ fn main() {
         ms(s),
         ms(d),
         s.as_secs_f64() / d.as_secs_f64()
+    );
+    signatures(&tmp, &store, &workspaces, &specs[..3], rounds);
+}
+
+/// `cmd` with `input` on its standard input; its standard output.
+fn piped(cmd: &mut Command, input: &str) -> String {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The trust policy's cost: warm opens of `specs` on `plain` (no policy) and on a second
+/// server of the same store whose policy requires an Ed25519 signature of each, interleaved;
+/// then the check of one toolkit alone, the first time (the signature verified) and again
+/// (remembered).
+fn signatures(
+    tmp: &tempfile::TempDir,
+    store: &cloud_harness_store::cas::Store,
+    plain: &Workspaces,
+    specs: &[cloud_harness_control::toolkit::ToolkitSpec],
+    rounds: usize,
+) {
+    use cloud_harness_control::signatures::policy::Policy;
+    use cloud_harness_control::signatures::stored;
+    use cloud_harness_control::signatures::verdict::{judge, Status};
+    use cloud_harness_control::signatures::Subject;
+    let key = tmp.path().join("release");
+    let made = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "release", "-f"])
+        .arg(&key)
+        .status()
+        .unwrap();
+    assert!(made.success(), "ssh-keygen (openssh-client) is installed");
+    let public = std::fs::read_to_string(key.with_extension("pub")).unwrap();
+    let policy_file = tmp.path().join("trust.toml");
+    std::fs::write(
+        &policy_file,
+        format!(
+            "[[scope]]\ntoolkits = [\"*\"]\nkeys = [{:?}]\nmode = \"require\"\n",
+            public.trim()
+        ),
+    )
+    .unwrap();
+    std::env::set_var("CLOUD_HARNESS_TRUST_POLICY", &policy_file);
+    let signed = Workspaces::with_executors(
+        tmp.path().join("home-signed"),
+        support::warm_provisioner(store),
+        false,
+        cloud_harness_executor::Settings::with_kind(cloud_harness_executor::Kind::Host),
+    )
+    .unwrap();
+    std::env::remove_var("CLOUD_HARNESS_TRUST_POLICY");
+    let open = |ws: &Workspaces, key: String| {
+        let t = Instant::now();
+        let opened = ws
+            .open(OpenRequest {
+                repository_url: None,
+                idempotency_key: key,
+                toolkits: specs.to_vec(),
+                allow_toolkit_workspace_changes: false,
+                idle_pause: true,
+            })
+            .unwrap();
+        let took = t.elapsed();
+        ws.close(opened["workspace"].as_str().unwrap()).unwrap();
+        (took, opened)
+    };
+    // Each toolkit's bundle signed in the owner tier, as `cloud-harness signature sign` does.
+    let (_, first) = open(plain, "sign-0".into());
+    let mut subjects = Vec::new();
+    for t in first["toolkits"].as_array().unwrap() {
+        let (url, commit, bundle) = (
+            t["url"].as_str().unwrap().to_owned(),
+            t["commit"].as_str().unwrap().to_owned(),
+            t["bundle"].as_str().unwrap().to_owned(),
+        );
+        let on = Subject {
+            url: &url,
+            commit: &commit,
+            bundle: &bundle,
+            tier: "owner",
+        };
+        let text = piped(
+            Command::new("ssh-keygen")
+                .args(["-q", "-Y", "sign", "-n", "cloud-harness-bundle", "-f"])
+                .arg(&key),
+            &on.message(),
+        );
+        stored::add(signed.db(), on, &text, "bench").unwrap();
+        subjects.push((url, commit, bundle));
+    }
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for r in 0..rounds + 1 {
+        let (a, _) = open(plain, format!("plain-{r}"));
+        let (b, opened) = open(&signed, format!("signed-{r}"));
+        for t in opened["toolkits"].as_array().unwrap() {
+            assert_eq!(t["signature"]["status"], "verified", "{opened}");
+        }
+        if r > 0 {
+            without.push(a);
+            with.push(b);
+        }
+    }
+    let (a, b) = (median(without), median(with));
+    println!("workspace_open of 3 warm toolkits, each signed and required by the trust policy ({rounds} rounds, interleaved, medians):");
+    println!(
+        "  with the policy {:.2} ms, without {:.2} ms: {:.3}x, {:+.3} ms",
+        ms(b),
+        ms(a),
+        b.as_secs_f64() / a.as_secs_f64(),
+        ms(b) - ms(a)
+    );
+    // The check of one toolkit alone: its signatures read from the database and judged.
+    let policy = Policy::read(&policy_file).unwrap();
+    let (url, commit, bundle) = &subjects[0];
+    let on = Subject {
+        url,
+        commit,
+        bundle,
+        tier: "owner",
+    };
+    let kept = stored::of(signed.db(), bundle, Some("owner")).unwrap();
+    // The verification itself, as the first check of a signature not seen before does it.
+    let parsed = cloud_harness_control::signatures::Signed::parse(&kept[0].signature).unwrap();
+    let message = on.message();
+    let mut verifying = Vec::new();
+    for _ in 0..100 {
+        let t = Instant::now();
+        assert!(parsed.verifies(&message));
+        verifying.push(t.elapsed());
+    }
+    let first = median(verifying);
+    let mut again = Vec::new();
+    for _ in 0..1000 {
+        let t = Instant::now();
+        let kept = stored::of(signed.db(), bundle, Some("owner")).unwrap();
+        assert_eq!(judge(&policy, on, &kept).status, Status::Verified);
+        again.push(t.elapsed());
+    }
+    println!(
+        "  the check of one toolkit: its signature's verification {:.3} ms (the first check's; median of 100), the check remembered {:.3} ms (median of 1,000; the database read included)",
+        ms(first),
+        ms(median(again))
     );
 }

@@ -196,6 +196,14 @@ fn an_owner_tier_is_served_only_with_a_good_signature_by_a_trusted_key() {
     assert!(mounted(&out).is_empty(), "{:?}", mounted(&out));
     let bundle = t["bundle"].as_str().unwrap().to_owned();
     assert!(w.audit_actions().contains(&"signature.refused".to_owned()));
+    // Another spelling of the same repository is the same toolkit to the policy.
+    let respelled = url.replace("localhost", "LOCALHOST").replace(".git", "/");
+    let out = open(
+        &w,
+        "respelled",
+        json!({"kind": "git", "url": respelled, "instanceId": "kit", "ref": commit}),
+    );
+    assert_eq!(out["toolkits"][0]["served"], false, "{out}");
     let (code, verdict) = check(true, &bundle);
     assert_eq!(
         (code, verdict["verdict"]["status"].clone()),
@@ -379,7 +387,10 @@ fn an_owner_tier_is_served_only_with_a_good_signature_by_a_trusted_key() {
     );
     let entries = refused["entries"].as_array().unwrap();
     assert!(!entries.is_empty(), "{refused}");
-    assert_eq!(entries[0]["subject"], format!("toolkit:{url}"));
+    assert_eq!(
+        entries[0]["subject"],
+        format!("toolkit:{}", url.trim_end_matches(".git"))
+    );
     assert_eq!(entries[0]["details"]["tier"], "owner");
 }
 
@@ -455,7 +466,7 @@ fn a_signature_travels_with_its_bundle_to_another_runner_through_the_store_of_re
     assert_eq!(names(&out), ["fmt", "lint"]);
 
     // An intruder replaces the bucket's copy with the key's signature of the other tier: a
-    // third runner takes it, and refuses the tier.
+    // third runner does not take it (it signs other facts), and refuses the tier.
     let payload = a
         .cli(&["signature", "payload", &bundle, "--tier", "workspace"])
         .1;
@@ -464,17 +475,135 @@ fn a_signature_travels_with_its_bundle_to_another_runner_through_the_store_of_re
     let fingerprint = cloud_harness_control::signatures::Signed::parse(&text)
         .unwrap()
         .fingerprint();
-    let digest = cloud_harness_store::cas::Digest::parse(&bundle).unwrap();
+    let owner_tier = cloud_harness_control::signatures::Subject {
+        url: &url,
+        commit: &commit,
+        bundle: &bundle,
+        tier: "owner",
+    };
     s3.remote("fleet")
-        .put_signature(&digest, "owner", &fingerprint, &forged)
+        .put_signature(owner_tier, &fingerprint, &forged)
         .unwrap();
+    assert_eq!(
+        s3.keys(&format!("fleet/signatures/{hex}")),
+        kept,
+        "replaced in place"
+    );
+    assert_ne!(std::fs::read_to_string(s3.file(&kept[0])).unwrap(), text);
     let c = runner();
-    let out = open(&c, "c", kit);
+    let out = open(&c, "c", kit.clone());
     let t = &out["toolkits"][0];
     assert_eq!(
         (t["served"].clone(), t["signature"]["status"].clone()),
-        (json!(false), json!("bad")),
+        (json!(false), json!("unsigned")),
         "{out}"
     );
     assert!(!names(&out).contains(&"lint".to_owned()), "{out}");
+    let (_, list) = c.cli(&["signature", "list", &bundle]);
+    assert_eq!(list.trim(), "[]", "the forged copy was kept");
+
+    // Withdrawn on A (the bucket's copies first, then A's database): a fourth runner finds
+    // nothing to take.
+    s3.remote("fleet")
+        .put_signature(owner_tier, &fingerprint, &text)
+        .unwrap();
+    let removed = Command::new(BIN)
+        .args([
+            "signature",
+            "remove",
+            &bundle,
+            "--tier",
+            "owner",
+            "--key",
+            &fingerprint,
+        ])
+        .env("CLOUD_HARNESS_HOME", a.home())
+        .env("TOOLKIT_CACHE_ROOT", a.server.tmp.path().join("store"))
+        .envs(a.server.database_env())
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(removed.status.success(), "{removed:?}");
+    assert!(s3.keys(&format!("fleet/signatures/{hex}")).is_empty());
+    let d = runner();
+    let out = open(&d, "d", kit);
+    assert_eq!(
+        out["toolkits"][0]["signature"]["status"], "unsigned",
+        "{out}"
+    );
+}
+
+#[test]
+fn a_signature_withdrawn_reaches_a_workspace_when_it_is_next_made_live() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = cloud_harness_store::cas::Store::open(tmp.path().join("store")).unwrap();
+    let src = tmp.path().join("src/kit");
+    std::fs::create_dir_all(src.join("alpha")).unwrap();
+    std::fs::write(
+        src.join("alpha/SKILL.md"),
+        "---\nname: alpha\ndescription: Alpha notes.\n---\nAlpha.\n",
+    )
+    .unwrap();
+    let kit = serde_json::to_value(support::warm_toolkit(&store, &src, "kit")).unwrap();
+    let keys = tmp.path().join("keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    let (trusted, trusted_pub) = keypair(&keys, "release");
+    let policy = policy(&keys, "*", &trusted_pub).display().to_string();
+    let w = world_of(support::http::server_in(
+        tmp,
+        &[],
+        &[
+            ("CLOUD_HARNESS_EXECUTOR", "none"),
+            ("CLOUD_HARNESS_CONTAINERS", "off"),
+            ("ALLOWED_GIT_HOSTS", support::WARM_HOST),
+            ("CLOUD_HARNESS_IDLE_PAUSE", "1"),
+            ("CLOUD_HARNESS_TRUST_POLICY", &policy),
+        ],
+    ));
+    let out = open(&w, "unsigned", kit.clone());
+    assert_eq!(out["toolkits"][0]["served"], false, "{out}");
+    let bundle = out["toolkits"][0]["bundle"].as_str().unwrap().to_owned();
+    let (code, text) = w.cli(&[
+        "signature",
+        "sign",
+        &bundle,
+        "--tier",
+        "owner",
+        "--key",
+        trusted.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{text}");
+    let added: Value = serde_json::from_str(&text).unwrap();
+    let fingerprint = added["key"].as_str().unwrap().to_owned();
+    let out = open(&w, "signed", kit);
+    assert_eq!(names(&out), ["alpha"], "{out}");
+    let ws = out["workspace"].as_str().unwrap().to_owned();
+    let paused = || {
+        let all = w.op("GET", "/api/v1/workspaces", None);
+        all["workspaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["workspace"] == ws.as_str() && x["paused"] == true)
+    };
+    support::wait::until(
+        "the workspace pauses",
+        std::time::Duration::from_secs(20),
+        paused,
+    );
+    let (code, text) = w.cli(&[
+        "signature",
+        "remove",
+        &bundle,
+        "--tier",
+        "owner",
+        "--key",
+        &fingerprint,
+    ]);
+    assert_eq!(code, 0, "{text}");
+    // The next call resumes it: its owner tier judged again, the toolkit no longer served.
+    let list = w.tool(&w.session(), "skills_list", json!({"workspace": ws}));
+    assert_eq!(list["isError"], false, "{list}");
+    assert!(names(&list["structuredContent"]).is_empty(), "{list}");
+    assert!(w.audit_actions().contains(&"signature.removed".to_owned()));
 }

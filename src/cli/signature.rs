@@ -6,9 +6,9 @@
 use super::control::{actor, print, HomeArg};
 use clap::{Args, Subcommand};
 use cloud_harness_control::signatures::policy::Policy;
-use cloud_harness_control::signatures::stored::{self, Subject};
+use cloud_harness_control::signatures::stored;
 use cloud_harness_control::signatures::verdict::judge;
-use cloud_harness_control::signatures::{check_tier, NAMESPACE};
+use cloud_harness_control::signatures::{canonical, check_tier, Subject, NAMESPACE};
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_provision::index::{BundleIndex, BundleRecord};
 use cloud_harness_provision::remote::RemoteStore;
@@ -25,6 +25,12 @@ pub struct Signed {
     /// The tier it is signed for: `owner` or `workspace`.
     #[arg(long)]
     tier: String,
+    /// The commit, when the bundle is the tree of more than one.
+    #[arg(long)]
+    commit: Option<String>,
+    /// The repository, when the bundle came from more than one.
+    #[arg(long)]
+    url: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -65,16 +71,7 @@ pub enum SignatureCommand {
 
 pub fn run(store: &Store, home: &HomeArg, cmd: SignatureCommand) -> Result<u8> {
     let record = |what: &Signed| -> Result<(BundleRecord, &'static str)> {
-        let tier = check_tier(&what.tier)?;
-        let record = BundleIndex::open(store)
-            .by_bundle(&what.bundle)?
-            .ok_or_else(|| {
-                Error::not_found(format!(
-                    "{} is not a bundle of this store (see `cloud-harness toolkit list`)",
-                    what.bundle
-                ))
-            })?;
-        Ok((record, tier))
+        Ok((record_of(store, what)?, check_tier(&what.tier)?))
     };
     match cmd {
         SignatureCommand::Payload(what) => {
@@ -86,28 +83,25 @@ pub fn run(store: &Store, home: &HomeArg, cmd: SignatureCommand) -> Result<u8> {
             let bundle = what.bundle.to_string();
             let on = subject(&r, &bundle, tier);
             let text = ssh_keygen_sign(&key, &on.message())?;
-            print(json!(add(&home.db()?, on, &what.bundle, &text)?));
+            print(json!(add(&home.db()?, on, &text)?));
         }
         SignatureCommand::Add { what, file } => {
             let (r, tier) = record(&what)?;
             let bundle = what.bundle.to_string();
             let text = read_signature(&file)?;
-            print(json!(add(
-                &home.db()?,
-                subject(&r, &bundle, tier),
-                &what.bundle,
-                &text
-            )?));
+            print(json!(add(&home.db()?, subject(&r, &bundle, tier), &text)?));
         }
         SignatureCommand::List { bundle } => {
             print(json!(stored::of(&home.db()?, &bundle.to_string(), None)?));
         }
         SignatureCommand::Remove { what, key } => {
             let tier = check_tier(&what.tier)?;
-            stored::remove(&home.db()?, &what.bundle.to_string(), tier, &key, &actor())?;
+            // The bucket's copies first: a copy left there after the database forgot the
+            // signature would be taken again (the database keeps a tombstone besides).
             if let Some(remote) = RemoteStore::from_env()? {
-                remote.remove_signature(&what.bundle, tier, &key)?;
+                remote.remove_signatures(&what.bundle, tier, &key)?;
             }
+            stored::remove(&home.db()?, &what.bundle.to_string(), tier, &key, &actor())?;
             print(json!({ "removed": { "bundle": what.bundle, "tier": tier, "key": key } }));
         }
         SignatureCommand::Check(what) => {
@@ -134,18 +128,63 @@ fn subject<'a>(r: &'a BundleRecord, bundle: &'a str, tier: &'static str) -> Subj
     }
 }
 
-/// Adds the signature in the database, then beside the bundle in the store of record.
-fn add(
-    db: &cloud_harness_control::state::Db,
-    on: Subject,
-    bundle: &Digest,
-    text: &str,
-) -> Result<stored::Stored> {
-    let added = stored::add(db, on, text, &actor())?;
-    if let Some(remote) = RemoteStore::from_env()? {
-        remote.put_signature(bundle, on.tier, &added.key, &added.signature)?;
+/// The record of the bundle `what` names: the one record of it, or the one of the commit
+/// and repository given.
+fn record_of(store: &Store, what: &Signed) -> Result<BundleRecord> {
+    let mut records: Vec<BundleRecord> = BundleIndex::open(store)
+        .list()?
+        .into_iter()
+        .filter(|r| r.bundle == what.bundle)
+        .filter(|r| what.commit.as_ref().is_none_or(|c| r.key.commit == *c))
+        .filter(|r| {
+            what.url
+                .as_ref()
+                .is_none_or(|u| canonical(&r.key.url) == canonical(u))
+        })
+        .collect();
+    records.sort_by(|a, b| (&a.key.url, &a.key.commit).cmp(&(&b.key.url, &b.key.commit)));
+    records.dedup_by(|a, b| {
+        canonical(&a.key.url) == canonical(&b.key.url) && a.key.commit == b.key.commit
+    });
+    match records.len() {
+        0 => Err(Error::not_found(format!(
+            "{} is not a bundle of this store{} (see `cloud-harness toolkit list`)",
+            what.bundle,
+            if what.commit.is_some() || what.url.is_some() {
+                " at that commit and repository"
+            } else {
+                ""
+            }
+        ))),
+        1 => Ok(records.remove(0)),
+        _ => Err(Error::new(
+            Code::InvalidArgument,
+            format!(
+                "{} is the tree of more than one commit; name one with --commit (and --url): {}",
+                what.bundle,
+                records
+                    .iter()
+                    .map(|r| format!("{} at {}", r.key.url, r.key.commit))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
     }
-    Ok(added)
+}
+
+/// Adds the signature beside the bundle in the store of record, then in the database: an
+/// add that fails leaves the database as it was (a copy in the bucket alone is taken only by
+/// a runner whose policy trusts its key, which is what the signer meant).
+fn add(db: &cloud_harness_control::state::Db, on: Subject, text: &str) -> Result<stored::Stored> {
+    let signed = cloud_harness_control::signatures::Signed::parse(text)?;
+    if !signed.verifies(&on.message()) {
+        // Refused by `stored::add`, with its reason, before the bucket is touched.
+        return stored::add(db, on, text, &actor());
+    }
+    if let Some(remote) = RemoteStore::from_env()? {
+        remote.put_signature(on, &signed.fingerprint(), text.trim())?;
+    }
+    stored::add(db, on, text, &actor())
 }
 
 fn read_signature(file: &PathBuf) -> Result<String> {

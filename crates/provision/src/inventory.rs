@@ -7,7 +7,7 @@
 //! shares one budget across every bundle it reads, and stops where it runs out, saying so.
 
 use crate::index::{BundleIndex, BundleRecord};
-use cloud_harness_control::signatures::{self, policy::Policy, stored::Subject, verdict::judge};
+use cloud_harness_control::signatures::{self, policy::Policy, verdict::judge, Subject};
 use cloud_harness_control::state::Db;
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_store::cas::{

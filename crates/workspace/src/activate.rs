@@ -3,7 +3,8 @@
 //! it on threads of its own (so what it needs of the server is owned here).
 
 use super::{mounts, roots, Record, Workspace, Workspaces, WORKSPACE_SKILLS};
-use crate::stack::TierInputs;
+use crate::stack::{OwnerBundle, TierInputs};
+use crate::trust;
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_executor::{self as executor, Executor, Kind, Places};
 use cloud_harness_mount::live::{LiveTiers, Watch};
@@ -31,6 +32,7 @@ pub(super) struct Activator {
     pub(super) catalogue: tokio::sync::broadcast::Sender<Arc<str>>,
     pub(super) watches: Pool,
     pub(super) watch_budget: Budget,
+    pub(super) trust: Arc<cloud_harness_control::signatures::policy::Policy>,
 }
 
 impl Workspaces {
@@ -46,6 +48,7 @@ impl Workspaces {
             catalogue: self.catalogue.clone(),
             watches: self.watches.clone(),
             watch_budget: self.watch_budget,
+            trust: self.trust.clone(),
         }
     }
 }
@@ -171,8 +174,10 @@ impl Activator {
         warnings: &mut Vec<String>,
     ) -> Result<(Watch, SkillCache, Arc<Generation>)> {
         let cache = SkillCache::default();
+        let owner_bundles =
+            trust::served_owner_bundles(&self.db, &self.trust, &record.owner_bundles, warnings)?;
         let watch = LiveTiers::watch(
-            stack_inputs(record, &places.repo, overrides).stack(self.store(), &cache)?,
+            stack_inputs(owner_bundles, &places.repo, overrides).stack(self.store(), &cache)?,
             &self.watches,
             self.watch_budget,
         )
@@ -247,11 +252,15 @@ pub(super) struct Served<'a> {
 
 /// The tier stack of a workspace: built-in, its owner bundles, the workspace-scope folder
 /// and the project's own skills, with the operator's overrides.
-fn stack_inputs(record: &Record, repo: &Path, overrides: &[Override]) -> TierInputs {
+fn stack_inputs(
+    owner_bundles: Vec<OwnerBundle>,
+    repo: &Path,
+    overrides: &[Override],
+) -> TierInputs {
     let ws_dir = repo.join(WORKSPACE_SKILLS);
     TierInputs {
         builtin: true,
-        owner_bundles: record.owner_bundles.clone(),
+        owner_bundles,
         owner_dirs: Vec::new(),
         workspace_dirs: if ws_dir.is_dir() {
             vec![ws_dir]

@@ -132,7 +132,7 @@ pub struct Workspaces {
     /// A stop that found opens or restores still running: the home stays locked.
     kept_home: std::sync::atomic::AtomicBool,
     /// Which keys must sign which toolkits' bundles (`CLOUD_HARNESS_TRUST_POLICY`).
-    trust: cloud_harness_control::signatures::policy::Policy,
+    trust: Arc<cloud_harness_control::signatures::policy::Policy>,
     /// The workspaces folder, a mount of its own while this server runs. Last: dropped
     /// after the workspaces, once their mounts are gone.
     folder: folder_bind::FolderBind,
@@ -254,7 +254,7 @@ impl Workspaces {
             "CLOUD_HARNESS_RESTORE_TIMEOUT",
             restore::TIMEOUT.as_secs(),
         )?);
-        let trust = cloud_harness_control::signatures::policy::Policy::from_env()?;
+        let trust = Arc::new(cloud_harness_control::signatures::policy::Policy::from_env()?);
         let ws = Workspaces {
             trust,
             home,

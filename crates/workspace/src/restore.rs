@@ -430,7 +430,11 @@ fn restore_one(
         Some(spec) => Some(act.equip(Executor::attach(spec, places.clone(), &id))?),
         None => act.make_executor(&places, &id).ok().flatten(),
     };
-    let mut ws = act.activate(record, dir, overrides, false, &mut Vec::new())?;
+    let mut warnings = Vec::new();
+    let mut ws = act.activate(record, dir, overrides, false, &mut warnings)?;
+    for warning in warnings {
+        tracing::warn!(workspace = %id, "{warning}");
+    }
     ws.executor = executor;
     Ok(ws)
 }

@@ -3,12 +3,19 @@
 //! keeps (and, for a bundle just taken from the store of record, those beside it there). A
 //! toolkit refused under `require` is left out of the stack — neither mounted nor written
 //! into the working tree, so the mount and the MCP tools alike never serve it — and the open
-//! says why; its refusal is audited (`signature.refused`, throttled like every refusal).
+//! says why; its refusal is audited (`signature.refused`, throttled like every refusal). A
+//! workspace's owner tier is judged again each time it is made live (restored after a
+//! restart, resumed from a pause), so a signature withdrawn, or a policy tightened, reaches
+//! the workspaces already open.
 
 use super::Workspaces;
+use crate::stack::OwnerBundle;
 use cloud_harness_control::audit;
-use cloud_harness_control::signatures::stored::{self, Subject};
+use cloud_harness_control::signatures::policy::Policy;
+use cloud_harness_control::signatures::stored;
 use cloud_harness_control::signatures::verdict::{judge, Verdict};
+use cloud_harness_control::signatures::{canonical, Subject};
+use cloud_harness_control::state::Db;
 use cloud_harness_control::toolkit::Toolkit;
 use cloud_harness_error::Result;
 use cloud_harness_provision::Acquired;
@@ -44,6 +51,7 @@ impl Workspaces {
             if a.mode == "remote" {
                 self.import_signatures(a, on);
             }
+            let url = canonical(on.url);
             let verdict = judge(
                 &self.trust,
                 on,
@@ -54,7 +62,7 @@ impl Workspaces {
                 warnings.push(format!(
                     "toolkit {} ({} at {}) {} in the {} tier: {}",
                     t.instance_id,
-                    on.url,
+                    url,
                     on.commit,
                     if served {
                         "is served unverified"
@@ -84,7 +92,10 @@ impl Workspaces {
             Ok(found) => {
                 for (tier, text) in found {
                     let one = Subject { tier, ..on };
-                    if let Err(e) = stored::import(&self.db, one, &text) {
+                    let trusted = |key: &cloud_harness_control::signatures::PublicKey| {
+                        self.trust.covering(one.url, tier).any(|s| s.trusts(key))
+                    };
+                    if let Err(e) = stored::import(&self.db, one, &text, trusted) {
                         tracing::warn!(bundle = on.bundle, tier, error = %e, "a signature in the store of record is not one: passed over");
                     }
                 }
@@ -96,7 +107,7 @@ impl Workspaces {
     }
 
     fn audit_refusal(&self, actor: &str, subject: &str, on: Subject, verdict: &Verdict) {
-        let what = format!("toolkit:{}", on.url);
+        let what = format!("toolkit:{}", canonical(on.url));
         let Some(repeated) = audit::admit_refusal(actor, "signature.refused", &what) else {
             return;
         };
@@ -108,4 +119,44 @@ impl Workspaces {
             tracing::error!(error = %e, "cannot record a signature's refusal in the audit log");
         }
     }
+}
+
+/// The owner bundles of a workspace being made live that `policy` lets it serve; a warning
+/// for each it no longer does (the workspace serves the rest).
+pub(super) fn served_owner_bundles(
+    db: &Db,
+    policy: &Policy,
+    bundles: &[OwnerBundle],
+    warnings: &mut Vec<String>,
+) -> Result<Vec<OwnerBundle>> {
+    if policy.is_empty() {
+        return Ok(bundles.to_vec());
+    }
+    let mut served = Vec::with_capacity(bundles.len());
+    for b in bundles {
+        let bundle = b.bundle.to_string();
+        let on = Subject {
+            url: &b.url,
+            commit: &b.commit,
+            bundle: &bundle,
+            tier: "owner",
+        };
+        if policy.covering(on.url, on.tier).next().is_none() {
+            served.push(b.clone());
+            continue;
+        }
+        let verdict = judge(policy, on, &stored::of(db, &bundle, Some(on.tier))?);
+        if verdict.served() {
+            served.push(b.clone());
+        } else {
+            warnings.push(format!(
+                "toolkit {} ({} at {}) is no longer served in the owner tier: {}",
+                b.instance_id,
+                canonical(on.url),
+                on.commit,
+                verdict.problems.join("; ")
+            ));
+        }
+    }
+    Ok(served)
 }

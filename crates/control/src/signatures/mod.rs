@@ -13,7 +13,8 @@ pub mod stored;
 pub mod verdict;
 
 use cloud_harness_error::{Code, Error, Result};
-use ssh_key::{Algorithm, HashAlg, PublicKey, SshSig};
+pub use ssh_key::PublicKey;
+use ssh_key::{Algorithm, HashAlg, SshSig};
 
 /// The SSH signature namespace of a bundle signature: a signature made for anything else
 /// (a commit, a file) never verifies as one.
@@ -25,12 +26,44 @@ pub const MAX_TEXT: usize = 8 * 1024;
 /// The tiers a bundle is served in, as signatures and policies name them.
 pub const TIERS: &[&str] = &["owner", "workspace"];
 
-/// What is signed: the repository URL (the toolkit's identity in the store), the commit, the
-/// bundle's full-tree digest and the tier, one per line, so no field can stand for another.
-pub fn message(url: &str, commit: &str, bundle: &str, tier: &str) -> String {
-    format!(
-        "cloud-harness bundle signature v1\nurl {url}\ncommit {commit}\nbundle {bundle}\ntier {tier}\n"
-    )
+/// What a signature names: the toolkit's repository, its commit, the bundle and the tier.
+#[derive(Debug, Clone, Copy)]
+pub struct Subject<'a> {
+    pub url: &'a str,
+    pub commit: &'a str,
+    pub bundle: &'a str,
+    pub tier: &'a str,
+}
+
+impl Subject<'_> {
+    /// What is signed: the repository (its [`canonical`] URL), the commit, the bundle's
+    /// full-tree digest and the tier, one per line, so no field can stand for another.
+    pub fn message(&self) -> String {
+        format!(
+            "cloud-harness bundle signature v1\nurl {}\ncommit {}\nbundle {}\ntier {}\n",
+            canonical(self.url),
+            self.commit,
+            self.bundle,
+            self.tier
+        )
+    }
+}
+
+/// A repository URL as signatures and policies name it, whatever spelling fetched it: parsed
+/// (the host lowercased, a default port and stray tabs or newlines dropped), without a
+/// trailing `/` or `.git`. The path keeps its case (hosts differ on it; a policy's patterns
+/// match it case-insensitively, see `policy`).
+pub fn canonical(url: &str) -> String {
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        // Not a URL (a toolkit's URL was checked long before): control characters dropped.
+        return url.chars().filter(|c| !c.is_control()).collect();
+    };
+    parsed.set_query(None);
+    parsed.set_fragment(None);
+    let path = parsed.path().trim_end_matches('/');
+    let path = path.strip_suffix(".git").unwrap_or(path).to_owned();
+    parsed.set_path(&path);
+    parsed.as_str().trim_end_matches('/').to_owned()
 }
 
 /// A tier named by a signature or a policy: `owner` or `workspace`.

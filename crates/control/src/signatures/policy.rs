@@ -7,6 +7,7 @@
 //! [[scope]]
 //! name = "acme"                                  # shown in warnings (default: its number)
 //! toolkits = ["https://github.com/acme/*"]       # repository URLs; `*` is any run of characters
+//!                                                # (`["*"]`: every toolkit)
 //! tiers = ["owner", "workspace"]                 # default: both
 //! keys = ["ssh-ed25519 AAAAC3Nza… release@acme"] # Ed25519 public keys, OpenSSH lines
 //! mode = "require"                               # or "warn"
@@ -15,10 +16,11 @@
 //! Every scope that matches a toolkit and tier applies, each on its own: a tier is served
 //! when each of them finds a good signature by one of its keys (see `verdict`).
 
-use super::{check_tier, parse_key};
+use super::{canonical, check_tier, parse_key};
 use cloud_harness_error::{Code, Error, Result};
 use serde::Deserialize;
 use ssh_key::PublicKey;
+use std::io::Read;
 use std::path::Path;
 
 /// The largest policy file read.
@@ -53,9 +55,17 @@ pub struct Scope {
 }
 
 impl Scope {
-    /// Whether this scope speaks for the toolkit at `url` served in `tier`.
+    /// Whether this scope speaks for the toolkit at `url` served in `tier`: its patterns
+    /// match the [`canonical`] URL, case-insensitively (a spelling the host takes as the same
+    /// repository is covered the same; where a host tells paths apart by case, a pattern
+    /// covers more, never less).
     pub fn covers(&self, url: &str, tier: &str) -> bool {
-        self.tiers.contains(&tier) && self.toolkits.iter().any(|p| p.matches(url))
+        let options = glob::MatchOptions {
+            case_sensitive: false,
+            ..glob::MatchOptions::new()
+        };
+        let url = canonical(url);
+        self.tiers.contains(&tier) && self.toolkits.iter().any(|p| p.matches_with(&url, options))
     }
 
     /// Whether `key` is one this scope trusts (its key data; a comment is no part of it).
@@ -97,18 +107,19 @@ impl Policy {
     }
 
     pub fn read(path: &Path) -> Result<Policy> {
-        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
-        if meta.len() > MAX_FILE {
+        let mut text = String::new();
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_FILE + 1).read_to_string(&mut text))
+            .map_err(|e| Error::io(path, e))?;
+        if text.len() as u64 > MAX_FILE {
             return Err(Error::new(
                 Code::InvalidArgument,
                 format!(
-                    "the trust policy {} is {} bytes, more than {MAX_FILE}",
-                    path.display(),
-                    meta.len()
+                    "the trust policy {} is more than {MAX_FILE} bytes",
+                    path.display()
                 ),
             ));
         }
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         Policy::parse(&text).map_err(|e| {
             Error::new(
                 Code::InvalidArgument,
@@ -155,10 +166,16 @@ fn scope(i: usize, s: ScopeFile) -> Result<Scope> {
     if s.keys.len() > MAX_PER_SCOPE || s.toolkits.len() > MAX_PER_SCOPE {
         return Err(bad(format!("more than {MAX_PER_SCOPE} keys or toolkits")));
     }
+    // A pattern is spelled as the URLs it matches are (see `canonical`): without a trailing
+    // `/` or `.git`.
     let toolkits = s
         .toolkits
         .iter()
-        .map(|t| glob::Pattern::new(t).map_err(|e| bad(format!("toolkits: {t:?}: {e}"))))
+        .map(|t| {
+            let spelled = t.trim_end_matches('/');
+            let spelled = spelled.strip_suffix(".git").unwrap_or(spelled);
+            glob::Pattern::new(spelled).map_err(|e| bad(format!("toolkits: {t:?}: {e}")))
+        })
         .collect::<Result<_>>()?;
     let tiers = match s.tiers {
         None => super::TIERS.to_vec(),

@@ -1,9 +1,11 @@
 //! Signatures kept in the state database (`bundle_signatures`), so every runner of a fleet
-//! sharing it sees one as soon as it is added. An operator's `add` is checked against the
-//! bundle it names and audited; an `import` (the copy a store of record carries) is kept as it
-//! is and judged when a tier is served, like any other.
+//! sharing it sees one as soon as it is added: one row per bundle, tier, key, repository and
+//! commit (a bundle can be the tree of several commits). An operator's `add` is checked
+//! against what it names and audited; `remove` leaves the row as a tombstone, so a copy of the
+//! signature found later (in the store of record) is not taken again; an `import` takes only
+//! a signature that verifies and that the caller's policy would trust.
 
-use super::{check_tier, message, Signed};
+use super::{canonical, check_tier, PublicKey, Signed, Subject};
 use crate::audit;
 use crate::params;
 use crate::state::{self, Db};
@@ -11,7 +13,7 @@ use cloud_harness_error::{Code, Error, Result};
 use serde::Serialize;
 use serde_json::json;
 
-/// Signatures one bundle may have in one tier (one per key): what `of` reads at an open.
+/// Signatures one bundle may have in one tier (those not removed): what an open reads.
 pub const MAX_PER_TIER: usize = 16;
 
 #[derive(Debug, Clone, Serialize)]
@@ -19,6 +21,7 @@ pub const MAX_PER_TIER: usize = 16;
 pub struct Stored {
     pub bundle: String,
     pub tier: String,
+    /// The repository, as [`canonical`] spells it.
     pub url: String,
     pub commit: String,
     /// The signing key's fingerprint (`SHA256:…`).
@@ -29,23 +32,8 @@ pub struct Stored {
     pub added_at: i64,
 }
 
-/// What a signature names: the toolkit's repository, its commit, the bundle and the tier.
-#[derive(Debug, Clone, Copy)]
-pub struct Subject<'a> {
-    pub url: &'a str,
-    pub commit: &'a str,
-    pub bundle: &'a str,
-    pub tier: &'a str,
-}
-
-impl Subject<'_> {
-    pub fn message(&self) -> String {
-        message(self.url, self.commit, self.bundle, self.tier)
-    }
-}
-
-/// Adds (or replaces, for the same key) a signature of `subject` that an operator or
-/// publisher made; refused unless it signs exactly that bundle in that tier.
+/// Adds (or replaces, for the same key and subject) a signature an operator or publisher
+/// made; refused unless it signs exactly `subject`.
 pub fn add(db: &Db, subject: Subject, text: &str, actor: &str) -> Result<Stored> {
     check_tier(subject.tier)?;
     let signed = Signed::parse(text)?;
@@ -59,90 +47,105 @@ pub fn add(db: &Db, subject: Subject, text: &str, actor: &str) -> Result<Stored>
             ),
         ));
     }
-    let key = signed.fingerprint();
-    let at = state::now_ms();
+    let row = Stored {
+        bundle: subject.bundle.to_owned(),
+        tier: subject.tier.to_owned(),
+        url: canonical(subject.url),
+        commit: subject.commit.to_owned(),
+        key: signed.fingerprint(),
+        signature: text.trim().to_owned(),
+        added_by: actor.to_owned(),
+        added_at: state::now_ms(),
+    };
     db.write(|tx| {
-        let others: i64 = tx
-            .query_row(
-                "SELECT COUNT(*) FROM bundle_signatures WHERE bundle = $1 AND tier = $2 AND key <> $3",
-                params![subject.bundle, subject.tier, key],
-                |r| r.get(0),
-            )
-            .map_err(state::internal)?;
-        if others as usize >= MAX_PER_TIER {
-            return Err(Error::new(
-                Code::ResourceExhausted,
-                format!(
-                    "bundle {} has {MAX_PER_TIER} signatures in the {} tier already; remove one first",
-                    subject.bundle, subject.tier
-                ),
-            ));
+        if others(tx, &row)? >= MAX_PER_TIER {
+            return Err(Error::conflict(format!(
+                "bundle {} has {MAX_PER_TIER} signatures in the {} tier already; remove one first",
+                row.bundle, row.tier
+            )));
         }
         tx.execute(
             "INSERT INTO bundle_signatures (bundle, tier, key, url, commit_id, signature, added_by, added_at)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-             ON CONFLICT (bundle, tier, key) DO UPDATE SET url = $4, commit_id = $5,
-                 signature = $6, added_by = $7, added_at = $8",
-            params![subject.bundle, subject.tier, key, subject.url, subject.commit, text.trim(), actor, at],
+             ON CONFLICT (bundle, tier, key, url, commit_id) DO UPDATE SET signature = $6,
+                 added_by = $7, added_at = $8, removed_by = NULL, removed_at = NULL",
+            params![row.bundle, row.tier, row.key, row.url, row.commit, row.signature, row.added_by, row.added_at],
         )
         .map_err(state::internal)?;
         audit::record(
             tx,
             actor,
             "signature.added",
-            &format!("bundle:{}", subject.bundle),
-            &json!({ "tier": subject.tier, "url": subject.url, "commit": subject.commit, "key": key }),
+            &format!("bundle:{}", row.bundle),
+            &json!({ "tier": row.tier, "url": row.url, "commit": row.commit, "key": row.key }),
         )
     })?;
-    Ok(Stored {
-        bundle: subject.bundle.to_owned(),
-        tier: subject.tier.to_owned(),
-        url: subject.url.to_owned(),
-        commit: subject.commit.to_owned(),
-        key,
-        signature: text.trim().to_owned(),
-        added_by: actor.to_owned(),
-        added_at: at,
-    })
+    Ok(row)
 }
 
-/// Keeps a signature of `subject` found beside its bundle in the store of record, unless one
-/// by the same key is kept already or the tier has its [`MAX_PER_TIER`]; whether it verifies
-/// is judged when the tier is served. Text that is not an Ed25519 bundle signature is
-/// refused.
-pub fn import(db: &Db, subject: Subject, text: &str) -> Result<bool> {
+/// The live signatures of the row's bundle and tier other than its own.
+fn others(tx: &state::Conn, row: &Stored) -> Result<usize> {
+    let n: i64 = tx
+        .query_row(
+            "SELECT COUNT(*) FROM bundle_signatures
+             WHERE bundle = $1 AND tier = $2 AND removed_at IS NULL
+               AND NOT (key = $3 AND url = $4 AND commit_id = $5)",
+            params![row.bundle, row.tier, row.key, row.url, row.commit],
+            |r| r.get(0),
+        )
+        .map_err(state::internal)?;
+    Ok(n as usize)
+}
+
+/// Keeps a signature of `subject` found beside its bundle in the store of record, when it
+/// verifies, is by a key `trusted` accepts, and no row for that key and subject exists (a
+/// removed one included) and the tier has room. Whether it was kept.
+pub fn import(
+    db: &Db,
+    subject: Subject,
+    text: &str,
+    trusted: impl Fn(&PublicKey) -> bool,
+) -> Result<bool> {
     check_tier(subject.tier)?;
-    let key = Signed::parse(text)?.fingerprint();
+    let signed = Signed::parse(text)?;
+    if !trusted(&signed.key()) || !signed.verifies(&subject.message()) {
+        return Ok(false);
+    }
+    let row = Stored {
+        bundle: subject.bundle.to_owned(),
+        tier: subject.tier.to_owned(),
+        url: canonical(subject.url),
+        commit: subject.commit.to_owned(),
+        key: signed.fingerprint(),
+        signature: text.trim().to_owned(),
+        added_by: "store-of-record".to_owned(),
+        added_at: state::now_ms(),
+    };
     db.write(|tx| {
-        let n: i64 = tx
-            .query_row(
-                "SELECT COUNT(*) FROM bundle_signatures WHERE bundle = $1 AND tier = $2",
-                params![subject.bundle, subject.tier],
-                |r| r.get(0),
-            )
-            .map_err(state::internal)?;
-        if n as usize >= MAX_PER_TIER {
+        if others(tx, &row)? >= MAX_PER_TIER {
             return Ok(false);
         }
         let added = tx
             .execute(
                 "INSERT INTO bundle_signatures (bundle, tier, key, url, commit_id, signature, added_by, added_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, 'store-of-record', $7) ON CONFLICT DO NOTHING",
-                params![subject.bundle, subject.tier, key, subject.url, subject.commit, text.trim(), state::now_ms()],
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
+                params![row.bundle, row.tier, row.key, row.url, row.commit, row.signature, row.added_by, row.added_at],
             )
             .map_err(state::internal)?;
         Ok(added > 0)
     })
 }
 
-/// Takes the signature by `key` (a fingerprint) of `bundle` in `tier` away.
+/// Withdraws every signature by `key` (a fingerprint) of `bundle` in `tier`; the rows stay as
+/// tombstones until the key signs it again.
 pub fn remove(db: &Db, bundle: &str, tier: &str, key: &str, actor: &str) -> Result<()> {
     check_tier(tier)?;
     db.write(|tx| {
         let n = tx
             .execute(
-                "DELETE FROM bundle_signatures WHERE bundle = $1 AND tier = $2 AND key = $3",
-                params![bundle, tier, key],
+                "UPDATE bundle_signatures SET removed_by = $1, removed_at = $2
+                 WHERE bundle = $3 AND tier = $4 AND key = $5 AND removed_at IS NULL",
+                params![actor, state::now_ms(), bundle, tier, key],
             )
             .map_err(state::internal)?;
         if n == 0 {
@@ -160,14 +163,14 @@ pub fn remove(db: &Db, bundle: &str, tier: &str, key: &str, actor: &str) -> Resu
     })
 }
 
-/// The signatures of `bundle` in `tier` (`None`: every tier), oldest first, at most
+/// The live signatures of `bundle` in `tier` (`None`: every tier), oldest first, at most
 /// [`MAX_PER_TIER`] a tier.
 pub fn of(db: &Db, bundle: &str, tier: Option<&str>) -> Result<Vec<Stored>> {
     db.with(|c| {
         let mut q = c.prepare_cached(
             "SELECT bundle, tier, url, commit_id, key, signature, added_by, added_at
              FROM bundle_signatures
-             WHERE bundle = $1 AND (CAST($2 AS TEXT) IS NULL OR tier = $2)
+             WHERE bundle = $1 AND (CAST($2 AS TEXT) IS NULL OR tier = $2) AND removed_at IS NULL
              ORDER BY tier, added_at LIMIT $3",
         )?;
         let rows = q.query_map(

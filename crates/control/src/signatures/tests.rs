@@ -1,7 +1,7 @@
 use super::policy::Policy;
-use super::stored::{Stored, Subject};
+use super::stored::Stored;
 use super::verdict::{judge, Status};
-use super::{message, Signed, NAMESPACE};
+use super::{canonical, Signed, Subject, NAMESPACE};
 use ssh_key::private::{Ed25519Keypair, PrivateKey};
 use ssh_key::{HashAlg, LineEnding};
 
@@ -61,7 +61,21 @@ fn a_signature_verifies_only_the_message_it_was_made_for() {
     let signed = Signed::parse(&text).unwrap();
     assert!(signed.verifies(&subject("owner").message()));
     assert!(!signed.verifies(&subject("workspace").message()));
-    assert!(!signed.verifies(&message(URL, COMMIT, BUNDLE, "owner").replace("acme", "evil")));
+    assert!(!signed.verifies(&subject("owner").message().replace("acme", "evil")));
+    // Another spelling of the same repository names the same thing.
+    for same in [
+        "https://GIT.example/acme/skills.git",
+        "https://git.example:443/acme/skills/",
+        "https://git.example/acme/\tskills",
+    ] {
+        assert_eq!(canonical(same), URL, "{same}");
+        let on = Subject {
+            url: same,
+            ..subject("owner")
+        };
+        assert!(signed.verifies(&on.message()), "{same}");
+    }
+    assert_ne!(canonical("https://git.example/ACME/skills"), URL);
     assert_eq!(
         signed.fingerprint(),
         k.public_key().fingerprint(HashAlg::Sha256).to_string()
@@ -122,6 +136,22 @@ fn a_policy_is_judged_scope_by_scope() {
         (Status::Unsigned, true, Some("warn"))
     );
 
+    // A scope covers every spelling of a repository its pattern names.
+    for spelling in [
+        "https://GIT.EXAMPLE/acme/skills",
+        "https://git.example:443/ACME/skills.git",
+    ] {
+        let on = Subject {
+            url: spelling,
+            ..subject("owner")
+        };
+        assert_eq!(
+            judge(&require, on, &[]).status,
+            Status::Unsigned,
+            "{spelling}"
+        );
+    }
+
     // A scope for the owner tier only says nothing of the workspace tier.
     let owner_only = policy("require", &[&trusted], "tiers = [\"owner\"]\n");
     let v = judge(&owner_only, subject("workspace"), &[]);
@@ -161,4 +191,33 @@ fn a_bad_policy_is_refused_with_its_reason() {
         let e = Policy::parse(text).unwrap_err();
         assert!(e.message.contains(why), "{text}: {}", e.message);
     }
+}
+
+#[test]
+fn a_removed_signature_stays_removed_until_its_key_signs_again() {
+    let home = tempfile::tempdir().unwrap();
+    let db = crate::state::Db::open_sqlite(home.path()).unwrap();
+    let k = key(1);
+    let text = sign(&k, NAMESPACE, &subject("owner").message());
+    let added = super::stored::add(&db, subject("owner"), &text, "test").unwrap();
+    assert_eq!(
+        super::stored::of(&db, BUNDLE, Some("owner")).unwrap().len(),
+        1
+    );
+    super::stored::remove(&db, BUNDLE, "owner", &added.key, "test").unwrap();
+    assert!(super::stored::of(&db, BUNDLE, None).unwrap().is_empty());
+    // The same signature found again (in a bucket) is not taken back.
+    assert!(!super::stored::import(&db, subject("owner"), &text, |_| true).unwrap());
+    assert!(super::stored::of(&db, BUNDLE, None).unwrap().is_empty());
+    assert!(super::stored::remove(&db, BUNDLE, "owner", &added.key, "test").is_err());
+    // Signed again by its key: kept again.
+    super::stored::add(&db, subject("owner"), &text, "test").unwrap();
+    assert_eq!(super::stored::of(&db, BUNDLE, None).unwrap().len(), 1);
+    // An import takes only what verifies and what the caller trusts.
+    let other = sign(&key(2), NAMESPACE, &subject("owner").message());
+    assert!(!super::stored::import(&db, subject("owner"), &other, |_| false).unwrap());
+    let wrong = sign(&key(2), NAMESPACE, &subject("workspace").message());
+    assert!(!super::stored::import(&db, subject("owner"), &wrong, |_| true).unwrap());
+    assert!(super::stored::import(&db, subject("owner"), &other, |_| true).unwrap());
+    assert_eq!(super::stored::of(&db, BUNDLE, None).unwrap().len(), 2);
 }

@@ -4,8 +4,8 @@
 //! signature without its cryptography.
 
 use super::policy::{Mode, Policy};
-use super::stored::{Stored, Subject};
-use super::Signed;
+use super::stored::Stored;
+use super::{Signed, Subject};
 use cloud_harness_store::cas::{Digest, Hasher};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -136,9 +136,10 @@ pub fn judge(policy: &Policy, subject: Subject, signatures: &[Stored]) -> Verdic
 fn verified(text: &str, signed: &Signed, message: &str) -> bool {
     static MEMORY: OnceLock<Mutex<HashMap<Digest, bool>>> = OnceLock::new();
     let mut h = Hasher::default();
-    h.update(text.as_bytes());
-    h.update(b"\0");
-    h.update(message.as_bytes());
+    for part in [text, message] {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
     let key = h.finish();
     let memory = MEMORY.get_or_init(Mutex::default);
     if let Some(&ok) = memory.lock().expect("verifications lock").get(&key) {

@@ -348,7 +348,7 @@ CREATE INDEX acquisitions_bundle ON acquisitions (bundle, seq);
     },
     Migration {
         version: 12,
-        description: "signatures of bundles, one per bundle, tier and key",
+        description: "signatures of bundles, one per bundle, tier, key, repository and commit; removed ones kept as tombstones",
         parts: &[Both(
             r#"
 CREATE TABLE bundle_signatures (
@@ -360,7 +360,9 @@ CREATE TABLE bundle_signatures (
     signature TEXT NOT NULL,
     added_by TEXT NOT NULL,
     added_at BIGINT NOT NULL,
-    PRIMARY KEY (bundle, tier, key)
+    removed_by TEXT,
+    removed_at BIGINT,
+    PRIMARY KEY (bundle, tier, key, url, commit_id)
 );
 "#,
         )],

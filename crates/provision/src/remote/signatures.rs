@@ -1,29 +1,51 @@
 //! Signatures beside their bundle in the store of record
-//! (`<prefix>/signatures/<bundle hex>/<tier>.<key>.sig`), so a runner that takes a bundle from
-//! the bucket takes its signatures too. Like everything in the bucket they are untrusted: read
-//! under bounds here, and believed only once they verify against a key the trust policy names.
+//! (`<prefix>/signatures/<bundle hex>/<tier>.<key>.<subject>.sig`, the key and the subject
+//! named by digests), so a runner that takes a bundle from the bucket takes its signatures
+//! too. Like everything in the bucket they are untrusted: read under bounds here, and kept
+//! only once they verify against a key the trust policy names (`signatures::stored::import`).
 
 use super::{get, unreachable, wait, Got, RemoteStore};
 use cloud_harness_control::signatures::stored::MAX_PER_TIER;
-use cloud_harness_control::signatures::{MAX_TEXT, TIERS};
+use cloud_harness_control::signatures::{Subject, MAX_TEXT, TIERS};
 use cloud_harness_error::Result;
 use cloud_harness_store::cas::Digest;
 use futures_util::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStoreExt, PutPayload};
+use object_store::{ObjectMeta, ObjectStoreExt, PutPayload};
 
-/// Names read under one bundle's folder, at most.
-const MAX_LISTED: usize = 4 * MAX_PER_TIER * TIERS.len();
+/// Names read under one bundle's folder, at most: a bucket holding more there (names that
+/// are no signature's among them) is read no further, and what was not read is not taken.
+const MAX_SCANNED: usize = 8 * MAX_PER_TIER * TIERS.len();
+
+/// The start of the names of `key`'s signatures in `tier`.
+fn key_prefix(tier: &str, key: &str) -> String {
+    format!("{tier}.{}.", &Digest::of(key.as_bytes()).hex()[..32])
+}
 
 impl RemoteStore {
-    fn signature_path(&self, bundle: &Digest, tier: &str, key: &str) -> ObjectPath {
-        let key = &Digest::of(key.as_bytes()).hex()[..32];
-        self.path(&format!("signatures/{}/{tier}.{key}.sig", bundle.hex()))
+    fn signatures_dir(&self, bundle: &Digest) -> ObjectPath {
+        self.path(&format!("signatures/{}", bundle.hex()))
     }
 
-    /// Writes (or replaces) the signature by `key` (a fingerprint) of `bundle` in `tier`.
-    pub fn put_signature(&self, bundle: &Digest, tier: &str, key: &str, text: &str) -> Result<()> {
-        let path = self.signature_path(bundle, tier, key);
+    /// The names under `bundle`'s folder, at most [`MAX_SCANNED`].
+    async fn signature_names(&self, bundle: &Digest) -> Result<Vec<ObjectMeta>> {
+        self.objects
+            .list(Some(&self.signatures_dir(bundle)))
+            .take(MAX_SCANNED)
+            .try_collect()
+            .await
+            .map_err(|e| unreachable(&self.url, e))
+    }
+
+    /// Writes (or replaces) the signature by `key` (a fingerprint) of `subject`.
+    pub fn put_signature(&self, subject: Subject, key: &str, text: &str) -> Result<()> {
+        let bundle = Digest::parse(subject.bundle)?;
+        let name = format!(
+            "{}{}.sig",
+            key_prefix(subject.tier, key),
+            &Digest::of(subject.message().as_bytes()).hex()[..32]
+        );
+        let path = self.path(&format!("signatures/{}/{name}", bundle.hex()));
         let (objects, url, bytes) = (
             self.objects.clone(),
             self.url.clone(),
@@ -38,33 +60,33 @@ impl RemoteStore {
         })
     }
 
-    /// Takes the signature by `key` of `bundle` in `tier` away (nothing there is no error).
-    pub fn remove_signature(&self, bundle: &Digest, tier: &str, key: &str) -> Result<()> {
-        let path = self.signature_path(bundle, tier, key);
-        let (objects, url) = (self.objects.clone(), self.url.clone());
+    /// Deletes every signature by `key` of `bundle` in `tier` (none there is no error).
+    pub fn remove_signatures(&self, bundle: &Digest, tier: &str, key: &str) -> Result<()> {
+        let (remote, bundle, start) = (self.clone(), *bundle, key_prefix(tier, key));
         wait(async move {
-            match objects.delete(&path).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-                Err(e) => Err(unreachable(&url, e)),
+            for meta in remote.signature_names(&bundle).await? {
+                if meta
+                    .location
+                    .filename()
+                    .is_some_and(|n| n.starts_with(&start))
+                {
+                    match remote.objects.delete(&meta.location).await {
+                        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                        Err(e) => return Err(unreachable(&remote.url, e)),
+                    }
+                }
             }
+            Ok(())
         })
     }
 
-    /// The signatures kept beside `bundle`, as (tier, text): at most [`MAX_PER_TIER`] a tier,
-    /// each at most [`MAX_TEXT`] bytes; anything else there is passed over.
+    /// The signatures kept beside `bundle`, as (tier, text): at most [`MAX_PER_TIER`] a
+    /// tier, each at most [`MAX_TEXT`] bytes; anything else there is passed over.
     pub fn signatures(&self, bundle: &Digest) -> Result<Vec<(&'static str, String)>> {
-        let prefix = self.path(&format!("signatures/{}", bundle.hex()));
-        let (objects, url) = (self.objects.clone(), self.url.clone());
+        let (remote, bundle) = (self.clone(), *bundle);
         wait(async move {
-            // A bucket that holds more under one bundle than it may is read no further.
-            let listed: Vec<object_store::ObjectMeta> = objects
-                .list(Some(&prefix))
-                .take(MAX_LISTED)
-                .try_collect()
-                .await
-                .map_err(|e| unreachable(&url, e))?;
             let mut found: Vec<(&'static str, String)> = Vec::new();
-            for meta in listed {
+            for meta in remote.signature_names(&bundle).await? {
                 let name = meta.location.filename().unwrap_or_default().to_owned();
                 let Some(tier) = TIERS.iter().copied().find(|t| {
                     name.strip_prefix(t)
@@ -75,14 +97,14 @@ impl RemoteStore {
                 if found.iter().filter(|(t, _)| *t == tier).count() >= MAX_PER_TIER {
                     continue;
                 }
-                match get(&objects, &meta.location, MAX_TEXT as u64).await {
+                match get(&remote.objects, &meta.location, MAX_TEXT as u64).await {
                     Ok(Got::Bytes(bytes)) => {
                         if let Ok(text) = String::from_utf8(bytes) {
                             found.push((tier, text));
                         }
                     }
                     Ok(Got::Missing | Got::TooLarge(_)) => {}
-                    Err(e) => return Err(unreachable(&url, e)),
+                    Err(e) => return Err(unreachable(&remote.url, e)),
                 }
             }
             Ok(found)

@@ -332,7 +332,12 @@ fn preview_section(p: &Preview) -> Markup {
                     td { (t.instance_id) br; small { (t.url) } }
                     td { (if t.scope == Scope::Workspace { "workspace" } else { "owner" }) }
                     td { code { (layout::short(&t.commit)) } }
-                    td { (t.skills) }
+                    td {
+                        @match &t.signature {
+                            Some(v) if !v.served() => { "none: not served (signature " (v.status.as_str()) ")" }
+                            _ => { (t.skills) }
+                        }
+                    }
                     td { (if t.warm { "the store (warm)" } else { "fetched now" }) }
                 } } }
             }
