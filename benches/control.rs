@@ -299,7 +299,7 @@ fn signatures(
         bundle,
         tier: "owner",
     };
-    let kept = stored::of(signed.db(), bundle, Some("owner")).unwrap();
+    let kept = stored::of_subject(signed.db(), on).unwrap();
     // The verification itself, as the first check of a signature not seen before does it.
     let parsed = cloud_harness_control::signatures::Signed::parse(&kept[0].signature).unwrap();
     let message = on.message();
@@ -313,7 +313,7 @@ fn signatures(
     let mut again = Vec::new();
     for _ in 0..1000 {
         let t = Instant::now();
-        let kept = stored::of(signed.db(), bundle, Some("owner")).unwrap();
+        let kept = stored::of_subject(signed.db(), on).unwrap();
         assert_eq!(judge(&policy, on, &kept).status, Status::Verified);
         again.push(t.elapsed());
     }

@@ -12,6 +12,7 @@ use crate::support;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 use support::api::{world_of, World, BIN};
 use support::{dir, file, skill, Certs, GitServer, Node, Repo};
 
@@ -365,7 +366,7 @@ fn an_owner_tier_is_served_only_with_a_good_signature_by_a_trusted_key() {
         tx.execute(
             "INSERT INTO bundle_signatures (bundle, tier, key, url, commit_id, signature, added_by, added_at)
              VALUES ($1, 'workspace', $2, $3, $4, $5, 'test', 0)",
-            cloud_harness_control::params![bundle, fingerprint, url, commit, owner_tier_text.trim()],
+            cloud_harness_control::params![bundle, fingerprint, url.trim_end_matches(".git"), commit, owner_tier_text.trim()],
         )
         .map_err(cloud_harness_control::state::internal)
     })
@@ -437,6 +438,15 @@ fn a_signature_travels_with_its_bundle_to_another_runner_through_the_store_of_re
     let out = open(&a, "a", kit.clone());
     assert_eq!(out["toolkits"][0]["served"], false, "{out}");
     let bundle = out["toolkits"][0]["bundle"].as_str().unwrap().to_owned();
+    // B takes the bundle from the bucket before anyone signed it: refused.
+    let b = runner();
+    let out = open(&b, "b-early", kit.clone());
+    assert_eq!(out["toolkits"][0]["mode"], "remote", "{out}");
+    assert_eq!(
+        out["toolkits"][0]["signature"]["status"], "unsigned",
+        "{out}"
+    );
+    let asked = std::time::Instant::now();
     // Signed on A: kept in A's database and beside the bundle in the bucket.
     let signed = Command::new(BIN)
         .args(["signature", "sign", &bundle, "--tier", "owner", "--key"])
@@ -453,11 +463,13 @@ fn a_signature_travels_with_its_bundle_to_another_runner_through_the_store_of_re
     assert_eq!(kept.len(), 1, "{kept:?}");
     git.server.stop();
 
-    // B takes the bundle and its signature from the bucket, without git, and serves it.
-    let b = runner();
+    // B, with the bundle in its own store now, takes the signature from the bucket at its
+    // next open once the bucket may be asked again (every 10 s for one toolkit), and serves
+    // it; no git.
+    std::thread::sleep(Duration::from_secs(11).saturating_sub(asked.elapsed()));
     let out = open(&b, "b", kit.clone());
     let t = &out["toolkits"][0];
-    assert_eq!(t["mode"], "remote", "{out}");
+    assert_eq!(t["mode"], "warm", "{out}");
     assert_eq!(
         (t["served"].clone(), t["signature"]["status"].clone()),
         (json!(true), json!("verified")),
@@ -586,11 +598,7 @@ fn a_signature_withdrawn_reaches_a_workspace_when_it_is_next_made_live() {
             .iter()
             .any(|x| x["workspace"] == ws.as_str() && x["paused"] == true)
     };
-    support::wait::until(
-        "the workspace pauses",
-        std::time::Duration::from_secs(20),
-        paused,
-    );
+    support::wait::until("the workspace pauses", Duration::from_secs(20), paused);
     let (code, text) = w.cli(&[
         "signature",
         "remove",

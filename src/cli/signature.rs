@@ -92,24 +92,36 @@ pub fn run(store: &Store, home: &HomeArg, cmd: SignatureCommand) -> Result<u8> {
             print(json!(add(&home.db()?, subject(&r, &bundle, tier), &text)?));
         }
         SignatureCommand::List { bundle } => {
-            print(json!(stored::of(&home.db()?, &bundle.to_string(), None)?));
+            print(json!(stored::of_bundle(&home.db()?, &bundle.to_string())?));
         }
         SignatureCommand::Remove { what, key } => {
             let tier = check_tier(&what.tier)?;
-            // The bucket's copies first: a copy left there after the database forgot the
-            // signature would be taken again (the database keeps a tombstone besides).
+            let bundle = what.bundle.to_string();
+            // With --commit or --url, the signatures of that record only; else every one.
+            let record = match what.commit.is_some() || what.url.is_some() {
+                true => Some(record_of(store, &what)?),
+                false => None,
+            };
+            let on = record.as_ref().map(|r| subject(r, &bundle, tier));
+            let only = on.map(|s| (s.url, s.commit));
+            // The database first: its tombstones keep this runner from taking a copy again
+            // even if the bucket's cannot be deleted now (the command then fails, saying so).
+            let n = stored::remove(&home.db()?, &bundle, tier, &key, only, &actor())?;
             if let Some(remote) = RemoteStore::from_env()? {
-                remote.remove_signatures(&what.bundle, tier, &key)?;
+                remote.remove_signatures(&what.bundle, on, &key).map_err(|e| {
+                    e.context("removed from the state database, but not from the store of record (run it again)")
+                })?;
             }
-            stored::remove(&home.db()?, &what.bundle.to_string(), tier, &key, &actor())?;
-            print(json!({ "removed": { "bundle": what.bundle, "tier": tier, "key": key } }));
+            print(
+                json!({ "removed": { "bundle": bundle, "tier": tier, "key": key, "signatures": n } }),
+            );
         }
         SignatureCommand::Check(what) => {
             let (r, tier) = record(&what)?;
             let bundle = what.bundle.to_string();
             let on = subject(&r, &bundle, tier);
             let policy = Policy::from_env()?;
-            let verdict = judge(&policy, on, &stored::of(&home.db()?, &bundle, Some(tier))?);
+            let verdict = judge(&policy, on, &stored::of_subject(&home.db()?, on)?);
             print(
                 json!({ "bundle": bundle, "tier": tier, "url": on.url, "commit": on.commit, "verdict": verdict, "served": verdict.served() }),
             );
@@ -142,7 +154,7 @@ fn record_of(store: &Store, what: &Signed) -> Result<BundleRecord> {
                 .is_none_or(|u| canonical(&r.key.url) == canonical(u))
         })
         .collect();
-    records.sort_by(|a, b| (&a.key.url, &a.key.commit).cmp(&(&b.key.url, &b.key.commit)));
+    records.sort_by_cached_key(|r| (canonical(&r.key.url), r.key.commit.clone()));
     records.dedup_by(|a, b| {
         canonical(&a.key.url) == canonical(&b.key.url) && a.key.commit == b.key.commit
     });

@@ -580,10 +580,11 @@ impl ServerHandler for HarnessServer {
             .workspaces
             .get_as(&self.principal(&context), id, "prompts/get")
             .map_err(|e| McpError::invalid_params(e.message, None))?;
-        let text = if ws.session_start().is_empty() {
+        let served = ws.session_start();
+        let text = if served.is_empty() {
             "No toolkit of this workspace defines session-start instructions.".to_owned()
         } else {
-            session_start::prompt_text(ws.session_start(), id)
+            session_start::prompt_text(&served, id)
         };
         Ok(
             GetPromptResult::new(vec![PromptMessage::new_text(Role::User, text)])

@@ -141,7 +141,6 @@ fn serial(record: &BundleRecord) -> String {
 /// signature or a scope of the policy.
 fn signature_properties(record: &BundleRecord, db: &Db, policy: &Policy) -> Result<Vec<Value>> {
     let bundle = record.bundle.to_string();
-    let kept = signatures::stored::of(db, &bundle, None)?;
     let mut out = Vec::new();
     for tier in signatures::TIERS {
         let on = Subject {
@@ -150,11 +149,8 @@ fn signature_properties(record: &BundleRecord, db: &Db, policy: &Policy) -> Resu
             bundle: &bundle,
             tier,
         };
-        let signed_by: Vec<&str> = kept
-            .iter()
-            .filter(|s| s.tier == *tier)
-            .map(|s| s.key.as_str())
-            .collect();
+        let kept = signatures::stored::of_subject(db, on)?;
+        let signed_by: Vec<&str> = kept.iter().map(|s| s.key.as_str()).collect();
         if signed_by.is_empty() && policy.covering(on.url, tier).next().is_none() {
             continue;
         }

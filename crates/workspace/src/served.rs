@@ -77,8 +77,28 @@ impl Workspace {
         &self.record.owner
     }
 
-    pub fn session_start(&self) -> &[SessionStart] {
-        &self.record.session_start
+    /// The session-start instructions it serves: an owner-tier toolkit's only while its
+    /// tier still serves it (one whose signature was withdrawn is left out of the stack when
+    /// the workspace is next made live, and its instructions with it).
+    pub fn session_start(&self) -> Vec<SessionStart> {
+        let g = self.merged.generation();
+        let served = |toolkit: &str| {
+            let id = format!("owner:{toolkit}");
+            g.index.sources.iter().any(|s| s.id == id)
+        };
+        self.record
+            .session_start
+            .iter()
+            .filter(|s| {
+                !self
+                    .record
+                    .owner_bundles
+                    .iter()
+                    .any(|b| b.instance_id == s.toolkit)
+                    || served(&s.toolkit)
+            })
+            .cloned()
+            .collect()
     }
 
     /// What the API's list of workspaces shows of one.

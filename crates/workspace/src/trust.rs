@@ -13,13 +13,16 @@ use crate::stack::OwnerBundle;
 use cloud_harness_control::audit;
 use cloud_harness_control::signatures::policy::Policy;
 use cloud_harness_control::signatures::stored;
-use cloud_harness_control::signatures::verdict::{judge, Verdict};
+use cloud_harness_control::signatures::verdict::{judge, Status, Verdict};
 use cloud_harness_control::signatures::{canonical, Subject};
 use cloud_harness_control::state::Db;
 use cloud_harness_control::toolkit::Toolkit;
 use cloud_harness_error::Result;
 use cloud_harness_provision::Acquired;
 use serde_json::json;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 impl Workspaces {
     /// The verdict on each of `acquired`, in order (none when no scope of the policy covers
@@ -48,15 +51,14 @@ impl Workspaces {
                 verdicts.push(None);
                 continue;
             }
-            if a.mode == "remote" {
-                self.import_signatures(a, on);
+            let mut verdict = judge(&self.trust, on, &stored::of_subject(&self.db, on)?);
+            // Not verified by what the database has: the store of record may hold a signature
+            // this runner has not taken yet (made on another runner with a database of its
+            // own). Asked at most every 10 s for the same subject.
+            if verdict.status != Status::Verified && self.import_signatures(on) {
+                verdict = judge(&self.trust, on, &stored::of_subject(&self.db, on)?);
             }
             let url = canonical(on.url);
-            let verdict = judge(
-                &self.trust,
-                on,
-                &stored::of(&self.db, &bundle, Some(on.tier))?,
-            );
             if !verdict.problems.is_empty() {
                 let served = verdict.served();
                 warnings.push(format!(
@@ -81,29 +83,36 @@ impl Workspaces {
         Ok(verdicts)
     }
 
-    /// Keeps the signatures the store of record holds beside a bundle just taken from it.
-    /// A bucket that cannot be read leaves the database as it was (the verdict then rests on
-    /// what it has).
-    fn import_signatures(&self, a: &Acquired, on: Subject) {
+    /// Takes the signatures of `on` the store of record holds that verify and that the policy
+    /// trusts; whether any was taken. A bucket that cannot be read leaves the database as it
+    /// was (the verdict then rests on what it has).
+    fn import_signatures(&self, on: Subject) -> bool {
         let Some(remote) = self.provisioner.remote() else {
-            return;
+            return false;
         };
-        match remote.signatures(&a.record.bundle) {
-            Ok(found) => {
-                for (tier, text) in found {
-                    let one = Subject { tier, ..on };
-                    let trusted = |key: &cloud_harness_control::signatures::PublicKey| {
-                        self.trust.covering(one.url, tier).any(|s| s.trusts(key))
-                    };
-                    if let Err(e) = stored::import(&self.db, one, &text, trusted) {
-                        tracing::warn!(bundle = on.bundle, tier, error = %e, "a signature in the store of record is not one: passed over");
-                    }
+        if !may_ask(&format!("{}\n{}", on.tier, on.message())) {
+            return false;
+        }
+        let found = match remote.signatures(on) {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(bundle = on.bundle, error = %e, "cannot read the store of record's signatures");
+                return false;
+            }
+        };
+        let trusted = |key: &cloud_harness_control::signatures::PublicKey| {
+            self.trust.covering(on.url, on.tier).any(|s| s.trusts(key))
+        };
+        let mut taken = false;
+        for text in found {
+            match stored::import(&self.db, on, &text, trusted) {
+                Ok(kept) => taken |= kept,
+                Err(e) => {
+                    tracing::warn!(bundle = on.bundle, tier = on.tier, error = %e, "a signature in the store of record is not one: passed over")
                 }
             }
-            Err(e) => {
-                tracing::warn!(bundle = on.bundle, error = %e, "cannot read the store of record's signatures")
-            }
         }
+        taken
     }
 
     fn audit_refusal(&self, actor: &str, subject: &str, on: Subject, verdict: &Verdict) {
@@ -145,7 +154,7 @@ pub(super) fn served_owner_bundles(
             served.push(b.clone());
             continue;
         }
-        let verdict = judge(policy, on, &stored::of(db, &bundle, Some(on.tier))?);
+        let verdict = judge(policy, on, &stored::of_subject(db, on)?);
         if verdict.served() {
             served.push(b.clone());
         } else {
@@ -159,4 +168,31 @@ pub(super) fn served_owner_bundles(
         }
     }
     Ok(served)
+}
+
+/// Whether the store of record may be asked for the signatures of `subject` now: not when it
+/// was asked in the last 10 s (an unsigned toolkit opened in a loop asks that often, no more).
+fn may_ask(subject: &str) -> bool {
+    const EVERY: Duration = Duration::from_secs(10);
+    const REMEMBERED: usize = 4096;
+    static ASKED: OnceLock<Mutex<HashMap<String, Instant>>> = OnceLock::new();
+    let mut asked = ASKED
+        .get_or_init(Mutex::default)
+        .lock()
+        .expect("asked lock");
+    let now = Instant::now();
+    if asked
+        .get(subject)
+        .is_some_and(|at| now.duration_since(*at) < EVERY)
+    {
+        return false;
+    }
+    if asked.len() >= REMEMBERED {
+        asked.retain(|_, at| now.duration_since(*at) < EVERY);
+        if asked.len() >= REMEMBERED {
+            return false;
+        }
+    }
+    asked.insert(subject.to_owned(), now);
+    true
 }

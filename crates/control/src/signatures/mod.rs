@@ -50,9 +50,11 @@ impl Subject<'_> {
 }
 
 /// A repository URL as signatures and policies name it, whatever spelling fetched it: parsed
-/// (the host lowercased, a default port and stray tabs or newlines dropped), without a
-/// trailing `/` or `.git`. The path keeps its case (hosts differ on it; a policy's patterns
-/// match it case-insensitively, see `policy`).
+/// (tabs and newlines dropped, a default port dropped), the host as the allowlist normalizes
+/// it (lowercased, no trailing dot), the path without empty segments, with unreserved
+/// characters written out rather than percent-escaped, and without a trailing `.git` (in any
+/// case). The path keeps its case otherwise (hosts differ on it; a policy's patterns match it
+/// case-insensitively, see `policy`).
 pub fn canonical(url: &str) -> String {
     let Ok(mut parsed) = url::Url::parse(url) else {
         // Not a URL (a toolkit's URL was checked long before): control characters dropped.
@@ -60,10 +62,44 @@ pub fn canonical(url: &str) -> String {
     };
     parsed.set_query(None);
     parsed.set_fragment(None);
-    let path = parsed.path().trim_end_matches('/');
-    let path = path.strip_suffix(".git").unwrap_or(path).to_owned();
+    if let Some(host) = parsed.host_str().and_then(crate::hosts::normalize_host) {
+        let _ = parsed.set_host(Some(&host));
+    }
+    let segments: Vec<String> = parsed
+        .path()
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(unescape_unreserved)
+        .collect();
+    let mut path = segments.join("/");
+    if path.len() >= 4 && path[path.len() - 4..].eq_ignore_ascii_case(".git") {
+        path.truncate(path.len() - 4);
+    }
     parsed.set_path(&path);
     parsed.as_str().trim_end_matches('/').to_owned()
+}
+
+/// `%41` written as `A`, for the characters a URL never needs to escape (letters, digits,
+/// `-`, `.`, `_`, `~`); every other escape left as it is. (A parsed URL's path is ASCII.)
+fn unescape_unreserved(segment: &str) -> String {
+    let bytes = segment.as_bytes();
+    let mut out = String::with_capacity(segment.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+            if let Some(b) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    out.push(b as char);
+                    i += 3;
+                    continue;
+                }
+            }
+        }
+        out.push(bytes[i] as char);
+        i += 1;
+    }
+    out
 }
 
 /// A tier named by a signature or a policy: `owner` or `workspace`.

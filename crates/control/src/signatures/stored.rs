@@ -13,8 +13,11 @@ use cloud_harness_error::{Code, Error, Result};
 use serde::Serialize;
 use serde_json::json;
 
-/// Signatures one bundle may have in one tier (those not removed): what an open reads.
-pub const MAX_PER_TIER: usize = 16;
+/// Signatures (not removed) of one subject — a bundle at one commit of one repository, in one
+/// tier — at most, one per key: what an open reads.
+pub const MAX_PER_SUBJECT: usize = 16;
+/// Rows a listing of one bundle shows, at most.
+pub const MAX_LISTED: usize = 1000;
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -58,10 +61,10 @@ pub fn add(db: &Db, subject: Subject, text: &str, actor: &str) -> Result<Stored>
         added_at: state::now_ms(),
     };
     db.write(|tx| {
-        if others(tx, &row)? >= MAX_PER_TIER {
+        if others(tx, &row)? >= MAX_PER_SUBJECT {
             return Err(Error::conflict(format!(
-                "bundle {} has {MAX_PER_TIER} signatures in the {} tier already; remove one first",
-                row.bundle, row.tier
+                "bundle {} at {} has {MAX_PER_SUBJECT} signatures in the {} tier already; remove one first",
+                row.bundle, row.commit, row.tier
             )));
         }
         tx.execute(
@@ -83,14 +86,14 @@ pub fn add(db: &Db, subject: Subject, text: &str, actor: &str) -> Result<Stored>
     Ok(row)
 }
 
-/// The live signatures of the row's bundle and tier other than its own.
+/// The live signatures of the row's subject by other keys.
 fn others(tx: &state::Conn, row: &Stored) -> Result<usize> {
     let n: i64 = tx
         .query_row(
             "SELECT COUNT(*) FROM bundle_signatures
-             WHERE bundle = $1 AND tier = $2 AND removed_at IS NULL
-               AND NOT (key = $3 AND url = $4 AND commit_id = $5)",
-            params![row.bundle, row.tier, row.key, row.url, row.commit],
+             WHERE bundle = $1 AND tier = $2 AND url = $3 AND commit_id = $4
+               AND key <> $5 AND removed_at IS NULL",
+            params![row.bundle, row.tier, row.url, row.commit, row.key],
             |r| r.get(0),
         )
         .map_err(state::internal)?;
@@ -122,7 +125,7 @@ pub fn import(
         added_at: state::now_ms(),
     };
     db.write(|tx| {
-        if others(tx, &row)? >= MAX_PER_TIER {
+        if others(tx, &row)? >= MAX_PER_SUBJECT {
             return Ok(false);
         }
         let added = tx
@@ -136,21 +139,38 @@ pub fn import(
     })
 }
 
-/// Withdraws every signature by `key` (a fingerprint) of `bundle` in `tier`; the rows stay as
-/// tombstones until the key signs it again.
-pub fn remove(db: &Db, bundle: &str, tier: &str, key: &str, actor: &str) -> Result<()> {
+/// Withdraws the signatures by `key` (a fingerprint) of `bundle` in `tier` — of one commit of
+/// one repository when `only` names it, else of every one; the rows stay as tombstones until
+/// the key signs again. How many were withdrawn.
+pub fn remove(
+    db: &Db,
+    bundle: &str,
+    tier: &str,
+    key: &str,
+    only: Option<(&str, &str)>,
+    actor: &str,
+) -> Result<usize> {
     check_tier(tier)?;
+    let url = only.map(|(u, _)| canonical(u));
+    let commit = only.map(|(_, c)| c);
     db.write(|tx| {
         let n = tx
             .execute(
                 "UPDATE bundle_signatures SET removed_by = $1, removed_at = $2
-                 WHERE bundle = $3 AND tier = $4 AND key = $5 AND removed_at IS NULL",
-                params![actor, state::now_ms(), bundle, tier, key],
+                 WHERE bundle = $3 AND tier = $4 AND key = $5 AND removed_at IS NULL
+                   AND (CAST($6 AS TEXT) IS NULL OR url = $6)
+                   AND (CAST($7 AS TEXT) IS NULL OR commit_id = $7)",
+                params![actor, state::now_ms(), bundle, tier, key, url, commit],
             )
             .map_err(state::internal)?;
         if n == 0 {
             return Err(Error::not_found(format!(
-                "bundle {bundle} has no signature by {key} in the {tier} tier"
+                "bundle {bundle} has no signature by {key} in the {tier} tier{}",
+                if only.is_some() {
+                    " at that commit"
+                } else {
+                    ""
+                }
             )));
         }
         audit::record(
@@ -158,36 +178,57 @@ pub fn remove(db: &Db, bundle: &str, tier: &str, key: &str, actor: &str) -> Resu
             actor,
             "signature.removed",
             &format!("bundle:{bundle}"),
-            &json!({ "tier": tier, "key": key }),
-        )
+            &json!({ "tier": tier, "key": key, "url": url, "commit": commit, "signatures": n }),
+        )?;
+        Ok(n as usize)
     })
 }
 
-/// The live signatures of `bundle` in `tier` (`None`: every tier), oldest first, at most
-/// [`MAX_PER_TIER`] a tier.
-pub fn of(db: &Db, bundle: &str, tier: Option<&str>) -> Result<Vec<Stored>> {
+/// The live signatures of `subject`, oldest first, at most [`MAX_PER_SUBJECT`].
+pub fn of_subject(db: &Db, subject: Subject) -> Result<Vec<Stored>> {
+    let url = canonical(subject.url);
+    select(
+        db,
+        "SELECT bundle, tier, url, commit_id, key, signature, added_by, added_at
+         FROM bundle_signatures
+         WHERE bundle = $1 AND tier = $2 AND url = $3 AND commit_id = $4 AND removed_at IS NULL
+         ORDER BY added_at LIMIT $5",
+        params![
+            subject.bundle,
+            subject.tier,
+            url,
+            subject.commit,
+            MAX_PER_SUBJECT as i64
+        ],
+    )
+}
+
+/// The live signatures of `bundle`, every commit and tier, at most [`MAX_LISTED`].
+pub fn of_bundle(db: &Db, bundle: &str) -> Result<Vec<Stored>> {
+    select(
+        db,
+        "SELECT bundle, tier, url, commit_id, key, signature, added_by, added_at
+         FROM bundle_signatures WHERE bundle = $1 AND removed_at IS NULL
+         ORDER BY tier, url, commit_id, added_at LIMIT $2",
+        params![bundle, MAX_LISTED as i64],
+    )
+}
+
+fn select(db: &Db, sql: &str, params: &[&dyn state::Param]) -> Result<Vec<Stored>> {
     db.with(|c| {
-        let mut q = c.prepare_cached(
-            "SELECT bundle, tier, url, commit_id, key, signature, added_by, added_at
-             FROM bundle_signatures
-             WHERE bundle = $1 AND (CAST($2 AS TEXT) IS NULL OR tier = $2) AND removed_at IS NULL
-             ORDER BY tier, added_at LIMIT $3",
-        )?;
-        let rows = q.query_map(
-            params![bundle, tier, (MAX_PER_TIER * super::TIERS.len()) as i64],
-            |r| {
-                Ok(Stored {
-                    bundle: r.get(0)?,
-                    tier: r.get(1)?,
-                    url: r.get(2)?,
-                    commit: r.get(3)?,
-                    key: r.get(4)?,
-                    signature: r.get(5)?,
-                    added_by: r.get(6)?,
-                    added_at: r.get(7)?,
-                })
-            },
-        )?;
+        let mut q = c.prepare_cached(sql)?;
+        let rows = q.query_map(params, |r| {
+            Ok(Stored {
+                bundle: r.get(0)?,
+                tier: r.get(1)?,
+                url: r.get(2)?,
+                commit: r.get(3)?,
+                key: r.get(4)?,
+                signature: r.get(5)?,
+                added_by: r.get(6)?,
+                added_at: r.get(7)?,
+            })
+        })?;
         rows.collect::<state::DbResult<Vec<Stored>>>()
     })
 }

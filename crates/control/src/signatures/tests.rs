@@ -67,6 +67,9 @@ fn a_signature_verifies_only_the_message_it_was_made_for() {
         "https://GIT.example/acme/skills.git",
         "https://git.example:443/acme/skills/",
         "https://git.example/acme/\tskills",
+        "https://git.example./acme/skills.GIT",
+        "https://git.example//acme//skills",
+        "https://git.example/%61cme/skills",
     ] {
         assert_eq!(canonical(same), URL, "{same}");
         let on = Subject {
@@ -95,12 +98,34 @@ fn text_that_is_not_an_ed25519_bundle_signature_is_refused() {
         .unwrap_err()
         .message
         .contains("bytes"));
-    let mut flipped = sign(&k, NAMESPACE, "x").into_bytes();
-    flipped[60] = if flipped[60] == b'A' { b'B' } else { b'A' };
-    // Bytes changed inside the armor either fail to parse or fail to verify.
-    if let Ok(s) = Signed::parse(std::str::from_utf8(&flipped).unwrap()) {
-        assert!(!s.verifies("x"));
-    }
+    // One bit of the signature itself flipped (its last bytes, inside the armor): it still
+    // parses, as the same key's, and no longer verifies.
+    let good = k.sign(NAMESPACE, HashAlg::Sha512, b"x").unwrap();
+    let mut raw = ssh_key::Signature::try_from(good.signature().clone())
+        .unwrap()
+        .as_bytes()
+        .to_vec();
+    raw[10] ^= 1;
+    let bad = ssh_key::SshSig::new(
+        good.public_key().clone(),
+        NAMESPACE,
+        HashAlg::Sha512,
+        ssh_key::Signature::new(ssh_key::Algorithm::Ed25519, raw).unwrap(),
+    )
+    .unwrap()
+    .to_pem(LineEnding::LF)
+    .unwrap();
+    let parsed = Signed::parse(&bad).unwrap();
+    assert_eq!(
+        parsed.fingerprint(),
+        Signed::parse(&good.to_pem(LineEnding::LF).unwrap())
+            .unwrap()
+            .fingerprint()
+    );
+    assert!(!parsed.verifies("x"));
+    assert!(Signed::parse(&good.to_pem(LineEnding::LF).unwrap())
+        .unwrap()
+        .verifies("x"));
 }
 
 #[test]
@@ -201,23 +226,25 @@ fn a_removed_signature_stays_removed_until_its_key_signs_again() {
     let text = sign(&k, NAMESPACE, &subject("owner").message());
     let added = super::stored::add(&db, subject("owner"), &text, "test").unwrap();
     assert_eq!(
-        super::stored::of(&db, BUNDLE, Some("owner")).unwrap().len(),
+        super::stored::of_subject(&db, subject("owner"))
+            .unwrap()
+            .len(),
         1
     );
-    super::stored::remove(&db, BUNDLE, "owner", &added.key, "test").unwrap();
-    assert!(super::stored::of(&db, BUNDLE, None).unwrap().is_empty());
+    super::stored::remove(&db, BUNDLE, "owner", &added.key, None, "test").unwrap();
+    assert!(super::stored::of_bundle(&db, BUNDLE).unwrap().is_empty());
     // The same signature found again (in a bucket) is not taken back.
     assert!(!super::stored::import(&db, subject("owner"), &text, |_| true).unwrap());
-    assert!(super::stored::of(&db, BUNDLE, None).unwrap().is_empty());
-    assert!(super::stored::remove(&db, BUNDLE, "owner", &added.key, "test").is_err());
+    assert!(super::stored::of_bundle(&db, BUNDLE).unwrap().is_empty());
+    assert!(super::stored::remove(&db, BUNDLE, "owner", &added.key, None, "test").is_err());
     // Signed again by its key: kept again.
     super::stored::add(&db, subject("owner"), &text, "test").unwrap();
-    assert_eq!(super::stored::of(&db, BUNDLE, None).unwrap().len(), 1);
+    assert_eq!(super::stored::of_bundle(&db, BUNDLE).unwrap().len(), 1);
     // An import takes only what verifies and what the caller trusts.
     let other = sign(&key(2), NAMESPACE, &subject("owner").message());
     assert!(!super::stored::import(&db, subject("owner"), &other, |_| false).unwrap());
     let wrong = sign(&key(2), NAMESPACE, &subject("workspace").message());
     assert!(!super::stored::import(&db, subject("owner"), &wrong, |_| true).unwrap());
     assert!(super::stored::import(&db, subject("owner"), &other, |_| true).unwrap());
-    assert_eq!(super::stored::of(&db, BUNDLE, None).unwrap().len(), 2);
+    assert_eq!(super::stored::of_bundle(&db, BUNDLE).unwrap().len(), 2);
 }
