@@ -56,9 +56,10 @@ impl Subject<'_> {
 /// case). The path keeps its case otherwise (hosts differ on it; a policy's patterns match it
 /// case-insensitively, see `policy`).
 pub fn canonical(url: &str) -> String {
-    let Ok(mut parsed) = url::Url::parse(url) else {
-        // Not a URL (a toolkit's URL was checked long before): control characters dropped.
-        return url.chars().filter(|c| !c.is_control()).collect();
+    let url: String = url.chars().filter(|c| !c.is_control()).collect();
+    let Ok(mut parsed) = url::Url::parse(&url) else {
+        // Not a URL (a toolkit's URL was checked long before): as it is, without controls.
+        return url;
     };
     parsed.set_query(None);
     parsed.set_fragment(None);
@@ -72,8 +73,16 @@ pub fn canonical(url: &str) -> String {
         .map(unescape_unreserved)
         .collect();
     let mut path = segments.join("/");
-    if path.len() >= 4 && path[path.len() - 4..].eq_ignore_ascii_case(".git") {
-        path.truncate(path.len() - 4);
+    // `kit.git/`, `kit.git.git`: every trailing `/` and `.git` goes.
+    loop {
+        let before = path.len();
+        path.truncate(path.trim_end_matches('/').len());
+        if path.len() >= 4 && path[path.len() - 4..].eq_ignore_ascii_case(".git") {
+            path.truncate(path.len() - 4);
+        }
+        if path.len() == before {
+            break;
+        }
     }
     parsed.set_path(&path);
     parsed.as_str().trim_end_matches('/').to_owned()

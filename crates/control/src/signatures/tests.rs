@@ -79,6 +79,23 @@ fn a_signature_verifies_only_the_message_it_was_made_for() {
         assert!(signed.verifies(&on.message()), "{same}");
     }
     assert_ne!(canonical("https://git.example/ACME/skills"), URL);
+    // Its own canonical spelling, whatever it was given.
+    for odd in [
+        "https://x/a.git.git",
+        "https://x/a/.git/.git/",
+        "ht\u{1}tps://x/a.git",
+        "https://x/a/%2E%2E/b",
+        "https://x/%2e%2egit",
+        "https://x",
+        "mailto:someone",
+        "https://x/%252E",
+        "foo://HOST./p%7Eq",
+        "not a url",
+    ] {
+        let once = canonical(odd);
+        assert_eq!(canonical(&once), once, "{odd:?}");
+        assert!(!once.chars().any(char::is_control), "{odd:?}");
+    }
     assert_eq!(
         signed.fingerprint(),
         k.public_key().fingerprint(HashAlg::Sha256).to_string()
