@@ -50,6 +50,16 @@ fn ssh_sign(key: &Path, text: &str) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// `bundle` signed for the owner tier with `key` by `cloud-harness signature sign`; the key's
+/// fingerprint.
+fn sign_owner(w: &World, bundle: &str, key: &Path) -> String {
+    let args = ["signature", "sign", bundle, "--tier", "owner", "--key"];
+    let (code, text) = w.cli(&[&args[..], &[key.to_str().unwrap()]].concat());
+    assert_eq!(code, 0, "{text}");
+    let added: Value = serde_json::from_str(&text).unwrap();
+    added["key"].as_str().unwrap().to_owned()
+}
+
 /// The policy of these tests: the owner tier of `url` requires `key`, its workspace tier
 /// warns without it.
 fn policy(dir: &Path, url: &str, key: &str) -> PathBuf {
@@ -217,16 +227,7 @@ fn an_owner_tier_is_served_only_with_a_good_signature_by_a_trusted_key() {
     );
 
     // Signed by a key the policy does not trust: still not served.
-    let (code, text) = w.cli(&[
-        "signature",
-        "sign",
-        &bundle,
-        "--tier",
-        "owner",
-        "--key",
-        stranger.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{text}");
+    sign_owner(&w, &bundle, &stranger);
     let out = open(&w, "stranger", kit.clone());
     assert_eq!(
         out["toolkits"][0]["signature"]["status"], "untrusted-key",
@@ -257,19 +258,8 @@ fn an_owner_tier_is_served_only_with_a_good_signature_by_a_trusted_key() {
     assert!(text.contains("does not sign bundle"), "{text}");
 
     // Signed by the trusted key: served, by the tools and the mount alike.
-    let (code, text) = w.cli(&[
-        "signature",
-        "sign",
-        &bundle,
-        "--tier",
-        "owner",
-        "--key",
-        trusted.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{text}");
-    let added: Value = serde_json::from_str(&text).unwrap();
-    let fingerprint = added["key"].as_str().unwrap().to_owned();
-    assert!(fingerprint.starts_with("SHA256:"), "{added}");
+    let fingerprint = sign_owner(&w, &bundle, &trusted);
+    assert!(fingerprint.starts_with("SHA256:"), "{fingerprint}");
     let out = open(&w, "signed", kit.clone());
     let t = &out["toolkits"][0];
     assert_eq!(
@@ -575,18 +565,7 @@ fn a_signature_withdrawn_reaches_a_workspace_when_it_is_next_made_live() {
     let out = open(&w, "unsigned", kit.clone());
     assert_eq!(out["toolkits"][0]["served"], false, "{out}");
     let bundle = out["toolkits"][0]["bundle"].as_str().unwrap().to_owned();
-    let (code, text) = w.cli(&[
-        "signature",
-        "sign",
-        &bundle,
-        "--tier",
-        "owner",
-        "--key",
-        trusted.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{text}");
-    let added: Value = serde_json::from_str(&text).unwrap();
-    let fingerprint = added["key"].as_str().unwrap().to_owned();
+    let fingerprint = sign_owner(&w, &bundle, &trusted);
     let out = open(&w, "signed", kit);
     assert_eq!(names(&out), ["alpha"], "{out}");
     let ws = out["workspace"].as_str().unwrap().to_owned();

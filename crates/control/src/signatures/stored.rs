@@ -35,6 +35,21 @@ pub struct Stored {
     pub added_at: i64,
 }
 
+impl Stored {
+    fn new(subject: Subject, signed: &Signed, text: &str, by: &str) -> Stored {
+        Stored {
+            bundle: subject.bundle.to_owned(),
+            tier: subject.tier.to_owned(),
+            url: canonical(subject.url),
+            commit: subject.commit.to_owned(),
+            key: signed.fingerprint(),
+            signature: text.trim().to_owned(),
+            added_by: by.to_owned(),
+            added_at: state::now_ms(),
+        }
+    }
+}
+
 /// Adds (or replaces, for the same key and subject) a signature an operator or publisher
 /// made; refused unless it signs exactly `subject`.
 pub fn add(db: &Db, subject: Subject, text: &str, actor: &str) -> Result<Stored> {
@@ -50,16 +65,7 @@ pub fn add(db: &Db, subject: Subject, text: &str, actor: &str) -> Result<Stored>
             ),
         ));
     }
-    let row = Stored {
-        bundle: subject.bundle.to_owned(),
-        tier: subject.tier.to_owned(),
-        url: canonical(subject.url),
-        commit: subject.commit.to_owned(),
-        key: signed.fingerprint(),
-        signature: text.trim().to_owned(),
-        added_by: actor.to_owned(),
-        added_at: state::now_ms(),
-    };
+    let row = Stored::new(subject, &signed, text, actor);
     db.write(|tx| {
         if others(tx, &row)? >= MAX_PER_SUBJECT {
             return Err(Error::conflict(format!(
@@ -114,16 +120,7 @@ pub fn import(
     if !trusted(&signed.key()) || !signed.verifies(&subject.message()) {
         return Ok(false);
     }
-    let row = Stored {
-        bundle: subject.bundle.to_owned(),
-        tier: subject.tier.to_owned(),
-        url: canonical(subject.url),
-        commit: subject.commit.to_owned(),
-        key: signed.fingerprint(),
-        signature: text.trim().to_owned(),
-        added_by: "store-of-record".to_owned(),
-        added_at: state::now_ms(),
-    };
+    let row = Stored::new(subject, &signed, text, "store-of-record");
     db.write(|tx| {
         if others(tx, &row)? >= MAX_PER_SUBJECT {
             return Ok(false);
