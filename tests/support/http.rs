@@ -31,6 +31,13 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // The killed server's unmount guard detaches its mounts and the workspaces folder's
+        // bind, holding the home's serving lock until it is done; the home (with the bind's
+        // recorded ID) must outlive that, or the bind is left for want of its record.
+        let home = self.tmp.path().join("home");
+        if home.join("serving.lock").exists() {
+            let _ = cloud_harness_workspace::serving::lock(&home);
+        }
     }
 }
 
