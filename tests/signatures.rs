@@ -347,6 +347,30 @@ fn an_owner_tier_is_served_only_with_a_good_signature_by_a_trusted_key() {
         "{out}"
     );
     assert_eq!(listed(&out), ["fmt", "lint"]);
+    // Signed for that tier by a key the policy does not trust: served, flagged.
+    let stranger_key = stranger.to_str().unwrap();
+    let args = [
+        "signature",
+        "sign",
+        &bundle,
+        "--tier",
+        "workspace",
+        "--key",
+        stranger_key,
+    ];
+    let (code, text) = w.cli(&args);
+    assert_eq!(code, 0, "{text}");
+    let out = open(&w, "warn-stranger", in_workspace.clone());
+    let t = &out["toolkits"][0];
+    assert_eq!(
+        (t["served"].clone(), t["signature"]["status"].clone()),
+        (json!(true), json!("untrusted-key")),
+        "{out}"
+    );
+    assert!(
+        warnings(&out).contains("signed only by keys it does not trust"),
+        "{out}"
+    );
     let owner_tier_text = ssh_sign(
         &trusted,
         &w.cli(&["signature", "payload", &bundle, "--tier", "owner"])
