@@ -1,6 +1,6 @@
 //! The trust policy applied to an open's toolkits before any of their skills is served: each
 //! toolkit's bundle judged in the tier it is for, against the signatures the state database
-//! keeps (and, for a bundle just taken from the store of record, those beside it there). A
+//! keeps (and, when those do not verify it, the ones beside it in the store of record). A
 //! toolkit refused under `require` is left out of the stack — neither mounted nor written
 //! into the working tree, so the mount and the MCP tools alike never serve it — and the open
 //! says why; its refusal is audited (`signature.refused`, throttled like every refusal). A
