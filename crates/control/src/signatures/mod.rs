@@ -64,7 +64,11 @@ pub fn canonical(url: &str) -> String {
     parsed.set_query(None);
     parsed.set_fragment(None);
     if let Some(host) = parsed.host_str().and_then(crate::hosts::normalize_host) {
-        let _ = parsed.set_host(Some(&host));
+        // A dot the normalization decoded (`kit%2E`) goes too: the spelling must be stable.
+        let host = host.trim_end_matches('.');
+        if !host.is_empty() {
+            let _ = parsed.set_host(Some(host));
+        }
     }
     let segments: Vec<String> = parsed
         .path()

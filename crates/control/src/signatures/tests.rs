@@ -91,6 +91,8 @@ fn a_signature_verifies_only_the_message_it_was_made_for() {
         "https://x/%252E",
         "foo://HOST./p%7Eq",
         "not a url",
+        "hhttps:/\0\0\0/kit%2E/kit.GgITi",
+        "foo://kit%2E%2E/x",
     ] {
         let once = canonical(odd);
         assert_eq!(canonical(&once), once, "{odd:?}");
