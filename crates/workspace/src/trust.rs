@@ -90,7 +90,7 @@ impl Workspaces {
         let Some(remote) = self.provisioner.remote() else {
             return false;
         };
-        if !may_ask(&format!("{}\n{}", on.tier, on.message())) {
+        if !may_ask(&on.message()) {
             return false;
         }
         let found = match remote.signatures(on) {

@@ -18,7 +18,7 @@
 
 use super::{canonical, check_tier, parse_key};
 use cloud_harness_error::{Code, Error, Result};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use ssh_key::PublicKey;
 use std::io::Read;
 use std::path::Path;
@@ -29,7 +29,7 @@ const MAX_SCOPES: usize = 256;
 /// Keys, and URL patterns, one scope may name.
 const MAX_PER_SCOPE: usize = 256;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     Require,
@@ -55,17 +55,16 @@ pub struct Scope {
 }
 
 impl Scope {
-    /// Whether this scope speaks for the toolkit at `url` served in `tier`: its patterns
-    /// match the [`canonical`] URL, case-insensitively (a spelling the host takes as the same
+    /// Whether this scope speaks for the toolkit at `url` (spelled [`canonical`]ly) served
+    /// in `tier`: its patterns match case-insensitively (a spelling the host takes as the same
     /// repository is covered the same; where a host tells paths apart by case, a pattern
     /// covers more, never less).
-    pub fn covers(&self, url: &str, tier: &str) -> bool {
+    fn covers(&self, url: &str, tier: &str) -> bool {
         let options = glob::MatchOptions {
             case_sensitive: false,
             ..glob::MatchOptions::new()
         };
-        let url = canonical(url);
-        self.tiers.contains(&tier) && self.toolkits.iter().any(|p| p.matches_with(&url, options))
+        self.tiers.contains(&tier) && self.toolkits.iter().any(|p| p.matches_with(url, options))
     }
 
     /// Whether `key` is one this scope trusts (its key data; a comment is no part of it).
@@ -148,8 +147,10 @@ impl Policy {
     }
 
     /// The scopes that speak for the toolkit at `url` served in `tier`.
+    /// (The URL is spelled [`canonical`]ly once, not once a scope.)
     pub fn covering<'a>(&'a self, url: &'a str, tier: &'a str) -> impl Iterator<Item = &'a Scope> {
-        self.scopes.iter().filter(move |s| s.covers(url, tier))
+        let url = canonical(url);
+        self.scopes.iter().filter(move |s| s.covers(&url, tier))
     }
 
     pub fn is_empty(&self) -> bool {

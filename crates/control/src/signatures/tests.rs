@@ -1,4 +1,4 @@
-use super::policy::Policy;
+use super::policy::{Mode, Policy};
 use super::stored::Stored;
 use super::verdict::{judge, Status};
 use super::{canonical, Signed, Subject, NAMESPACE};
@@ -174,7 +174,7 @@ fn a_policy_is_judged_scope_by_scope() {
     let v = judge(&warn, subject("owner"), &[]);
     assert_eq!(
         (v.status, v.served(), v.mode),
-        (Status::Unsigned, true, Some("warn"))
+        (Status::Unsigned, true, Some(Mode::Warn))
     );
 
     // A scope covers every spelling of a repository its pattern names.
@@ -214,7 +214,7 @@ fn require_outranks_warn_when_both_cover_a_toolkit() {
     let v = judge(&p, subject("owner"), &[stored("owner", by_a)]);
     assert_eq!(
         (v.status, v.mode, v.served()),
-        (Status::UntrustedKey, Some("require"), false)
+        (Status::UntrustedKey, Some(Mode::Require), false)
     );
     assert!(v.problems[0].contains("scope 2"), "{:?}", v.problems);
 }

@@ -48,7 +48,7 @@ pub struct Verdict {
     pub status: Status,
     /// The strictest mode among the scopes not satisfied (none when every one is).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub mode: Option<&'static str>,
+    pub mode: Option<Mode>,
     /// The fingerprints of the trusted keys whose signatures verified.
     pub keys: Vec<String>,
     /// The scopes not satisfied, and why, for people.
@@ -59,7 +59,7 @@ pub struct Verdict {
 impl Verdict {
     /// Whether the tier is served: not when a `require` scope is unsatisfied.
     pub fn served(&self) -> bool {
-        self.mode != Some(Mode::Require.as_str())
+        self.mode != Some(Mode::Require)
     }
 }
 
@@ -124,7 +124,7 @@ pub fn judge(policy: &Policy, subject: Subject, signatures: &[Stored]) -> Verdic
     match worst {
         Some((status, mode)) => {
             verdict.status = status;
-            verdict.mode = Some(mode.as_str());
+            verdict.mode = Some(mode);
         }
         None if any => verdict.status = Status::Verified,
         None => {}
