@@ -77,10 +77,11 @@ pub fn canonical(url: &str) -> String {
         .map(unescape_unreserved)
         .collect();
     let mut path = segments.join("/");
-    // `kit.git/`, `kit.git.git`: every trailing `/` and `.git` goes.
+    // `kit.git/`, `kit.git.git`: every trailing `/` and `.git` goes, and a space an opaque
+    // path (`hps:x `) keeps but the next parse would trim.
     loop {
         let before = path.len();
-        path.truncate(path.trim_end_matches('/').len());
+        path.truncate(path.trim_end_matches(['/', ' ']).len());
         if path.len() >= 4 && path[path.len() - 4..].eq_ignore_ascii_case(".git") {
             path.truncate(path.len() - 4);
         }
@@ -89,7 +90,7 @@ pub fn canonical(url: &str) -> String {
         }
     }
     parsed.set_path(&path);
-    parsed.as_str().trim_end_matches('/').to_owned()
+    parsed.as_str().trim_end_matches(['/', ' ']).to_owned()
 }
 
 /// `%41` written as `A`, for the characters a URL never needs to escape (letters, digits,

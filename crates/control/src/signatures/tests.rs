@@ -93,6 +93,10 @@ fn a_signature_verifies_only_the_message_it_was_made_for() {
         "not a url",
         "hhttps:/\0\0\0/kit%2E/kit.GgITi",
         "foo://kit%2E%2E/x",
+        "hps:\0g\u{fffd}i.exa-\u{fffd}----BEGIN /",
+        "hps:x.git /",
+        "hps:x/ .git /",
+        " https://x/a ",
     ] {
         let once = canonical(odd);
         assert_eq!(canonical(&once), once, "{odd:?}");
