@@ -55,7 +55,28 @@ impl Subject<'_> {
 /// characters written out rather than percent-escaped, and without a trailing `.git` (in any
 /// case). The path keeps its case otherwise (hosts differ on it; a policy's patterns match it
 /// case-insensitively, see `policy`).
+///
+/// One pass can leave work for the parser of the next (a `.git` stripped off `kit.git/.`
+/// only once the parser drops the `.` segment; a dot decoded from `kit%2E`), so the passes
+/// repeat until the spelling stands: the canonical spelling of a canonical spelling is
+/// itself. Each pass after the first only shortens it, so they end; [`MAX_PASSES`] bounds
+/// them all the same.
 pub fn canonical(url: &str) -> String {
+    let mut spelled = canonical_pass(url);
+    for _ in 1..MAX_PASSES {
+        let again = canonical_pass(&spelled);
+        if again == spelled {
+            break;
+        }
+        spelled = again;
+    }
+    spelled
+}
+
+/// The most passes [`canonical`] makes.
+const MAX_PASSES: usize = 8;
+
+fn canonical_pass(url: &str) -> String {
     let url: String = url.chars().filter(|c| !c.is_control()).collect();
     let Ok(mut parsed) = url::Url::parse(&url) else {
         // Not a URL (a toolkit's URL was checked long before): as it is, without controls.

@@ -97,6 +97,8 @@ fn a_signature_verifies_only_the_message_it_was_made_for() {
         "hps:x.git /",
         "hps:x/ .git /",
         " https://x/a ",
+        "httgit.://git.exampAle/%7:cme/kit%2Egit/%2E.git/",
+        "https://x/kit.git/%2E.git/",
     ] {
         let once = canonical(odd);
         assert_eq!(canonical(&once), once, "{odd:?}");
