@@ -21,5 +21,6 @@ pub mod presets;
 pub mod principal;
 pub(crate) mod scope;
 pub mod signatures;
+pub mod skill_usage;
 pub mod state;
 pub mod toolkit;

@@ -230,6 +230,7 @@ fn metrics() -> &'static Metrics {
         );
 
         registry.register_collector(Box::new(Scraped));
+        registry.register_collector(Box::new(crate::skill_usage::Series));
         *m.registry.lock().expect("metrics lock") = registry;
         m
     })

@@ -208,6 +208,30 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "none: no signature is checked",
     ),
     s(
+        "usage.counting",
+        "CLOUD_HARNESS_USAGE",
+        Kind::Choice(&["on", "off"]),
+        "on",
+    ),
+    s(
+        "usage.flush_seconds",
+        "CLOUD_HARNESS_USAGE_FLUSH_SECONDS",
+        Kind::Number,
+        "10",
+    ),
+    s(
+        "usage.retention_days",
+        "CLOUD_HARNESS_USAGE_RETENTION_DAYS",
+        Kind::Number,
+        "30",
+    ),
+    s(
+        "usage.daily_retention_days",
+        "CLOUD_HARNESS_USAGE_DAILY_RETENTION_DAYS",
+        Kind::Number,
+        "400",
+    ),
+    s(
         "workspace.idle_pause",
         "CLOUD_HARNESS_IDLE_PAUSE",
         Kind::Number,

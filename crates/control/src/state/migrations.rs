@@ -367,6 +367,48 @@ CREATE TABLE bundle_signatures (
 "#,
         )],
     },
+    Migration {
+        version: 13,
+        description: "skill uses where skills are served: each flush's counts, and their sums per day",
+        parts: &[Both(
+            r#"
+CREATE TABLE usage_events (
+    at BIGINT NOT NULL,
+    source TEXT NOT NULL CHECK (source IN ('read', 'run', 'resource', 'mount')),
+    workspace TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    toolkit TEXT NOT NULL,
+    commit_id TEXT NOT NULL,
+    bundle TEXT NOT NULL,
+    tier TEXT NOT NULL,
+    skill TEXT NOT NULL,
+    file TEXT NOT NULL,
+    uses BIGINT NOT NULL,
+    failures BIGINT NOT NULL,
+    duration_ms BIGINT NOT NULL
+);
+CREATE INDEX usage_events_at ON usage_events (at);
+CREATE INDEX usage_events_workspace ON usage_events (workspace, at);
+CREATE TABLE usage_daily (
+    day TEXT NOT NULL,
+    source TEXT NOT NULL CHECK (source IN ('read', 'run', 'resource', 'mount')),
+    workspace TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    toolkit TEXT NOT NULL,
+    commit_id TEXT NOT NULL,
+    bundle TEXT NOT NULL,
+    tier TEXT NOT NULL,
+    skill TEXT NOT NULL,
+    uses BIGINT NOT NULL,
+    failures BIGINT NOT NULL,
+    duration_ms BIGINT NOT NULL,
+    last_at BIGINT NOT NULL,
+    PRIMARY KEY (day, source, workspace, principal, toolkit, commit_id, bundle, tier, skill)
+);
+CREATE INDEX usage_daily_skill ON usage_daily (toolkit, skill, day);
+"#,
+        )],
+    },
 ];
 
 /// The newest version this binary knows.

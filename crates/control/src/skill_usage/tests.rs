@@ -1,0 +1,211 @@
+use super::stored::day_of;
+use super::*;
+
+fn origin(toolkit: &str) -> Origin {
+    Origin {
+        toolkit: toolkit.to_owned(),
+        commit: "c0ffee".to_owned(),
+        bundle: "sha256:00".to_owned(),
+        tier: "repository".to_owned(),
+    }
+}
+
+fn read<'a>(origin: &'a Origin, principal: &'a str, file: &'a str) -> Use<'a> {
+    Use {
+        source: Source::Read,
+        workspace: "ws-1",
+        principal,
+        origin,
+        skill: "tdd",
+        file,
+        failed: false,
+        duration_ms: 0,
+    }
+}
+
+fn uses_of(toolkit: &str, source: Source) -> u64 {
+    let counts = USAGE.counts.lock().unwrap();
+    counts
+        .series
+        .get(toolkit)
+        .map_or(0, |by| by[source as usize].0)
+}
+
+/// One test for the process's one tally: tests run at once would count into each other.
+#[test]
+fn the_tally_counts_merges_and_stays_bounded() {
+    let kit = origin("acme/kit");
+    take();
+    // A storm of the same read is one key.
+    for _ in 0..10_000 {
+        record(&read(&kit, "alice", "SKILL.md"));
+    }
+    assert_eq!(held(), 1);
+    let batch = take();
+    assert_eq!(batch.len(), 1);
+    assert_eq!(batch[0].1.uses, 10_000);
+    assert_eq!(batch[0].0.file, "SKILL.md");
+    assert_eq!(held(), 0);
+    assert_eq!(uses_of("acme/kit", Source::Read), 10_000);
+
+    // One principal's distinct files stop at its share; another's still count.
+    let before = dropped();
+    let files: Vec<String> = (0..MAX_KEYS_PER_PRINCIPAL + 100)
+        .map(|i| format!("f{i}"))
+        .collect();
+    for f in &files {
+        record(&read(&kit, "greedy", f));
+    }
+    assert_eq!(held(), MAX_KEYS_PER_PRINCIPAL);
+    assert_eq!(dropped() - before, 100);
+    record(&read(&kit, "bob", "SKILL.md"));
+    assert_eq!(held(), MAX_KEYS_PER_PRINCIPAL + 1);
+    // The whole tally stops at MAX_KEYS, however many principals.
+    for p in 0..8 {
+        let who = format!("p{p}");
+        for f in &files[..MAX_KEYS_PER_PRINCIPAL] {
+            record(&read(&kit, &who, f));
+        }
+    }
+    assert_eq!(held(), MAX_KEYS);
+
+    // A batch put back merges with what came since, within the bounds.
+    let batch = take();
+    record(&read(&kit, "bob", "SKILL.md"));
+    put_back(batch);
+    assert_eq!(held(), MAX_KEYS);
+    let bob: Vec<_> = take()
+        .into_iter()
+        .filter(|(k, _)| k.principal == "bob")
+        .collect();
+    assert_eq!(bob.len(), 1);
+    assert_eq!(bob[0].1.uses, 2);
+
+    // Long fields are cut, NUL ends one.
+    let long = "x".repeat(MAX_FIELD * 4);
+    record(&read(&kit, "carol", &long));
+    record(&read(&kit, "carol", "a\0b"));
+    let mut got: Vec<String> = take().into_iter().map(|(k, _)| k.file).collect();
+    got.sort();
+    assert_eq!(got, vec!["a".to_owned(), "x".repeat(MAX_FIELD)]);
+
+    // Toolkit series stop at MAX_TOOLKIT_SERIES; the rest are `other`.
+    for i in 0..MAX_TOOLKIT_SERIES + 10 {
+        record(&read(&origin(&format!("kit-{i}")), "dave", "SKILL.md"));
+    }
+    assert!(USAGE.counts.lock().unwrap().series.len() <= MAX_TOOLKIT_SERIES + 1);
+    assert!(uses_of(OTHER, Source::Read) >= 10);
+    take();
+
+    // Off counts nothing.
+    set_enabled(false);
+    record(&read(&kit, "erin", "SKILL.md"));
+    set_enabled(true);
+    assert_eq!(held(), 0);
+}
+
+#[test]
+fn a_label_value_cannot_end_its_quotes() {
+    assert_eq!(label("https://git.example/kit"), "https://git.example/kit");
+    assert_eq!(label("a\"} 1\nx{b=\"\\"), "a\\\"} 1\\nx{b=\\\"\\\\");
+}
+
+#[test]
+fn days_are_utc_calendar_days() {
+    assert_eq!(day_of(0), "1970-01-01");
+    assert_eq!(day_of(86_400_000 - 1), "1970-01-01");
+    assert_eq!(day_of(86_400_000), "1970-01-02");
+    // 2024-02-29T12:00:00Z and 2026-12-07T00:00:00Z.
+    assert_eq!(day_of(1_709_208_000_000), "2024-02-29");
+    assert_eq!(day_of(1_796_601_600_000), "2026-12-07");
+    assert_eq!(day_of(-1), "1969-12-31");
+}
+
+fn key(source: Source, workspace: &str, file: &str) -> Key {
+    Key {
+        source,
+        workspace: workspace.to_owned(),
+        principal: "token:alice".to_owned(),
+        toolkit: "https://git.example/acme/kit".to_owned(),
+        commit: "c0ffee".to_owned(),
+        bundle: "sha256:00".to_owned(),
+        tier: "owner".to_owned(),
+        skill: "tdd".to_owned(),
+        file: file.to_owned(),
+    }
+}
+
+fn at(ms: i64, uses: u64, failures: u64) -> Tally {
+    Tally {
+        uses,
+        failures,
+        duration_ms: 10 * uses,
+        first_ms: ms,
+        last_ms: ms,
+    }
+}
+
+/// Flushes add up per day; the retention deletes old events and keeps their days, then
+/// deletes days past their own retention.
+#[test]
+fn flushes_roll_up_per_day_and_the_retention_keeps_days_longer_than_events() {
+    use super::stored::{days, events, flush, retain, Retention};
+    let home = tempfile::tempdir().unwrap();
+    let db = crate::state::Db::open_sqlite(home.path()).unwrap();
+    const DAY: i64 = 86_400_000;
+    // 2026-12-01 and 2026-12-02, noon UTC.
+    let d1 = 1_796_126_400_000;
+    let d2 = d1 + DAY;
+    flush(
+        &db,
+        &vec![(key(Source::Read, "ws-1", "SKILL.md"), at(d1, 3, 0))],
+    )
+    .unwrap();
+    flush(
+        &db,
+        &vec![
+            (
+                key(Source::Read, "ws-1", "references/a.md"),
+                at(d1 + 1000, 2, 0),
+            ),
+            (key(Source::Read, "ws-2", "SKILL.md"), at(d1 + 2000, 1, 0)),
+            (
+                key(Source::Run, "ws-1", "scripts/x.sh"),
+                at(d1 + 3000, 2, 1),
+            ),
+        ],
+    )
+    .unwrap();
+    flush(
+        &db,
+        &vec![(key(Source::Read, "ws-1", "SKILL.md"), at(d2, 5, 0))],
+    )
+    .unwrap();
+    let summed = |since: &str| -> Vec<(String, &'static str, i64, i64, i64)> {
+        days(&db, since)
+            .unwrap()
+            .into_iter()
+            .map(|d| (d.day, d.source, d.uses, d.failures, d.workspaces))
+            .collect()
+    };
+    let all = vec![
+        ("2026-12-01".to_owned(), "read", 6, 0, 2),
+        ("2026-12-01".to_owned(), "run", 2, 1, 1),
+        ("2026-12-02".to_owned(), "read", 5, 0, 1),
+    ];
+    assert_eq!(summed("2026-01-01"), all);
+    assert_eq!(summed("2026-12-02"), all[2..].to_vec());
+    assert_eq!(events(&db, "ws-1").unwrap().len(), 4);
+
+    // Events a day old go at a retention of one day; the days stay.
+    let retention = Retention {
+        events_days: 1,
+        daily_days: 3,
+    };
+    assert_eq!(retain(&db, retention, d2 + DAY / 2).unwrap(), (4, 0));
+    assert_eq!(events(&db, "ws-1").unwrap().len(), 1);
+    assert_eq!(summed("2026-01-01"), all);
+    // Days past their retention go too.
+    assert_eq!(retain(&db, retention, d1 + 4 * DAY).unwrap(), (1, 3));
+    assert_eq!(summed("2026-01-01"), all[2..].to_vec());
+}
