@@ -85,6 +85,8 @@ pub fn run(store: &Store, args: &MountArgs) -> Result<u8> {
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get().min(8))),
         // One mount: its fusermount helper stays beside the guard, in case the guard fails.
         auto_unmount: true,
+        // A mount of its own, outside any workspace: no usage to count.
+        loads: None,
     };
     let mounted = fuse::mount(ns.clone(), &args.mountpoint, &config)
         .map_err(|e| Error::internal(format!("mounting at {}: {e}", args.mountpoint.display())))?;
@@ -101,8 +103,9 @@ pub fn run(store: &Store, args: &MountArgs) -> Result<u8> {
         true => None,
         false => {
             let shown = args.mountpoint.display().to_string();
-            let started = Prewarm::start(&program, &args.mountpoint, move |s| report(&shown, s))
-                .map_err(|e| Error::internal(format!("spawning the prewarm thread: {e}")))?;
+            let started =
+                Prewarm::start(&program, &args.mountpoint, true, move |s| report(&shown, s))
+                    .map_err(|e| Error::internal(format!("spawning the prewarm thread: {e}")))?;
             Some(started)
         }
     };

@@ -15,6 +15,7 @@ use crate::abi::{self, op, Args, Attr as KAttr, Malformed, Out};
 use crate::device::{self, Attach};
 use crate::pool::{self, Answer, Session};
 use crate::stats::{Op, Stats, STATS};
+use cloud_harness_skills::generation::View;
 use cloud_harness_skills::namespace::{Attr, FileKind, Invalidation, Namespace, XATTR_PREFIX};
 use nix::errno::Errno;
 use std::io;
@@ -32,6 +33,7 @@ const MAX_READ: u32 = 1 << 20;
 
 pub struct SkillsFs {
     ns: Arc<Namespace>,
+    loads: Option<Loads>,
     /// The kernel opens files without asking (`FUSE_NO_OPEN_SUPPORT`).
     no_open: AtomicBool,
     /// The kernel opens directories without asking (`FUSE_NO_OPENDIR_SUPPORT`).
@@ -42,12 +44,13 @@ pub struct SkillsFs {
 }
 
 impl SkillsFs {
-    pub fn new(ns: Arc<Namespace>) -> SkillsFs {
+    pub fn new(ns: Arc<Namespace>, loads: Option<Loads>) -> SkillsFs {
         let time = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         SkillsFs {
             ns,
+            loads,
             no_open: AtomicBool::new(false),
             no_opendir: AtomicBool::new(false),
             uid: nix::unistd::getuid().as_raw(),
@@ -242,6 +245,11 @@ impl SkillsFs {
         let r = abi::read_in(args).map_err(malformed)?;
         let data = self.ns.read(ino, r.offset, r.size.min(MAX_READ))?;
         Stats::add(&STATS.read_bytes, data.len() as u64);
+        if let (0, Some(loads)) = (r.offset, &self.loads) {
+            if let Some((view, skill, rel)) = self.ns.skill_file(ino) {
+                (loads.0)(view, &skill, &rel);
+            }
+        }
         Ok(Out { bytes: data })
     }
 
@@ -390,6 +398,8 @@ pub struct MountConfig {
     /// which detaches it if this process dies. Off where an unmount guard does that for all
     /// of a process's mounts.
     pub auto_unmount: bool,
+    /// Told of each file's load ([`Loads`]), where usage is counted.
+    pub loads: Option<Loads>,
 }
 
 impl Default for MountConfig {
@@ -398,7 +408,24 @@ impl Default for MountConfig {
             allow_other: false,
             threads: 4,
             auto_unmount: true,
+            loads: None,
         }
+    }
+}
+
+/// Told of each read of a skill's file from its start (offset 0) that reaches the daemon: its
+/// view, skill and path inside the skill. The kernel keeps a file's pages once read (they
+/// never change), so this is the file's load into the mount's cache, not each open: the
+/// repeats cost nothing and are not seen.
+#[derive(Clone)]
+pub struct Loads(pub Arc<LoadHook>);
+
+/// What [`Loads`] calls: the file's view, its skill and its path inside the skill.
+pub type LoadHook = dyn Fn(View, &str, &str) + Send + Sync;
+
+impl std::fmt::Debug for Loads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Loads")
     }
 }
 
@@ -417,7 +444,8 @@ pub fn mount(ns: Arc<Namespace>, mountpoint: &Path, cfg: &MountConfig) -> io::Re
         auto_unmount: cfg.auto_unmount,
     };
     let device = device::attach(mountpoint, &how)?;
-    match pool::serve(device, Box::new(SkillsFs::new(ns)), cfg.threads) {
+    let fs = SkillsFs::new(ns, cfg.loads.clone());
+    match pool::serve(device, Box::new(fs), cfg.threads) {
         Ok(session) => Ok(Mounted { session }),
         Err(e) => {
             // Mounted, but nothing would serve it: not left hanging.

@@ -364,7 +364,7 @@ mod tests {
         let served: Vec<_> = points
             .0
             .iter()
-            .map(|p| serve(attach(p), Box::new(SkillsFs::new(ns.clone())), 2).unwrap())
+            .map(|p| serve(attach(p), Box::new(SkillsFs::new(ns.clone(), None)), 2).unwrap())
             .collect();
         let names = |p: &Path| -> Vec<_> {
             let mut n: Vec<_> = std::fs::read_dir(p)
@@ -418,7 +418,7 @@ mod tests {
         let ns = namespace(tmp.path());
         let points = Points(vec![tmp.path().join("boom")]);
         let at = &points.0[0];
-        let served = serve(attach(at), Box::new(Boom(SkillsFs::new(ns))), 2).unwrap();
+        let served = serve(attach(at), Box::new(Boom(SkillsFs::new(ns, None))), 2).unwrap();
         for _ in 0..2 * threads() {
             let e = std::fs::metadata(at.join("boom-1")).unwrap_err();
             assert_eq!(e.raw_os_error(), Some(nix::libc::EIO), "{e}");
@@ -463,12 +463,12 @@ mod tests {
         let (slow_at, other_at) = (tmp.path().join("slow"), tmp.path().join("other"));
         let answered = Arc::new(AtomicUsize::new(0));
         let slow = Slow {
-            fs: SkillsFs::new(ns.clone()),
+            fs: SkillsFs::new(ns.clone(), None),
             answered: answered.clone(),
         };
         let points = Points(vec![slow_at.clone(), other_at.clone()]);
         let slow = serve(attach(&slow_at), Box::new(slow), 2).unwrap();
-        let other = serve(attach(&other_at), Box::new(SkillsFs::new(ns)), 2).unwrap();
+        let other = serve(attach(&other_at), Box::new(SkillsFs::new(ns, None)), 2).unwrap();
         // More slow lookups at once than the pool has threads.
         let callers: Vec<_> = (0..threads() + 1)
             .map(|i| {

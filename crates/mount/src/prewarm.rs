@@ -56,6 +56,17 @@ impl Default for Budget {
     }
 }
 
+impl Budget {
+    /// Folders listed and files looked up, none read.
+    pub fn metadata() -> Budget {
+        Budget {
+            bytes: 0,
+            file_bytes: 0,
+            ..Budget::default()
+        }
+    }
+}
+
 /// What a prewarm did; the walker prints it as one JSON line.
 #[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Summary {
@@ -102,13 +113,17 @@ impl Prewarm {
     pub fn start(
         program: &Path,
         mountpoint: &Path,
+        content: bool,
         done: impl FnOnce(&Summary) + Send + 'static,
     ) -> std::io::Result<Prewarm> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let mut walker = Command::new(program);
+        walker.arg("prewarm");
+        if !content {
+            walker.arg("--no-content");
+        }
         walker
-            .arg("prewarm")
             .arg(mountpoint)
             .stdin(Stdio::null())
             .stdout(Stdio::piped());
@@ -347,7 +362,8 @@ impl Walker<'_> {
             Ok(m) if m.is_file() => m.len(),
             _ => return Ok(()),
         };
-        if size > self.budget.file_bytes {
+        // A budget of no bytes reads no file, not even an empty one.
+        if size > self.budget.file_bytes || self.budget.bytes == 0 {
             return Ok(());
         }
         let pages = size.div_ceil(PAGE).max(1) * PAGE;

@@ -94,7 +94,10 @@ fn at_most_two_walkers_run_at_once_and_each_summary_arrives() {
     let started: Vec<Prewarm> = (0..4)
         .map(|_| {
             let tx = tx.clone();
-            Prewarm::start(&script, dir.path(), move |s| tx.send(s.entries).unwrap()).unwrap()
+            Prewarm::start(&script, dir.path(), true, move |s| {
+                tx.send(s.entries).unwrap()
+            })
+            .unwrap()
         })
         .collect();
     for _ in 0..4 {
@@ -117,7 +120,10 @@ fn dropping_a_prewarm_kills_its_walker() {
     let dir = tempfile::tempdir().unwrap();
     let script = stand_in(dir.path(), "exec sleep 60");
     let (tx, rx) = std::sync::mpsc::channel::<u64>();
-    let p = Prewarm::start(&script, dir.path(), move |s| tx.send(s.entries).unwrap()).unwrap();
+    let p = Prewarm::start(&script, dir.path(), true, move |s| {
+        tx.send(s.entries).unwrap()
+    })
+    .unwrap();
     let begun = std::time::Instant::now();
     while !dir.path().join("seen").exists() {
         assert!(begun.elapsed().as_secs() < 30, "the walker never started");

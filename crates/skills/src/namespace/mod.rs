@@ -129,6 +129,16 @@ impl Namespace {
         self.current.read().expect("generation lock").clone()
     }
 
+    /// The view, skill and path inside the skill of the file `ino`, if it is a skill's file.
+    pub fn skill_file(&self, ino: u64) -> Option<(View, Arc<str>, Arc<str>)> {
+        match &self.node(ino).ok()?.ident {
+            Ident::SkillBlob {
+                view, skill, rel, ..
+            } => Some((*view, skill.clone(), rel.clone())),
+            _ => None,
+        }
+    }
+
     /// Nodes the kernel holds references to (for tests and memory accounting).
     pub fn node_count(&self) -> usize {
         self.nodes.read().expect("node lock").len()
