@@ -2,6 +2,7 @@
 
 use clap::Args;
 use cloud_harness_control::home;
+use cloud_harness_control::skill_usage::flush::Flusher;
 use cloud_harness_error::{Error, Result};
 use cloud_harness_mcp::HarnessServer;
 use cloud_harness_provision::Provisioner;
@@ -68,6 +69,9 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     tracing::info!(?limits, "limits per principal");
     // Checked before anything is restored or bound.
     let public_origin = public_origin()?;
+    // Before the restored workspaces mount: whether their loads are counted.
+    let usage = cloud_harness_control::skill_usage::flush::Settings::from_env()?;
+    cloud_harness_control::skill_usage::set_enabled(usage.counting);
     let provisioner = Provisioner::from_env(store.clone())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -114,6 +118,7 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
         workspaces.clone(),
         (idle > 0).then(|| Duration::from_secs(idle)),
     );
+    let flusher = Flusher::start(workspaces.db().clone(), usage);
     // On a worker rather than this thread, which would otherwise make every connection's tasks
     // and never park (the blocks the workers free would stay on its pages: memory::idle).
     let served = {
@@ -127,6 +132,10 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     // Unmount before exiting (runs are killed first); the records stay, so the next start
     // restores the workspaces.
     workspaces.shutdown();
+    // After the unmounts: no load can be counted after the last flush.
+    if let Some(flusher) = flusher {
+        flusher.stop();
+    }
     // Work still on the blocking pool (an acquisition waiting on a slow server) is not waited
     // for: what it would publish is published whole or not at all.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));

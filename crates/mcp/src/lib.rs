@@ -24,6 +24,7 @@ mod tools;
 
 use call::Call;
 use cloud_harness_control::principal::Principal;
+use cloud_harness_control::skill_usage::Source;
 use cloud_harness_error::Error;
 use cloud_harness_skills::namespace::Reach;
 use cloud_harness_workspace::progress::OpenProgress;
@@ -281,16 +282,25 @@ impl HarnessServer {
                 // call's time. Anything else may wait on the disk, or encode up to a MiB, so it
                 // goes to the pool.
                 let ws = ws.get_as(who, &workspace, "skills_read")?;
+                let started = std::time::Instant::now();
                 let held = match length <= call::PAGE {
-                    true => ws.read_reaching(&skill, &path, offset, length, Reach::Held)?,
-                    false => None,
+                    true => ws.read_reaching(&skill, &path, offset, length, Reach::Held),
+                    false => Ok(None),
                 };
                 let page = match held {
-                    Some(page) => page,
-                    None => blocking(move || ws.read(&skill, &path, offset, length)).await?,
+                    Ok(Some(page)) => Ok(page),
+                    Ok(None) => {
+                        let (ws, skill, path) = (ws.clone(), skill.clone(), path.clone());
+                        blocking(move || ws.read(&skill, &path, offset, length)).await
+                    }
+                    Err(e) => Err(e),
                 };
+                // A failed read names no file: a client's made-up names are not kept.
+                let file = page.as_ref().map_or("", |p| p.path.as_str());
+                let took = started.elapsed();
+                ws.used(Source::Read, &who.name, &skill, file, page.is_err(), took);
                 Ok(Answer::Value(
-                    serde_json::to_value(page).expect("pages serialize"),
+                    serde_json::to_value(page?).expect("pages serialize"),
                 ))
             }
             Call::Run { workspace, request } => self

@@ -10,6 +10,7 @@
 //! limits (512 files, 16 MiB). `resources/directory/read` lists a skill folder's children.
 
 use cloud_harness_control::principal::Principal;
+use cloud_harness_control::skill_usage::Source;
 use cloud_harness_workspace::{Workspace, Workspaces};
 use rmcp::model::{
     CacheScope, GetSkillResult, ListSkillsResult, Resource, ResourceContents, ResourceTemplate,
@@ -397,7 +398,14 @@ pub fn read(
         .get_as(who, &workspace, "resources/read")
         .map_err(|_| unknown(uri))?;
     ws.skill(&skill).map_err(|_| unknown(uri))?;
-    let bytes = match ws.file_bytes(&skill, &path) {
+    let started = std::time::Instant::now();
+    let read = ws.file_bytes(&skill, &path);
+    let failed = !matches!(read, Ok(Some(_)));
+    let took = started.elapsed();
+    // A failed read names no file: a client's made-up names are not kept.
+    let file = if failed { "" } else { path.as_str() };
+    ws.used(Source::Resource, &who.name, &skill, file, failed, took);
+    let bytes = match read {
         Ok(Some(bytes)) => bytes,
         Err(e) if e.code == cloud_harness_error::Code::Internal => {
             return Err(McpError::internal_error(e.message, None))

@@ -3,6 +3,8 @@
 //! it on threads of its own (so what it needs of the server is owned here).
 
 use super::{mounts, roots, Record, Workspace, Workspaces, WORKSPACE_SKILLS};
+use crate::origins::Origins;
+use crate::skill_usage;
 use crate::stack::{OwnerBundle, TierInputs};
 use crate::trust;
 use cloud_harness_error::{Code, Error, Result};
@@ -137,12 +139,14 @@ impl Activator {
         }
         // A new generation of the merged view is announced to those watching the workspace.
         let (changes, _) = tokio::sync::watch::channel(merged.generation().digest());
+        let origins = Arc::new(Origins::default());
         let served = Served {
             record: &record,
             places: &places,
             merged: &merged,
             owner: &owner,
             changes: &changes,
+            origins: &origins,
         };
         let (mounted, live) = self.serve(&served, watch, cache, warnings)?;
         Ok(Workspace {
@@ -160,6 +164,7 @@ impl Activator {
             running: Arc::default(),
             changes,
             pages: Default::default(),
+            origins,
             db: self.db.clone(),
             idle: Default::default(),
         })
@@ -197,10 +202,17 @@ impl Activator {
         warnings: &mut Vec<String>,
     ) -> Result<(Vec<mounts::Mounted>, LiveTiers)> {
         let (mounted, mut targets) = if self.mounting {
+            // Where usage is counted, each view tells of its files' loads.
+            let loads = |ns: &Arc<Namespace>| {
+                let (id, owner) = (&ws.record.id, &ws.record.owner);
+                cloud_harness_control::skill_usage::enabled()
+                    .then(|| skill_usage::loads(id, owner, ns.clone(), ws.origins.clone()))
+            };
             mounts::mount(
                 &ws.places.mounts,
                 ws.merged.clone(),
                 ws.owner.clone(),
+                [loads(ws.merged), loads(ws.owner)],
                 self.prewarm.as_deref(),
                 self.guards.as_ref(),
                 warnings,
@@ -248,6 +260,8 @@ pub(super) struct Served<'a> {
     pub(super) merged: &'a Arc<Namespace>,
     pub(super) owner: &'a Arc<Namespace>,
     pub(super) changes: &'a tokio::sync::watch::Sender<cloud_harness_store::cas::Digest>,
+    /// What the mounts' loads name (`skill_usage`).
+    pub(super) origins: &'a Arc<Origins>,
 }
 
 /// The tier stack of a workspace: built-in, its owner bundles, the workspace-scope folder

@@ -4,7 +4,7 @@
 //! and executors bind it with slave propagation, mounts made after a restart show through.
 
 use cloud_harness_error::{Error, Result};
-use cloud_harness_mount::fuse::{self, MountConfig};
+use cloud_harness_mount::fuse::{self, Loads, MountConfig};
 use cloud_harness_mount::guard::{Guards, Watched};
 use cloud_harness_mount::live::Target;
 pub use cloud_harness_mount::mount_table::is_mount_point;
@@ -117,6 +117,7 @@ pub fn mount(
     dir: &Path,
     merged: Arc<Namespace>,
     owner: Arc<Namespace>,
+    loads: [Option<Loads>; 2],
     prewarm: Option<&Path>,
     guards: Option<&Arc<Guards>>,
     warnings: &mut Vec<String>,
@@ -128,12 +129,17 @@ pub fn mount(
     // zombie helper per mount, and misses mounts whose folders were opened) only where none
     // can run.
     let guards = guards.filter(|g| g.ready());
-    let config = |threads| MountConfig {
+    let config = |threads, loads| MountConfig {
         allow_other: as_root(),
         auto_unmount: guards.is_none(),
         threads,
+        loads,
     };
-    for (ns, sub) in [(merged.clone(), SKILLS), (owner.clone(), OWNER_SKILLS)] {
+    let views = [(merged.clone(), SKILLS), (owner.clone(), OWNER_SKILLS)];
+    for ((ns, sub), loads) in views.into_iter().zip(loads) {
+        // A mount whose loads are counted is walked without reading files: a page the walk
+        // cached would be read by the agent without the daemon knowing.
+        let content = loads.is_none();
         let path = dir.join(sub);
         if let Err(e) = fs::create_dir_all(&path) {
             let _ = release(&mut mounts);
@@ -149,7 +155,7 @@ pub fn mount(
                 return not_mounted(&why, &mut mounts, warnings, merged, owner);
             }
         };
-        let mounted = fuse::mount(ns.clone(), &path, &config(threads(sub)));
+        let mounted = fuse::mount(ns.clone(), &path, &config(threads(sub), loads));
         if mounted.is_err() {
             if let (Some(g), Some(p)) = (guards, pending.take()) {
                 g.abandon(p);
@@ -180,7 +186,7 @@ pub fn mount(
                 };
                 let notifier = m.notifier();
                 let prewarm = prewarm.and_then(|program| {
-                    let started = Prewarm::start(program, &path, move |s| s.log(sub));
+                    let started = Prewarm::start(program, &path, content, move |s| s.log(sub));
                     started
                         .map_err(|e| tracing::warn!(error = %e, "no prewarm: first reads go to the daemon"))
                         .ok()
@@ -302,7 +308,16 @@ mod tests {
         let guards = Arc::new(Guards::new(crate::fake_guard::program(tmp.path())));
         let dir = tmp.path().join("mounts");
         let mut warnings = Vec::new();
-        let (mounted, _) = mount(&dir, ns.clone(), ns, None, Some(&guards), &mut warnings).unwrap();
+        let (mounted, _) = mount(
+            &dir,
+            ns.clone(),
+            ns,
+            [None, None],
+            None,
+            Some(&guards),
+            &mut warnings,
+        )
+        .unwrap();
         assert!(warnings.is_empty(), "{warnings:?}");
         assert_eq!(mounted.len(), 2);
         assert!(is_mount_point(&dir.join(SKILLS)));

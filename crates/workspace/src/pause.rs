@@ -163,6 +163,7 @@ impl Workspaces {
             merged: &ws.merged,
             owner: &ws.owner_view,
             changes: &ws.changes,
+            origins: &ws.origins,
         };
         let (mut mounted, live) = act.serve(&served, watch, cache, &mut warnings)?;
         if self.mounting && mounted.is_empty() {

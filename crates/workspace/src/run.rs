@@ -7,6 +7,7 @@
 //! its skill does not run.
 
 use super::served::Workspace;
+use cloud_harness_control::skill_usage::Source;
 use cloud_harness_curation::decisions;
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_executor::runner::{self, Outcome};
@@ -149,10 +150,24 @@ impl Workspace {
         progress: impl Fn(Duration, u64),
     ) -> Result<serde_json::Value> {
         let kind = self.executor.as_ref().map(|e| e.spec.kind.as_str());
+        let started = std::time::Instant::now();
+        let (skill, script) = (request.skill.clone(), request.script.clone());
         let ran = self
             .clone()
             .run_script(home, actor, request, cancel, progress)
             .await;
+        // A run fails when it is refused or errs, or its script exits otherwise than with 0.
+        let failed = match &ran {
+            Ok(v) => v["exitCode"].as_i64() != Some(0),
+            Err(_) => true,
+        };
+        // A script the skill does not serve is not named: a client's made-up names are not
+        // kept (a refused run's script is served: that is checked first).
+        let file = match &ran {
+            Err(e) if e.code != Code::Forbidden => "",
+            _ => script.as_str(),
+        };
+        self.used(Source::Run, actor, &skill, file, failed, started.elapsed());
         if let Some(kind) = kind {
             let result = match &ran {
                 Ok(_) => "ok",

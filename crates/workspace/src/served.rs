@@ -40,6 +40,8 @@ pub struct Workspace {
     pub(super) changes: tokio::sync::watch::Sender<Digest>,
     /// The listing pages served last, for the generation they were built from.
     pub(super) pages: Pages,
+    /// Where each served skill comes from, for the uses counted (`skill_usage`).
+    pub(super) origins: Arc<crate::origins::Origins>,
     /// The state database: the approvals each run checks, the refusals it records.
     pub(super) db: Db,
     /// When it was last used, and whether it is paused (`pause`).
