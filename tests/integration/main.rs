@@ -64,6 +64,8 @@ mod registry;
 mod sets;
 #[path = "../signatures.rs"]
 mod signatures;
+#[path = "../skill_usage.rs"]
+mod skill_usage;
 #[path = "../skills_resources.rs"]
 mod skills_resources;
 #[path = "../spec.rs"]

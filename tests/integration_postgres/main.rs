@@ -21,3 +21,5 @@ mod registry;
 mod sets;
 #[path = "../signatures.rs"]
 mod signatures;
+#[path = "../skill_usage.rs"]
+mod skill_usage;

@@ -1,0 +1,256 @@
+//! Skill usage from the outside: a workspace opened through MCP on `serve --http` from the
+//! local HTTPS git server, its skills used from every source — `skills_read`, `skills_run`
+//! (one exit 0, one exit 3), a `skill://` resource read, a file read twice through the mount
+//! on the host and one read by a script in the bubblewrap executor — then the counts checked
+//! in `/metrics` (per toolkit) and in the state database (per file, then per day), each use
+//! naming the workspace, the principal, the toolkit, its commit, bundle and tier.
+
+use crate::support;
+
+use cloud_harness_control::skill_usage::stored;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use support::api::world_of;
+use support::http::{answer_of, raw};
+use support::{dir, file, Certs, GitServer, Node, Repo};
+
+const FMT: &str = "---\nname: fmt\ndescription: Format it.\n---\nSee references/guide.md.\n";
+const LINT: &str = "---\nname: lint\ndescription: Lint the code.\n---\nRun `scripts/run.sh`.\n";
+
+#[test]
+fn uses_from_every_source_are_counted_per_toolkit_file_and_day() {
+    let tmp = tempfile::tempdir().unwrap();
+    let certs = Certs::new(&tmp.path().join("certs"));
+    let repos = tmp.path().join("repos");
+    let repo = Repo::create(&repos, "team/kit.git", false);
+    let commit = repo.commit(dir(vec![(
+        "skills",
+        dir(vec![
+            (
+                "lint",
+                dir(vec![
+                    ("SKILL.md", file(LINT)),
+                    (
+                        "scripts",
+                        dir(vec![
+                            (
+                                "run.sh",
+                                // Reads another skill's file through the executor's mount.
+                                Node::Exec(
+                                    b"#!/bin/sh\ncat /opt/cloud-harness/skills/fmt/SKILL.md >/dev/null && echo linted\n"
+                                        .to_vec(),
+                                ),
+                            ),
+                            ("fail.sh", Node::Exec(b"#!/bin/sh\nexit 3\n".to_vec())),
+                        ]),
+                    ),
+                ]),
+            ),
+            (
+                "fmt",
+                dir(vec![
+                    ("SKILL.md", file(FMT)),
+                    ("references", dir(vec![("guide.md", file("Two spaces.\n"))])),
+                ]),
+            ),
+        ]),
+    )]));
+    let git = GitServer::start(&repos, &certs);
+    let ca = certs.ca.display().to_string();
+    let w = world_of(support::http::server_mounting(
+        tmp,
+        &[],
+        &[
+            ("CLOUD_HARNESS_EXECUTOR", "bwrap"),
+            ("CLOUD_HARNESS_CONTAINERS", "off"),
+            ("ALLOWED_GIT_HOSTS", &git.host()),
+            ("CLOUD_HARNESS_EXTRA_CA", &ca),
+            ("CLOUD_HARNESS_ALLOW_CIDRS", "127.0.0.0/8"),
+            ("CLOUD_HARNESS_USAGE_FLUSH_SECONDS", "1"),
+        ],
+    ));
+    let url = git.url("team/kit.git");
+    let me = w.op("GET", "/api/v1/whoami", None)["actor"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let session = w.session();
+    let kit = json!({"kind": "git", "url": url, "instanceId": "kit", "ref": commit});
+    let opened = w.tool(
+        &session,
+        "workspace_open",
+        json!({"idempotencyKey": "usage", "toolkits": [kit]}),
+    );
+    assert_eq!(opened["isError"], false, "{opened}");
+    let out = &opened["structuredContent"];
+    let ws = out["workspace"].as_str().unwrap().to_owned();
+    let bundle = out["toolkits"][0]["bundle"].as_str().unwrap().to_owned();
+
+    // skills_read, three times; one of a file the skill does not have (a failed read).
+    for _ in 0..3 {
+        let read = w.tool(
+            &session,
+            "skills_read",
+            json!({"workspace": ws, "skill": "lint", "path": "SKILL.md"}),
+        );
+        assert_eq!(read["isError"], false, "{read}");
+    }
+    let missing = w.tool(
+        &session,
+        "skills_read",
+        json!({"workspace": ws, "skill": "lint", "path": "nope.md"}),
+    );
+    assert_eq!(missing["isError"], true, "{missing}");
+    // A skill:// resource.
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "resources/read",
+        "params": {"uri": format!("skill://{ws}/fmt/SKILL.md")}});
+    let bearer = format!("Bearer {}", w.operator);
+    let resource = answer_of(&raw(
+        w.server.addr,
+        &body.to_string(),
+        &[("Mcp-Session-Id", &session), ("Authorization", &bearer)],
+    ));
+    assert!(
+        resource["result"]["contents"][0]["text"].is_string(),
+        "{resource}"
+    );
+    // Two runs once approved: exit 0 (the script reads fmt's SKILL.md through the mount),
+    // then exit 3.
+    let run = |script: &str| {
+        w.tool(
+            &session,
+            "skills_run",
+            json!({"workspace": ws, "skill": "lint", "script": script}),
+        )
+    };
+    let refused = run("scripts/run.sh");
+    let digest = refused["structuredContent"]["details"]["digest"].clone();
+    assert!(digest.is_string(), "{refused}");
+    w.op(
+        "POST",
+        "/api/v1/approvals",
+        Some(json!({"digest": digest, "skill": "lint", "reason": "read it"})),
+    );
+    let ran = run("scripts/run.sh");
+    assert_eq!(ran["structuredContent"]["stdout"], "linted\n", "{ran}");
+    let failed = run("scripts/fail.sh");
+    assert_eq!(failed["structuredContent"]["exitCode"], 3, "{failed}");
+    // A file read twice on the host through the mount: loaded once, the kernel keeps it.
+    let guide = w
+        .home()
+        .join("workspaces")
+        .join(&ws)
+        .join("mounts/skills/fmt/references/guide.md");
+    let first = std::fs::read(&guide).unwrap();
+    assert_eq!(std::fs::read(&guide).unwrap(), first);
+
+    // Per toolkit, in /metrics at once.
+    let metrics = w
+        .http
+        .get(w.url("/metrics"))
+        .bearer_auth(&w.operator)
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    let series = |name: &str, source: Option<&str>| -> Option<f64> {
+        let labels = match source {
+            Some(s) => format!("{{toolkit=\"{url}\",source=\"{s}\"}}"),
+            None => format!("{{toolkit=\"{url}\"}}"),
+        };
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}{labels} ")))
+            .map(|v| v.parse().unwrap())
+    };
+    // The refused run counts as a failed run too.
+    let expected = [
+        ("read", 4.0),
+        ("resource", 1.0),
+        ("run", 3.0),
+        ("mount", 2.0),
+    ];
+    for (source, n) in expected {
+        assert_eq!(
+            series("cloud_harness_skill_uses_total", Some(source)),
+            Some(n),
+            "{source}: {metrics}"
+        );
+    }
+    assert_eq!(
+        series("cloud_harness_skill_run_failures_total", None),
+        Some(2.0),
+        "{metrics}"
+    );
+
+    // Per file in the database, once flushed (every second here).
+    let db = w.state();
+    type Counted = BTreeMap<(String, String, String), (i64, i64)>;
+    let counted = || -> Counted {
+        let mut out = Counted::new();
+        for (_, k, uses, failures) in stored::events(&db, &ws).unwrap() {
+            assert_eq!(
+                (&k.workspace, k.toolkit.as_str(), k.commit.as_str()),
+                (&ws, url.as_str(), commit.as_str())
+            );
+            assert_eq!(
+                (k.bundle.as_str(), k.tier.as_str()),
+                (bundle.as_str(), "owner")
+            );
+            assert_eq!(k.principal, me);
+            let e = out
+                .entry((k.source.as_str().to_owned(), k.skill, k.file))
+                .or_default();
+            e.0 += uses;
+            e.1 += failures;
+        }
+        out
+    };
+    let want: Counted = [
+        (("mount", "fmt", "SKILL.md"), (1, 0)),
+        (("mount", "fmt", "references/guide.md"), (1, 0)),
+        (("read", "lint", "SKILL.md"), (3, 0)),
+        (("read", "lint", ""), (1, 1)),
+        (("resource", "fmt", "SKILL.md"), (1, 0)),
+        (("run", "lint", "scripts/fail.sh"), (1, 1)),
+        (("run", "lint", "scripts/run.sh"), (2, 1)),
+    ]
+    .into_iter()
+    .map(|((s, k, f), n)| ((s.to_owned(), k.to_owned(), f.to_owned()), n))
+    .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut got = counted();
+    while got != want && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        got = counted();
+    }
+    assert_eq!(got, want);
+
+    // Per day: the same uses summed per skill and source, with who used them.
+    let today = stored::day_of(cloud_harness_control::state::now_ms());
+    let days: Vec<(String, String, i64, i64, i64, i64)> = stored::days(&db, &today)
+        .unwrap()
+        .into_iter()
+        .map(|d| {
+            assert_eq!(d.toolkit, url);
+            (
+                d.skill,
+                d.source.to_owned(),
+                d.uses,
+                d.failures,
+                d.workspaces,
+                d.principals,
+            )
+        })
+        .collect();
+    assert_eq!(
+        days,
+        vec![
+            ("fmt".into(), "mount".into(), 2, 0, 1, 1),
+            ("fmt".into(), "resource".into(), 1, 0, 1, 1),
+            ("lint".into(), "read".into(), 4, 1, 1, 1),
+            ("lint".into(), "run".into(), 3, 2, 1, 1),
+        ]
+    );
+}
