@@ -118,7 +118,7 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
         workspaces.clone(),
         (idle > 0).then(|| Duration::from_secs(idle)),
     );
-    let flusher = Flusher::start(workspaces.db().clone(), usage);
+    let flusher = Flusher::start(workspaces.db().clone(), usage)?;
     // On a worker rather than this thread, which would otherwise make every connection's tasks
     // and never park (the blocks the workers free would stay on its pages: memory::idle).
     let served = {

@@ -402,9 +402,15 @@ pub fn read(
     let read = ws.file_bytes(&skill, &path);
     let failed = !matches!(read, Ok(Some(_)));
     let took = started.elapsed();
-    // A failed read names no file: a client's made-up names are not kept.
-    let file = if failed { "" } else { path.as_str() };
-    ws.used(Source::Resource, &who.name, &skill, file, failed, took);
+    // The file as the skill names it (`./SKILL.md` is `SKILL.md`); a failed read names none:
+    // a client's made-up names are not kept.
+    let file = match failed {
+        true => String::new(),
+        false => cloud_harness_workspace::check_skill_path(&path, "path")
+            .map(|p| p.join("/"))
+            .unwrap_or_default(),
+    };
+    ws.used(Source::Resource, &who.name, &skill, &file, failed, took);
     let bytes = match read {
         Ok(Some(bytes)) => bytes,
         Err(e) if e.code == cloud_harness_error::Code::Internal => {

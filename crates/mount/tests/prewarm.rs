@@ -48,6 +48,18 @@ fn it_reads_small_regular_files_and_follows_no_link() {
     assert!(!s.cut_short);
 }
 
+/// A mount whose loads are counted is walked for its entries only: every folder listed, no
+/// file read (an empty one neither), and the walk is not cut short.
+#[test]
+fn a_metadata_walk_lists_everything_and_reads_nothing() {
+    let (root, _outside) = tree();
+    write(&root.path().join("a/empty.md"), b"");
+    let s = walk(root.path(), Budget::metadata(), &AtomicBool::new(false));
+    assert_eq!(s.entries, 5 + 3 * 3 + 2 + 1 + 1 + 1, "{s:?}");
+    assert_eq!((s.files, s.bytes, s.errors), (0, 0, 0), "{s:?}");
+    assert!(!s.cut_short);
+}
+
 #[test]
 fn the_budget_and_the_stop_flag_end_it() {
     let (root, _outside) = tree();

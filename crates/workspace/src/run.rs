@@ -151,23 +151,22 @@ impl Workspace {
     ) -> Result<serde_json::Value> {
         let kind = self.executor.as_ref().map(|e| e.spec.kind.as_str());
         let started = std::time::Instant::now();
+        // The version a run uses is the one it started with.
+        let origin = self.origin(&request.skill);
         let (skill, script) = (request.skill.clone(), request.script.clone());
         let ran = self
             .clone()
             .run_script(home, actor, request, cancel, progress)
             .await;
-        // A run fails when it is refused or errs, or its script exits otherwise than with 0.
-        let failed = match &ran {
-            Ok(v) => v["exitCode"].as_i64() != Some(0),
-            Err(_) => true,
-        };
-        // A script the skill does not serve is not named: a client's made-up names are not
-        // kept (a refused run's script is served: that is checked first).
-        let file = match &ran {
-            Err(e) if e.code != Code::Forbidden => "",
-            _ => script.as_str(),
-        };
-        self.used(Source::Run, actor, &skill, file, failed, started.elapsed());
+        // A run is a use once its script started (a refusal or an error before is not); it
+        // failed when the script did not exit with 0, unless the caller cancelled it.
+        if let (Some(origin), Ok(outcome)) = (origin, &ran) {
+            let failed = outcome["exitCode"].as_i64() != Some(0) && outcome["cancelled"] != true;
+            let script = super::read::check_skill_path(&script, "script").map(|p| p.join("/"));
+            let file = script.unwrap_or_default();
+            let took = started.elapsed();
+            self.used_from(&origin, Source::Run, actor, &skill, &file, failed, took);
+        }
         if let Some(kind) = kind {
             let result = match &ran {
                 Ok(_) => "ok",

@@ -5,7 +5,7 @@
 
 use super::origins::Origins;
 use super::served::Workspace;
-use cloud_harness_control::skill_usage::{self, Source, Use};
+use cloud_harness_control::skill_usage::{self, Origin, Source, Use};
 use cloud_harness_mount::fuse::Loads;
 use cloud_harness_skills::generation::View;
 use cloud_harness_skills::namespace::Namespace;
@@ -24,18 +24,39 @@ impl Workspace {
         failed: bool,
         took: Duration,
     ) {
-        if !skill_usage::enabled() {
-            return;
+        if let Some(origin) = self.origin(skill) {
+            self.used_from(&origin, source, principal, skill, file, failed, took);
         }
-        let generation = self.merged.generation();
-        let Some(origin) = self.origins.of(&generation, View::Merged, skill) else {
-            return;
-        };
+    }
+
+    /// Where `skill` comes from as the merged view serves it now; `None` for a skill it does
+    /// not serve, or when uses are not counted.
+    pub(crate) fn origin(&self, skill: &str) -> Option<Arc<Origin>> {
+        if !skill_usage::enabled() {
+            return None;
+        }
+        self.origins
+            .of(&self.merged.generation(), View::Merged, skill)
+    }
+
+    /// Counts a use of `skill` served from `origin` (taken when the use began: a run that
+    /// outlives a generation is counted against the version that ran).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn used_from(
+        &self,
+        origin: &Origin,
+        source: Source,
+        principal: &str,
+        skill: &str,
+        file: &str,
+        failed: bool,
+        took: Duration,
+    ) {
         skill_usage::record(&Use {
             source,
             workspace: &self.id,
             principal,
-            origin: &origin,
+            origin,
             skill,
             file,
             failed,

@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 const RETAIN_EVERY: Duration = Duration::from_secs(3600);
+const GIVE_UP_AFTER: Duration = Duration::from_secs(60);
 
 /// The usage settings, as the environment (or the configuration file) gives them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,7 +23,7 @@ pub struct Settings {
 impl Settings {
     pub fn from_env() -> Result<Settings> {
         let counting = match std::env::var("CLOUD_HARNESS_USAGE").as_deref() {
-            Err(_) | Ok("on") => true,
+            Err(_) | Ok("" | "on") => true,
             Ok("off") => false,
             Ok(other) => {
                 return Err(Error::invalid(format!(
@@ -51,16 +52,20 @@ pub struct Flusher {
 
 impl Flusher {
     /// Counting turned on or off as `settings` say, and, when on, flushed into `db`.
-    pub fn start(db: Db, settings: Settings) -> Option<Flusher> {
+    pub fn start(db: Db, settings: Settings) -> Result<Option<Flusher>> {
         super::set_enabled(settings.counting);
         if !settings.counting {
-            return None;
+            return Ok(None);
         }
+        // What the database refuses is kept for the next flushes for about a minute, then
+        // given up (counted as dropped): a row it will never take does not stop the others.
+        let keep = (GIVE_UP_AFTER.as_secs() / settings.every.as_secs().max(1)).max(1);
         let (stop, stopped) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("usage-flush".into())
             .spawn(move || {
                 let mut retained: Option<Instant> = None;
+                let mut refused = 0;
                 loop {
                     if retained.is_none_or(|at| at.elapsed() >= RETAIN_EVERY) {
                         retained = Some(Instant::now());
@@ -76,19 +81,23 @@ impl Flusher {
                         stopped.recv_timeout(settings.every),
                         Err(RecvTimeoutError::Timeout)
                     );
-                    if let Err(e) = stored::flush_counted(&db) {
-                        tracing::warn!(error = %e, "cannot write skill usage; kept for the next flush");
+                    match stored::flush_counted(&db, refused + 1 >= keep || last) {
+                        Ok(()) => refused = 0,
+                        Err(e) => {
+                            refused += 1;
+                            tracing::warn!(error = %e, "cannot write skill usage; kept for the next flush, for a minute");
+                        }
                     }
                     if last {
                         return;
                     }
                 }
             })
-            .ok()?;
-        Some(Flusher {
+            .map_err(|e| Error::internal(format!("starting the usage flush: {e}")))?;
+        Ok(Some(Flusher {
             stop,
             thread: Some(thread),
-        })
+        }))
     }
 
     /// Writes what was counted since the last flush and ends the thread.

@@ -23,9 +23,9 @@ use std::sync::{LazyLock, Mutex};
 
 /// Distinct uses held between two flushes.
 pub const MAX_KEYS: usize = 16_384;
-/// What one principal's uses may hold of them: a client reading every file it can find does
-/// not crowd the others out.
-pub const MAX_KEYS_PER_PRINCIPAL: usize = MAX_KEYS / 4;
+/// What one principal's uses may hold of them: a client reading every file it can find (or
+/// a few such clients) does not crowd the others out.
+pub const MAX_KEYS_PER_PRINCIPAL: usize = MAX_KEYS / 16;
 /// The longest field kept (a longer one is cut, on a character boundary).
 pub const MAX_FIELD: usize = 512;
 /// Toolkits with series of their own; the others are counted as `other`.
@@ -65,8 +65,8 @@ impl Source {
 /// A served skill as a use names it: where it comes from.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Origin {
-    /// The toolkit's name or URL; a source without one (the built-in tier, a project's own
-    /// folder) by its source's ID.
+    /// The toolkit's repository URL; a source without one by its name (`cloud-harness`, the
+    /// built-in tier), else `project` (a project's own folder).
     pub toolkit: String,
     pub commit: String,
     /// The bundle's digest (the source tree's), `sha256:…`.
@@ -94,8 +94,7 @@ pub struct Tally {
     pub uses: u64,
     pub failures: u64,
     pub duration_ms: u64,
-    /// Milliseconds since the Unix epoch.
-    pub first_ms: i64,
+    /// The last use, in milliseconds since the Unix epoch: the hour and day it is counted in.
     pub last_ms: i64,
 }
 
@@ -104,10 +103,6 @@ impl Tally {
         self.uses += other.uses;
         self.failures += other.failures;
         self.duration_ms = self.duration_ms.saturating_add(other.duration_ms);
-        self.first_ms = match self.first_ms {
-            0 => other.first_ms,
-            t => t.min(other.first_ms),
-        };
         self.last_ms = self.last_ms.max(other.last_ms);
     }
 }
@@ -139,8 +134,8 @@ struct Counts {
     series: HashMap<String, [(u64, u64); 4]>,
 }
 
-/// The series of the toolkits past [`MAX_TOOLKIT_SERIES`].
-const OTHER: &str = "other";
+/// The series of the toolkits past [`MAX_TOOLKIT_SERIES`] (no toolkit's URL or name).
+const OTHER: &str = "(other)";
 
 struct Usage {
     counts: Mutex<Counts>,
@@ -154,6 +149,14 @@ static USAGE: LazyLock<Usage> = LazyLock::new(|| Usage {
     off: AtomicBool::new(false),
 });
 
+/// The tally, whatever a panic elsewhere left it in (a count, at worst, half made).
+fn counts() -> std::sync::MutexGuard<'static, Counts> {
+    USAGE
+        .counts
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Turns counting off (`usage = "off"`) or on again.
 pub fn set_enabled(on: bool) {
     USAGE.off.store(!on, Ordering::Relaxed);
@@ -163,9 +166,16 @@ pub fn enabled() -> bool {
     !USAGE.off.load(Ordering::Relaxed)
 }
 
-/// Uses not counted because the tally was full, since the process started.
+/// Uses not counted because the tally was full (or the database refused them too long),
+/// since the process started.
 pub fn dropped() -> u64 {
     USAGE.dropped.load(Ordering::Relaxed)
+}
+
+/// Gives up `batch`'s uses, counted as dropped.
+pub fn drop_batch(batch: &Batch) {
+    let uses: u64 = batch.iter().map(|(_, t)| t.uses).sum();
+    USAGE.dropped.fetch_add(uses, Ordering::Relaxed);
 }
 
 /// `s` cut to at most [`MAX_FIELD`] bytes, without NUL.
@@ -191,7 +201,6 @@ pub fn record(u: &Use) {
         uses: 1,
         failures: u64::from(u.failed),
         duration_ms: u.duration_ms,
-        first_ms: now,
         last_ms: now,
     };
     let fields = [
@@ -214,7 +223,7 @@ pub fn record(u: &Use) {
             joined.push_str(field(f));
             joined.push('\0');
         }
-        let mut counts = USAGE.counts.lock().expect("usage lock");
+        let mut counts = counts();
         counts.count_series(field(&u.origin.toolkit), u.source, &one);
         if let Some((_, tally)) = counts.keys.get_mut(joined.as_str()) {
             tally.add(&one);
@@ -272,7 +281,7 @@ impl Counts {
 
 /// Everything counted since the last take, the tally emptied.
 pub fn take() -> Batch {
-    let mut counts = USAGE.counts.lock().expect("usage lock");
+    let mut counts = counts();
     counts.per_principal.clear();
     std::mem::take(&mut counts.keys).into_values().collect()
 }
@@ -280,7 +289,10 @@ pub fn take() -> Batch {
 /// Puts back what a flush could not write (the database was away): merged with what was
 /// counted since, within the same bounds; the rest counted as dropped.
 pub fn put_back(batch: Batch) {
-    let mut counts = USAGE.counts.lock().expect("usage lock");
+    if batch.is_empty() {
+        return;
+    }
+    let mut counts = counts();
     for (key, tally) in batch {
         let joined = joined(&key);
         if let Some((_, t)) = counts.keys.get_mut(&joined) {
@@ -314,7 +326,7 @@ fn joined(key: &Key) -> String {
 
 /// Keys held now (for tests and the bound's checks).
 pub fn held() -> usize {
-    USAGE.counts.lock().expect("usage lock").keys.len()
+    counts().keys.len()
 }
 
 /// `value` as the text format writes a label's value (the encoder writes it as it is): a
@@ -338,7 +350,7 @@ pub struct Series;
 impl Collector for Series {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let series: Vec<((String, Source), (u64, u64))> = {
-            let counts = USAGE.counts.lock().expect("usage lock");
+            let counts = counts();
             let mut s: Vec<_> = counts
                 .series
                 .iter()
@@ -367,7 +379,7 @@ impl Collector for Series {
         }
         let mut failed = encoder.encode_descriptor(
             "cloud_harness_skill_run_failures",
-            "skills_run calls that failed (an error, a non-zero exit, a timeout), by toolkit",
+            "skills_run calls whose script ran and did not exit with 0 (an exit code, a signal, a timeout, a limit), by toolkit",
             None,
             prometheus_client::metrics::MetricType::Counter,
         )?;
@@ -380,7 +392,7 @@ impl Collector for Series {
         let dropped = ConstCounter::new(dropped());
         dropped.encode(encoder.encode_descriptor(
             "cloud_harness_skill_uses_dropped",
-            "Skill uses not counted: the in-memory tally was full between two flushes",
+            "Skill uses not counted: the in-memory tally was full between two flushes, or the database refused them for a minute",
             None,
             dropped.metric_type(),
         )?)?;

@@ -1,14 +1,16 @@
-//! Skill uses in the state database: each flush's counts as rows of `usage_events` (one per
-//! key and flush, the file named) and added to the day's row of `usage_daily` (per source,
-//! workspace, principal, toolkit, commit, bundle, tier and skill), in one transaction. The
-//! retention deletes events older than `usage.retention_days` and daily rows older than
-//! `usage.daily_retention_days`: the days outlive the events they sum.
+//! Skill uses in the state database: each flush adds its counts to the hour's row of
+//! `usage_events` (one per key and hour, the file named) and to the day's row of
+//! `usage_daily` (per source, workspace, principal, toolkit, commit, bundle, tier and skill),
+//! a few hundred keys a transaction. The retention deletes events older than
+//! `usage.retention_days` and daily rows older than `usage.daily_retention_days`, an hour or a
+//! day at a time: the days outlive the events they sum.
 
 use super::{Batch, Key, Source};
 use crate::params;
-use crate::state::{self, Db};
-use cloud_harness_error::Result;
+use crate::state::{self, Conn, Db, Param};
+use cloud_harness_error::{Error, Result};
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 /// How long events and daily rows are kept, in days.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,91 +46,158 @@ pub fn day_of(ms: i64) -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
-/// Writes a batch: its events and its days, together or not at all.
-pub fn flush(db: &Db, batch: &Batch) -> Result<()> {
-    if batch.is_empty() {
-        return Ok(());
-    }
-    db.write(|tx| {
-        for (k, t) in batch {
-            let failures = t.failures as i64;
-            let duration = t.duration_ms.min(i64::MAX as u64) as i64;
-            tx.execute(
-                "INSERT INTO usage_events (at, source, workspace, principal, toolkit, commit_id, bundle, tier, skill, file, uses, failures, duration_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
-                params![
-                    t.last_ms,
-                    k.source.as_str(),
-                    k.workspace,
-                    k.principal,
-                    k.toolkit,
-                    k.commit,
-                    k.bundle,
-                    k.tier,
-                    k.skill,
-                    k.file,
-                    t.uses as i64,
-                    failures,
-                    duration
-                ],
-            )
-            .map_err(state::internal)?;
-            tx.execute(
-                "INSERT INTO usage_daily (day, source, workspace, principal, toolkit, commit_id, bundle, tier, skill, uses, failures, duration_ms, last_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-                 ON CONFLICT (day, source, workspace, principal, toolkit, commit_id, bundle, tier, skill) DO UPDATE SET
-                   uses = usage_daily.uses + excluded.uses,
-                   failures = usage_daily.failures + excluded.failures,
-                   duration_ms = usage_daily.duration_ms + excluded.duration_ms,
-                   last_at = CASE WHEN excluded.last_at > usage_daily.last_at THEN excluded.last_at ELSE usage_daily.last_at END",
-                params![
-                    day_of(t.last_ms),
-                    k.source.as_str(),
-                    k.workspace,
-                    k.principal,
-                    k.toolkit,
-                    k.commit,
-                    k.bundle,
-                    k.tier,
-                    k.skill,
-                    t.uses as i64,
-                    failures,
-                    duration,
-                    t.last_ms
-                ],
-            )
-            .map_err(state::internal)?;
+/// Keys written per transaction: a flush never holds the database's one writer (on
+/// PostgreSQL, the fleet's write lock) for long, whatever the batch.
+pub const CHUNK: usize = 200;
+const HOUR_MS: i64 = 3600 * 1000;
+
+/// Writes a batch, [`CHUNK`] keys a transaction, each key added to its hour's event row and
+/// its day's row. On an error, what was not written is handed back (what was, stays).
+pub fn flush(db: &Db, batch: Batch) -> std::result::Result<(), (Error, Batch)> {
+    let mut rest = batch;
+    while !rest.is_empty() {
+        let chunk: Batch = rest.drain(..rest.len().min(CHUNK)).collect();
+        if let Err(e) = db.write(|tx| write_chunk(tx, &chunk)) {
+            rest.extend(chunk);
+            return Err((e, rest));
         }
-        Ok(())
+    }
+    Ok(())
+}
+
+/// `n` rows of `width` parameters: `($1, …, $width), ($width+1, …)`, numbered in order.
+fn rows(n: usize, width: usize) -> String {
+    (0..n)
+        .map(|r| {
+            let row: Vec<String> = (1..=width).map(|c| format!("${}", r * width + c)).collect();
+            format!("({})", row.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn write_chunk(tx: &Conn, chunk: &Batch) -> Result<()> {
+    let mut events: Vec<Box<dyn Param>> = Vec::with_capacity(chunk.len() * 13);
+    // The day's rows, summed first (two keys differing only by their file share one): one
+    // statement may not touch a row twice.
+    let mut merged: BTreeMap<Vec<String>, (i64, i64, i64, i64)> = BTreeMap::new();
+    for (k, t) in chunk {
+        let (uses, failures) = (t.uses as i64, t.failures as i64);
+        let duration = t.duration_ms.min(i64::MAX as u64) as i64;
+        events.extend(event_params(t.last_ms.div_euclid(HOUR_MS) * HOUR_MS, k));
+        events.extend([uses, failures, duration].map(|n| Box::new(n) as Box<dyn Param>));
+        let mut id = vec![day_of(t.last_ms)];
+        id.extend(daily_fields(k));
+        let day = merged.entry(id).or_default();
+        day.0 += uses;
+        day.1 += failures;
+        day.2 = day.2.saturating_add(duration);
+        day.3 = day.3.max(t.last_ms);
+    }
+    let sql = format!(
+        "INSERT INTO usage_events (at, source, workspace, principal, toolkit, commit_id, bundle, tier, skill, file, uses, failures, duration_ms)
+         VALUES {}
+         ON CONFLICT (at, source, workspace, principal, toolkit, commit_id, bundle, tier, skill, file) DO UPDATE SET
+           uses = usage_events.uses + excluded.uses,
+           failures = usage_events.failures + excluded.failures,
+           duration_ms = usage_events.duration_ms + excluded.duration_ms",
+        rows(chunk.len(), 13)
+    );
+    let params: Vec<&dyn Param> = events.iter().map(|p| p.as_ref()).collect();
+    tx.execute(&sql, &params).map_err(state::internal)?;
+    let mut daily: Vec<Box<dyn Param>> = Vec::with_capacity(merged.len() * 13);
+    let n = merged.len();
+    for (id, (uses, failures, duration, last)) in merged {
+        daily.extend(id.into_iter().map(|f| Box::new(f) as Box<dyn Param>));
+        daily.extend([uses, failures, duration, last].map(|n| Box::new(n) as Box<dyn Param>));
+    }
+    let sql = format!(
+        "INSERT INTO usage_daily (day, source, workspace, principal, toolkit, commit_id, bundle, tier, skill, uses, failures, duration_ms, last_at)
+         VALUES {}
+         ON CONFLICT (day, source, workspace, principal, toolkit, commit_id, bundle, tier, skill) DO UPDATE SET
+           uses = usage_daily.uses + excluded.uses,
+           failures = usage_daily.failures + excluded.failures,
+           duration_ms = usage_daily.duration_ms + excluded.duration_ms,
+           last_at = CASE WHEN excluded.last_at > usage_daily.last_at THEN excluded.last_at ELSE usage_daily.last_at END",
+        rows(n, 13)
+    );
+    let params: Vec<&dyn Param> = daily.iter().map(|p| p.as_ref()).collect();
+    tx.execute(&sql, &params).map_err(state::internal)?;
+    Ok(())
+}
+
+/// A key's fields as an event row starts: the hour, then the key with its file.
+fn event_params(hour: i64, k: &Key) -> Vec<Box<dyn Param>> {
+    let mut out: Vec<Box<dyn Param>> = vec![Box::new(hour)];
+    let mut fields = daily_fields(k);
+    fields.push(k.file.clone());
+    out.extend(fields.into_iter().map(|f| Box::new(f) as Box<dyn Param>));
+    out
+}
+
+/// A key's fields as a day's row names them (no file).
+fn daily_fields(k: &Key) -> Vec<String> {
+    vec![
+        k.source.as_str().to_owned(),
+        k.workspace.clone(),
+        k.principal.clone(),
+        k.toolkit.clone(),
+        k.commit.clone(),
+        k.bundle.clone(),
+        k.tier.clone(),
+        k.skill.clone(),
+    ]
+}
+
+/// Takes what was counted and writes it; what the database refused is put back for the next
+/// flush, unless `give_up` (it refused for long enough): then it is counted as dropped.
+pub fn flush_counted(db: &Db, give_up: bool) -> Result<()> {
+    flush(db, super::take()).map_err(|(e, rest)| {
+        match give_up {
+            true => super::drop_batch(&rest),
+            false => super::put_back(rest),
+        }
+        e
     })
 }
 
-/// Takes what was counted and writes it; put back when the database refuses it (the next
-/// flush tries again).
-pub fn flush_counted(db: &Db) -> Result<()> {
-    let batch = super::take();
-    flush(db, &batch).inspect_err(|_| super::put_back(batch))
-}
+/// The most rows one retention deletes in a transaction: a bucket (an hour of events, a day
+/// of sums) at a time, never one long statement.
+const RETAIN_STEPS: usize = 10_000;
 
-/// Deletes what is older than `retention` at `now_ms`; returns the events and days deleted.
+/// Deletes what is older than `retention` at `now_ms`, an hour (events) or a day (sums) a
+/// transaction; returns the events and days deleted.
 pub fn retain(db: &Db, retention: Retention, now_ms: i64) -> Result<(u64, u64)> {
     let events_before = now_ms - retention.events_days.max(1) * DAY_MS;
     let days_before = day_of(now_ms - retention.daily_days.max(1) * DAY_MS);
-    db.write(|tx| {
-        let events = tx
-            .execute(
-                "DELETE FROM usage_events WHERE at < $1",
+    let (mut events, mut days) = (0, 0);
+    for _ in 0..RETAIN_STEPS {
+        let n = db.write(|tx| {
+            tx.execute(
+                "DELETE FROM usage_events WHERE at = (SELECT MIN(at) FROM usage_events WHERE at < $1)",
                 params![events_before],
             )
-            .map_err(state::internal)?;
-        let days = tx
-            .execute(
-                "DELETE FROM usage_daily WHERE day < $1",
+            .map_err(state::internal)
+        })?;
+        if n == 0 {
+            break;
+        }
+        events += n;
+    }
+    for _ in 0..RETAIN_STEPS {
+        let n = db.write(|tx| {
+            tx.execute(
+                "DELETE FROM usage_daily WHERE day = (SELECT MIN(day) FROM usage_daily WHERE day < $1)",
                 params![days_before],
             )
-            .map_err(state::internal)?;
-        Ok((events, days))
-    })
+            .map_err(state::internal)
+        })?;
+        if n == 0 {
+            break;
+        }
+        days += n;
+    }
+    Ok((events, days))
 }
 
 /// One day's uses of one skill from one source (summed over workspaces and principals).

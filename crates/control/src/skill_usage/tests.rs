@@ -23,19 +23,24 @@ fn read<'a>(origin: &'a Origin, principal: &'a str, file: &'a str) -> Use<'a> {
     }
 }
 
+/// Held by each test of the process's one tally: tests run at once would count into each
+/// other.
+static TALLY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn uses_of(toolkit: &str, source: Source) -> u64 {
-    let counts = USAGE.counts.lock().unwrap();
+    let counts = counts();
     counts
         .series
         .get(toolkit)
         .map_or(0, |by| by[source as usize].0)
 }
 
-/// One test for the process's one tally: tests run at once would count into each other.
 #[test]
 fn the_tally_counts_merges_and_stays_bounded() {
+    let _one = TALLY.lock().unwrap_or_else(|e| e.into_inner());
     let kit = origin("acme/kit");
     take();
+    let base = uses_of("acme/kit", Source::Read);
     // A storm of the same read is one key.
     for _ in 0..10_000 {
         record(&read(&kit, "alice", "SKILL.md"));
@@ -46,7 +51,7 @@ fn the_tally_counts_merges_and_stays_bounded() {
     assert_eq!(batch[0].1.uses, 10_000);
     assert_eq!(batch[0].0.file, "SKILL.md");
     assert_eq!(held(), 0);
-    assert_eq!(uses_of("acme/kit", Source::Read), 10_000);
+    assert_eq!(uses_of("acme/kit", Source::Read) - base, 10_000);
 
     // One principal's distinct files stop at its share; another's still count.
     let before = dropped();
@@ -61,7 +66,7 @@ fn the_tally_counts_merges_and_stays_bounded() {
     record(&read(&kit, "bob", "SKILL.md"));
     assert_eq!(held(), MAX_KEYS_PER_PRINCIPAL + 1);
     // The whole tally stops at MAX_KEYS, however many principals.
-    for p in 0..8 {
+    for p in 0..MAX_KEYS / MAX_KEYS_PER_PRINCIPAL {
         let who = format!("p{p}");
         for f in &files[..MAX_KEYS_PER_PRINCIPAL] {
             record(&read(&kit, &who, f));
@@ -93,7 +98,7 @@ fn the_tally_counts_merges_and_stays_bounded() {
     for i in 0..MAX_TOOLKIT_SERIES + 10 {
         record(&read(&origin(&format!("kit-{i}")), "dave", "SKILL.md"));
     }
-    assert!(USAGE.counts.lock().unwrap().series.len() <= MAX_TOOLKIT_SERIES + 1);
+    assert!(counts().series.len() <= MAX_TOOLKIT_SERIES + 1);
     assert!(uses_of(OTHER, Source::Read) >= 10);
     take();
 
@@ -140,7 +145,6 @@ fn at(ms: i64, uses: u64, failures: u64) -> Tally {
         uses,
         failures,
         duration_ms: 10 * uses,
-        first_ms: ms,
         last_ms: ms,
     }
 }
@@ -156,31 +160,25 @@ fn flushes_roll_up_per_day_and_the_retention_keeps_days_longer_than_events() {
     // 2026-12-01 and 2026-12-02, noon UTC.
     let d1 = 1_796_126_400_000;
     let d2 = d1 + DAY;
-    flush(
-        &db,
-        &vec![(key(Source::Read, "ws-1", "SKILL.md"), at(d1, 3, 0))],
-    )
-    .unwrap();
-    flush(
-        &db,
-        &vec![
-            (
-                key(Source::Read, "ws-1", "references/a.md"),
-                at(d1 + 1000, 2, 0),
-            ),
-            (key(Source::Read, "ws-2", "SKILL.md"), at(d1 + 2000, 1, 0)),
-            (
-                key(Source::Run, "ws-1", "scripts/x.sh"),
-                at(d1 + 3000, 2, 1),
-            ),
-        ],
-    )
-    .unwrap();
-    flush(
-        &db,
-        &vec![(key(Source::Read, "ws-1", "SKILL.md"), at(d2, 5, 0))],
-    )
-    .unwrap();
+    let flush = |batch: Batch| flush(&db, batch).map_err(|(e, _)| e).unwrap();
+    flush(vec![(key(Source::Read, "ws-1", "SKILL.md"), at(d1, 3, 0))]);
+    flush(vec![
+        (
+            key(Source::Read, "ws-1", "references/a.md"),
+            at(d1 + 1000, 2, 0),
+        ),
+        (key(Source::Read, "ws-2", "SKILL.md"), at(d1 + 2000, 1, 0)),
+        (
+            key(Source::Run, "ws-1", "scripts/x.sh"),
+            at(d1 + 3000, 2, 1),
+        ),
+    ]);
+    // The same key again in the same hour adds to its row; a day later, a row of its own.
+    flush(vec![(
+        key(Source::Read, "ws-1", "SKILL.md"),
+        at(d1 + 5000, 1, 0),
+    )]);
+    flush(vec![(key(Source::Read, "ws-1", "SKILL.md"), at(d2, 5, 0))]);
     let summed = |since: &str| -> Vec<(String, &'static str, i64, i64, i64)> {
         days(&db, since)
             .unwrap()
@@ -189,7 +187,7 @@ fn flushes_roll_up_per_day_and_the_retention_keeps_days_longer_than_events() {
             .collect()
     };
     let all = vec![
-        ("2026-12-01".to_owned(), "read", 6, 0, 2),
+        ("2026-12-01".to_owned(), "read", 7, 0, 2),
         ("2026-12-01".to_owned(), "run", 2, 1, 1),
         ("2026-12-02".to_owned(), "read", 5, 0, 1),
     ];
@@ -208,4 +206,46 @@ fn flushes_roll_up_per_day_and_the_retention_keeps_days_longer_than_events() {
     // Days past their retention go too.
     assert_eq!(retain(&db, retention, d1 + 4 * DAY).unwrap(), (1, 3));
     assert_eq!(summed("2026-01-01"), all[2..].to_vec());
+}
+
+/// More keys than a transaction takes are written in several; a flush the database refuses
+/// is put back for the next one, then, told to give up, counted as dropped.
+#[test]
+fn a_flush_writes_in_chunks_and_what_the_database_refuses_is_kept_then_given_up() {
+    use super::stored::{days, events, flush, flush_counted, CHUNK};
+    let _one = TALLY.lock().unwrap_or_else(|e| e.into_inner());
+    let home = tempfile::tempdir().unwrap();
+    let db = crate::state::Db::open_sqlite(home.path()).unwrap();
+    let d1 = 1_796_126_400_000;
+    let many: Batch = (0..CHUNK * 2 + 7)
+        .map(|i| (key(Source::Mount, "ws-9", &format!("f{i}")), at(d1, 2, 0)))
+        .collect();
+    flush(&db, many).map_err(|(e, _)| e).unwrap();
+    assert_eq!(events(&db, "ws-9").unwrap().len(), CHUNK * 2 + 7);
+    let day = &days(&db, "2026-12-01").unwrap()[0];
+    assert_eq!((day.uses, day.workspaces), ((CHUNK as i64 * 2 + 7) * 2, 1));
+
+    take();
+    let kit = origin("acme/kit");
+    for _ in 0..3 {
+        record(&read(&kit, "alice", "SKILL.md"));
+    }
+    db.write(|tx| {
+        tx.execute_batch("DROP TABLE usage_daily")
+            .map_err(crate::state::internal)
+    })
+    .unwrap();
+    assert!(flush_counted(&db, false).is_err());
+    let kept = take();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].1.uses, 3);
+    assert!(
+        events(&db, "ws-1").unwrap().is_empty(),
+        "nothing half written"
+    );
+    put_back(kept);
+    let before = dropped();
+    assert!(flush_counted(&db, true).is_err());
+    assert_eq!(held(), 0);
+    assert_eq!(dropped() - before, 3);
 }

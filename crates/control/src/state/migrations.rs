@@ -369,7 +369,7 @@ CREATE TABLE bundle_signatures (
     },
     Migration {
         version: 13,
-        description: "skill uses where skills are served: each flush's counts, and their sums per day",
+        description: "skill uses where skills are served: their counts per hour and file, and their sums per day",
         parts: &[Both(
             r#"
 CREATE TABLE usage_events (
@@ -385,9 +385,9 @@ CREATE TABLE usage_events (
     file TEXT NOT NULL,
     uses BIGINT NOT NULL,
     failures BIGINT NOT NULL,
-    duration_ms BIGINT NOT NULL
+    duration_ms BIGINT NOT NULL,
+    PRIMARY KEY (at, source, workspace, principal, toolkit, commit_id, bundle, tier, skill, file)
 );
-CREATE INDEX usage_events_at ON usage_events (at);
 CREATE INDEX usage_events_workspace ON usage_events (workspace, at);
 CREATE TABLE usage_daily (
     day TEXT NOT NULL,
