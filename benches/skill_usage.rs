@@ -1,8 +1,10 @@
 //! What counting skill usage costs on the paths it watches, counting on against off in the
 //! same run, interleaved (the order flipped each round), medians of the rounds:
 //!
-//! - a warm `skills_read` as the MCP layer makes it (the page from what the namespace holds,
-//!   then the use counted);
+//! - a warm `skills_read` over MCP, as a client sees it: two `serve --http`, one counting and
+//!   one not, each read by one client over a kept-alive connection;
+//! - the same in process, as the MCP layer makes it (the page from what the namespace holds,
+//!   then the use counted): the count's cost alone;
 //! - a read through a workspace's mount that reaches the daemon (the file's pages dropped
 //!   first), on a mount that counts its loads against one that does not;
 //! - a warm read through the mount (the kernel's cache answers; nothing is counted);
@@ -20,9 +22,11 @@ use cloud_harness_executor::{Kind, Settings};
 use cloud_harness_skills::namespace::Reach;
 use cloud_harness_store::cas::Store;
 use cloud_harness_workspace::{OpenRequest, Workspaces};
+use serde_json::json;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+use support::api::{world_of, World};
 
 const BIN: &str = env!("CARGO_BIN_EXE_cloud-harness");
 const SKILLS: usize = 50;
@@ -79,7 +83,81 @@ fn mount_uses() -> u64 {
         .sum()
 }
 
+/// `skills_read` of `skill`'s SKILL.md over MCP, `n` times on one connection: microseconds
+/// per call.
+fn mcp_reads(w: &World, session: &str, ws: &str, skill: &str, n: usize) -> f64 {
+    let body = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "skills_read", "arguments": {"workspace": ws, "skill": skill, "path": "SKILL.md"}}})
+    .to_string();
+    let t = Instant::now();
+    for _ in 0..n {
+        let answer = w
+            .http
+            .post(w.url("/mcp"))
+            .bearer_auth(&w.operator)
+            .header("Mcp-Session-Id", session)
+            .header("Content-Type", "application/json")
+            .header("Accept", "application/json, text/event-stream")
+            .header("MCP-Protocol-Version", "2025-11-25")
+            .body(body.clone())
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
+        assert!(answer.contains("\"isError\":false"), "{answer}");
+    }
+    t.elapsed().as_secs_f64() * 1e6 / n as f64
+}
+
+/// A server counting uses or not, a workspace of the built-in tier on it, and a skill of it.
+fn mcp_server(counting: bool) -> (World, String, String, String) {
+    let w = world_of(support::http::server_in(
+        tempfile::tempdir().unwrap(),
+        &[],
+        &[
+            ("CLOUD_HARNESS_EXECUTOR", "none"),
+            ("CLOUD_HARNESS_USAGE", if counting { "on" } else { "off" }),
+            // One client reads as fast as it can: past the default quota of 1,000 a second.
+            ("CLOUD_HARNESS_LIMIT_REQUESTS_PER_SECOND", "1000000"),
+        ],
+    ));
+    let session = w.session();
+    let opened = w.tool(
+        &session,
+        "workspace_open",
+        json!({"idempotencyKey": "bench"}),
+    );
+    let out = &opened["structuredContent"];
+    let ws = out["workspace"].as_str().unwrap().to_owned();
+    let skill = out["skills"][0]["name"].as_str().unwrap().to_owned();
+    (w, session, ws, skill)
+}
+
 fn main() {
+    // Over MCP first, before this process's own workspaces take memory and threads.
+    let servers = [mcp_server(true), mcp_server(false)];
+    for (w, session, ws, skill) in &servers {
+        mcp_reads(w, session, ws, skill, 500);
+    }
+    let (mut on, mut off) = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        for counting in [round % 2 == 0, round % 2 == 1] {
+            let (w, session, ws, skill) = &servers[usize::from(!counting)];
+            let us = mcp_reads(w, session, ws, skill, 1000);
+            if counting {
+                on.push(us)
+            } else {
+                off.push(us)
+            }
+        }
+    }
+    drop(servers);
+    let mut rows = vec![(
+        "warm `skills_read` of a SKILL.md over MCP (HTTP, one client)",
+        on,
+        off,
+    )];
+
     let tmp = tempfile::tempdir().unwrap();
     let store = Store::open(tmp.path().join("store")).unwrap();
     let src = tmp.path().join("src/kit");
@@ -135,7 +213,11 @@ fn main() {
             let skill = &names[i % SKILLS];
             let started = Instant::now();
             let page = ws.read_reaching(skill, "SKILL.md", 0, 64 << 10, Reach::Held);
-            let page = page.unwrap().expect("held after the first round");
+            // As the MCP layer does: what the namespace does not hold yet, from the store.
+            let page = match page.unwrap() {
+                Some(page) => page,
+                None => ws.read(skill, "SKILL.md", 0, 64 << 10).unwrap(),
+            };
             ws.used(
                 Source::Read,
                 "token:bench",
@@ -163,7 +245,7 @@ fn main() {
         }
     }
     skill_usage::take();
-    let mut rows = vec![("warm `skills_read` of a SKILL.md (in process)", on, off)];
+    rows.push(("warm `skills_read` of a SKILL.md (in process)", on, off));
 
     if let Some(counting_mount) = counting_mount {
         let (_quiet, quiet_mount) = open("quiet", false);

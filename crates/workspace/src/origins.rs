@@ -4,7 +4,7 @@
 use cloud_harness_control::skill_usage::Origin;
 use cloud_harness_skills::generation::{Generation, View};
 use cloud_harness_store::cas::Digest;
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// The toolkit a source without a repository or a name is counted under: a project's own

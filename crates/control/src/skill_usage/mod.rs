@@ -14,10 +14,10 @@ pub mod stored;
 #[cfg(test)]
 mod tests;
 
+use foldhash::HashMap;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex};
 
@@ -28,7 +28,7 @@ pub const MAX_KEYS: usize = 16_384;
 pub const MAX_KEYS_PER_PRINCIPAL: usize = MAX_KEYS / 16;
 /// The longest field kept (a longer one is cut, on a character boundary).
 pub const MAX_FIELD: usize = 512;
-/// Toolkits with series of their own; the others are counted as `other`.
+/// Toolkits with series of their own; the others are counted as `(other)`.
 pub const MAX_TOOLKIT_SERIES: usize = 256;
 
 /// Where a use was seen.
@@ -127,15 +127,25 @@ pub type Batch = Vec<(Key, Tally)>;
 #[derive(Default)]
 struct Counts {
     /// By key, its fields joined by NUL (none has one): a use already counted is found
-    /// without allocating.
-    keys: HashMap<String, (Key, Tally)>,
+    /// without allocating, in one lookup.
+    keys: HashMap<String, Counted>,
     per_principal: HashMap<String, usize>,
-    /// Since the process started, by toolkit and then by source: (uses, failures).
-    series: HashMap<String, [(u64, u64); 4]>,
+    /// Each toolkit's slot in `series`, for at most [`MAX_TOOLKIT_SERIES`] of them.
+    slots: HashMap<String, usize>,
+    /// Since the process started, by toolkit (or `(other)`) and then by source:
+    /// (uses, failures).
+    series: Vec<(String, [(u64, u64); 4])>,
 }
 
 /// The series of the toolkits past [`MAX_TOOLKIT_SERIES`] (no toolkit's URL or name).
 const OTHER: &str = "(other)";
+
+struct Counted {
+    key: Key,
+    tally: Tally,
+    /// Its toolkit's slot in `Counts::series`.
+    slot: usize,
+}
 
 struct Usage {
     counts: Mutex<Counts>,
@@ -224,11 +234,14 @@ pub fn record(u: &Use) {
             joined.push('\0');
         }
         let mut counts = counts();
-        counts.count_series(field(&u.origin.toolkit), u.source, &one);
-        if let Some((_, tally)) = counts.keys.get_mut(joined.as_str()) {
-            tally.add(&one);
+        if let Some(c) = counts.keys.get_mut(joined.as_str()) {
+            c.tally.add(&one);
+            let slot = c.slot;
+            counts.count_series(slot, u.source, &one);
             return;
         }
+        let slot = counts.slot(field(&u.origin.toolkit));
+        counts.count_series(slot, u.source, &one);
         let key = Key {
             source: u.source,
             workspace: field(u.workspace).to_owned(),
@@ -244,7 +257,10 @@ pub fn record(u: &Use) {
             USAGE.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        counts.keys.insert(joined.clone(), (key, one));
+        let tally = one;
+        counts
+            .keys
+            .insert(joined.clone(), Counted { key, tally, slot });
     });
 }
 
@@ -262,18 +278,31 @@ impl Counts {
         true
     }
 
-    /// Counts a use in its toolkit's series: one of at most [`MAX_TOOLKIT_SERIES`], or `other`.
-    fn count_series(&mut self, toolkit: &str, source: Source, one: &Tally) {
-        let toolkit = match self.series.contains_key(toolkit) {
-            true => toolkit,
-            false if self.series.len() < MAX_TOOLKIT_SERIES => toolkit,
-            false => OTHER,
-        };
-        if !self.series.contains_key(toolkit) {
-            self.series.insert(toolkit.to_owned(), Default::default());
+    /// The series slot of `toolkit`: its own while fewer than [`MAX_TOOLKIT_SERIES`] have
+    /// one, else `(other)`'s.
+    fn slot(&mut self, toolkit: &str) -> usize {
+        if let Some(&slot) = self.slots.get(toolkit) {
+            return slot;
         }
-        let counts = self.series.get_mut(toolkit).expect("inserted above");
-        let (uses, failures) = &mut counts[source as usize];
+        let (name, mine) = match self.slots.len() < MAX_TOOLKIT_SERIES {
+            true => (toolkit, true),
+            false => (OTHER, false),
+        };
+        if !mine {
+            if let Some(other) = self.series.iter().position(|(n, _)| n == OTHER) {
+                return other;
+            }
+        }
+        self.series.push((name.to_owned(), Default::default()));
+        let slot = self.series.len() - 1;
+        if mine {
+            self.slots.insert(toolkit.to_owned(), slot);
+        }
+        slot
+    }
+
+    fn count_series(&mut self, slot: usize, source: Source, one: &Tally) {
+        let (uses, failures) = &mut self.series[slot].1[source as usize];
         *uses += one.uses;
         *failures += one.failures;
     }
@@ -283,7 +312,10 @@ impl Counts {
 pub fn take() -> Batch {
     let mut counts = counts();
     counts.per_principal.clear();
-    std::mem::take(&mut counts.keys).into_values().collect()
+    std::mem::take(&mut counts.keys)
+        .into_values()
+        .map(|c| (c.key, c.tally))
+        .collect()
 }
 
 /// Puts back what a flush could not write (the database was away): merged with what was
@@ -295,10 +327,11 @@ pub fn put_back(batch: Batch) {
     let mut counts = counts();
     for (key, tally) in batch {
         let joined = joined(&key);
-        if let Some((_, t)) = counts.keys.get_mut(&joined) {
-            t.add(&tally);
+        if let Some(c) = counts.keys.get_mut(&joined) {
+            c.tally.add(&tally);
         } else if counts.admit(&key.principal) {
-            counts.keys.insert(joined, (key, tally));
+            let slot = counts.slot(&key.toolkit);
+            counts.keys.insert(joined, Counted { key, tally, slot });
         } else {
             USAGE.dropped.fetch_add(tally.uses, Ordering::Relaxed);
         }
