@@ -118,7 +118,13 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
         workspaces.clone(),
         (idle > 0).then(|| Duration::from_secs(idle)),
     );
-    let flusher = Flusher::start(workspaces.db().clone(), usage)?;
+    let flusher = match Flusher::start(workspaces.db().clone(), usage) {
+        Ok(f) => f,
+        Err(e) => {
+            workspaces.shutdown();
+            return Err(e);
+        }
+    };
     // On a worker rather than this thread, which would otherwise make every connection's tasks
     // and never park (the blocks the workers free would stay on its pages: memory::idle).
     let served = {

@@ -257,3 +257,52 @@ fn uses_from_every_source_are_counted_per_toolkit_file_and_day() {
         ]
     );
 }
+
+/// A flush of more keys than a transaction takes, many of them sharing a day's row (one skill,
+/// many files), written whole on the server's engine (SQLite here, PostgreSQL in the
+/// PostgreSQL suite): every statement size used, no row touched twice by one statement.
+#[test]
+fn a_flush_of_many_keys_is_written_whole_on_either_engine() {
+    use cloud_harness_control::skill_usage::{Key, Source, Tally};
+    let w = support::api::world_with(tempfile::tempdir().unwrap(), &[]);
+    let db = w.state();
+    let n = stored::CHUNK * 2 + 85;
+    let at = 1_796_126_400_000;
+    let batch: Vec<(Key, Tally)> = (0..n)
+        .map(|i| {
+            let key = Key {
+                source: Source::Mount,
+                workspace: "ws-many".into(),
+                principal: "token:alice".into(),
+                toolkit: "https://git.example/acme/kit".into(),
+                commit: "c0ffee".into(),
+                bundle: "sha256:00".into(),
+                tier: "owner".into(),
+                skill: format!("skill-{}", i % 3),
+                file: format!("references/{i}.md"),
+            };
+            let tally = Tally {
+                uses: 2,
+                failures: 0,
+                duration_ms: 0,
+                last_ms: at + i as i64,
+            };
+            (key, tally)
+        })
+        .collect();
+    stored::flush(&db, batch.clone()).map_err(|(e, _)| e).unwrap();
+    // Again: each row added to, none made twice.
+    stored::flush(&db, batch).map_err(|(e, _)| e).unwrap();
+    assert_eq!(stored::events(&db, "ws-many").unwrap().len(), n);
+    let days = stored::days(&db, "2026-12-01").unwrap();
+    let sums: Vec<(String, i64)> = days.into_iter().map(|d| (d.skill, d.uses)).collect();
+    let third = |k: usize| (0..n).filter(|i| i % 3 == k).count() as i64 * 4;
+    assert_eq!(
+        sums,
+        vec![
+            ("skill-0".to_owned(), third(0)),
+            ("skill-1".to_owned(), third(1)),
+            ("skill-2".to_owned(), third(2)),
+        ]
+    );
+}

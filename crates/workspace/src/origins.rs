@@ -32,7 +32,12 @@ impl Origins {
         view: View,
         skill: &str,
     ) -> Option<Arc<Origin>> {
-        let mut cached = self.cached.lock().expect("origins lock");
+        // Whatever a panic elsewhere left: a cache, rebuilt below if it is not this
+        // generation's (the mount's threads must not panic on it).
+        let mut cached = self
+            .cached
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let digest = generation.digest();
         if cached.generation != Some(digest) {
             cached.by_view.clear();

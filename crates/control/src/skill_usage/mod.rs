@@ -242,6 +242,11 @@ pub fn record(u: &Use) {
         }
         let slot = counts.slot(field(&u.origin.toolkit));
         counts.count_series(slot, u.source, &one);
+        // Admitted before anything is allocated for it.
+        if !counts.admit(field(u.principal)) {
+            USAGE.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let key = Key {
             source: u.source,
             workspace: field(u.workspace).to_owned(),
@@ -253,10 +258,6 @@ pub fn record(u: &Use) {
             skill: field(u.skill).to_owned(),
             file: field(u.file).to_owned(),
         };
-        if !counts.admit(&key.principal) {
-            USAGE.dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
         let tally = one;
         counts
             .keys

@@ -77,7 +77,7 @@ fn rows(n: usize, width: usize) -> String {
 }
 
 fn write_chunk(tx: &Conn, chunk: &Batch) -> Result<()> {
-    let mut events: Vec<Box<dyn Param>> = Vec::with_capacity(chunk.len() * 13);
+    let mut events: Vec<Box<dyn Param>> = Vec::with_capacity(chunk.len() * WIDTH);
     // The day's rows, summed first (two keys differing only by their file share one): one
     // statement may not touch a row twice.
     let mut merged: BTreeMap<Vec<String>, (i64, i64, i64, i64)> = BTreeMap::new();
@@ -94,35 +94,47 @@ fn write_chunk(tx: &Conn, chunk: &Batch) -> Result<()> {
         day.2 = day.2.saturating_add(duration);
         day.3 = day.3.max(t.last_ms);
     }
-    let sql = format!(
-        "INSERT INTO usage_events (at, source, workspace, principal, toolkit, commit_id, bundle, tier, skill, file, uses, failures, duration_ms)
-         VALUES {}
-         ON CONFLICT (at, source, workspace, principal, toolkit, commit_id, bundle, tier, skill, file) DO UPDATE SET
-           uses = usage_events.uses + excluded.uses,
-           failures = usage_events.failures + excluded.failures,
-           duration_ms = usage_events.duration_ms + excluded.duration_ms",
-        rows(chunk.len(), 13)
-    );
-    let params: Vec<&dyn Param> = events.iter().map(|p| p.as_ref()).collect();
-    tx.execute(&sql, &params).map_err(state::internal)?;
-    let mut daily: Vec<Box<dyn Param>> = Vec::with_capacity(merged.len() * 13);
-    let n = merged.len();
+    upsert(tx, EVENTS, EVENTS_CONFLICT, events)?;
+    let mut daily: Vec<Box<dyn Param>> = Vec::with_capacity(merged.len() * WIDTH);
     for (id, (uses, failures, duration, last)) in merged {
         daily.extend(id.into_iter().map(|f| Box::new(f) as Box<dyn Param>));
         daily.extend([uses, failures, duration, last].map(|n| Box::new(n) as Box<dyn Param>));
     }
-    let sql = format!(
-        "INSERT INTO usage_daily (day, source, workspace, principal, toolkit, commit_id, bundle, tier, skill, uses, failures, duration_ms, last_at)
-         VALUES {}
-         ON CONFLICT (day, source, workspace, principal, toolkit, commit_id, bundle, tier, skill) DO UPDATE SET
-           uses = usage_daily.uses + excluded.uses,
-           failures = usage_daily.failures + excluded.failures,
-           duration_ms = usage_daily.duration_ms + excluded.duration_ms,
-           last_at = CASE WHEN excluded.last_at > usage_daily.last_at THEN excluded.last_at ELSE usage_daily.last_at END",
-        rows(n, 13)
-    );
-    let params: Vec<&dyn Param> = daily.iter().map(|p| p.as_ref()).collect();
-    tx.execute(&sql, &params).map_err(state::internal)?;
+    upsert(tx, DAILY, DAILY_CONFLICT, daily)
+}
+
+const EVENTS: &str = "INSERT INTO usage_events (at, source, workspace, principal, toolkit, commit_id, bundle, tier, skill, file, uses, failures, duration_ms) VALUES";
+const EVENTS_CONFLICT: &str = "ON CONFLICT (at, source, workspace, principal, toolkit, commit_id, bundle, tier, skill, file) DO UPDATE SET
+   uses = usage_events.uses + excluded.uses,
+   failures = usage_events.failures + excluded.failures,
+   duration_ms = usage_events.duration_ms + excluded.duration_ms";
+const DAILY: &str = "INSERT INTO usage_daily (day, source, workspace, principal, toolkit, commit_id, bundle, tier, skill, uses, failures, duration_ms, last_at) VALUES";
+const DAILY_CONFLICT: &str = "ON CONFLICT (day, source, workspace, principal, toolkit, commit_id, bundle, tier, skill) DO UPDATE SET
+   uses = usage_daily.uses + excluded.uses,
+   failures = usage_daily.failures + excluded.failures,
+   duration_ms = usage_daily.duration_ms + excluded.duration_ms,
+   last_at = CASE WHEN excluded.last_at > usage_daily.last_at THEN excluded.last_at ELSE usage_daily.last_at END";
+
+/// Both tables' rows have this many columns.
+const WIDTH: usize = 13;
+/// The statements' sizes, in rows: a few statements of a few shapes, each prepared once per
+/// connection, rather than one of a new shape for each chunk.
+const SIZES: [usize; 4] = [64, 16, 4, 1];
+
+/// `params` ([`WIDTH`] a row) upserted by `insert … VALUES (…), … conflict`, in statements of
+/// [`SIZES`] rows.
+fn upsert(tx: &Conn, insert: &str, conflict: &str, params: Vec<Box<dyn Param>>) -> Result<()> {
+    let mut at = 0;
+    let rows_in = params.len() / WIDTH;
+    for size in SIZES {
+        while rows_in - at >= size {
+            let sql = format!("{insert} {} {conflict}", rows(size, WIDTH));
+            let slice = &params[at * WIDTH..(at + size) * WIDTH];
+            let refs: Vec<&dyn Param> = slice.iter().map(|p| p.as_ref()).collect();
+            tx.execute(&sql, &refs).map_err(state::internal)?;
+            at += size;
+        }
+    }
     Ok(())
 }
 
