@@ -248,7 +248,7 @@ fn main() {
     rows.push(("warm `skills_read` of a SKILL.md (in process)", on, off));
 
     if let Some(counting_mount) = counting_mount {
-        let (_quiet, quiet_mount) = open("quiet", false);
+        let (quiet_ws, quiet_mount) = open("quiet", false);
         let quiet_mount = quiet_mount.unwrap();
         // The prewarms end well within this (100 files, a few ms each).
         std::thread::sleep(Duration::from_secs(2));
@@ -301,10 +301,12 @@ fn main() {
         }
         mount_uses();
         rows.push(("first read of each file after an open (prewarmed)", on, off));
+        workspaces.close(&quiet_ws.id).unwrap();
     } else {
         println!("(not root or no /dev/fuse: no mount rows)");
     }
 
+    workspaces.close(&ws.id).unwrap();
     println!("Skill usage counting on against off, {ROUNDS} rounds interleaved, medians (range)");
     println!("| path | counting on | counting off | ratio |");
     println!("|---|---|---|---|");

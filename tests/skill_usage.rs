@@ -290,7 +290,9 @@ fn a_flush_of_many_keys_is_written_whole_on_either_engine() {
             (key, tally)
         })
         .collect();
-    stored::flush(&db, batch.clone()).map_err(|(e, _)| e).unwrap();
+    stored::flush(&db, batch.clone())
+        .map_err(|(e, _)| e)
+        .unwrap();
     // Again: each row added to, none made twice.
     stored::flush(&db, batch).map_err(|(e, _)| e).unwrap();
     assert_eq!(stored::events(&db, "ws-many").unwrap().len(), n);
