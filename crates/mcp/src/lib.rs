@@ -10,6 +10,7 @@
 //! is `cloud-harness-auth`'s. Nothing below it depends on rmcp or speaks JSON-RPC (but the
 //! auth guard's refusal of `/mcp`).
 
+mod answer;
 mod bound;
 pub mod call;
 pub mod http;
@@ -22,6 +23,7 @@ mod skills;
 pub mod stdio;
 mod tools;
 
+use answer::{failure, rpc_error, success, Answer};
 use call::Call;
 use cloud_harness_control::principal::Principal;
 use cloud_harness_control::skill_usage::Source;
@@ -29,20 +31,19 @@ use cloud_harness_error::Error;
 use cloud_harness_skills::namespace::Reach;
 use cloud_harness_workspace::progress::OpenProgress;
 use cloud_harness_workspace::session_start;
-use cloud_harness_workspace::{blocking, ListPage, RunRequest, Workspaces};
+use cloud_harness_workspace::{blocking, RunRequest, Workspaces};
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock,
-    GetPromptRequestParams, GetPromptResponse, GetPromptResult, GetSkillRequestParams,
-    GetSkillResult, Implementation, InitializeResult, ListPromptsResult,
-    ListResourceTemplatesResult, ListResourcesResult, ListSkillsResult, ListToolsResult,
-    PaginatedRequestParams, Prompt, PromptArgument, PromptMessage,
+    CacheScope, CallToolRequestParams, CallToolResponse, GetPromptRequestParams, GetPromptResponse,
+    GetPromptResult, GetSkillRequestParams, GetSkillResult, Implementation, InitializeResult,
+    ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListSkillsResult,
+    ListToolsResult, PaginatedRequestParams, Prompt, PromptArgument, PromptMessage,
     ReadResourceDirectoryRequestParams, ReadResourceDirectoryResult, ReadResourceRequestParams,
     ReadResourceResponse, ReadResourceResult, Role, ServerCapabilities, ServerConfig,
     SubscriptionFilter, Tool,
 };
 use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::sync::Arc;
 use tools::tools;
 
@@ -71,82 +72,12 @@ fn no_cursor(request: Option<PaginatedRequestParams>) -> Result<(), McpError> {
     }
 }
 
-/// A tool's answer: a value, or a listing page whose JSON text is already written.
-enum Answer {
-    Value(Value),
-    Page(Arc<ListPage>),
-}
-
-/// The result of a successful call. A page answering a request whose answer goes out through
-/// [`prewritten::filling`] carries placeholders for the page's bytes instead of the page.
-fn success(answer: Answer, filled: bool) -> CallToolResult {
-    let (value, text) = match answer {
-        Answer::Value(value) => {
-            let text = serde_json::to_string(&value).unwrap_or_default();
-            (value, text)
-        }
-        Answer::Page(page) => match filled.then(|| prewritten::placeholders(&page)).flatten() {
-            Some((text, value)) => (value, text),
-            None => (page.value.clone(), page.json.clone()),
-        },
-    };
-    let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
-    result.structured_content = Some(value);
-    result
-}
-
-/// Input echoed back in an error stays short: a 1 MiB argument makes a short message.
-fn clip(value: &mut Value) {
-    const MAX: usize = 1024;
-    match value {
-        Value::String(s) if s.len() > MAX => {
-            let cut = (0..=MAX)
-                .rev()
-                .find(|&i| s.is_char_boundary(i))
-                .unwrap_or(0);
-            s.truncate(cut);
-            s.push('…');
-        }
-        Value::Array(items) => items.iter_mut().for_each(clip),
-        Value::Object(map) => map.values_mut().for_each(clip),
-        _ => {}
-    }
-}
-
-fn failure(error: Error) -> CallToolResult {
-    let mut value = json!({
-        "code": error.code,
-        "status": error.status,
-        "message": error.message,
-        "details": error.details,
-    });
-    clip(&mut value);
-    let error = Error {
-        message: value["message"].as_str().unwrap_or_default().to_owned(),
-        ..error
-    };
-    let mut result = CallToolResult::error(vec![ContentBlock::text(format!(
-        "{}: {}",
-        error.code, error.message
-    ))]);
-    result.structured_content = Some(value);
-    result
-}
-
 /// A slot of `who`'s calls, or the quota's refusal as a JSON-RPC error (its `data` as a tool's
 /// error carries it: the code and the details, with `retryAfter`).
 fn call_slot(who: &Principal) -> Result<cloud_harness_control::limits::Held, McpError> {
     cloud_harness_control::limits::quotas()
         .call(&who.name)
         .map_err(|e| rpc_error(&e))
-}
-
-fn rpc_error(e: &Error) -> McpError {
-    McpError::new(
-        rmcp::model::ErrorCode(-32000),
-        e.message.clone(),
-        Some(json!({ "code": e.code, "details": e.details })),
-    )
 }
 
 /// `work` off the async threads, for the protocol's own methods (their errors are JSON-RPC

@@ -229,10 +229,7 @@ pub fn record(u: &Use) {
     }
     JOINED.with_borrow_mut(|joined| {
         joined.clear();
-        for f in fields {
-            joined.push_str(field(f));
-            joined.push('\0');
-        }
+        join_into(joined, fields);
         let mut counts = counts();
         if let Some(c) = counts.keys.get_mut(joined.as_str()) {
             c.tally.add(&one);
@@ -341,7 +338,7 @@ pub fn put_back(batch: Batch) {
 
 fn joined(key: &Key) -> String {
     let mut s = String::new();
-    for f in [
+    let fields = [
         key.source.as_str(),
         &key.workspace,
         &key.principal,
@@ -351,11 +348,17 @@ fn joined(key: &Key) -> String {
         &key.tier,
         &key.skill,
         &key.file,
-    ] {
-        s.push_str(f);
-        s.push('\0');
-    }
+    ];
+    join_into(&mut s, fields);
     s
+}
+
+/// A key's fields, each cut to its bound, joined by NUL: its place in the tally.
+fn join_into(out: &mut String, fields: [&str; 9]) {
+    for f in fields {
+        out.push_str(field(f));
+        out.push('\0');
+    }
 }
 
 /// Keys held now (for tests and the bound's checks).

@@ -182,34 +182,31 @@ const RETAIN_STEPS: usize = 10_000;
 pub fn retain(db: &Db, retention: Retention, now_ms: i64) -> Result<(u64, u64)> {
     let events_before = now_ms - retention.events_days.max(1) * DAY_MS;
     let days_before = day_of(now_ms - retention.daily_days.max(1) * DAY_MS);
-    let (mut events, mut days) = (0, 0);
-    for _ in 0..RETAIN_STEPS {
-        let n = db.write(|tx| {
-            tx.execute(
-                "DELETE FROM usage_events WHERE at = (SELECT MIN(at) FROM usage_events WHERE at < $1)",
-                params![events_before],
-            )
-            .map_err(state::internal)
-        })?;
-        if n == 0 {
-            break;
-        }
-        events += n;
-    }
-    for _ in 0..RETAIN_STEPS {
-        let n = db.write(|tx| {
-            tx.execute(
-                "DELETE FROM usage_daily WHERE day = (SELECT MIN(day) FROM usage_daily WHERE day < $1)",
-                params![days_before],
-            )
-            .map_err(state::internal)
-        })?;
-        if n == 0 {
-            break;
-        }
-        days += n;
-    }
+    let events = delete_oldest(
+        db,
+        "DELETE FROM usage_events WHERE at = (SELECT MIN(at) FROM usage_events WHERE at < $1)",
+        &events_before,
+    )?;
+    let days = delete_oldest(
+        db,
+        "DELETE FROM usage_daily WHERE day = (SELECT MIN(day) FROM usage_daily WHERE day < $1)",
+        &days_before,
+    )?;
     Ok((events, days))
+}
+
+/// Runs `delete` (the oldest bucket before `before`) a transaction at a time until it deletes
+/// nothing, at most [`RETAIN_STEPS`] times; the rows deleted.
+fn delete_oldest(db: &Db, delete: &str, before: &dyn Param) -> Result<u64> {
+    let mut deleted = 0;
+    for _ in 0..RETAIN_STEPS {
+        let n = db.write(|tx| tx.execute(delete, &[before]).map_err(state::internal))?;
+        if n == 0 {
+            break;
+        }
+        deleted += n;
+    }
+    Ok(deleted)
 }
 
 /// One day's uses of one skill from one source (summed over workspaces and principals).
