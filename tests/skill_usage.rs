@@ -256,6 +256,55 @@ fn uses_from_every_source_are_counted_per_toolkit_file_and_day() {
             ("lint".into(), "run".into(), 2, 1, 1, 1),
         ]
     );
+
+    // The same through the operator API, a skill a page.
+    let first = w.op("GET", "/api/v1/usage/skills?days=2&limit=1", None);
+    assert_eq!(first["skills"].as_array().unwrap().len(), 1, "{first}");
+    let fmt = &first["skills"][0];
+    assert_eq!(
+        (&fmt["toolkit"], &fmt["skill"], &fmt["uses"]),
+        (
+            &json!(url),
+            &json!("fmt"),
+            &json!({"mount": 2, "resource": 1})
+        )
+    );
+    assert_eq!(fmt["days"], json!([[today, 3]]));
+    let next = first["next"].as_str().unwrap();
+    let second = w.op(
+        "GET",
+        &format!("/api/v1/usage/skills?days=2&limit=1&after={next}"),
+        None,
+    );
+    let lint = &second["skills"][0];
+    assert_eq!(
+        (&lint["skill"], &lint["uses"], &lint["runFailures"]),
+        (&json!("lint"), &json!({"read": 4, "run": 2}), &json!(1))
+    );
+    assert_eq!(
+        (&lint["principals"], &lint["workspaces"]),
+        (&json!(1), &json!(1))
+    );
+    assert!(lint["lastUsed"].as_i64().unwrap() > 0);
+    assert_eq!(second["next"], json!(null), "{second}");
+    // Another toolkit's, none; a period past the retention, refused.
+    let none = w.op(
+        "GET",
+        "/api/v1/usage/skills?toolkit=https://elsewhere/x",
+        None,
+    );
+    assert_eq!(none["skills"], json!([]));
+    let (status, refused) = w.call(
+        "GET",
+        "/api/v1/usage/skills?days=9999",
+        Some(&w.operator),
+        None,
+    );
+    assert_eq!(
+        (status, &refused["details"]["field"]),
+        (400, &json!("days")),
+        "{refused}"
+    );
 }
 
 /// A flush of more keys than a transaction takes, many of them sharing a day's row (one skill,

@@ -279,3 +279,109 @@ pub fn events(db: &Db, workspace: &str) -> Result<Vec<(i64, Key, i64, i64)>> {
         rows.collect()
     })
 }
+
+/// One skill's use over a period: its uses by source, its runs' failures, when last used and
+/// by how many principals and workspaces, and its uses per day.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SkillUse {
+    pub toolkit: String,
+    pub skill: String,
+    /// By source (`read`, `resource`, `run`, `mount`): uses in the period.
+    pub uses: BTreeMap<&'static str, i64>,
+    pub run_failures: i64,
+    /// Milliseconds since the Unix epoch.
+    pub last_used: i64,
+    pub principals: i64,
+    pub workspaces: i64,
+    /// Oldest first: the day and its uses, all sources.
+    pub days: Vec<(String, i64)>,
+}
+
+/// The most skills a page of [`skills`] holds.
+pub const MAX_PAGE: usize = 500;
+
+/// The skills used since `since` (`YYYY-MM-DD`), of `toolkit` alone if named, in (toolkit,
+/// skill) order after `after`, at most `limit` ([`MAX_PAGE`]).
+pub fn skills(
+    db: &Db,
+    since: &str,
+    toolkit: Option<&str>,
+    after: Option<(&str, &str)>,
+    limit: usize,
+) -> Result<Vec<SkillUse>> {
+    let limit = limit.clamp(1, MAX_PAGE) as i64;
+    let (after_toolkit, after_skill) = after.unwrap_or(("", ""));
+    let rows: Vec<(String, String, String, String, i64, i64, i64)> = db.with(|c| {
+        let mut q = c.prepare_cached(
+            "WITH pairs AS (
+               SELECT DISTINCT toolkit, skill FROM usage_daily
+               WHERE day >= $1 AND (CAST($2 AS TEXT) IS NULL OR toolkit = $2)
+                 AND (toolkit > $3 OR (toolkit = $3 AND skill > $4))
+               ORDER BY toolkit, skill LIMIT $5)
+             SELECT d.toolkit, d.skill, d.day, d.source, CAST(SUM(d.uses) AS BIGINT),
+                    CAST(SUM(d.failures) AS BIGINT), MAX(d.last_at)
+             FROM usage_daily d JOIN pairs p ON d.toolkit = p.toolkit AND d.skill = p.skill
+             WHERE d.day >= $1
+             GROUP BY d.toolkit, d.skill, d.day, d.source
+             ORDER BY d.toolkit, d.skill, d.day, d.source",
+        )?;
+        let rows = q.query_map(
+            params![since, toolkit, after_toolkit, after_skill, limit],
+            |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                ))
+            },
+        )?;
+        rows.collect()
+    })?;
+    let mut out: Vec<SkillUse> = Vec::new();
+    for (toolkit, skill, day, source, uses, failures, last) in rows {
+        if out
+            .last()
+            .is_none_or(|s| s.toolkit != toolkit || s.skill != skill)
+        {
+            out.push(SkillUse {
+                toolkit,
+                skill,
+                uses: BTreeMap::new(),
+                run_failures: 0,
+                last_used: 0,
+                principals: 0,
+                workspaces: 0,
+                days: Vec::new(),
+            });
+        }
+        let s = out.last_mut().expect("pushed above");
+        let source = Source::parse(&source).map_or("unknown", Source::as_str);
+        *s.uses.entry(source).or_default() += uses;
+        if source == "run" {
+            s.run_failures += failures;
+        }
+        s.last_used = s.last_used.max(last);
+        match s.days.last_mut() {
+            Some((d, n)) if *d == day => *n += uses,
+            _ => s.days.push((day, uses)),
+        }
+    }
+    // Who used each, over the whole period (distinct, so not summed from the days).
+    for s in &mut out {
+        let (principals, workspaces) = db.with(|c| {
+            c.query_row(
+                "SELECT COUNT(DISTINCT principal), COUNT(DISTINCT workspace) FROM usage_daily
+                 WHERE day >= $1 AND toolkit = $2 AND skill = $3",
+                params![since, s.toolkit, s.skill],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+        })?;
+        (s.principals, s.workspaces) = (principals, workspaces);
+    }
+    Ok(out)
+}

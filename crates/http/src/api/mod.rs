@@ -9,6 +9,7 @@ mod inventory;
 mod openapi;
 mod registry;
 mod sets;
+mod skill_usage;
 mod skills;
 mod tokens;
 
@@ -89,6 +90,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/api/v1/audit", get(audit))
         .route("/api/v1/workspaces", get(workspaces))
         .route("/api/v1/usage", get(usage))
+        .route("/api/v1/usage/skills", get(skill_usage::skills))
         .fallback(|| async {
             error_response(&Error::not_found(
                 "no such API path (see /api/v1/openapi.json)",

@@ -112,6 +112,7 @@ pub fn spec() -> Value {
             "/api/v1/audit": { "get": op("the audit log, newest first, paged", None, "200", &[("actor", "string"), ("action", "string"), ("subject", "string"), ("cursor", "string"), ("limit", "integer")]) },
             "/api/v1/workspaces": { "get": op("the open workspaces the caller reaches: a client's own, every one for an operator", None, "200", &[]) },
             "/api/v1/usage": { "get": op("what each principal uses of each limit (operators)", None, "200", &[]) },
+            "/api/v1/usage/skills": { "get": op("(operators) the skills used over the last `days` (1 to 400, default 30), of one `toolkit` if named: uses by source (read, resource, run, mount), run failures, last used, distinct principals and workspaces, uses per day; a page of `limit` (1 to 500, default 100), continued `after` the cursor `next`", None, "200", &[("days", "integer"), ("toolkit", "string"), ("after", "string"), ("limit", "integer")]) },
             "/api/v1/openapi.json": { "get": op("this document", None, "200", &[]) },
         },
         "components": {
