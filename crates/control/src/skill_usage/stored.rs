@@ -371,17 +371,33 @@ pub fn skills(
             _ => s.days.push((day, uses)),
         }
     }
-    // Who used each, over the whole period (distinct, so not summed from the days).
-    for s in &mut out {
-        let (principals, workspaces) = db.with(|c| {
-            c.query_row(
-                "SELECT COUNT(DISTINCT principal), COUNT(DISTINCT workspace) FROM usage_daily
-                 WHERE day >= $1 AND toolkit = $2 AND skill = $3",
-                params![since, s.toolkit, s.skill],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-        })?;
-        (s.principals, s.workspaces) = (principals, workspaces);
+    // Who used each, over the whole period (distinct, so not summed from the days): one
+    // query for the page.
+    let who: Vec<(String, String, i64, i64)> = db.with(|c| {
+        let mut q = c.prepare_cached(
+            "WITH pairs AS (
+               SELECT DISTINCT toolkit, skill FROM usage_daily
+               WHERE day >= $1 AND (CAST($2 AS TEXT) IS NULL OR toolkit = $2)
+                 AND (toolkit > $3 OR (toolkit = $3 AND skill > $4))
+               ORDER BY toolkit, skill LIMIT $5)
+             SELECT d.toolkit, d.skill, COUNT(DISTINCT d.principal), COUNT(DISTINCT d.workspace)
+             FROM usage_daily d JOIN pairs p ON d.toolkit = p.toolkit AND d.skill = p.skill
+             WHERE d.day >= $1
+             GROUP BY d.toolkit, d.skill",
+        )?;
+        let rows = q.query_map(
+            params![since, toolkit, after_toolkit, after_skill, limit],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )?;
+        rows.collect()
+    })?;
+    for (toolkit, skill, principals, workspaces) in who {
+        if let Some(s) = out
+            .iter_mut()
+            .find(|s| s.toolkit == toolkit && s.skill == skill)
+        {
+            (s.principals, s.workspaces) = (principals, workspaces);
+        }
     }
     Ok(out)
 }
