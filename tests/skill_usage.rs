@@ -7,7 +7,7 @@
 
 use crate::support;
 
-use cloud_harness_control::skill_usage::stored;
+use cloud_harness_control::skill_usage::{report, stored};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -193,7 +193,7 @@ fn uses_from_every_source_are_counted_per_toolkit_file_and_day() {
     type Counted = BTreeMap<(String, String, String), (i64, i64)>;
     let counted = || -> Counted {
         let mut out = Counted::new();
-        for (_, k, uses, failures) in stored::events(&db, &ws).unwrap() {
+        for (_, k, uses, failures) in report::events(&db, &ws).unwrap() {
             assert_eq!(
                 (&k.workspace, k.toolkit.as_str(), k.commit.as_str()),
                 (&ws, url.as_str(), commit.as_str())
@@ -232,7 +232,7 @@ fn uses_from_every_source_are_counted_per_toolkit_file_and_day() {
     assert_eq!(got, want);
 
     // Per day: the same uses summed per skill and source, with who used them.
-    let days: Vec<(String, String, i64, i64, i64, i64)> = stored::days(&db, &today)
+    let days: Vec<(String, String, i64, i64, i64, i64)> = report::days(&db, &today)
         .unwrap()
         .into_iter()
         .map(|d| {
@@ -305,6 +305,106 @@ fn uses_from_every_source_are_counted_per_toolkit_file_and_day() {
         (400, &json!("days")),
         "{refused}"
     );
+
+    // The period's totals: every day, the empty one too.
+    let totals = w.op("GET", "/api/v1/usage/totals?days=2", None);
+    let days = totals["days"].as_array().unwrap();
+    assert_eq!(days.len(), 2, "{totals}");
+    let sum = |source: &str| -> i64 {
+        days.iter()
+            .map(|d| d["uses"][source].as_i64().unwrap())
+            .sum()
+    };
+    assert_eq!(
+        (sum("read"), sum("run"), sum("resource"), sum("mount")),
+        (4, 2, 1, 2),
+        "{totals}"
+    );
+    assert_eq!(
+        days.iter()
+            .map(|d| d["runFailures"].as_i64().unwrap())
+            .sum::<i64>(),
+        1
+    );
+    assert_eq!(days[1]["day"], json!(totals["until"]));
+
+    // Unused: the kit's two skills were used; the built-in tier's were not (one of them
+    // used 10 days ago, which a period of 2 days still lists with its last use, and one of
+    // 30 does not).
+    let kit_unused = w.op(
+        "GET",
+        &format!("/api/v1/usage/unused?days=2&toolkit={url}"),
+        None,
+    );
+    assert_eq!(kit_unused["skills"], json!([]), "{kit_unused}");
+    let long_ago = cloud_harness_control::state::now_ms() - 10 * 24 * 3600 * 1000;
+    db.write(|c| {
+        c.execute(
+            "INSERT INTO usage_daily (day, source, workspace, principal, toolkit, commit_id, bundle, tier, skill, uses, failures, duration_ms, last_at)
+             VALUES ($1, 'read', 'ws-old', 'someone', 'cloud-harness', '', '', 'builtin', 'cloud-harness-skills', 1, 0, 0, $2)",
+            cloud_harness_control::params![stored::day_of(long_ago), long_ago],
+        )?;
+        Ok(())
+    })
+    .unwrap();
+    let unused = |days: u32| -> BTreeMap<String, serde_json::Value> {
+        let page = w.op(
+            "GET",
+            &format!("/api/v1/usage/unused?days={days}&limit=500"),
+            None,
+        );
+        page["skills"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                assert_eq!(s["toolkit"], json!("cloud-harness"), "{page}");
+                (
+                    s["skill"].as_str().unwrap().to_owned(),
+                    s["lastUsed"].clone(),
+                )
+            })
+            .collect()
+    };
+    let two = unused(2);
+    assert_eq!(two["cloud-harness-skills"], json!(long_ago), "{two:?}");
+    assert_eq!(two["cloud-harness-conflicts"], json!(null), "{two:?}");
+    let thirty = unused(30);
+    assert!(!thirty.contains_key("cloud-harness-skills"), "{thirty:?}");
+    assert!(thirty.contains_key("cloud-harness-conflicts"), "{thirty:?}");
+    // A page at a time.
+    let first = w.op("GET", "/api/v1/usage/unused?days=2&limit=1", None);
+    let next = first["next"].as_str().unwrap();
+    let second = w.op(
+        "GET",
+        &format!("/api/v1/usage/unused?days=2&limit=1&after={next}"),
+        None,
+    );
+    assert!(
+        first["skills"][0]["skill"].as_str() < second["skills"][0]["skill"].as_str(),
+        "{first} {second}"
+    );
+
+    // The same from the command line, on the server's database.
+    let (code, out) = w.cli(&["usage", "skills", "--days", "2", "--toolkit", &url]);
+    assert_eq!(code, 0, "{out}");
+    let cli: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let skills: Vec<_> = cli["skills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["skill"].clone())
+        .collect();
+    assert_eq!(skills, vec![json!("fmt"), json!("lint")], "{cli}");
+    let (code, out) = w.cli(&["usage", "unused", "--days", "30"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("cloud-harness-conflicts") && !out.contains("\"cloud-harness-skills\""),
+        "{out}"
+    );
+    let (code, out) = w.cli(&["usage", "totals", "--days", "0"]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("days"), "{out}");
 }
 
 /// A flush of more keys than a transaction takes, many of them sharing a day's row (one skill,
@@ -344,8 +444,8 @@ fn a_flush_of_many_keys_is_written_whole_on_either_engine() {
         .unwrap();
     // Again: each row added to, none made twice.
     stored::flush(&db, batch).map_err(|(e, _)| e).unwrap();
-    assert_eq!(stored::events(&db, "ws-many").unwrap().len(), n);
-    let days = stored::days(&db, "2026-12-01").unwrap();
+    assert_eq!(report::events(&db, "ws-many").unwrap().len(), n);
+    let days = report::days(&db, "2026-12-01").unwrap();
     let sums: Vec<(String, i64)> = days.into_iter().map(|d| (d.skill, d.uses)).collect();
     let third = |k: usize| (0..n).filter(|i| i % 3 == k).count() as i64 * 4;
     assert_eq!(

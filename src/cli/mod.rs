@@ -17,6 +17,7 @@ mod signature;
 mod skills;
 pub mod tiers;
 mod toolkit;
+mod usage;
 
 use clap::{Parser, Subcommand};
 use cloud_harness_error::Result;
@@ -119,6 +120,13 @@ pub enum Command {
     },
     /// The library: every skill of the store and the built-in tier, searched.
     Library(library::LibraryArgs),
+    /// The usage of skills: which were used, from where, by how many; which never were.
+    Usage {
+        #[command(flatten)]
+        home: control::HomeArg,
+        #[command(subcommand)]
+        command: usage::UsageCommand,
+    },
     /// The audit log, newest first.
     Audit {
         #[command(flatten)]
@@ -192,6 +200,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Registry { home, command } => registry::run(&store, &home, command),
         Command::Signature { home, command } => signature::run(&store, &home, command),
         Command::Library(args) => library::run(&store, args),
+        Command::Usage { home, command } => usage::run(&store, &home, command),
         Command::Proxy(_)
         | Command::Prewarm(_)
         | Command::MountGuard(_)

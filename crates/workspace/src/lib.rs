@@ -62,6 +62,7 @@ mod skill_usage;
 mod spares;
 mod stop;
 mod trust;
+pub mod unused_skills;
 pub use served::Workspace;
 
 pub use failure::Failure;

@@ -10,6 +10,7 @@
 //! are also Prometheus counters (`cloud_harness_skill_uses`).
 
 pub mod flush;
+pub mod report;
 pub mod stored;
 #[cfg(test)]
 mod tests;

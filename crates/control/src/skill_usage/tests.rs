@@ -151,7 +151,8 @@ fn at(ms: i64, uses: u64, failures: u64) -> Tally {
 /// deletes days past their own retention.
 #[test]
 fn flushes_roll_up_per_day_and_the_retention_keeps_days_longer_than_events() {
-    use super::stored::{days, events, flush, retain, Retention};
+    use super::report::{days, events};
+    use super::stored::{flush, retain, Retention};
     let home = tempfile::tempdir().unwrap();
     let db = crate::state::Db::open_sqlite(home.path()).unwrap();
     const DAY: i64 = 86_400_000;
@@ -210,7 +211,8 @@ fn flushes_roll_up_per_day_and_the_retention_keeps_days_longer_than_events() {
 /// is put back for the next one, then, told to give up, counted as dropped.
 #[test]
 fn a_flush_writes_in_chunks_and_what_the_database_refuses_is_kept_then_given_up() {
-    use super::stored::{days, events, flush, flush_counted, CHUNK};
+    use super::report::{days, events};
+    use super::stored::{flush, flush_counted, CHUNK};
     let _one = TALLY.lock().unwrap_or_else(|e| e.into_inner());
     let home = tempfile::tempdir().unwrap();
     let db = crate::state::Db::open_sqlite(home.path()).unwrap();
@@ -246,4 +248,48 @@ fn a_flush_writes_in_chunks_and_what_the_database_refuses_is_kept_then_given_up(
     assert!(flush_counted(&db, true).is_err());
     assert_eq!(held(), 0);
     assert_eq!(dropped() - before, 3);
+}
+
+#[test]
+fn a_period_is_its_days_in_order_across_months_and_leap_years() {
+    use super::report::{period, Period, MAX_DAYS};
+    use super::stored::day_of;
+    let day = 24 * 3600 * 1000_i64;
+    assert_eq!(
+        period("2024-02-27", "2024-03-01"),
+        ["2024-02-27", "2024-02-28", "2024-02-29", "2024-03-01"]
+    );
+    assert_eq!(
+        period("2026-12-31", "2027-01-01"),
+        ["2026-12-31", "2027-01-01"]
+    );
+    assert!(period("2026-12-02", "2026-12-01").is_empty());
+    assert!(period("not a day", "2026-12-01").is_empty());
+    assert_eq!(period("1970-01-01", "2999-01-01").len(), MAX_DAYS as usize);
+    // The last days up to a moment, today included; none, or more than kept, refused.
+    let now = 1_796_000_000_000_i64;
+    let p = Period::last(7, now).unwrap();
+    assert_eq!((p.since, p.until), (day_of(now - 6 * day), day_of(now)));
+    assert_eq!(period(&day_of(now - 6 * day), &day_of(now)).len(), 7);
+    assert!(Period::last(0, now).is_err());
+    assert!(Period::last(MAX_DAYS as u64 + 1, now).is_err());
+}
+
+#[test]
+fn a_cursor_is_its_toolkit_and_skill_and_a_foreign_one_is_refused() {
+    use super::report::{cursor_of, cursor_value, paged};
+    let c = cursor_of("https://git.example/kit.git", "lint");
+    assert_eq!(
+        cursor_value(&c).unwrap(),
+        ("https://git.example/kit.git".to_owned(), "lint".to_owned())
+    );
+    for bad in ["", "!!", "bm90IG9uZQ"] {
+        let e = cursor_value(bad).unwrap_err();
+        assert_eq!(e.code, cloud_harness_error::Code::InvalidArgument, "{bad}");
+    }
+    let rows = vec![("a", "x"), ("a", "y"), ("b", "x")];
+    let (page, next) = paged(rows.clone(), 2, |r| (r.0, r.1));
+    assert_eq!((page.len(), next), (2, Some(cursor_of("a", "y"))));
+    let (page, next) = paged(rows, 3, |r| (r.0, r.1));
+    assert_eq!((page.len(), next), (3, None));
 }

@@ -9,7 +9,7 @@ mod inventory;
 mod openapi;
 mod registry;
 mod sets;
-mod skill_usage;
+pub(crate) mod skill_usage;
 mod skills;
 mod tokens;
 
@@ -90,7 +90,9 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/api/v1/audit", get(audit))
         .route("/api/v1/workspaces", get(workspaces))
         .route("/api/v1/usage", get(usage))
-        .route("/api/v1/usage/skills", get(skill_usage::skills))
+        .route("/api/v1/usage/skills", get(skill_usage::get_skills))
+        .route("/api/v1/usage/totals", get(skill_usage::get_totals))
+        .route("/api/v1/usage/unused", get(skill_usage::get_unused))
         .fallback(|| async {
             error_response(&Error::not_found(
                 "no such API path (see /api/v1/openapi.json)",

@@ -48,6 +48,27 @@ fn with_path_parameters(mut spec: Value) -> Value {
 }
 
 pub fn spec() -> Value {
+    let mut doc = the_rest();
+    let paths = doc["paths"]
+        .as_object_mut()
+        .expect("the paths are an object");
+    for (path, item) in usage_paths().as_object().expect("an object") {
+        paths.insert(path.clone(), item.clone());
+    }
+    doc
+}
+
+/// The usage of skills (one `json!` for the whole document would pass the macro's
+/// recursion limit).
+fn usage_paths() -> Value {
+    json!({
+        "/api/v1/usage/skills": { "get": op("(operators) the skills used over the last `days` (1 to 400, default 30), of one `toolkit` if named: uses by source (read, resource, run, mount), run failures, last used, distinct principals and workspaces, uses per day; a page of `limit` (1 to 500, default 100), continued `after` the cursor `next`", None, "200", &[("days", "integer"), ("toolkit", "string"), ("after", "string"), ("limit", "integer")]) },
+        "/api/v1/usage/totals": { "get": op("(operators) each day of the last `days` (1 to 400, default 30), of one `toolkit` if named: uses by source and run failures, days without a use included", None, "200", &[("days", "integer"), ("toolkit", "string")]) },
+        "/api/v1/usage/unused": { "get": op("(operators) the library's skills not used in the last `days` (1 to 400, default 30), of one `toolkit` if named, with their last use if one is still kept; a page of `limit` (1 to 500, default 100), continued `after` the cursor `next`", None, "200", &[("days", "integer"), ("toolkit", "string"), ("after", "string"), ("limit", "integer")]) },
+    })
+}
+
+fn the_rest() -> Value {
     let text = |max: u64| json!({ "type": "string", "minLength": 1, "maxLength": max });
     json!({
         "openapi": "3.1.0",
@@ -112,7 +133,6 @@ pub fn spec() -> Value {
             "/api/v1/audit": { "get": op("the audit log, newest first, paged", None, "200", &[("actor", "string"), ("action", "string"), ("subject", "string"), ("cursor", "string"), ("limit", "integer")]) },
             "/api/v1/workspaces": { "get": op("the open workspaces the caller reaches: a client's own, every one for an operator", None, "200", &[]) },
             "/api/v1/usage": { "get": op("what each principal uses of each limit (operators)", None, "200", &[]) },
-            "/api/v1/usage/skills": { "get": op("(operators) the skills used over the last `days` (1 to 400, default 30), of one `toolkit` if named: uses by source (read, resource, run, mount), run failures, last used, distinct principals and workspaces, uses per day; a page of `limit` (1 to 500, default 100), continued `after` the cursor `next`", None, "200", &[("days", "integer"), ("toolkit", "string"), ("after", "string"), ("limit", "integer")]) },
             "/api/v1/openapi.json": { "get": op("this document", None, "200", &[]) },
         },
         "components": {

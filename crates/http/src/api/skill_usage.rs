@@ -1,85 +1,122 @@
-//! `GET /api/v1/usage/skills`: which skills were used over the last days, from where, by how
-//! many principals and workspaces, with their uses per day (operators: it names every
-//! principal's uses). A page at a time, in toolkit and skill order.
+//! The usage of skills (operators: it names every principal's uses), over the last days:
+//! `GET /api/v1/usage/skills`, per toolkit and skill, with their uses per day, a page at a
+//! time; `GET /api/v1/usage/totals`, the period's uses per day; `GET /api/v1/usage/unused`,
+//! the library's skills not used in the period, a page at a time.
 
 use super::{answer, blocking, query, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use cloud_harness_control::skill_usage::stored;
-use cloud_harness_error::{Code, Error};
+use cloud_harness_control::skill_usage::report::{self, Period};
+use cloud_harness_error::{Code, Error, Result};
+use cloud_harness_workspace::unused_skills::{self, Unused};
 use serde_json::json;
 
-/// The longest period asked, in days (the daily rows' default retention).
-const MAX_DAYS: u64 = 400;
-const DAY_MS: i64 = 24 * 3600 * 1000;
-
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Asked {
     /// The last this many days, today included (default 30).
-    days: Option<u64>,
-    toolkit: Option<String>,
-    after: Option<String>,
-    limit: Option<usize>,
+    pub days: Option<u64>,
+    pub toolkit: Option<String>,
+    pub after: Option<String>,
+    pub limit: Option<usize>,
 }
 
-/// A cursor: the (toolkit, skill) a page ended with, opaque to clients.
-fn cursor_of(toolkit: &str, skill: &str) -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{toolkit}\0{skill}"))
+impl Asked {
+    pub fn period(&self) -> Result<Period> {
+        Period::last(
+            self.days.unwrap_or(30),
+            cloud_harness_control::state::now_ms(),
+        )
+    }
+
+    pub fn toolkit(&self) -> Option<&str> {
+        self.toolkit.as_deref().filter(|t| !t.is_empty())
+    }
+
+    fn after(&self) -> Result<Option<(String, String)>> {
+        let after = self.after.as_deref().filter(|a| !a.is_empty());
+        after.map(report::cursor_value).transpose()
+    }
 }
 
-fn cursor_value(cursor: &str) -> cloud_harness_error::Result<(String, String)> {
-    use base64::Engine;
-    base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(cursor)
-        .ok()
-        .and_then(|b| String::from_utf8(b).ok())
-        .and_then(|s| {
-            s.split_once('\0')
-                .map(|(t, k)| (t.to_owned(), k.to_owned()))
-        })
-        .ok_or_else(|| {
-            Error::field(
-                Code::InvalidArgument,
-                "after",
-                "not a cursor this server gave",
-            )
-        })
+/// The skills used in the period, a page of them, and the next page's cursor.
+pub fn skills(
+    api: &super::Api,
+    asked: &Asked,
+) -> Result<(Period, Vec<report::SkillUse>, Option<String>)> {
+    let period = asked.period()?;
+    let limit = report::page_size(asked.limit)?;
+    let after = asked.after()?;
+    let after = after.as_ref().map(|(t, s)| (t.as_str(), s.as_str()));
+    let db = api.workspaces.db();
+    let found = report::skills(db, &period.since, asked.toolkit(), after, limit + 1)?;
+    let (page, next) = report::paged(found, limit, |s| (&s.toolkit, &s.skill));
+    Ok((period, page, next))
 }
 
-pub async fn skills(axum::extract::State(api): State, q: Query<Asked>) -> Response {
+/// The library's skills not used in the period, a page of them, and the next page's cursor.
+pub fn unused(api: &super::Api, asked: &Asked) -> Result<(Period, Vec<Unused>, Option<String>)> {
+    let period = asked.period()?;
+    let limit = report::page_size(asked.limit)?;
+    let after = asked.after()?;
+    let after = after.as_ref().map(|(t, s)| (t.as_str(), s.as_str()));
+    let found = unused_skills::unused(
+        &api.library,
+        api.workspaces.store(),
+        api.workspaces.db(),
+        &period.since,
+        asked.toolkit(),
+        after,
+        limit + 1,
+    )?;
+    let (page, next) = report::paged(found, limit, |s| (&s.toolkit, &s.skill));
+    Ok((period, page, next))
+}
+
+/// The period's uses per day.
+pub fn totals(api: &super::Api, asked: &Asked) -> Result<(Period, Vec<report::Total>)> {
+    let period = asked.period()?;
+    let days = report::totals(
+        api.workspaces.db(),
+        &period.since,
+        &period.until,
+        asked.toolkit(),
+    )?;
+    Ok((period, days))
+}
+
+pub async fn get_skills(axum::extract::State(api): State, q: Query<Asked>) -> Response {
+    let q = query(q);
+    let found = blocking(move || {
+        let (period, page, next) = skills(&api, &q?)?;
+        Ok(json!({ "since": period.since, "until": period.until, "skills": page, "next": next }))
+    })
+    .await;
+    answer(StatusCode::OK, found)
+}
+
+pub async fn get_totals(axum::extract::State(api): State, q: Query<Asked>) -> Response {
     let q = query(q);
     let found = blocking(move || {
         let q = q?;
-        let days = q.days.unwrap_or(30);
-        if !(1..=MAX_DAYS).contains(&days) {
-            return Err(Error::field(
+        if q.after.is_some() || q.limit.is_some() {
+            return Err(Error::new(
                 Code::InvalidArgument,
-                "days",
-                format!("from 1 to {MAX_DAYS}"),
+                "the totals are one answer: no `after` or `limit`",
             ));
         }
-        let limit = q.limit.unwrap_or(100);
-        if !(1..=stored::MAX_PAGE).contains(&limit) {
-            return Err(Error::field(
-                Code::InvalidArgument,
-                "limit",
-                format!("from 1 to {}", stored::MAX_PAGE),
-            ));
-        }
-        let after = q.after.as_deref().map(cursor_value).transpose()?;
-        let now = cloud_harness_control::state::now_ms();
-        let since = stored::day_of(now - (days as i64 - 1) * DAY_MS);
-        let db = api.workspaces.db();
-        let after_ref = after.as_ref().map(|(t, s)| (t.as_str(), s.as_str()));
-        let page = stored::skills(db, &since, q.toolkit.as_deref(), after_ref, limit + 1)?;
-        let more = page.len() > limit;
-        let page: Vec<_> = page.into_iter().take(limit).collect();
-        let next = more
-            .then(|| page.last().map(|s| cursor_of(&s.toolkit, &s.skill)))
-            .flatten();
-        Ok(json!({ "since": since, "skills": page, "next": next }))
+        let (period, days) = totals(&api, &q)?;
+        Ok(json!({ "since": period.since, "until": period.until, "days": days }))
+    })
+    .await;
+    answer(StatusCode::OK, found)
+}
+
+pub async fn get_unused(axum::extract::State(api): State, q: Query<Asked>) -> Response {
+    let q = query(q);
+    let found = blocking(move || {
+        let (period, page, next) = unused(&api, &q?)?;
+        Ok(json!({ "since": period.since, "until": period.until, "skills": page, "next": next }))
     })
     .await;
     answer(StatusCode::OK, found)

@@ -1,0 +1,78 @@
+//! The library's skills no workspace used over the last days: what an operator curating
+//! skills can drop. A skill is named as a use names it (its toolkit's repository, else the
+//! toolkit's name), so each is one row however many bundles of its toolkit the store holds.
+
+use crate::library::Library;
+use cloud_harness_control::skill_usage::report;
+use cloud_harness_control::state::Db;
+use cloud_harness_error::Result;
+use cloud_harness_store::cas::Store;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// A skill of the library not used since the period began.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Unused {
+    /// As a use names it: the repository's URL, else the toolkit's name.
+    pub toolkit: String,
+    pub skill: String,
+    /// The toolkit's name in the store (`cloud-harness` for the built-in tier).
+    pub name: String,
+    /// The newest commit of the store holding the skill (none for the built-in tier).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    /// Its last use, if an older one is still kept (milliseconds since the Unix epoch).
+    pub last_used: Option<i64>,
+}
+
+/// The library's skills (of `toolkit` alone if named) not used since `since`
+/// (`YYYY-MM-DD`), in (toolkit, skill) order after `after`, at most `limit`. One query per
+/// toolkit walked; the walk stops once the page is full.
+pub fn unused(
+    library: &Library,
+    store: &Store,
+    db: &Db,
+    since: &str,
+    toolkit: Option<&str>,
+    after: Option<(&str, &str)>,
+    limit: usize,
+) -> Result<Vec<Unused>> {
+    // Newest bundle first: the first commit seen of a skill is its newest.
+    let mut candidates: BTreeMap<(String, String), (String, Option<String>)> = BTreeMap::new();
+    for bundle in library.all(store)? {
+        for s in bundle.iter() {
+            let key = s.url.clone().unwrap_or_else(|| s.toolkit.clone());
+            if toolkit.is_some_and(|t| t != key)
+                || after.is_some_and(|(t, k)| (key.as_str(), s.name.as_str()) <= (t, k))
+            {
+                continue;
+            }
+            candidates
+                .entry((key, s.name.clone()))
+                .or_insert_with(|| (s.toolkit.clone(), s.commit.clone()));
+        }
+    }
+    let mut out = Vec::new();
+    let mut last: Option<(String, report::LastUses)> = None;
+    for ((key, skill), (name, commit)) in candidates {
+        if out.len() >= limit {
+            break;
+        }
+        if last.as_ref().is_none_or(|(t, _)| *t != key) {
+            last = Some((key.clone(), report::last_uses(db, &key)?));
+        }
+        let used = last.as_ref().and_then(|(_, uses)| uses.get(&skill));
+        if used.is_some_and(|(day, _)| day.as_str() >= since) {
+            continue;
+        }
+        out.push(Unused {
+            toolkit: key,
+            skill,
+            name,
+            commit,
+            last_used: used.map(|(_, at)| *at),
+        });
+    }
+    Ok(out)
+}
