@@ -87,6 +87,8 @@ fn fixture() -> Fixture {
             ("ALLOWED_GIT_HOSTS", hosts.as_str()),
             ("CLOUD_HARNESS_EXTRA_CA", ca.as_str()),
             ("CLOUD_HARNESS_ALLOW_CIDRS", "127.0.0.0/8"),
+            // The usage page shows uses a second after they are made.
+            ("CLOUD_HARNESS_USAGE_FLUSH_SECONDS", "1"),
         ],
     );
     Fixture {
@@ -201,6 +203,8 @@ fn pages_carry_the_csp_and_a_form_without_the_session_token_changes_nothing() {
     for path in [
         "/",
         "/library",
+        "/usage",
+        "/usage?show=unused&days=7",
         "/imports",
         "/sets",
         "/sets/new",
@@ -316,6 +320,7 @@ fn pages_carry_the_csp_and_a_form_without_the_session_token_changes_nothing() {
         "/workspaces",
         "/",
         "/library",
+        "/usage",
         "/conflicts",
     ] {
         let r = http.get(w.url(path)).bearer_auth(&viewer).send().unwrap();

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -404,6 +405,39 @@ with sync_playwright() as p:
         ran = mcp_ok("skills_run", run)
         assert "hello from alpha" in ran["stdout"], ran
 
+        # Usage: the run and the read just made are on the page once flushed (every second
+        # here), in the chart and in their skills' rows.
+        nav(page, "Usage")
+        alpha = page.get_by_role("row", name=re.compile("^alpha "))
+        for _ in range(40):
+            if alpha.count() == 1 and page.get_by_role("row", name=re.compile("^dup ")).count() == 1:
+                break
+            time.sleep(0.5)
+            page.reload()
+        cells = alpha.locator("td")
+        # Toolkit, reads, resource reads, mount loads, runs, failed runs, last used,
+        # principals, workspaces.
+        assert cells.nth(4).inner_text() == "1", alpha.inner_text()
+        assert cells.nth(5).inner_text() == "0 of 1 (0%)", alpha.inner_text()
+        assert cells.nth(7).inner_text() == "1", alpha.inner_text()
+        dup = page.get_by_role("row", name=re.compile("^dup "))
+        assert dup.locator("td").nth(1).inner_text() == "1", dup.inner_text()
+        chart = page.get_by_role("img", name=re.compile("^Uses per day from"))
+        label = chart.get_attribute("aria-label")
+        assert re.search(r"[1-9]\d* reads, .* [1-9]\d* runs$", label), label
+        assert page.locator("figure.chart g.day").count() == 30
+        shot(page, "usage")
+        # Never used in the last 7 days: the hostile kit's skills, not alpha.
+        filters = page.locator("form.filters")
+        filters.get_by_label("Period").select_option("7")
+        filters.get_by_label("Show").select_option("unused")
+        filters.get_by_role("button", name="Show").click()
+        expect(page.get_by_role("rowheader", name="hostile", exact=True)).to_be_visible()
+        assert page.get_by_role("rowheader", name="alpha", exact=True).count() == 0
+        assert page.locator("figure.chart g.day").count() == 7
+        assert "show=unused" in page.url and "days=7" in page.url, page.url
+        shot(page, "usage-unused")
+
         # The registry: add an entry pinned at the first commit, find the newer head, move the
         # pin to it and roll it back.
         nav(page, "Registry")
@@ -472,7 +506,7 @@ with sync_playwright() as p:
         expect(page.get_by_role("link", name="lint", exact=True).first).to_be_visible()
         assert "q=lint" in page.url, page.url
         # No page is wider than the window (wide tables scroll inside themselves).
-        for path in ["/", "/library", "/imports", "/sets/team", "/registry", "/conflicts",
+        for path in ["/", "/library", "/usage", "/imports", "/sets/team", "/registry", "/conflicts",
                      "/approvals", "/workspaces", "/workspaces/" + settled["workspace"], "/audit", "/tokens"]:
             page.goto(BASE + path)
             width = page.evaluate("document.documentElement.scrollWidth")

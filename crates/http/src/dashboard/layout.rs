@@ -13,6 +13,7 @@ pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; 
 const NAV: &[(&str, &str)] = &[
     ("/", "Overview"),
     ("/library", "Library"),
+    ("/usage", "Usage"),
     ("/imports", "Imports"),
     ("/sets", "Sets"),
     ("/registry", "Registry"),

@@ -5,6 +5,7 @@
 
 mod approvals;
 mod audit;
+mod chart;
 mod conflicts;
 mod imports;
 mod layout;
@@ -16,6 +17,7 @@ mod sets;
 mod skill;
 mod tiers;
 mod tokens;
+mod usage;
 mod workspaces;
 
 use crate::api::Api;
@@ -31,6 +33,7 @@ pub fn router(api: Arc<Api>) -> Router {
     Router::new()
         .route("/", get(overview::page))
         .route("/library", get(library::list))
+        .route("/usage", get(usage::page))
         .route("/skills/{digest}", get(skill::page))
         .route("/skills/{digest}/files/{*path}", get(skill::file))
         .route("/imports", get(imports::page).post(imports::submit))
