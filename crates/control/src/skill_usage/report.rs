@@ -99,6 +99,19 @@ pub struct SkillUse {
     pub days: Vec<(String, i64)>,
 }
 
+/// The (toolkit, skill) pairs of a page of [`skills`]: used since `$1`, of toolkit `$2` if
+/// not null, after (`$3`, `$4`) in the database's order, at most `$5`.
+macro_rules! page_of_pairs {
+    () => {
+        "WITH pairs AS (
+           SELECT DISTINCT toolkit, skill FROM usage_daily
+           WHERE day >= $1 AND (CAST($2 AS TEXT) IS NULL OR toolkit = $2)
+             AND (toolkit > $3 OR (toolkit = $3 AND skill > $4))
+           ORDER BY toolkit, skill LIMIT $5)
+         "
+    };
+}
+
 /// The most skills a page of [`skills`] holds.
 pub const MAX_PAGE: usize = 500;
 
@@ -114,19 +127,15 @@ pub fn skills(
     let limit = limit.clamp(1, MAX_PAGE) as i64;
     let (after_toolkit, after_skill) = after.unwrap_or(("", ""));
     let rows: Vec<(String, String, String, String, i64, i64, i64)> = db.with(|c| {
-        let mut q = c.prepare_cached(
-            "WITH pairs AS (
-               SELECT DISTINCT toolkit, skill FROM usage_daily
-               WHERE day >= $1 AND (CAST($2 AS TEXT) IS NULL OR toolkit = $2)
-                 AND (toolkit > $3 OR (toolkit = $3 AND skill > $4))
-               ORDER BY toolkit, skill LIMIT $5)
-             SELECT d.toolkit, d.skill, d.day, d.source, CAST(SUM(d.uses) AS BIGINT),
+        let mut q = c.prepare_cached(concat!(
+            page_of_pairs!(),
+            "SELECT d.toolkit, d.skill, d.day, d.source, CAST(SUM(d.uses) AS BIGINT),
                     CAST(SUM(d.failures) AS BIGINT), MAX(d.last_at)
              FROM usage_daily d JOIN pairs p ON d.toolkit = p.toolkit AND d.skill = p.skill
              WHERE d.day >= $1
              GROUP BY d.toolkit, d.skill, d.day, d.source
-             ORDER BY d.toolkit, d.skill, d.day, d.source",
-        )?;
+             ORDER BY d.toolkit, d.skill, d.day, d.source"
+        ))?;
         let rows = q.query_map(
             params![since, toolkit, after_toolkit, after_skill, limit],
             |r| {
@@ -175,31 +184,33 @@ pub fn skills(
     // Who used each, over the whole period (distinct, so not summed from the days): one
     // query for the page.
     let who: Vec<(String, String, i64, i64)> = db.with(|c| {
-        let mut q = c.prepare_cached(
-            "WITH pairs AS (
-               SELECT DISTINCT toolkit, skill FROM usage_daily
-               WHERE day >= $1 AND (CAST($2 AS TEXT) IS NULL OR toolkit = $2)
-                 AND (toolkit > $3 OR (toolkit = $3 AND skill > $4))
-               ORDER BY toolkit, skill LIMIT $5)
-             SELECT d.toolkit, d.skill, COUNT(DISTINCT d.principal), COUNT(DISTINCT d.workspace)
+        let mut q = c.prepare_cached(concat!(
+            page_of_pairs!(),
+            "SELECT d.toolkit, d.skill, COUNT(DISTINCT d.principal), COUNT(DISTINCT d.workspace)
              FROM usage_daily d JOIN pairs p ON d.toolkit = p.toolkit AND d.skill = p.skill
              WHERE d.day >= $1
-             GROUP BY d.toolkit, d.skill",
-        )?;
+             GROUP BY d.toolkit, d.skill"
+        ))?;
         let rows = q.query_map(
             params![since, toolkit, after_toolkit, after_skill, limit],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
         )?;
         rows.collect()
     })?;
-    for (toolkit, skill, principals, workspaces) in who {
-        // `out` is in (toolkit, skill) order.
-        let at = out.binary_search_by(|s| {
-            (s.toolkit.as_str(), s.skill.as_str()).cmp(&(toolkit.as_str(), skill.as_str()))
-        });
-        if let Ok(at) = at {
-            (out[at].principals, out[at].workspaces) = (principals, workspaces);
+    // By name, not by order: the database's collation need not be Rust's byte order.
+    let at: std::collections::HashMap<(&str, &str), usize> = out
+        .iter()
+        .enumerate()
+        .map(|(i, s)| ((s.toolkit.as_str(), s.skill.as_str()), i))
+        .collect();
+    let mut counted = Vec::new();
+    for (toolkit, skill, principals, workspaces) in &who {
+        if let Some(&i) = at.get(&(toolkit.as_str(), skill.as_str())) {
+            counted.push((i, *principals, *workspaces));
         }
+    }
+    for (i, principals, workspaces) in counted {
+        (out[i].principals, out[i].workspaces) = (principals, workspaces);
     }
     Ok(out)
 }
