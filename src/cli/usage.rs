@@ -71,8 +71,10 @@ pub fn run(store: &Store, home: &HomeArg, command: UsageCommand) -> Result<u8> {
         UsageCommand::Skills { period, page } => {
             let p = Period::last(period.days, now)?;
             let (limit, after) = start(&page)?;
+            let limit = report::page_fits(limit, p.days);
             let after = after.as_ref().map(|(t, s)| (t.as_str(), s.as_str()));
-            let found = report::skills(&db, &p.since, period.toolkit.as_deref(), after, limit + 1)?;
+            let toolkit = period.toolkit.as_deref();
+            let found = report::skills(&db, &p.since, &p.until, toolkit, after, limit + 1)?;
             let (skills, next) = report::paged(found, limit, |s| (&s.toolkit, &s.skill));
             print(json!({ "since": p.since, "until": p.until, "skills": skills, "next": next }));
         }

@@ -173,8 +173,12 @@ fn clients_reach_only_their_own_workspaces_and_operators_all() {
         "/api/v1/imports",
         "/api/v1/acquisitions",
         "/api/v1/usage",
+        "/api/v1/usage/skills",
+        "/api/v1/usage/totals",
+        "/api/v1/usage/unused",
         "/api/v1/audit",
         "/workspaces",
+        "/usage",
         "/",
     ] {
         let (status, v) = w.call("GET", path, Some(&bob), None);

@@ -3,12 +3,12 @@
 //! toolkit's name), so each is one row however many bundles of its toolkit the store holds.
 
 use crate::library::Library;
-use cloud_harness_control::skill_usage::report;
+use cloud_harness_control::skill_usage::{self as skill_usage, report};
 use cloud_harness_control::state::Db;
 use cloud_harness_error::Result;
 use cloud_harness_store::cas::Store;
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 /// A skill of the library not used since the period began.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -28,7 +28,8 @@ pub struct Unused {
 
 /// The library's skills (of `toolkit` alone if named) not used since `since`
 /// (`YYYY-MM-DD`), in (toolkit, skill) order after `after`, at most `limit`. One query per
-/// toolkit walked; the walk stops once the page is full.
+/// toolkit walked (which of its skills were used), one per skill listed (its last use); the
+/// walk stops once the page is full.
 pub fn unused(
     library: &Library,
     store: &Store,
@@ -42,36 +43,37 @@ pub fn unused(
     let mut candidates: BTreeMap<(String, String), (String, Option<String>)> = BTreeMap::new();
     for bundle in library.all(store)? {
         for s in bundle.iter() {
-            let key = s.url.clone().unwrap_or_else(|| s.toolkit.clone());
+            // As a use records them (a long URL is cut).
+            let key = skill_usage::field(s.url.as_deref().unwrap_or(&s.toolkit)).to_owned();
+            let name = skill_usage::field(&s.name).to_owned();
             if toolkit.is_some_and(|t| t != key)
-                || after.is_some_and(|(t, k)| (key.as_str(), s.name.as_str()) <= (t, k))
+                || after.is_some_and(|(t, k)| (key.as_str(), name.as_str()) <= (t, k))
             {
                 continue;
             }
             candidates
-                .entry((key, s.name.clone()))
+                .entry((key, name))
                 .or_insert_with(|| (s.toolkit.clone(), s.commit.clone()));
         }
     }
     let mut out = Vec::new();
-    let mut last: Option<(String, report::LastUses)> = None;
+    let mut used: Option<(String, HashSet<String>)> = None;
     for ((key, skill), (name, commit)) in candidates {
         if out.len() >= limit {
             break;
         }
-        if last.as_ref().is_none_or(|(t, _)| *t != key) {
-            last = Some((key.clone(), report::last_uses(db, &key)?));
+        if used.as_ref().is_none_or(|(t, _)| *t != key) {
+            used = Some((key.clone(), report::used_since(db, &key, since)?));
         }
-        let used = last.as_ref().and_then(|(_, uses)| uses.get(&skill));
-        if used.is_some_and(|(day, _)| day.as_str() >= since) {
+        if used.as_ref().is_some_and(|(_, u)| u.contains(&skill)) {
             continue;
         }
         out.push(Unused {
+            last_used: report::last_use(db, &key, &skill)?,
             toolkit: key,
             skill,
             name,
             commit,
-            last_used: used.map(|(_, at)| *at),
         });
     }
     Ok(out)

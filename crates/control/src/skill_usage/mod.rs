@@ -189,8 +189,9 @@ pub fn drop_batch(batch: &Batch) {
     USAGE.dropped.fetch_add(uses, Ordering::Relaxed);
 }
 
-/// `s` cut to at most [`MAX_FIELD`] bytes, without NUL.
-fn field(s: &str) -> &str {
+/// `s` as a use records it: cut to at most [`MAX_FIELD`] bytes, without NUL (the usage
+/// view names a library's skill this way to find its uses).
+pub fn field(s: &str) -> &str {
     let s = s.split('\0').next().unwrap_or_default();
     if s.len() <= MAX_FIELD {
         return s;

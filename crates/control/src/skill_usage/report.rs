@@ -1,14 +1,14 @@
 //! What the usage view reads of the stored uses: per skill over a period (a page at a time),
-//! the period's totals per day, when each skill of a toolkit was last used; and, for the
-//! tests, the raw days and events. Every answer is bounded: a page, the days of the period,
-//! one toolkit's skills.
+//! the period's totals per day, which skills of a toolkit were used and when one was last;
+//! and, for the tests, the raw days and events (unbounded: not for a request). The view's
+//! answers are bounded: a page's skill-days, the days of the period, one toolkit's skills.
 
 use super::{Key, Source};
 use crate::params;
 use crate::state::Db;
 use cloud_harness_error::{Code, Error, Result};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// One day's uses of one skill from one source (summed over workspaces and principals).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -99,118 +99,129 @@ pub struct SkillUse {
     pub days: Vec<(String, i64)>,
 }
 
-/// The (toolkit, skill) pairs of a page of [`skills`]: used since `$1`, of toolkit `$2` if
-/// not null, after (`$3`, `$4`) in the database's order, at most `$5`.
-macro_rules! page_of_pairs {
+/// The most skills a page of [`skills`] holds.
+pub const MAX_PAGE: usize = 500;
+/// The most skill-days a page of [`skills`] holds: over a long period, a page holds fewer
+/// skills (400 days, 25 skills), so no page reads more than this many rows a day and source.
+pub const MAX_PAGE_DAYS: usize = 10_000;
+
+/// The skills a page over `days` days holds at most, of `limit` asked.
+pub fn page_fits(limit: usize, days: usize) -> usize {
+    limit
+        .clamp(1, MAX_PAGE)
+        .min((MAX_PAGE_DAYS / days.max(1)).max(1))
+}
+
+/// The rows of a page's skills: from `$1` to `$2`, of toolkit `$3` if not null, from
+/// (`$4`, `$5`) to (`$6`, `$7`) in the database's order.
+macro_rules! page_range {
     () => {
-        "WITH pairs AS (
-           SELECT DISTINCT toolkit, skill FROM usage_daily
-           WHERE day >= $1 AND (CAST($2 AS TEXT) IS NULL OR toolkit = $2)
-             AND (toolkit > $3 OR (toolkit = $3 AND skill > $4))
-           ORDER BY toolkit, skill LIMIT $5)
-         "
+        " FROM usage_daily
+          WHERE day >= $1 AND day <= $2 AND (CAST($3 AS TEXT) IS NULL OR toolkit = $3)
+            AND toolkit >= $4 AND (toolkit > $4 OR skill >= $5)
+            AND toolkit <= $6 AND (toolkit < $6 OR skill <= $7)
+          "
     };
 }
 
-/// The most skills a page of [`skills`] holds.
-pub const MAX_PAGE: usize = 500;
-
-/// The skills used since `since` (`YYYY-MM-DD`), of `toolkit` alone if named, in (toolkit,
-/// skill) order after `after`, at most `limit` ([`MAX_PAGE`]).
+/// The skills used from `since` to `until` (`YYYY-MM-DD`), of `toolkit` alone if named, in
+/// the database's (toolkit, skill) order after `after`, at most `limit` (one more than
+/// [`MAX_PAGE`] at most: a caller asks one more to learn whether there is more). Three
+/// queries: the page's skills with their distinct principals and workspaces, their uses by
+/// source, their uses by day; the last two over the page's range of skills alone.
 pub fn skills(
     db: &Db,
     since: &str,
+    until: &str,
     toolkit: Option<&str>,
     after: Option<(&str, &str)>,
     limit: usize,
 ) -> Result<Vec<SkillUse>> {
-    let limit = limit.clamp(1, MAX_PAGE) as i64;
+    let limit = limit.clamp(1, MAX_PAGE + 1) as i64;
     let (after_toolkit, after_skill) = after.unwrap_or(("", ""));
-    let rows: Vec<(String, String, String, String, i64, i64, i64)> = db.with(|c| {
-        let mut q = c.prepare_cached(concat!(
-            page_of_pairs!(),
-            "SELECT d.toolkit, d.skill, d.day, d.source, CAST(SUM(d.uses) AS BIGINT),
-                    CAST(SUM(d.failures) AS BIGINT), MAX(d.last_at)
-             FROM usage_daily d JOIN pairs p ON d.toolkit = p.toolkit AND d.skill = p.skill
-             WHERE d.day >= $1
-             GROUP BY d.toolkit, d.skill, d.day, d.source
-             ORDER BY d.toolkit, d.skill, d.day, d.source"
-        ))?;
+    // (The cursor as a range the (toolkit, skill, day) index can seek.)
+    let pairs: Vec<(String, String, i64, i64)> = db.with(|c| {
+        let mut q = c.prepare_cached(
+            "SELECT toolkit, skill, COUNT(DISTINCT principal), COUNT(DISTINCT workspace)
+             FROM usage_daily
+             WHERE day >= $1 AND day <= $2 AND (CAST($3 AS TEXT) IS NULL OR toolkit = $3)
+               AND toolkit >= $4 AND (toolkit > $4 OR skill > $5)
+             GROUP BY toolkit, skill ORDER BY toolkit, skill LIMIT $6",
+        )?;
         let rows = q.query_map(
-            params![since, toolkit, after_toolkit, after_skill, limit],
-            |r| {
-                Ok((
-                    r.get(0)?,
-                    r.get(1)?,
-                    r.get(2)?,
-                    r.get(3)?,
-                    r.get(4)?,
-                    r.get(5)?,
-                    r.get(6)?,
-                ))
-            },
+            params![since, until, toolkit, after_toolkit, after_skill, limit],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
         )?;
         rows.collect()
     })?;
-    let mut out: Vec<SkillUse> = Vec::new();
-    for (toolkit, skill, day, source, uses, failures, last) in rows {
-        if out
-            .last()
-            .is_none_or(|s| s.toolkit != toolkit || s.skill != skill)
-        {
-            out.push(SkillUse {
-                toolkit,
-                skill,
-                uses: BTreeMap::new(),
-                run_failures: 0,
-                last_used: 0,
-                principals: 0,
-                workspaces: 0,
-                days: Vec::new(),
-            });
-        }
-        let s = out.last_mut().expect("pushed above");
+    let (Some(first), Some(last)) = (pairs.first(), pairs.last()) else {
+        return Ok(Vec::new());
+    };
+    let (first, last) = (
+        (first.0.clone(), first.1.clone()),
+        (last.0.clone(), last.1.clone()),
+    );
+    let mut out: Vec<SkillUse> = pairs
+        .into_iter()
+        .map(|(toolkit, skill, principals, workspaces)| SkillUse {
+            toolkit,
+            skill,
+            uses: BTreeMap::new(),
+            run_failures: 0,
+            last_used: 0,
+            principals,
+            workspaces,
+            days: Vec::new(),
+        })
+        .collect();
+    // By name, not by order: the database's collation need not be Rust's byte order. A skill
+    // a flush added to the range since the first query is not on this page.
+    let at: HashMap<(String, String), usize> = out
+        .iter()
+        .enumerate()
+        .map(|(i, s)| ((s.toolkit.clone(), s.skill.clone()), i))
+        .collect();
+    let range = params![since, until, toolkit, first.0, first.1, last.0, last.1];
+    let by_source: Vec<(String, String, String, i64, i64, i64)> = db.with(|c| {
+        let mut q = c.prepare_cached(concat!(
+            "SELECT toolkit, skill, source, CAST(SUM(uses) AS BIGINT), CAST(SUM(failures) AS BIGINT), MAX(last_at)",
+            page_range!(),
+            "GROUP BY toolkit, skill, source"
+        ))?;
+        let rows = q.query_map(range, |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+        })?;
+        rows.collect()
+    })?;
+    for (toolkit, skill, source, uses, failures, last) in by_source {
+        let Some(&i) = at.get(&(toolkit, skill)) else {
+            continue;
+        };
+        let s = &mut out[i];
         let source = Source::parse(&source).map_or("unknown", Source::as_str);
         *s.uses.entry(source).or_default() += uses;
         if source == "run" {
             s.run_failures += failures;
         }
         s.last_used = s.last_used.max(last);
-        match s.days.last_mut() {
-            Some((d, n)) if *d == day => *n += uses,
-            _ => s.days.push((day, uses)),
-        }
     }
-    // Who used each, over the whole period (distinct, so not summed from the days): one
-    // query for the page.
-    let who: Vec<(String, String, i64, i64)> = db.with(|c| {
+    let by_day: Vec<(String, String, String, i64)> = db.with(|c| {
         let mut q = c.prepare_cached(concat!(
-            page_of_pairs!(),
-            "SELECT d.toolkit, d.skill, COUNT(DISTINCT d.principal), COUNT(DISTINCT d.workspace)
-             FROM usage_daily d JOIN pairs p ON d.toolkit = p.toolkit AND d.skill = p.skill
-             WHERE d.day >= $1
-             GROUP BY d.toolkit, d.skill"
+            "SELECT toolkit, skill, day, CAST(SUM(uses) AS BIGINT)",
+            page_range!(),
+            "GROUP BY toolkit, skill, day"
         ))?;
-        let rows = q.query_map(
-            params![since, toolkit, after_toolkit, after_skill, limit],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-        )?;
+        let rows = q.query_map(range, |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
         rows.collect()
     })?;
-    // By name, not by order: the database's collation need not be Rust's byte order.
-    let at: std::collections::HashMap<(&str, &str), usize> = out
-        .iter()
-        .enumerate()
-        .map(|(i, s)| ((s.toolkit.as_str(), s.skill.as_str()), i))
-        .collect();
-    let mut counted = Vec::new();
-    for (toolkit, skill, principals, workspaces) in &who {
-        if let Some(&i) = at.get(&(toolkit.as_str(), skill.as_str())) {
-            counted.push((i, *principals, *workspaces));
+    for (toolkit, skill, day, uses) in by_day {
+        if let Some(&i) = at.get(&(toolkit, skill)) {
+            out[i].days.push((day, uses));
         }
     }
-    for (i, principals, workspaces) in counted {
-        (out[i].principals, out[i].workspaces) = (principals, workspaces);
+    for s in &mut out {
+        // Byte order, which `YYYY-MM-DD` sorts as dates in.
+        s.days.sort();
     }
     Ok(out)
 }
@@ -301,22 +312,27 @@ fn ms_of(day: &str) -> Option<i64> {
     Some((era * 146_097 + doe - 719_468) * DAY_MS)
 }
 
-/// Each skill's last day (`YYYY-MM-DD`) and last use (milliseconds since the Unix epoch).
-pub type LastUses = BTreeMap<String, (String, i64)>;
-
-/// When each skill of `toolkit` was last used, over the days still kept: skill, its last
-/// day and its last use (milliseconds since the Unix epoch). As many rows as the toolkit has
-/// skills that were ever served.
-pub fn last_uses(db: &Db, toolkit: &str) -> Result<LastUses> {
+/// The skills of `toolkit` used since `since` (`YYYY-MM-DD`): as many as the toolkit has
+/// skills served in the period.
+pub fn used_since(db: &Db, toolkit: &str, since: &str) -> Result<HashSet<String>> {
     db.with(|c| {
         let mut q = c.prepare_cached(
-            "SELECT skill, MAX(day), MAX(last_at) FROM usage_daily WHERE toolkit = $1
-             GROUP BY skill",
+            "SELECT DISTINCT skill FROM usage_daily WHERE toolkit = $1 AND day >= $2",
         )?;
-        let rows = q.query_map(params![toolkit], |r| {
-            Ok((r.get(0)?, (r.get(1)?, r.get(2)?)))
-        })?;
+        let rows = q.query_map(params![toolkit, since], |r| r.get(0))?;
         rows.collect()
+    })
+}
+
+/// The last use of `skill` of `toolkit` the daily rows still keep (milliseconds since the
+/// Unix epoch).
+pub fn last_use(db: &Db, toolkit: &str, skill: &str) -> Result<Option<i64>> {
+    db.with(|c| {
+        c.query_row(
+            "SELECT MAX(last_at) FROM usage_daily WHERE toolkit = $1 AND skill = $2",
+            params![toolkit, skill],
+            |r| r.get(0),
+        )
     })
 }
 
@@ -325,6 +341,8 @@ pub fn last_uses(db: &Db, toolkit: &str) -> Result<LastUses> {
 pub struct Period {
     pub since: String,
     pub until: String,
+    /// How many days: `since` to `until`, both included.
+    pub days: usize,
 }
 
 impl Period {
@@ -340,6 +358,7 @@ impl Period {
         Ok(Period {
             since: super::stored::day_of(now_ms - (days as i64 - 1) * DAY_MS),
             until: super::stored::day_of(now_ms),
+            days: days as usize,
         })
     }
 }

@@ -62,7 +62,7 @@ pub fn spec() -> Value {
 /// recursion limit).
 fn usage_paths() -> Value {
     json!({
-        "/api/v1/usage/skills": { "get": op("(operators) the skills used over the last `days` (1 to 400, default 30), of one `toolkit` if named: uses by source (read, resource, run, mount), run failures, last used, distinct principals and workspaces, uses per day; a page of `limit` (1 to 500, default 100), continued `after` the cursor `next`", None, "200", &[("days", "integer"), ("toolkit", "string"), ("after", "string"), ("limit", "integer")]) },
+        "/api/v1/usage/skills": { "get": op("(operators) the skills used over the last `days` (1 to 400, default 30), of one `toolkit` if named: uses by source (read, resource, run, mount), run failures, last used, distinct principals and workspaces, uses per day; a page of `limit` (1 to 500, default 100; at most 10,000 skill-days, so fewer over a long period), continued `after` the cursor `next`", None, "200", &[("days", "integer"), ("toolkit", "string"), ("after", "string"), ("limit", "integer")]) },
         "/api/v1/usage/totals": { "get": op("(operators) each day of the last `days` (1 to 400, default 30), of one `toolkit` if named: uses by source and run failures, days without a use included", None, "200", &[("days", "integer"), ("toolkit", "string")]) },
         "/api/v1/usage/unused": { "get": op("(operators) the library's skills not used in the last `days` (1 to 400, default 30), of one `toolkit` if named, with their last use if one is still kept; a page of `limit` (1 to 500, default 100), continued `after` the cursor `next`", None, "200", &[("days", "integer"), ("toolkit", "string"), ("after", "string"), ("limit", "integer")]) },
     })

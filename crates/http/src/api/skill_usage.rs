@@ -45,11 +45,12 @@ pub fn skills(
     asked: &Asked,
 ) -> Result<(Period, Vec<report::SkillUse>, Option<String>)> {
     let period = asked.period()?;
-    let limit = report::page_size(asked.limit)?;
+    let limit = report::page_fits(report::page_size(asked.limit)?, period.days);
     let after = asked.after()?;
     let after = after.as_ref().map(|(t, s)| (t.as_str(), s.as_str()));
     let db = api.workspaces.db();
-    let found = report::skills(db, &period.since, asked.toolkit(), after, limit + 1)?;
+    let (since, until) = (&period.since, &period.until);
+    let found = report::skills(db, since, until, asked.toolkit(), after, limit + 1)?;
     let (page, next) = report::paged(found, limit, |s| (&s.toolkit, &s.skill));
     Ok((period, page, next))
 }

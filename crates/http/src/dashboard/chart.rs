@@ -1,7 +1,8 @@
 //! Charts drawn on the server as inline SVG (no script, no library, nothing from elsewhere):
 //! uses per day stacked by source, and a skill's uses per day as a line. Colours come from
 //! the stylesheet's classes (the CSP allows no inline style); each day's numbers are in its
-//! bar's title, and the whole chart's in its label, for those who cannot see it.
+//! bar's title (on hover) and the period's in the chart's label, and [`days_table`] gives
+//! every day's as a table for a screen reader or a keyboard.
 
 use cloud_harness_control::skill_usage::report::Total;
 use maud::{html, Markup};
@@ -113,17 +114,26 @@ pub fn days(days: &[Total]) -> Markup {
     }
 }
 
-/// A skill's uses per day over the period as a line (its numbers are in its row).
+/// The most points a sparkline has: over a longer period, each point sums a few days.
+const SPARK_POINTS: usize = 60;
+
+/// A skill's uses per day over the period as a line (its numbers are in its row), a point
+/// for each day, or for each few days over a long period.
 pub fn sparkline(period: &[String], per_day: &[(String, i64)]) -> Markup {
     const W: f64 = 120.0;
     const H: f64 = 24.0;
-    let values: Vec<i64> = period
+    let daily: Vec<i64> = period
         .iter()
         .map(|d| {
             per_day
                 .binary_search_by(|(day, _)| day.as_str().cmp(d))
                 .map_or(0, |at| per_day[at].1.max(0))
         })
+        .collect();
+    let size = daily.len().div_ceil(SPARK_POINTS).max(1);
+    let values: Vec<i64> = daily
+        .chunks(size)
+        .map(|c| c.iter().fold(0_i64, |a, v| a.saturating_add(*v)))
         .collect();
     let top = values.iter().copied().max().unwrap_or(0).max(1) as f64;
     let step = W / (values.len().max(2) - 1) as f64;
@@ -139,6 +149,28 @@ pub fn sparkline(period: &[String], per_day: &[(String, i64)]) -> Markup {
     html! {
         svg.spark viewBox={ "0 0 " (W) " " (H) } aria-hidden="true" {
             polyline points=(points.join(" ")) {}
+        }
+    }
+}
+
+/// The days with a use as a table, folded away: what the chart shows, for a screen reader
+/// or a keyboard.
+pub fn days_table(days: &[Total]) -> Markup {
+    let used: Vec<&Total> = days.iter().filter(|d| total(d) > 0).collect();
+    html! {
+        details.days {
+            summary { "The days with a use, as a table (" (used.len()) ")" }
+            table { thead { tr {
+                th scope="col" { "Day" }
+                @for (_, name) in SOURCES { th scope="col" { (name) } }
+                th scope="col" { "failed runs" }
+            } }
+                tbody { @for d in &used { tr {
+                    th scope="row" { (d.day) }
+                    @for (source, _) in SOURCES { td.n { (uses(d, source)) } }
+                    td.n { (d.run_failures) }
+                } } }
+            }
         }
     }
 }
@@ -192,6 +224,21 @@ mod tests {
         );
         assert!(svg.contains("height=\"30.0\""), "{svg}");
         assert!(!svg.contains("style="), "{svg}");
+    }
+
+    #[test]
+    fn a_long_period_has_a_point_per_few_days() {
+        let period: Vec<String> = (0..400).map(|i| format!("d{i:03}")).collect();
+        let svg = sparkline(&period, &[("d399".into(), 5)]).into_string();
+        let points = svg
+            .split("points=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        assert_eq!(points.split(' ').count(), 58, "{svg}");
+        assert!(points.ends_with("120.0,2.0"), "{svg}");
     }
 
     #[test]

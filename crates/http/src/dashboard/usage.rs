@@ -113,9 +113,10 @@ pub async fn page(
             p.hint { "From " (period.since) " to " (period.until) " (UTC)"
                 @if !f.toolkit.is_empty() { ", toolkit " code { (f.toolkit) } } "." }
             (chart::days(&totals))
+            (chart::days_table(&totals))
             @match &listed {
                 Listed::Used(skills) => (used_table(skills, &days_of_period)),
-                Listed::Unused(skills) => (unused_table(skills, days)),
+                Listed::Unused(skills) => (unused_table(skills, days, !f.toolkit.is_empty(), next.is_some())),
             }
             nav aria-label="Pages" {
                 @if !f.after.is_empty() { a href=(link("")) rel="first" { "First page" } " " }
@@ -152,13 +153,16 @@ fn used_table(skills: &[SkillUse], period: &[String]) -> Markup {
     }
 }
 
-fn unused_table(skills: &[Unused], days: u64) -> Markup {
+fn unused_table(skills: &[Unused], days: u64, one_toolkit: bool, more: bool) -> Markup {
     html! {
         @if skills.is_empty() {
-            p.empty { "Every skill of the library was used in the last " (days) " days." }
+            p.empty {
+                @if one_toolkit { "No skill of this toolkit in the library went unused in the last " (days) " days (or the library has no toolkit of that name)." }
+                @else { "Every skill of the library was used in the last " (days) " days." }
+            }
         } @else {
             p { "Skills of the library no workspace used in the last " (days) " days"
-                @if skills.len() == PAGE { " (a page of them)" } ":" }
+                @if more { " (a page of them)" } ":" }
             table.usage { thead { tr {
                 th scope="col" { "Skill" } th scope="col" { "Toolkit" } th scope="col" { "Newest commit in the store" } th scope="col" { "Last used (UTC)" }
             } }
