@@ -69,6 +69,17 @@ pub enum RegistryCommand {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// What moving the pin of ID to COMMIT would change, skill by skill (both commits
+    /// acquired first; nothing is pinned). The CLI sees no open workspace: the server's
+    /// `POST /api/v1/registry/{id}/diff` also names those serving the old bundle.
+    Diff {
+        id: String,
+        /// The commit the pin would move to.
+        commit: String,
+        /// Compare with this commit, not the pin.
+        #[arg(long)]
+        from: Option<String>,
+    },
     /// Move the pin of ID back to the one before.
     Rollback { id: String },
     /// Ask the remote of ID for its default branch head and compare it with the pin.
@@ -161,6 +172,13 @@ pub fn run(store: &Store, home: &HomeArg, cmd: RegistryCommand) -> Result<u8> {
             &commit,
             reason.as_deref(),
             &actor()
+        )?)),
+        RegistryCommand::Diff { id, commit, from } => print(json!(registry::diff(
+            &db,
+            &provisioner()?,
+            &id,
+            from.as_deref(),
+            &commit
         )?)),
         RegistryCommand::Rollback { id } => print(json!(registry::rollback(
             &db,

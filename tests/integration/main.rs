@@ -50,6 +50,8 @@ mod mcp;
 mod mount;
 #[path = "../operations.rs"]
 mod operations;
+#[path = "../pin_diff.rs"]
+mod pin_diff;
 #[path = "../project.rs"]
 mod project;
 #[path = "../provenance.rs"]

@@ -164,8 +164,14 @@ impl World {
 
     /// The CLI on this server's home; its exit code and output.
     pub fn cli(&self, args: &[&str]) -> (i32, String) {
+        self.cli_with(args, &[])
+    }
+
+    /// The CLI on this server's home, with more of the environment.
+    pub fn cli_with(&self, args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
         let out = Command::new(BIN)
             .args(args)
+            .envs(env.iter().copied())
             .env("CLOUD_HARNESS_HOME", self.home())
             .env("TOOLKIT_CACHE_ROOT", self.server.tmp.path().join("store"))
             .envs(self.server.database_env())

@@ -5,6 +5,7 @@
 //!
 //! It knows nothing of workspaces, executors or the protocols above them.
 
+pub mod bundle_diff;
 pub mod conflicts;
 pub mod decisions;
 pub mod registry;

@@ -243,6 +243,48 @@ pub fn pin(
     Ok(pin)
 }
 
+/// What moving the pin of `id` from `from` (the current pin if none) to `to` would change,
+/// skill by skill. Both commits are acquired first (warm when the store holds them: a
+/// preview of a move fetches no more than the move would); nothing is pinned.
+pub fn diff(
+    db: &Db,
+    provisioner: &Provisioner,
+    id: &str,
+    from: Option<&str>,
+    to: &str,
+) -> Result<crate::bundle_diff::BundleDiff> {
+    use crate::bundle_diff::{self, Side};
+    let registry = load(db)?;
+    let entry = registry.find(id).ok_or_else(|| unknown(id))?;
+    let from = match from {
+        Some(c) => c.to_owned(),
+        None => entry
+            .pin
+            .as_ref()
+            .map(|p| p.commit.clone())
+            .ok_or_else(|| {
+                Error::field(
+                    Code::InvalidArgument,
+                    "from",
+                    "the entry has no pin: name the commit to compare with",
+                )
+            })?,
+    };
+    let old = acquire(provisioner, &registry, id, &from)?;
+    let new = acquire(provisioner, &registry, id, to)?;
+    let side = |a: &cloud_harness_provision::Acquired| Side {
+        commit: a.record.key.commit.clone(),
+        bundle: a.record.bundle,
+    };
+    bundle_diff::diff(
+        &provisioner.store,
+        &new.record.instance_id,
+        &new.record.key.url,
+        side(&old),
+        side(&new),
+    )
+}
+
 /// Every pin `id` has had, newest first.
 pub fn history(db: &Db, id: &str) -> Result<Vec<Pin>> {
     load(db)?.find(id).ok_or_else(|| unknown(id))?;

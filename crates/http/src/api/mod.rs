@@ -63,6 +63,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/api/v1/registry", get(registry::list).post(registry::add))
         .route("/api/v1/registry/{owner}/{name}", get(registry::get))
         .route("/api/v1/registry/{owner}/{name}/pin", post(registry::pin))
+        .route("/api/v1/registry/{owner}/{name}/diff", post(registry::diff))
         .route(
             "/api/v1/registry/{owner}/{name}/validation",
             put(registry::validation),

@@ -220,3 +220,50 @@ pub async fn updates(
     .await;
     answer(StatusCode::OK, report)
 }
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Compare {
+    /// The commit the pin would move to.
+    to: String,
+    /// The commit it would move from: the pin, unless named.
+    from: Option<String>,
+}
+
+/// What moving the pin would change, skill by skill, and which open workspaces serve the
+/// bundle it would move from (they keep it until they reopen: a pin is read at open).
+pub async fn diff(
+    axum::extract::State(api): State,
+    Path((owner, name)): Path<(String, String)>,
+    bytes: Bytes,
+) -> Response {
+    let ws = api.workspaces.clone();
+    let found = blocking(move || {
+        let req: Compare = body(&bytes)?;
+        let id = format!("{owner}/{name}");
+        let diff = registry::diff(ws.db(), ws.provisioner(), &id, req.from.as_deref(), &req.to)?;
+        let serving = serving(&ws, &diff.from.bundle);
+        Ok(json!({ "id": id, "diff": diff, "servingFrom": serving }))
+    })
+    .await;
+    answer(StatusCode::OK, found)
+}
+
+/// The open workspaces (paused ones too) whose skills come from `bundle`, with their owners.
+pub(crate) fn serving(
+    workspaces: &cloud_harness_workspace::Workspaces,
+    bundle: &cloud_harness_store::cas::Digest,
+) -> Vec<serde_json::Value> {
+    workspaces
+        .open_workspaces()
+        .iter()
+        .filter(|w| {
+            w.generation()
+                .index
+                .sources
+                .iter()
+                .any(|s| s.tree == *bundle)
+        })
+        .map(|w| json!({ "workspace": w.id, "owner": w.owner() }))
+        .collect()
+}
