@@ -55,13 +55,22 @@ fn fixture() -> Fixture {
     let certs = Certs::new(&tmp.path().join("certs"));
     let repos = tmp.path().join("repos");
     let repo = Repo::create(&repos, "team/kit.git", false);
-    let skills = |extra: bool| {
+    // The second commit adds triage and changes lint (its SKILL.md, a script made).
+    let skills = |second: bool| {
+        let lint = if second {
+            dir(vec![
+                ("SKILL.md", file("---\nname: lint\ndescription: The lint skill.\n---\nLint the code.\n\nRun `scripts/lint.sh` on the changed files.\n")),
+                ("scripts", dir(vec![("lint.sh", support::Node::Exec(b"#!/bin/sh\nexec lint \"$@\"\n".to_vec()))])),
+            ])
+        } else {
+            skill("lint", "Lint the code.")
+        };
         let mut all = vec![
-            ("lint", skill("lint", "Lint the code.")),
+            ("lint", lint),
             ("fmt", skill("fmt", "Format the code.")),
             ("review", skill("review", "Review a change.")),
         ];
-        if extra {
+        if second {
             all.push(("triage", skill("triage", "Triage an issue.")));
         }
         dir(vec![("skills", dir(all))])

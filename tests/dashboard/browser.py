@@ -449,12 +449,26 @@ with sync_playwright() as p:
         add.get_by_label("Commit to pin").fill(FIRST)
         add.get_by_role("button", name="Add entry").click()
         expect(page.get_by_role("heading", name="team/kit")).to_be_visible()
+        # A workspace opened on the entry serves its pin.
+        on_pin = mcp_ok("workspace_open", {"idempotencyKey": "dash-on-pin", "toolkits": [{"kind": "preset", "id": "team/kit"}]})
         page.get_by_role("button", name="Check for updates").click()
         expect(page.get_by_role("status")).to_contain_text(SECOND)
-        move = page.get_by_role("form", name="Move the pin")
-        move.get_by_label("Commit").fill(SECOND)
-        move.get_by_label("Reason").fill("takes triage")
-        move.get_by_role("button", name="Move pin").click()
+        # Before the move, what it changes: triage added, lint changed (its SKILL.md and a
+        # script); the workspace opened on the entry serves the pin until it reopens.
+        page.get_by_role("button", name="Compare the head with the pin").click()
+        expect(page.get_by_role("status")).to_contain_text("1 added, 0 removed, 0 renamed, 1 changed, 2 unchanged")
+        triage = page.get_by_role("article", name="triage added")
+        expect(triage.locator(".badge")).to_have_text("added")
+        lint = page.get_by_role("article", name="lint changed")
+        expect(lint.locator("pre.diff")).to_contain_text("+Run `scripts/lint.sh` on the changed files.")
+        expect(lint.get_by_role("row", name=re.compile("^scripts.lint.sh script added"))).to_contain_text(re.compile(r"– → 25\s*yes"))
+        assert page.locator("article.skill-change").count() == 2
+        expect(page.locator("ul.serving")).to_contain_text(on_pin["workspace"])
+        assert api("/api/v1/registry/team/kit")["entry"]["pin"]["commit"] == FIRST
+        shot(page, "registry-diff")
+        confirm = page.get_by_role("form", name="Confirm the move")
+        confirm.get_by_label("Reason").fill("takes triage")
+        confirm.get_by_role("button", name="Move the pin to").click()
         expect(page.get_by_role("status")).to_contain_text("Pinned at " + SECOND)
         page.get_by_role("button", name="Roll back to the previous pin").click()
         expect(page.get_by_role("status")).to_contain_text("Rolled back: pinned at " + FIRST)

@@ -7,7 +7,7 @@ mod decisions;
 mod imports;
 mod inventory;
 mod openapi;
-mod registry;
+pub(crate) mod registry;
 mod sets;
 pub(crate) mod skill_usage;
 mod skills;

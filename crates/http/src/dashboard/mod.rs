@@ -12,6 +12,7 @@ mod layout;
 mod library;
 mod markdown;
 mod overview;
+mod pin_diff;
 mod registry;
 mod sets;
 mod skill;
@@ -45,6 +46,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/registry/{owner}/{name}", get(registry::entry))
         .route("/registry/{owner}/{name}/check", post(registry::check))
         .route("/registry/{owner}/{name}/pin", post(registry::pin))
+        .route("/registry/{owner}/{name}/diff", post(registry::diff))
         .route(
             "/registry/{owner}/{name}/rollback",
             post(registry::rollback),

@@ -212,7 +212,10 @@ async fn render_entry(api: &Arc<Api>, who: &Identity, id: &str, notice: Markup) 
                             (layout::csrf(who))
                             label { "Commit" input type="text" name="commit" required; }
                             label { "Reason" input type="text" name="reason"; }
-                            button type="submit" { "Move pin" }
+                            div.actions {
+                                button type="submit" formaction={ (base) "/diff" } { "Compare first" }
+                                button type="submit" { "Move pin" }
+                            }
                         }
                     }
                 }
@@ -271,12 +274,43 @@ pub async fn check(
     let work = |ws: &cloud_harness_workspace::Workspaces, id: &str, actor: &str| {
         registry::check_updates(ws.db(), ws.provisioner(), id, actor)
     };
-    act(api, who, entry, &form.csrf, work, |r| {
+    let (me, base) = (who.clone(), format!("/registry/{}/{}", entry.0, entry.1));
+    act(api, who, entry, &form.csrf, work, move |r| {
         let head = r["head"].as_str().unwrap_or_default().to_owned();
-        html! { p role="status" {
-            @if r["upToDate"] == true { "Up to date: the pin is the default branch head, " code { (short(&head)) } "." }
-            @else { "The default branch head is " code { (head) } "; move the pin to it below to take it." }
-        } }
+        html! {
+            p role="status" {
+                @if r["upToDate"] == true { "Up to date: the pin is the default branch head, " code { (short(&head)) } "." }
+                @else { "The default branch head is " code { (head) } "; see what it changes before moving the pin to it." }
+            }
+            @if r["upToDate"] != true {
+                form method="post" action={ (base) "/diff" } {
+                    (layout::csrf(&me))
+                    input type="hidden" name="commit" value=(head);
+                    button type="submit" { "Compare the head with the pin" }
+                }
+            }
+        }
+    })
+    .await
+}
+
+/// What moving the pin to the form's commit would change (both acquired first), shown
+/// above the entry with the form that confirms the move.
+pub async fn diff(
+    State(api): State<Arc<Api>>,
+    Extension(who): Extension<Identity>,
+    Path(entry): Path<(String, String)>,
+    Form(form): Form<PinForm>,
+) -> Response {
+    let commit = form.commit.trim().to_owned();
+    let work = move |ws: &cloud_harness_workspace::Workspaces, id: &str, _: &str| {
+        let diff = registry::diff(ws.db(), ws.provisioner(), id, None, &commit)?;
+        let serving = crate::api::registry::serving(ws, &diff.from.bundle);
+        Ok((diff, serving))
+    };
+    let (me, base) = (who.clone(), format!("/registry/{}/{}", entry.0, entry.1));
+    act(api, who, entry, &form.csrf, work, move |(diff, serving)| {
+        super::pin_diff::section(&me, &base, &diff, &serving)
     })
     .await
 }
