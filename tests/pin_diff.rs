@@ -9,6 +9,9 @@ use serde_json::{json, Value};
 use support::api::{github_world, mcp_session, tool};
 use support::{dir, file, Certs, GitServer, Node, Repo};
 
+/// An added skill that breaks the specification (an unknown field).
+const TRIAGE: &str = "---\nname: triage\ndescription: Triage an issue.\nversion: 2\n---\nTriage.\n";
+
 fn skill_md(name: &str, description: &str, body: &str) -> Node {
     file(&format!(
         "---\nname: {name}\ndescription: {description}\n---\n{body}"
@@ -46,8 +49,16 @@ fn comparable(diff: &Value) -> Value {
     d
 }
 
-#[test]
-fn a_pin_move_is_shown_skill_by_skill_and_file_by_file_before_it_is_made() {
+/// A server and a git server with `team/kit.git` at two commits that differ every way.
+struct Kit {
+    w: support::api::World,
+    git: GitServer,
+    first: String,
+    second: String,
+    _certs: Certs,
+}
+
+fn kit() -> Kit {
     let tmp = tempfile::tempdir().unwrap();
     let certs = Certs::new(&tmp.path().join("certs"));
     let repos = tmp.path().join("repos");
@@ -139,15 +150,30 @@ fn a_pin_move_is_shown_skill_by_skill_and_file_by_file_before_it_is_made() {
                     ("scripts", dir(vec![("deploy.sh", exec("#!/bin/sh\necho deploy\n"))])),
                 ]),
             ),
-            (
-                "triage",
-                dir(vec![("SKILL.md", file("---\nname: triage\ndescription: Triage an issue.\nversion: 2\n---\nTriage.\n"))]),
-            ),
+            ("triage", dir(vec![("SKILL.md", file(TRIAGE))])),
             steady(),
         ]),
     )]));
     let git = GitServer::start(&repos, &certs);
     let w = github_world(tmp, &git, &certs);
+    Kit {
+        w,
+        git,
+        first,
+        second,
+        _certs: certs,
+    }
+}
+
+#[test]
+fn a_pin_move_is_shown_skill_by_skill_and_file_by_file_before_it_is_made() {
+    let Kit {
+        w,
+        git,
+        first,
+        second,
+        _certs,
+    } = kit();
     let url = git.url("team/kit.git");
     w.op(
         "POST",
@@ -207,28 +233,35 @@ fn a_pin_move_is_shown_skill_by_skill_and_file_by_file_before_it_is_made() {
     let lint_md = |body: &str| md("lint", "Lint the code.", body);
     let want = json!([
         {"name": "fmt", "change": "changed", "files": [file("tool.sh", "mode", Some(19), Some(19), false, true, true)],
-         "scriptsChanged": 1, "problemsBefore": [], "problemsAfter": []},
-        {"name": "gone", "change": "removed", "files": [], "scriptsChanged": 0, "problemsBefore": [], "problemsAfter": []},
+         "scriptsChanged": 1, "filesLeftOut": 0, "problemsBefore": [], "problemsAfter": []},
+        {"name": "gone", "change": "removed",
+         "files": [file("SKILL.md", "removed", Some(md("gone", "Goes away.", "Bye.\n")), None, false, false, false)],
+         "scriptsChanged": 0, "filesLeftOut": 0,
+         "skillMd": {"unified": "--- a/SKILL.md\n+++ b/SKILL.md\n@@ -1,5 +0,0 @@\n----\n-name: gone\n-description: Goes away.\n----\n-Bye.\n", "truncated": false},
+         "problemsBefore": [], "problemsAfter": []},
         {"name": "lint", "change": "changed", "files": [
+            file("scripts/check.sh", "added", None, Some(15), false, true, true),
+            file("scripts/run.sh", "modified", Some(19), Some(27), true, true, true),
             file("SKILL.md", "modified",
                  Some(lint_md("# Lint\n\nRun `scripts/run.sh`.\nThen read the guide.\n")),
                  Some(lint_md("# Lint\n\nRun `scripts/run.sh` and `scripts/check.sh`.\nThen read the guide.\n")),
                  false, false, false),
             file("references/guide.md", "removed", Some(12), None, false, false, false),
-            file("scripts/check.sh", "added", None, Some(15), false, true, true),
-            file("scripts/run.sh", "modified", Some(19), Some(27), true, true, true),
          ],
-         "scriptsChanged": 2,
+         "scriptsChanged": 2, "filesLeftOut": 0,
          "skillMd": {"unified": "--- a/SKILL.md\n+++ b/SKILL.md\n@@ -4,5 +4,5 @@\n ---\n # Lint\n \n-Run `scripts/run.sh`.\n+Run `scripts/run.sh` and `scripts/check.sh`.\n Then read the guide.\n", "truncated": false},
          "problemsBefore": [], "problemsAfter": []},
         {"name": "new-name", "change": "renamed", "renamedFrom": "old-name", "files": [
             file("SKILL.md", "modified", Some(md("old-name", "Deploys the app.", "Deploy.\n")),
                  Some(md("new-name", "Deploys the app.", "Deploy.\n")), false, false, false),
          ],
-         "scriptsChanged": 0,
+         "scriptsChanged": 0, "filesLeftOut": 0,
          "skillMd": {"unified": "--- a/SKILL.md\n+++ b/SKILL.md\n@@ -1,5 +1,5 @@\n ---\n-name: old-name\n+name: new-name\n description: Deploys the app.\n ---\n Deploy.\n", "truncated": false},
          "problemsBefore": [], "problemsAfter": []},
-        {"name": "triage", "change": "added", "files": [], "scriptsChanged": 0,
+        {"name": "triage", "change": "added",
+         "files": [file("SKILL.md", "added", None, Some(TRIAGE.len() as u64), false, false, false)],
+         "scriptsChanged": 0, "filesLeftOut": 0,
+         "skillMd": {"unified": format!("--- a/SKILL.md\n+++ b/SKILL.md\n@@ -0,0 +1,6 @@\n{}", TRIAGE.lines().map(|l| format!("+{l}\n")).collect::<String>()), "truncated": false},
          "problemsBefore": [], "problemsAfter": [{"rule": "field-unknown"}]},
     ]);
     let got = comparable(diff);
@@ -300,8 +333,142 @@ fn a_pin_move_is_shown_skill_by_skill_and_file_by_file_before_it_is_made() {
         Some(&json!({"to": second, "extra": 1}).to_string()),
     );
     assert_eq!(status, 400, "{refused}");
+    let (status, refused) = w.call(
+        "POST",
+        "/api/v1/registry/team/kit/diff",
+        Some(&w.operator),
+        Some(&json!({"to": "main"}).to_string()),
+    );
+    assert_eq!(
+        (status, &refused["details"]["field"]),
+        (400, &json!("to")),
+        "{refused}"
+    );
+    let (status, _) = w.call(
+        "POST",
+        "/api/v1/registry/team/nope/diff",
+        Some(&w.operator),
+        Some(&json!({"to": second}).to_string()),
+    );
+    assert_eq!(status, 404);
+    // A client may not compare (a comparison may fetch).
+    let client = w.client("reader");
+    let (status, _) = w.call(
+        "POST",
+        "/api/v1/registry/team/kit/diff",
+        Some(&client),
+        Some(&json!({"to": second}).to_string()),
+    );
+    assert_eq!(status, 403);
     assert_eq!(
         w.op("GET", "/api/v1/registry/team/kit", None)["entry"]["pin"]["commit"],
         json!(first)
     );
+    // The comparison is in the audit log.
+    let audit = w.op("GET", "/api/v1/audit?action=registry.diff", None);
+    assert!(!audit["entries"].as_array().unwrap().is_empty(), "{audit}");
+    // A move confirmed against the pin it was compared with: refused once another moved it.
+    let (status, moved) = w.call(
+        "POST",
+        "/api/v1/registry/team/kit/pin",
+        Some(&w.operator),
+        Some(&json!({"commit": second, "from": second}).to_string()),
+    );
+    assert_eq!(
+        (status, &moved["code"]),
+        (409, &json!("CONFLICT")),
+        "{moved}"
+    );
+    let moved = w.op(
+        "POST",
+        "/api/v1/registry/team/kit/pin",
+        Some(json!({"commit": second, "from": first})),
+    );
+    assert_eq!(moved["commit"], json!(second));
+}
+
+#[test]
+fn a_sets_new_revision_is_shown_as_the_skills_its_workspaces_would_serve() {
+    let Kit {
+        w,
+        git,
+        first,
+        second,
+        _certs,
+    } = kit();
+    let url = git.url("team/kit.git");
+    let member = |commit: &str, exclude: &[&str]| json!({"kind": "git", "url": url, "instanceId": "kit", "ref": commit, "skills": {"exclude": exclude}});
+    w.op(
+        "POST",
+        "/api/v1/sets",
+        Some(json!({"id": "team", "members": [member(&first, &[])]})),
+    );
+    // One revision: nothing before it.
+    let (status, refused) = w.call("POST", "/api/v1/sets/team/diff", Some(&w.operator), None);
+    assert_eq!(
+        (status, &refused["details"]["field"]),
+        (400, &json!("from")),
+        "{refused}"
+    );
+    // A workspace of revision 1, then revision 2: the second commit, fmt excluded.
+    let session = mcp_session(w.server.addr, &w.operator);
+    let opened = tool(
+        w.server.addr,
+        &w.operator,
+        &session,
+        "workspace_open",
+        json!({"idempotencyKey": "set-1", "toolkits": [{"kind": "set", "id": "team"}]}),
+    );
+    assert_eq!(opened["isError"], false, "{opened}");
+    let ws = opened["structuredContent"]["workspace"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    w.op(
+        "PUT",
+        "/api/v1/sets/team",
+        Some(json!({"revision": 1, "members": [member(&second, &["fmt"])]})),
+    );
+    let d = w.op("POST", "/api/v1/sets/team/diff", None);
+    assert_eq!((&d["from"], &d["to"]), (&json!(1), &json!(2)), "{d}");
+    let changes: Vec<(&str, &str)> = d["skills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["name"].as_str().unwrap(), s["change"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        changes,
+        [
+            ("fmt", "removed"),
+            ("gone", "removed"),
+            ("lint", "changed"),
+            ("new-name", "renamed"),
+            ("triage", "added"),
+        ],
+        "{d}"
+    );
+    // steady, and the built-in tier's three.
+    assert_eq!(d["unchanged"], json!(4), "{d}");
+    let me = w.op("GET", "/api/v1/whoami", None)["actor"].clone();
+    assert_eq!(
+        d["servingFrom"],
+        json!([{"workspace": ws, "owner": me}]),
+        "{d}"
+    );
+    // Named revisions, the other way: each change turned around; an unknown one refused.
+    let back = w.op(
+        "POST",
+        "/api/v1/sets/team/diff",
+        Some(json!({"from": 2, "to": 1})),
+    );
+    assert_eq!(back["servingFrom"], json!([]), "{back}");
+    assert_eq!(back["skills"].as_array().unwrap().len(), 5, "{back}");
+    let (status, _) = w.call(
+        "POST",
+        "/api/v1/sets/team/diff",
+        Some(&w.operator),
+        Some(&json!({"from": 1, "to": 9}).to_string()),
+    );
+    assert_eq!(status, 404);
 }

@@ -4,6 +4,7 @@
 use super::control::{actor, print, HomeArg};
 use clap::Subcommand;
 use cloud_harness_control::toolkit::Scope;
+use cloud_harness_curation::pin_diff;
 use cloud_harness_curation::registry::{self, NewEntry};
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_provision::Provisioner;
@@ -171,14 +172,16 @@ pub fn run(store: &Store, home: &HomeArg, cmd: RegistryCommand) -> Result<u8> {
             &id,
             &commit,
             reason.as_deref(),
+            None,
             &actor()
         )?)),
-        RegistryCommand::Diff { id, commit, from } => print(json!(registry::diff(
+        RegistryCommand::Diff { id, commit, from } => print(json!(pin_diff::diff(
             &db,
             &provisioner()?,
             &id,
             from.as_deref(),
-            &commit
+            &commit,
+            &actor()
         )?)),
         RegistryCommand::Rollback { id } => print(json!(registry::rollback(
             &db,

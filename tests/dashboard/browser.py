@@ -348,6 +348,12 @@ with sync_playwright() as p:
         changes = page.locator("table.changes").first
         expect(changes.get_by_role("row", name=re.compile("kit skills.exclude"))).to_contain_text('["fmt"]')
         shot(page, "sets")
+        # What the second revision changes for the skills: fmt served again.
+        page.get_by_role("button", name="Compare the skills of revisions 1 and 2").click()
+        expect(page.get_by_role("status")).to_contain_text("Revision 1 to revision 2: 1 added, 0 removed")
+        expect(page.get_by_role("article", name="fmt added")).to_be_visible()
+        audit(page, "set diff")
+        page.get_by_role("link", name="Back to the set").click()
 
         # Open a workspace of the set through MCP; it shows with its tiers.
         opened = mcp_ok("workspace_open", {"idempotencyKey": "dash-set", "toolkits": [{"kind": "set", "id": "team"}]})

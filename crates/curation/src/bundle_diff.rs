@@ -2,24 +2,33 @@
 //! added, removed, renamed (the same folder, or the same description, under another name) and
 //! changed, each changed skill's files (added, removed, modified, made executable or not, with
 //! their sizes), a unified diff of its `SKILL.md`, and what each breaks of the Agent Skills
-//! specification before and after. Both bundles are read from the store; every part of the
-//! answer is bounded (the walk's entries, the files listed, the diff's bytes and time).
+//! specification before and after. An added or removed skill lists its files too (its
+//! scripts above all). Both bundles are read from the store; every part of the answer is
+//! bounded: the walk's entries, the files listed, and the text diffs' bytes and time, each
+//! `SKILL.md`'s and the whole answer's.
 
 use cloud_harness_error::Result;
-use cloud_harness_skills::discovery::{Found, SkillCache};
+use cloud_harness_skills::discovery::SkillCache;
+use cloud_harness_skills::folder::SkillInfo;
 use cloud_harness_skills::resolver::Tier;
 use cloud_harness_skills::spec::Problem;
 use cloud_harness_store::cas::{Digest, Kind, Store, WalkBudget};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The most file changes listed in one diff (the rest counted, not listed).
+/// The most file changes listed in one diff (the rest counted per skill, not listed; a
+/// skill's scripts are listed before its other files).
 pub const MAX_FILES: usize = 2_000;
 /// The longest `SKILL.md` diff kept, in bytes (cut at a line).
 pub const MAX_TEXT_DIFF: usize = 64 * 1024;
 /// The time one `SKILL.md` diff may take before it settles for a coarser answer.
 const TEXT_DIFF_TIME: Duration = Duration::from_millis(200);
+/// What all of a diff's `SKILL.md` diffs may take together, in bytes and time: past either,
+/// the rest are left out (counted).
+pub const MAX_TEXT_DIFFS: usize = 1024 * 1024;
+const TEXT_DIFFS_TIME: Duration = Duration::from_secs(2);
 
 /// One side of a diff: a toolkit's commit and the bundle the store holds of it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -79,8 +88,10 @@ pub struct SkillChange {
     pub digest_after: Option<Digest>,
     /// Every file that differs (of an added or removed skill: none; its folder is one).
     pub files: Vec<FileChange>,
-    /// How many of `files` are scripts.
+    /// How many of the files that differ are scripts (listed or not).
     pub scripts_changed: usize,
+    /// Files that differ past [`MAX_FILES`], not listed.
+    pub files_left_out: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skill_md: Option<TextDiff>,
     pub problems_before: Vec<Problem>,
@@ -89,10 +100,20 @@ pub struct SkillChange {
 
 /// What a move from `from` to `to` changes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
 pub struct BundleDiff {
     pub from: Side,
     pub to: Side,
+    #[serde(flatten)]
+    pub changes: Changes,
+}
+
+/// Skills served by name: a bundle's, or a set's.
+pub type Skills = BTreeMap<String, Arc<SkillInfo>>;
+
+/// What serving `after` in place of `before` changes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Changes {
     /// In name order: added, removed, renamed and changed skills alike.
     pub skills: Vec<SkillChange>,
     pub unchanged: usize,
@@ -101,6 +122,8 @@ pub struct BundleDiff {
     pub problems_after: usize,
     /// File changes left out past [`MAX_FILES`].
     pub files_left_out: usize,
+    /// `SKILL.md` diffs left out past [`MAX_TEXT_DIFFS`] (their files still listed).
+    pub text_diffs_left_out: usize,
 }
 
 /// The skills of a bundle, by name.
@@ -110,7 +133,7 @@ fn skills_of(
     instance_id: &str,
     url: &str,
     side: &Side,
-) -> Result<BTreeMap<String, Found>> {
+) -> Result<Skills> {
     let source = cloud_harness_provision::bundle_source(
         store,
         cache,
@@ -126,7 +149,7 @@ fn skills_of(
         .discovery
         .skills
         .into_iter()
-        .map(|f| (f.name.as_str().to_owned(), f))
+        .map(|f| (f.name.as_str().to_owned(), f.info))
         .collect())
 }
 
@@ -141,87 +164,102 @@ pub fn diff(
     let cache = SkillCache::default();
     let before = skills_of(store, &cache, instance_id, url, &from)?;
     let after = skills_of(store, &cache, instance_id, url, &to)?;
+    Ok(BundleDiff {
+        from,
+        to,
+        changes: compare(store, &before, &after)?,
+    })
+}
+
+/// What serving `after` in place of `before` changes, skill by skill (their folders read from
+/// `store`).
+pub fn compare(store: &Store, before: &Skills, after: &Skills) -> Result<Changes> {
     let mut walk = Walk {
         store,
         budget: WalkBudget::default(),
         listed: 0,
         left_out: 0,
+        text_bytes: 0,
+        text_until: Instant::now() + TEXT_DIFFS_TIME,
+        texts_left_out: 0,
     };
-    let mut removed: Vec<&Found> = before
-        .iter()
-        .filter(|(n, _)| !after.contains_key(*n))
-        .map(|(_, f)| f)
-        .collect();
+    let only = |a: &'_ Skills, b: &'_ Skills| -> Vec<(String, Arc<SkillInfo>)> {
+        a.iter()
+            .filter(|(n, _)| !b.contains_key(*n))
+            .map(|(n, i)| (n.clone(), i.clone()))
+            .collect()
+    };
+    let (added, removed) = (only(after, before), only(before, after));
+    let renames = renames(&removed, &added);
     let mut skills = Vec::new();
     let mut unchanged = 0;
-    for (name, a) in &after {
+    for (name, a) in after {
         match before.get(name) {
-            Some(b) if b.info.digest == a.info.digest => unchanged += 1,
-            Some(b) => skills.push(walk.changed(Change::Changed, b, a)?),
-            None => match renamed_from(&mut removed, a) {
-                Some(b) => skills.push(walk.changed(Change::Renamed, b, a)?),
-                None => skills.push(whole(Change::Added, a, false)),
+            Some(b) if b.digest == a.digest => unchanged += 1,
+            Some(b) => skills.push(walk.changed(Change::Changed, (name, b), (name, a))?),
+            None => match renames.get(name) {
+                Some((from, b)) => {
+                    skills.push(walk.changed(Change::Renamed, (from, b), (name, a))?)
+                }
+                None => skills.push(walk.whole(Change::Added, name, a)?),
             },
         }
     }
-    skills.extend(removed.into_iter().map(|b| whole(Change::Removed, b, true)));
+    let renamed: Vec<&String> = renames.values().map(|(n, _)| n).collect();
+    for (name, b) in removed.iter().filter(|(n, _)| !renamed.contains(&n)) {
+        skills.push(walk.whole(Change::Removed, name, b)?);
+    }
     skills.sort_by(|x, y| x.name.cmp(&y.name));
-    let broken =
-        |m: &BTreeMap<String, Found>| m.values().filter(|f| !f.info.problems.is_empty()).count();
-    Ok(BundleDiff {
-        problems_before: broken(&before),
-        problems_after: broken(&after),
-        from,
-        to,
+    let broken = |m: &Skills| m.values().filter(|i| !i.problems.is_empty()).count();
+    Ok(Changes {
+        problems_before: broken(before),
+        problems_after: broken(after),
         skills,
         unchanged,
         files_left_out: walk.left_out,
+        text_diffs_left_out: walk.texts_left_out,
     })
 }
 
-/// The removed skill `added` is a rename of: the same folder, else the same description.
-fn renamed_from<'a>(removed: &mut Vec<&'a Found>, added: &Found) -> Option<&'a Found> {
-    let at = removed
-        .iter()
-        .position(|b| b.info.digest == added.info.digest)
-        .or_else(|| {
-            let d = &added.info.meta.description;
-            removed
-                .iter()
-                .position(|b| !d.is_empty() && b.info.meta.description == *d)
-        })?;
-    Some(removed.remove(at))
-}
-
-/// A skill added or removed whole.
-fn whole(change: Change, f: &Found, before: bool) -> SkillChange {
-    let (digest_before, digest_after, problems_before, problems_after) = if before {
-        (
-            Some(f.info.digest),
-            None,
-            f.info.problems.clone(),
-            Vec::new(),
-        )
-    } else {
-        (
-            None,
-            Some(f.info.digest),
-            Vec::new(),
-            f.info.problems.clone(),
-        )
-    };
-    SkillChange {
-        name: f.name.as_str().to_owned(),
-        change,
-        renamed_from: None,
-        digest_before,
-        digest_after,
-        files: Vec::new(),
-        scripts_changed: 0,
-        skill_md: None,
-        problems_before,
-        problems_after,
+/// Which removed skill each added one is a rename of: the same folder first (each removed
+/// folder taken once), then the same description where no other removed or added skill left
+/// has it. Hashed: linear in the skills, whatever their order.
+fn renames(
+    removed: &[(String, Arc<SkillInfo>)],
+    added: &[(String, Arc<SkillInfo>)],
+) -> HashMap<String, (String, Arc<SkillInfo>)> {
+    let mut out: HashMap<String, (String, Arc<SkillInfo>)> = HashMap::new();
+    let mut by_digest: HashMap<Digest, Vec<&(String, Arc<SkillInfo>)>> = HashMap::new();
+    for r in removed.iter().rev() {
+        by_digest.entry(r.1.digest).or_default().push(r);
     }
+    for (name, info) in added {
+        if let Some(r) = by_digest.get_mut(&info.digest).and_then(Vec::pop) {
+            out.insert(name.clone(), r.clone());
+        }
+    }
+    let taken: std::collections::HashSet<&String> = out.values().map(|(n, _)| n).collect();
+    // A description to the one skill of a side left that has it (None: more than one).
+    let unique = |side: &[(String, Arc<SkillInfo>)], left: &dyn Fn(&String) -> bool| {
+        let mut seen: HashMap<String, Option<(String, Arc<SkillInfo>)>> = HashMap::new();
+        for (n, i) in side.iter().filter(|(n, _)| left(n)) {
+            let d = &i.meta.description;
+            if !d.is_empty() {
+                seen.entry(d.clone())
+                    .and_modify(|v| *v = None)
+                    .or_insert_with(|| Some((n.clone(), i.clone())));
+            }
+        }
+        seen
+    };
+    let old = unique(removed, &|n| !taken.contains(n));
+    let new = unique(added, &|n| !out.contains_key(n));
+    for (d, a) in new {
+        if let (Some((name, _)), Some(Some(r))) = (a, old.get(&d)) {
+            out.insert(name, r.clone());
+        }
+    }
+    out
 }
 
 /// A file of a folder: its kind, size and digest.
@@ -233,6 +271,10 @@ struct Walk<'a> {
     /// File changes listed so far, and left out past [`MAX_FILES`].
     listed: usize,
     left_out: usize,
+    /// The text diffs' bytes so far, when they must end, and how many were left out.
+    text_bytes: usize,
+    text_until: Instant,
+    texts_left_out: usize,
 }
 
 impl Walk<'_> {
@@ -254,62 +296,135 @@ impl Walk<'_> {
         Ok(out)
     }
 
-    fn changed(&mut self, change: Change, b: &Found, a: &Found) -> Result<SkillChange> {
-        let (old, new) = (self.files(&b.info.digest)?, self.files(&a.info.digest)?);
-        let mut files = Vec::new();
-        let mut paths: Vec<&String> = old.keys().chain(new.keys()).collect();
-        paths.sort();
-        paths.dedup();
-        for path in paths {
-            let (o, n) = (old.get(path), new.get(path));
-            let what = match (o, n) {
-                (None, Some(_)) => "added",
-                (Some(_), None) => "removed",
-                (Some(o), Some(n)) if o.2 != n.2 => "modified",
-                (Some(o), Some(n)) if o.0 != n.0 => "mode",
-                _ => continue,
-            };
-            if self.listed >= MAX_FILES {
-                self.left_out += 1;
-                continue;
-            }
-            self.listed += 1;
-            let exec = |f: Option<&(Kind, u64, Digest)>| f.is_some_and(|f| f.0 == Kind::Executable);
-            files.push(FileChange {
-                path: path.clone(),
-                change: what,
-                size_before: o.map(|f| f.1),
-                size_after: n.map(|f| f.1),
-                executable_before: exec(o),
-                executable_after: exec(n),
-                script: path.starts_with("scripts/") || exec(o) || exec(n),
-            });
-        }
+    /// A skill renamed or changed: every file that differs, its `SKILL.md` diffed.
+    fn changed(
+        &mut self,
+        change: Change,
+        (b_name, b): (&String, &SkillInfo),
+        (a_name, a): (&String, &SkillInfo),
+    ) -> Result<SkillChange> {
+        let (old, new) = (self.files(&b.digest)?, self.files(&a.digest)?);
+        let (files, scripts_changed, files_left_out) = self.list(&old, &new);
         let skill_md = match (old.get("SKILL.md"), new.get("SKILL.md")) {
-            (Some(o), Some(n)) if o.2 != n.2 => Some(self.text_diff(&o.2, &n.2)?),
+            (Some(o), Some(n)) if o.2 != n.2 => self.text_diff(Some(&o.2), Some(&n.2))?,
             _ => None,
         };
         Ok(SkillChange {
-            name: a.name.as_str().to_owned(),
+            name: a_name.clone(),
             change,
-            renamed_from: (change == Change::Renamed).then(|| b.name.as_str().to_owned()),
-            digest_before: Some(b.info.digest),
-            digest_after: Some(a.info.digest),
-            scripts_changed: files.iter().filter(|f| f.script).count(),
+            renamed_from: (change == Change::Renamed).then(|| b_name.clone()),
+            digest_before: Some(b.digest),
+            digest_after: Some(a.digest),
             files,
+            scripts_changed,
+            files_left_out,
             skill_md,
-            problems_before: b.info.problems.clone(),
-            problems_after: a.info.problems.clone(),
+            problems_before: b.problems.clone(),
+            problems_after: a.problems.clone(),
         })
     }
 
-    fn text_diff(&self, old: &Digest, new: &Digest) -> Result<TextDiff> {
+    /// A skill added or removed whole: its files, each added or removed, and its `SKILL.md`
+    /// against nothing.
+    fn whole(&mut self, change: Change, name: &str, info: &SkillInfo) -> Result<SkillChange> {
+        let these = self.files(&info.digest)?;
+        let none = Listing::new();
+        let added = change == Change::Added;
+        let (old, new) = if added {
+            (&none, &these)
+        } else {
+            (&these, &none)
+        };
+        let (files, scripts_changed, files_left_out) = self.list(old, new);
+        let md = these.get("SKILL.md").map(|f| &f.2);
+        let skill_md = if added {
+            self.text_diff(None, md)?
+        } else {
+            self.text_diff(md, None)?
+        };
+        let (before, after) = if added {
+            (None, Some(info))
+        } else {
+            (Some(info), None)
+        };
+        Ok(SkillChange {
+            name: name.to_owned(),
+            change,
+            renamed_from: None,
+            digest_before: before.map(|i| i.digest),
+            digest_after: after.map(|i| i.digest),
+            files,
+            scripts_changed,
+            files_left_out,
+            skill_md,
+            problems_before: before.map(|i| i.problems.clone()).unwrap_or_default(),
+            problems_after: after.map(|i| i.problems.clone()).unwrap_or_default(),
+        })
+    }
+
+    /// The files that differ between two listings, scripts first, as many as the diff's
+    /// [`MAX_FILES`] leaves; how many are scripts, and how many were left out.
+    fn list(&mut self, old: &Listing, new: &Listing) -> (Vec<FileChange>, usize, usize) {
+        let exec = |f: Option<&(Kind, u64, Digest)>| f.is_some_and(|f| f.0 == Kind::Executable);
+        let mut paths: Vec<&String> = old.keys().chain(new.keys()).collect();
+        paths.sort();
+        paths.dedup();
+        let mut all: Vec<FileChange> = paths
+            .into_iter()
+            .filter_map(|path| {
+                let (o, n) = (old.get(path), new.get(path));
+                let what = match (o, n) {
+                    (None, Some(_)) => "added",
+                    (Some(_), None) => "removed",
+                    (Some(o), Some(n)) if o.2 != n.2 => "modified",
+                    (Some(o), Some(n)) if o.0 != n.0 => "mode",
+                    _ => return None,
+                };
+                Some(FileChange {
+                    path: path.clone(),
+                    change: what,
+                    size_before: o.map(|f| f.1),
+                    size_after: n.map(|f| f.1),
+                    executable_before: exec(o),
+                    executable_after: exec(n),
+                    script: path.starts_with("scripts/") || exec(o) || exec(n),
+                })
+            })
+            .collect();
+        // Scripts first (stable: in path order within each kind).
+        all.sort_by_key(|f| !f.script);
+        let scripts = all.iter().filter(|f| f.script).count();
+        let room = MAX_FILES.saturating_sub(self.listed);
+        let left_out = all.len().saturating_sub(room);
+        all.truncate(room);
+        self.listed += all.len();
+        self.left_out += left_out;
+        (all, scripts, left_out)
+    }
+
+    /// The diff of two `SKILL.md`s (none: empty), within the diff's budget of text diffs.
+    fn text_diff(
+        &mut self,
+        old: Option<&Digest>,
+        new: Option<&Digest>,
+    ) -> Result<Option<TextDiff>> {
+        if self.text_bytes >= MAX_TEXT_DIFFS || Instant::now() >= self.text_until {
+            self.texts_left_out += 1;
+            return Ok(None);
+        }
         let limit = cloud_harness_skills::skill::MAX_SKILL_MD as u64;
-        let text = |d: &Digest| -> Result<String> {
-            Ok(String::from_utf8_lossy(&self.store.blob_up_to(d, limit)?).into_owned())
+        let text = |d: Option<&Digest>| -> Result<String> {
+            match d {
+                Some(d) => {
+                    Ok(String::from_utf8_lossy(&self.store.blob_up_to(d, limit)?).into_owned())
+                }
+                None => Ok(String::new()),
+            }
         };
         let (old, new) = (text(old)?, text(new)?);
-        Ok(unified(&old, &new))
+        let d = unified(&old, &new);
+        self.text_bytes += d.unified.len();
+        Ok(Some(d))
     }
 }
 
@@ -323,6 +438,17 @@ pub fn unified(old: &str, new: &str) -> TextDiff {
     'hunks: for hunk in diff.unified_diff().context_radius(3).iter_hunks() {
         for line in hunk.to_string().split_inclusive('\n') {
             if unified.len() + line.len() > MAX_TEXT_DIFF {
+                // A line longer than all the room left: what fits of it, then the cut.
+                let mut end = MAX_TEXT_DIFF
+                    .saturating_sub(unified.len() + 1)
+                    .min(line.len());
+                while !line.is_char_boundary(end) {
+                    end -= 1;
+                }
+                if end > 0 && !line[..end].contains('\n') && unified.lines().count() <= 3 {
+                    unified.push_str(&line[..end]);
+                    unified.push('\n');
+                }
                 truncated = true;
                 break 'hunks;
             }
@@ -348,5 +474,14 @@ mod tests {
         let new: String = (0..20_000).map(|i| format!("LINE {i}\n")).collect();
         let d = unified(&old, &new);
         assert!(d.truncated && d.unified.len() <= MAX_TEXT_DIFF && d.unified.ends_with('\n'));
+        // One line longer than the room: its start is shown.
+        let long = format!("{}\n", "é".repeat(MAX_TEXT_DIFF));
+        let d = unified("", &long);
+        assert!(
+            d.truncated && d.unified.len() <= MAX_TEXT_DIFF,
+            "{}",
+            d.unified.len()
+        );
+        assert!(d.unified.contains("+ééé"), "{}", &d.unified[..80]);
     }
 }

@@ -8,5 +8,6 @@
 pub mod bundle_diff;
 pub mod conflicts;
 pub mod decisions;
+pub mod pin_diff;
 pub mod registry;
 pub mod sets;

@@ -58,6 +58,8 @@ mod roots;
 mod run;
 mod served;
 pub mod serving;
+mod serving_from;
+pub mod set_diff;
 mod skill_usage;
 mod spares;
 mod stop;

@@ -159,7 +159,7 @@ pub fn check_updates(
     Ok(report)
 }
 
-fn unknown(id: &str) -> Error {
+pub(crate) fn unknown(id: &str) -> Error {
     Error::field(
         Code::NotFound,
         "id",
@@ -168,7 +168,7 @@ fn unknown(id: &str) -> Error {
 }
 
 /// Acquires `commit` of the entry `id` (warm when its bundle is in the store already).
-fn acquire(
+pub(crate) fn acquire(
     provisioner: &Provisioner,
     registry: &Registry,
     id: &str,
@@ -192,12 +192,15 @@ fn acquire(
 
 /// Moves the pin of `id` to `commit`: acquired first (nothing changes if that fails), the
 /// pin before it kept in the history.
+/// With `expected`, the move is CONFLICT if the pin is no longer that commit (another
+/// operator moved it since the move was compared).
 pub fn pin(
     db: &Db,
     provisioner: &Provisioner,
     id: &str,
     commit: &str,
     reason: Option<&str>,
+    expected: Option<&str>,
     actor: &str,
 ) -> Result<Pin> {
     let registry = load(db)?;
@@ -227,6 +230,17 @@ pub fn pin(
             )
             .optional()
             .map_err(state::internal)?;
+        if let Some(expected) = expected.filter(|e| before.as_deref() != Some(*e)) {
+            return Err(Error::field(
+                Code::Conflict,
+                "from",
+                format!(
+                    "the pin moved since it was compared with {}: it is at {}",
+                    shown(expected),
+                    before.as_deref().unwrap_or("no commit")
+                ),
+            ));
+        }
         tx.execute(
             "INSERT INTO pins (id, entry_id, commit_id, actor, reason, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
             params![pin.id, id, pin.commit, actor, reason, pin.created_at],
@@ -241,48 +255,6 @@ pub fn pin(
         )
     })?;
     Ok(pin)
-}
-
-/// What moving the pin of `id` from `from` (the current pin if none) to `to` would change,
-/// skill by skill. Both commits are acquired first (warm when the store holds them: a
-/// preview of a move fetches no more than the move would); nothing is pinned.
-pub fn diff(
-    db: &Db,
-    provisioner: &Provisioner,
-    id: &str,
-    from: Option<&str>,
-    to: &str,
-) -> Result<crate::bundle_diff::BundleDiff> {
-    use crate::bundle_diff::{self, Side};
-    let registry = load(db)?;
-    let entry = registry.find(id).ok_or_else(|| unknown(id))?;
-    let from = match from {
-        Some(c) => c.to_owned(),
-        None => entry
-            .pin
-            .as_ref()
-            .map(|p| p.commit.clone())
-            .ok_or_else(|| {
-                Error::field(
-                    Code::InvalidArgument,
-                    "from",
-                    "the entry has no pin: name the commit to compare with",
-                )
-            })?,
-    };
-    let old = acquire(provisioner, &registry, id, &from)?;
-    let new = acquire(provisioner, &registry, id, to)?;
-    let side = |a: &cloud_harness_provision::Acquired| Side {
-        commit: a.record.key.commit.clone(),
-        bundle: a.record.bundle,
-    };
-    bundle_diff::diff(
-        &provisioner.store,
-        &new.record.instance_id,
-        &new.record.key.url,
-        side(&old),
-        side(&new),
-    )
 }
 
 /// Every pin `id` has had, newest first.
@@ -318,6 +290,7 @@ pub fn rollback(db: &Db, provisioner: &Provisioner, id: &str, actor: &str) -> Re
         id,
         &previous.commit.clone(),
         Some(&reason),
+        None,
         actor,
     )
 }

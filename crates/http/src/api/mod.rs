@@ -8,7 +8,7 @@ mod imports;
 mod inventory;
 mod openapi;
 pub(crate) mod registry;
-mod sets;
+pub(crate) mod sets;
 pub(crate) mod skill_usage;
 mod skills;
 mod tokens;
@@ -60,6 +60,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/api/v1/sets", get(sets::list).post(sets::create))
         .route("/api/v1/sets/{id}", get(sets::get).put(sets::edit))
         .route("/api/v1/sets/{id}/revisions", get(sets::revisions))
+        .route("/api/v1/sets/{id}/diff", post(sets::diff))
         .route("/api/v1/registry", get(registry::list).post(registry::add))
         .route("/api/v1/registry/{owner}/{name}", get(registry::get))
         .route("/api/v1/registry/{owner}/{name}/pin", post(registry::pin))

@@ -55,6 +55,10 @@ pub fn spec() -> Value {
     for (path, item) in usage_paths().as_object().expect("an object") {
         paths.insert(path.clone(), item.clone());
     }
+    doc["components"]["schemas"]["CompareRevisions"] = json!({
+        "type": "object", "additionalProperties": false,
+        "properties": { "from": { "type": "integer", "minimum": 1 }, "to": { "type": "integer", "minimum": 1 } }
+    });
     doc["components"]["schemas"]["Compare"] = json!({
         "type": "object", "additionalProperties": false, "required": ["to"],
         "properties": {
@@ -124,6 +128,7 @@ fn the_rest() -> Value {
             "/api/v1/registry/{owner}/{name}/pin": { "post": op("move the pin (the commit is acquired first)", Some("MovePin"), "200", &[]) },
             "/api/v1/registry/{owner}/{name}/validation": { "put": op("set what opens of the entry do with skills that break the Agent Skills specification: warn (served, problems said) or refuse (not served)", Some("SetValidation"), "200", &[]) },
             "/api/v1/registry/{owner}/{name}/reachability": { "put": op("allow the one commit opens of the entry may serve though no branch or tag of its repository reaches it (commit null: none); audited", Some("AllowUnreachable"), "200", &[]) },
+            "/api/v1/sets/{id}/diff": { "post": op("what a workspace of revision `to` (the latest if not named) serves that one of revision `from` (the one before `to`) does not: both previewed (members acquired, tiers resolved, the set's overrides and validation applied), the skills compared as a pin's move is, and the open workspaces of `from`", Some("CompareRevisions"), "200", &[]) },
             "/api/v1/registry/{owner}/{name}/diff": { "post": op("what moving the pin from `from` (the pin if not named) to `to` would change: the skills added, removed, renamed and changed (each changed file with its sizes and executable bit, a unified diff of SKILL.md, scripts changed), the specification's problems before and after, and the open workspaces serving the bundle it would move from; both commits are acquired first, nothing is pinned", Some("Compare"), "200", &[]) },
             "/api/v1/registry/{owner}/{name}/rollback": { "post": op("move the pin back to the one before", None, "200", &[]) },
             "/api/v1/registry/{owner}/{name}/updates": { "post": op("ask the remote for its default branch head (refs only) and compare it with the pin", None, "200", &[]) },
@@ -206,7 +211,7 @@ fn the_rest() -> Value {
                 },
                 "MovePin": {
                     "type": "object", "additionalProperties": false, "required": ["commit"],
-                    "properties": { "commit": { "type": "string", "pattern": "^([0-9a-f]{40}|[0-9a-f]{64})$" }, "reason": text(1000) }
+                    "properties": { "commit": { "type": "string", "pattern": "^([0-9a-f]{40}|[0-9a-f]{64})$" }, "reason": text(1000), "from": { "type": "string", "pattern": "^([0-9a-f]{40}|[0-9a-f]{64})$" } }
                 },
                 "NewImport": {
                     "type": "object", "additionalProperties": false, "required": ["toolkit"],

@@ -8,6 +8,7 @@ use axum::response::Response;
 use axum::Extension;
 use cloud_harness_auth::Identity;
 use cloud_harness_control::toolkit::Scope;
+use cloud_harness_curation::pin_diff;
 use cloud_harness_curation::registry::{self, NewEntry};
 use cloud_harness_error::{Code, Error};
 use cloud_harness_skills::discovery::Layout;
@@ -53,6 +54,8 @@ struct SetValidation {
 struct MovePin {
     commit: String,
     reason: Option<String>,
+    /// The pin the move replaces, as compared: CONFLICT if it moved since.
+    from: Option<String>,
 }
 
 pub async fn list(axum::extract::State(api): State) -> Response {
@@ -178,6 +181,7 @@ pub async fn pin(
             &format!("{owner}/{name}"),
             &req.commit,
             req.reason.as_deref(),
+            req.from.as_deref(),
             &actor(&who),
         )
     })
@@ -234,6 +238,7 @@ struct Compare {
 /// bundle it would move from (they keep it until they reopen: a pin is read at open).
 pub async fn diff(
     axum::extract::State(api): State,
+    Extension(who): Extension<Identity>,
     Path((owner, name)): Path<(String, String)>,
     bytes: Bytes,
 ) -> Response {
@@ -241,29 +246,11 @@ pub async fn diff(
     let found = blocking(move || {
         let req: Compare = body(&bytes)?;
         let id = format!("{owner}/{name}");
-        let diff = registry::diff(ws.db(), ws.provisioner(), &id, req.from.as_deref(), &req.to)?;
-        let serving = serving(&ws, &diff.from.bundle);
+        let (from, to) = (req.from.as_deref(), req.to.as_str());
+        let diff = pin_diff::diff(ws.db(), ws.provisioner(), &id, from, to, &actor(&who))?;
+        let serving = ws.serving_preset(&id, &diff.from.commit);
         Ok(json!({ "id": id, "diff": diff, "servingFrom": serving }))
     })
     .await;
     answer(StatusCode::OK, found)
-}
-
-/// The open workspaces (paused ones too) whose skills come from `bundle`, with their owners.
-pub(crate) fn serving(
-    workspaces: &cloud_harness_workspace::Workspaces,
-    bundle: &cloud_harness_store::cas::Digest,
-) -> Vec<serde_json::Value> {
-    workspaces
-        .open_workspaces()
-        .iter()
-        .filter(|w| {
-            w.generation()
-                .index
-                .sources
-                .iter()
-                .any(|s| s.tree == *bundle)
-        })
-        .map(|w| json!({ "workspace": w.id, "owner": w.owner() }))
-        .collect()
 }

@@ -114,3 +114,33 @@ pub async fn revisions(axum::extract::State(api): State, Path(id): Path<String>)
         all.map(|r| json!({ "set": id, "revisions": r })),
     )
 }
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CompareRevisions {
+    /// The revision compared from: the one before `to` unless named.
+    from: Option<i64>,
+    /// The revision compared to: the latest unless named.
+    to: Option<i64>,
+}
+
+/// What a workspace of one revision of the set serves that one of another does not (both
+/// previewed: their members acquired), and the open workspaces of the older one.
+pub async fn diff(
+    axum::extract::State(api): State,
+    Extension(who): Extension<Identity>,
+    Path(id): Path<String>,
+    bytes: Bytes,
+) -> Response {
+    let ws = api.workspaces.clone();
+    let found = blocking(move || {
+        let req: CompareRevisions = if bytes.is_empty() {
+            CompareRevisions::default()
+        } else {
+            body(&bytes)?
+        };
+        ws.set_diff(&id, req.from, req.to, &actor(&who))
+    })
+    .await;
+    answer(StatusCode::OK, found.map(|d| json!(d)))
+}

@@ -42,6 +42,7 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/sets", get(sets::list))
         .route("/sets/new", get(sets::new).post(sets::create))
         .route("/sets/{id}", get(sets::show).post(sets::update))
+        .route("/sets/{id}/diff", post(sets::diff::page))
         .route("/registry", get(registry::list).post(registry::add))
         .route("/registry/{owner}/{name}", get(registry::entry))
         .route("/registry/{owner}/{name}/check", post(registry::check))

@@ -1,11 +1,12 @@
 //! What moving a registry entry's pin would change, shown on the entry's page before the
 //! operator confirms: the skills added, removed, renamed and changed, each changed skill's
 //! files and `SKILL.md` diff, the specification's problems before and after, the open
-//! workspaces still serving the current pin; then the form that moves the pin.
+//! workspaces still serving the current pin; then the form that moves the pin. A set's two
+//! revisions are shown the same way (`changes`).
 
 use super::layout::{self, short};
 use cloud_harness_auth::Identity;
-use cloud_harness_curation::bundle_diff::{BundleDiff, Change, FileChange, SkillChange};
+use cloud_harness_curation::bundle_diff::{BundleDiff, Change, Changes, FileChange, SkillChange};
 use maud::{html, Markup};
 use serde_json::Value;
 
@@ -19,41 +20,57 @@ fn change_name(c: Change) -> &'static str {
 }
 
 /// The diff, and the form that confirms the move to its `to` commit.
-pub fn section(who: &Identity, base: &str, diff: &BundleDiff, serving: &[Value]) -> Markup {
-    let count = |c: Change| diff.skills.iter().filter(|s| s.change == c).count();
+pub fn section(
+    who: &Identity,
+    base: &str,
+    diff: &BundleDiff,
+    serving: &[Value],
+    reason: &str,
+) -> Markup {
+    let from_to = html! { "From " code { (short(&diff.from.commit)) } " to " code { (short(&diff.to.commit)) } ": " };
     html! {
         section.pin-diff aria-labelledby="diff" {
             h2 id="diff" { "What moving the pin changes" }
-            p role="status" {
-                "From " code { (short(&diff.from.commit)) } " to " code { (short(&diff.to.commit)) } ": "
-                (count(Change::Added)) " added, " (count(Change::Removed)) " removed, "
-                (count(Change::Renamed)) " renamed, " (count(Change::Changed)) " changed, "
-                (diff.unchanged) " unchanged. Skills breaking the Agent Skills specification: "
-                (diff.problems_before) " before, " (diff.problems_after) " after."
-            }
-            @if serving.is_empty() {
-                p { "No open workspace serves the current pin's bundle." }
-            } @else {
-                p.warn {
-                    @if serving.len() == 1 { "1 open workspace serves the current pin's bundle, and keeps it until it reopens:" }
-                    @else { (serving.len()) " open workspaces serve the current pin's bundle, and keep it until they reopen:" }
-                }
-                ul.serving { @for s in serving {
-                    li { a href={ "/workspaces/" (s["workspace"].as_str().unwrap_or("")) } { (s["workspace"].as_str().unwrap_or("")) }
-                        " (" (s["owner"].as_str().unwrap_or("")) ")" }
-                } }
-            }
-            @if diff.skills.is_empty() { p.empty { "No skill changes: the two bundles serve the same skills." } }
-            @for s in &diff.skills { (skill(s)) }
-            @if diff.files_left_out > 0 {
-                p.warn { (diff.files_left_out) " more changed files are not listed." }
-            }
+            (changes(from_to, &diff.changes, serving, "the current pin's bundle"))
             form.stack method="post" action={ (base) "/pin" } aria-label="Confirm the move" {
                 (layout::csrf(who))
                 input type="hidden" name="commit" value=(diff.to.commit);
-                label { "Reason" input type="text" name="reason"; }
+                input type="hidden" name="from" value=(diff.from.commit);
+                label { "Reason" input type="text" name="reason" value=(reason); }
                 button type="submit" { "Move the pin to " (short(&diff.to.commit)) }
             }
+        }
+    }
+}
+
+/// What serving one side in place of the other changes (`from_to` says which sides), and the
+/// open workspaces still serving `old` (what they serve, said for people).
+pub fn changes(from_to: Markup, c: &Changes, serving: &[Value], old: &str) -> Markup {
+    let count = |k: Change| c.skills.iter().filter(|s| s.change == k).count();
+    html! {
+        p role="status" {
+            (from_to)
+            (count(Change::Added)) " added, " (count(Change::Removed)) " removed, "
+            (count(Change::Renamed)) " renamed, " (count(Change::Changed)) " changed, "
+            (c.unchanged) " unchanged. Skills breaking the Agent Skills specification: "
+            (c.problems_before) " before, " (c.problems_after) " after."
+        }
+        @if serving.is_empty() {
+            p { "No open workspace serves " (old) "." }
+        } @else {
+            p.warn {
+                @if serving.len() == 1 { "1 open workspace serves " (old) ", and keeps it until it reopens:" }
+                @else { (serving.len()) " open workspaces serve " (old) ", and keep it until they reopen:" }
+            }
+            ul.serving { @for s in serving {
+                li { a href={ "/workspaces/" (s["workspace"].as_str().unwrap_or("")) } { (s["workspace"].as_str().unwrap_or("")) }
+                    " (" (s["owner"].as_str().unwrap_or("")) ")" }
+            } }
+        }
+        @if c.skills.is_empty() { p.empty { "No skill changes: both serve the same skills." } }
+        @for s in &c.skills { (skill(s)) }
+        @if c.files_left_out > 0 {
+            p.warn { (c.files_left_out) " more changed files are not listed." }
         }
     }
 }
@@ -73,8 +90,10 @@ fn skill(s: &SkillChange) -> Markup {
             }
             @if let Some(d) = &s.skill_md {
                 pre.diff aria-label={ "SKILL.md diff of " (s.name) } {
-                    @for line in d.unified.lines() {
-                        @if line.starts_with("+++") || line.starts_with("---") { span.head { (line) } "\n" }
+                    // The first two lines are the header; after them the first character
+                    // says what a line is, whatever the line says.
+                    @for (i, line) in d.unified.lines().enumerate() {
+                        @if i < 2 { span.head { (line) } "\n" }
                         @else if line.starts_with('+') { ins { (line) } "\n" }
                         @else if line.starts_with('-') { del { (line) } "\n" }
                         @else if line.starts_with('@') { span.hunk { (line) } "\n" }

@@ -42,6 +42,9 @@ pub(crate) struct PinForm {
     commit: String,
     #[serde(default)]
     reason: String,
+    /// The pin the move replaces, as compared (the confirm form's).
+    #[serde(default)]
+    from: String,
     #[serde(default)]
     csrf: String,
 }
@@ -282,7 +285,7 @@ pub async fn check(
                 @if r["upToDate"] == true { "Up to date: the pin is the default branch head, " code { (short(&head)) } "." }
                 @else { "The default branch head is " code { (head) } "; see what it changes before moving the pin to it." }
             }
-            @if r["upToDate"] != true {
+            @if r["upToDate"] != true && r["pinned"].is_string() {
                 form method="post" action={ (base) "/diff" } {
                     (layout::csrf(&me))
                     input type="hidden" name="commit" value=(head);
@@ -303,14 +306,16 @@ pub async fn diff(
     Form(form): Form<PinForm>,
 ) -> Response {
     let commit = form.commit.trim().to_owned();
-    let work = move |ws: &cloud_harness_workspace::Workspaces, id: &str, _: &str| {
-        let diff = registry::diff(ws.db(), ws.provisioner(), id, None, &commit)?;
-        let serving = crate::api::registry::serving(ws, &diff.from.bundle);
+    let work = move |ws: &cloud_harness_workspace::Workspaces, id: &str, actor: &str| {
+        let (db, p) = (ws.db(), ws.provisioner());
+        let diff = cloud_harness_curation::pin_diff::diff(db, p, id, None, &commit, actor)?;
+        let serving = ws.serving_preset(id, &diff.from.commit);
         Ok((diff, serving))
     };
     let (me, base) = (who.clone(), format!("/registry/{}/{}", entry.0, entry.1));
+    let reason = form.reason.trim().to_owned();
     act(api, who, entry, &form.csrf, work, move |(diff, serving)| {
-        super::pin_diff::section(&me, &base, &diff, &serving)
+        super::pin_diff::section(&me, &base, &diff, &serving, &reason)
     })
     .await
 }
@@ -322,9 +327,11 @@ pub async fn pin(
     Form(form): Form<PinForm>,
 ) -> Response {
     let (commit, reason) = (form.commit.trim().to_owned(), form.reason.trim().to_owned());
+    let from = form.from.trim().to_owned();
     let work = move |ws: &cloud_harness_workspace::Workspaces, id: &str, actor: &str| {
         let reason = (!reason.is_empty()).then_some(reason.as_str());
-        registry::pin(ws.db(), ws.provisioner(), id, &commit, reason, actor)
+        let from = (!from.is_empty()).then_some(from.as_str());
+        registry::pin(ws.db(), ws.provisioner(), id, &commit, reason, from, actor)
     };
     act(api, who, entry, &form.csrf, work, |p| {
         html! { p role="status" { "Pinned at " code { (p.commit) } "." } }

@@ -2,6 +2,7 @@
 //! registry entry or a git URL and commit, with include/exclude and scope), a preview of what
 //! the set would serve before it is saved, and its revisions with what changed in each.
 
+pub(super) mod diff;
 mod form;
 mod revisions;
 
@@ -281,7 +282,7 @@ async fn render(
             @if let Some(c) = &current {
                 @if !layout::operator(who) { (members_table(c)) }
                 h2 { "Revisions" }
-                ol.revisions reversed { @for (r, changes) in &history { li { (revision_item(&c.id, r, changes)) } } }
+                ol.revisions reversed { @for (r, changes) in &history { li { (revision_item(who, &c.id, r, changes)) } } }
             }
         },
     )

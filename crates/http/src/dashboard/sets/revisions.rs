@@ -94,12 +94,25 @@ fn fields_changed(
         .collect()
 }
 
-pub(crate) fn revision_item(id: &str, r: &Revision, changes: &Changes) -> Markup {
+pub(crate) fn revision_item(
+    who: &cloud_harness_auth::Identity,
+    id: &str,
+    r: &Revision,
+    changes: &Changes,
+) -> Markup {
     html! {
         p {
             a href={ "/sets/" (id) "?revision=" (r.revision) } { "Revision " (r.revision) }
             " by " (r.actor) ", " (layout::when(r.created_at))
             @if r.revision == 1 { " — made with " (r.members.len()) " member(s)" }
+        }
+        @if r.revision > 1 && layout::operator(who) {
+            form.inline method="post" action={ "/sets/" (id) "/diff" } {
+                (layout::csrf(who))
+                input type="hidden" name="from" value=(r.revision - 1);
+                input type="hidden" name="to" value=(r.revision);
+                button type="submit" { "Compare the skills of revisions " (r.revision - 1) " and " (r.revision) }
+            }
         }
         @if !changes.is_empty() {
             table.changes { thead { tr { th { "Changed" } th { "Before" } th { "After" } } }
