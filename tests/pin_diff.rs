@@ -218,12 +218,15 @@ fn a_pin_move_is_shown_skill_by_skill_and_file_by_file_before_it_is_made() {
                 xb: bool,
                 xa: bool,
                 script: bool| {
-        let mut f = json!({"path": path, "change": change, "executableBefore": xb, "executableAfter": xa, "script": script});
+        let kind = |x: bool| if x { "executable" } else { "file" };
+        let mut f = json!({"path": path, "change": change, "script": script});
         if let Some(b) = before {
             f["sizeBefore"] = json!(b);
+            f["kindBefore"] = json!(kind(xb));
         }
         if let Some(a) = after {
             f["sizeAfter"] = json!(a);
+            f["kindAfter"] = json!(kind(xa));
         }
         f
     };

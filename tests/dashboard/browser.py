@@ -467,7 +467,7 @@ with sync_playwright() as p:
         expect(triage.locator(".badge")).to_have_text("added")
         lint = page.get_by_role("article", name="lint changed")
         expect(lint.locator("pre.diff")).to_contain_text("+Run `scripts/lint.sh` on the changed files.")
-        expect(lint.get_by_role("row", name=re.compile("^scripts.lint.sh script added"))).to_contain_text(re.compile(r"– → 25\s*yes"))
+        expect(lint.get_by_role("row", name=re.compile("^scripts.lint.sh script added"))).to_contain_text(re.compile(r"– → 25\s*executable"))
         assert page.locator("article.skill-change").count() == 2
         expect(page.locator("ul.serving")).to_contain_text(on_pin["workspace"])
         assert api("/api/v1/registry/team/kit")["entry"]["pin"]["commit"] == FIRST

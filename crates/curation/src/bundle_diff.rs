@@ -51,15 +51,19 @@ pub enum Change {
 #[serde(rename_all = "camelCase")]
 pub struct FileChange {
     pub path: String,
-    /// `added`, `removed`, `modified` (other bytes), `mode` (the same bytes, made executable
-    /// or not, or a link made a file).
+    /// `added`, `removed`, `modified` (other bytes), `mode` (the same bytes, another kind:
+    /// made executable or not).
     pub change: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub size_before: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub size_after: Option<u64>,
-    pub executable_before: bool,
-    pub executable_after: bool,
+    /// `file`, `executable` or `symlink` (its bytes are the link's target); none where the
+    /// file is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind_before: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind_after: Option<&'static str>,
     /// A script: under `scripts/`, or executable on either side.
     pub script: bool,
 }
@@ -262,6 +266,14 @@ fn renames(
     out
 }
 
+fn kind(k: Kind) -> &'static str {
+    match k {
+        Kind::Executable => "executable",
+        Kind::Symlink => "symlink",
+        Kind::File | Kind::Tree => "file",
+    }
+}
+
 /// A file of a folder: its kind, size and digest.
 type Listing = BTreeMap<String, (Kind, u64, Digest)>;
 
@@ -385,8 +397,8 @@ impl Walk<'_> {
                     change: what,
                     size_before: o.map(|f| f.1),
                     size_after: n.map(|f| f.1),
-                    executable_before: exec(o),
-                    executable_after: exec(n),
+                    kind_before: o.map(|f| kind(f.0)),
+                    kind_after: n.map(|f| kind(f.0)),
                     script: path.starts_with("scripts/") || exec(o) || exec(n),
                 })
             })

@@ -79,10 +79,10 @@ fn skill(s: &SkillChange) -> Markup {
     let change = change_name(s.change);
     html! {
         article.skill-change aria-label={ (s.name) " " (change) } {
-            h3 { (s.name) " " span class={ "badge " (change) } { (change) }
-                @if let Some(from) = &s.renamed_from { " " small { "was " (from) } } }
+            h3 { (visible(&s.name)) " " span class={ "badge " (change) } { (change) }
+                @if let Some(from) = &s.renamed_from { " " small { "was " (visible(from)) } } }
             @if !s.files.is_empty() {
-                table.files { thead { tr { th scope="col" { "File" } th scope="col" { "Change" } th scope="col" { "Size" } th scope="col" { "Executable" } } }
+                table.files { thead { tr { th scope="col" { "File" } th scope="col" { "Change" } th scope="col" { "Size" } th scope="col" { "Kind" } } }
                     tbody { @for f in &s.files { (file(f)) } }
                 }
                 @if s.scripts_changed == 1 { p.warn { "1 script changed: review it before moving the pin." } }
@@ -93,6 +93,7 @@ fn skill(s: &SkillChange) -> Markup {
                     // The first two lines are the header; after them the first character
                     // says what a line is, whatever the line says.
                     @for (i, line) in d.unified.lines().enumerate() {
+                        @let line = visible(line);
                         @if i < 2 { span.head { (line) } "\n" }
                         @else if line.starts_with('+') { ins { (line) } "\n" }
                         @else if line.starts_with('-') { del { (line) } "\n" }
@@ -112,21 +113,53 @@ fn skill(s: &SkillChange) -> Markup {
 
 fn file(f: &FileChange) -> Markup {
     let size = |n: Option<u64>| n.map(|n| n.to_string()).unwrap_or_else(|| "–".to_owned());
-    let exec = |x: bool| if x { "yes" } else { "no" };
     html! {
         tr {
-            td { code { (f.path) } @if f.script { " " span.badge { "script" } } }
+            td { code { (visible(&f.path)) } @if f.script { " " span.badge { "script" } } }
             td { (f.change) }
             td.n { (size(f.size_before)) " → " (size(f.size_after)) }
-            td { @match (f.change, f.executable_before == f.executable_after) {
-                ("added", _) => (exec(f.executable_after)),
-                ("removed", _) | (_, true) => (exec(f.executable_before)),
-                _ => { (exec(f.executable_before)) " → " strong { (exec(f.executable_after)) } }
+            td { @match (f.kind_before, f.kind_after) {
+                (Some(b), Some(a)) if b != a => { (b) " → " strong { (a) } }
+                (_, Some(k)) | (Some(k), None) => (k),
+                (None, None) => "",
             } }
         }
     }
 }
 
+/// A toolkit's text with its control and direction-changing characters written out
+/// (`\u{202e}`): what a reviewer reads is what the bytes say.
+fn visible(s: &str) -> String {
+    let hidden = |c: char| {
+        (c.is_control() && c != '\t')
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{061c}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !s.chars().any(hidden) {
+        return s.to_owned();
+    }
+    s.chars()
+        .map(|c| {
+            if hidden(c) {
+                format!("\\u{{{:x}}}", c as u32)
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 fn problems(p: &[cloud_harness_skills::spec::Problem]) -> Markup {
     crate::dashboard::library::spec_badge(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::visible;
+
+    #[test]
+    fn hidden_characters_are_written_out() {
+        assert_eq!(visible("run.sh"), "run.sh");
+        assert_eq!(visible("evil\u{202e}hs.nur"), "evil\\u{202e}hs.nur");
+        assert_eq!(visible("a\u{1b}[31mb\tc"), "a\\u{1b}[31mb\tc");
+    }
 }
