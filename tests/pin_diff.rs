@@ -451,6 +451,10 @@ fn a_sets_new_revision_is_shown_as_the_skills_its_workspaces_would_serve() {
         ],
         "{d}"
     );
+    assert_eq!(
+        (&d["conflictsBefore"], &d["conflictsAfter"]),
+        (&json!([]), &json!([]))
+    );
     // steady, and the built-in tier's three.
     assert_eq!(d["unchanged"], json!(4), "{d}");
     let me = w.op("GET", "/api/v1/whoami", None)["actor"].clone();

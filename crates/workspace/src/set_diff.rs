@@ -20,6 +20,10 @@ pub struct SetDiff {
     pub changes: Changes,
     /// The open workspaces opened on the set at `from`, with their owners.
     pub serving_from: Vec<Value>,
+    /// The skill names two sources of one tier define, unsettled: opens of that revision are
+    /// refused until an override settles them (not counted as removed above).
+    pub conflicts_before: Vec<String>,
+    pub conflicts_after: Vec<String>,
 }
 
 impl Workspaces {
@@ -32,6 +36,15 @@ impl Workspaces {
         to: Option<i64>,
         actor: &str,
     ) -> Result<SetDiff> {
+        for (field, r) in [("from", from), ("to", to)] {
+            if r.is_some_and(|r| r < 1) {
+                return Err(Error::field(
+                    Code::InvalidArgument,
+                    field,
+                    "a revision is 1 or more",
+                ));
+            }
+        }
         let new = sets::get(&self.db, id, to)?;
         let from = match from {
             Some(r) => r,
@@ -40,20 +53,32 @@ impl Workspaces {
                 return Err(Error::field(
                     Code::InvalidArgument,
                     "from",
-                    "the set has one revision: there is nothing before it to compare with",
+                    "revision 1 has none before it to compare with: name `from`",
                 ))
             }
         };
         let old = sets::get(&self.db, id, Some(from))?;
-        let served = |r: &sets::Revision| -> Result<Skills> {
+        // The skills a workspace of the revision serves, and the names in conflict.
+        let served = |r: &sets::Revision| -> Result<(Skills, Vec<String>)> {
             let preview = self.preview(&r.members, Some(id), r.validation, actor)?;
-            Ok(preview
+            let skills = preview
                 .index
                 .winners()
                 .map(|c| (c.name.clone(), c.info.clone()))
-                .collect())
+                .collect();
+            let conflicts = preview.index.conflicts().map(|c| c.name.clone()).collect();
+            Ok((skills, conflicts))
         };
-        let changes = bundle_diff::compare(self.store(), &served(&old)?, &served(&new)?)?;
+        let ((before, conflicts_before), (after, conflicts_after)) = (served(&old)?, served(&new)?);
+        // A name in conflict on one side is neither added nor removed by the diff.
+        let keep = |m: Skills, other: &[String]| -> Skills {
+            m.into_iter().filter(|(n, _)| !other.contains(n)).collect()
+        };
+        let (before, after) = (
+            keep(before, &conflicts_after),
+            keep(after, &conflicts_before),
+        );
+        let changes = bundle_diff::compare(self.store(), &before, &after)?;
         let serving_from = self.serving_set(id, old.revision);
         Ok(SetDiff {
             id: id.to_owned(),
@@ -61,6 +86,8 @@ impl Workspaces {
             to: new.revision,
             changes,
             serving_from,
+            conflicts_before,
+            conflicts_after,
         })
     }
 }

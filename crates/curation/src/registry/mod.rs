@@ -204,7 +204,12 @@ pub fn pin(
     actor: &str,
 ) -> Result<Pin> {
     let registry = load(db)?;
-    registry.find(id).ok_or_else(|| unknown(id))?;
+    let entry = registry.find(id).ok_or_else(|| unknown(id))?;
+    // Checked before the fetch, and again in the write (another move may come between).
+    let pinned = entry.pin.as_ref().map(|p| p.commit.as_str());
+    if let Some(expected) = expected.filter(|e| pinned != Some(*e)) {
+        return Err(moved_since(expected, pinned));
+    }
     if reason.is_some_and(|r| r.len() > 1000 || r.chars().any(char::is_control)) {
         return Err(Error::field(
             Code::InvalidArgument,
@@ -231,15 +236,7 @@ pub fn pin(
             .optional()
             .map_err(state::internal)?;
         if let Some(expected) = expected.filter(|e| before.as_deref() != Some(*e)) {
-            return Err(Error::field(
-                Code::Conflict,
-                "from",
-                format!(
-                    "the pin moved since it was compared with {}: it is at {}",
-                    shown(expected),
-                    before.as_deref().unwrap_or("no commit")
-                ),
-            ));
+            return Err(moved_since(expected, before.as_deref()));
         }
         tx.execute(
             "INSERT INTO pins (id, entry_id, commit_id, actor, reason, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
@@ -255,6 +252,18 @@ pub fn pin(
         )
     })?;
     Ok(pin)
+}
+
+fn moved_since(expected: &str, pinned: Option<&str>) -> Error {
+    Error::field(
+        Code::Conflict,
+        "from",
+        format!(
+            "the pin moved since it was compared with {}: it is at {}",
+            shown(expected),
+            pinned.unwrap_or("no commit")
+        ),
+    )
 }
 
 /// Every pin `id` has had, newest first.

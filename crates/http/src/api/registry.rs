@@ -175,6 +175,17 @@ pub async fn pin(
     let ws = api.workspaces.clone();
     let moved = blocking(move || {
         let req: MovePin = body(&bytes)?;
+        if req
+            .from
+            .as_deref()
+            .is_some_and(|f| !cloud_harness_control::toolkit::is_hex_commit(f))
+        {
+            return Err(Error::field(
+                Code::InvalidArgument,
+                "from",
+                "must be an exact commit id (40 or 64 lowercase hex digits)",
+            ));
+        }
         registry::pin(
             ws.db(),
             ws.provisioner(),

@@ -72,6 +72,9 @@ pub fn changes(from_to: Markup, c: &Changes, serving: &[Value], old: &str) -> Ma
         @if c.files_left_out > 0 {
             p.warn { (c.files_left_out) " more changed files are not listed." }
         }
+        @if c.text_diffs_left_out > 0 {
+            p.warn { (c.text_diffs_left_out) " SKILL.md diffs are left out (the answer's budget of text diffs is spent)." }
+        }
     }
 }
 
@@ -85,14 +88,16 @@ fn skill(s: &SkillChange) -> Markup {
                 table.files { thead { tr { th scope="col" { "File" } th scope="col" { "Change" } th scope="col" { "Size" } th scope="col" { "Kind" } } }
                     tbody { @for f in &s.files { (file(f)) } }
                 }
-                @if s.scripts_changed == 1 { p.warn { "1 script changed: review it before moving the pin." } }
-                @if s.scripts_changed > 1 { p.warn { (s.scripts_changed) " scripts changed: review them before moving the pin." } }
             }
+            @if s.files_left_out > 0 { p.warn { (s.files_left_out) " more of its files differ, not listed." } }
+            @if s.scripts_changed == 1 { p.warn { "1 script changed: review it before moving the pin." } }
+            @if s.scripts_changed > 1 { p.warn { (s.scripts_changed) " scripts changed: review them before moving the pin." } }
+            @if s.skill_md_left_out { p.warn { "Its SKILL.md changed; the diff is left out (the answer's budget of text diffs is spent)." } }
             @if let Some(d) = &s.skill_md {
                 pre.diff aria-label={ "SKILL.md diff of " (s.name) } {
                     // The first two lines are the header; after them the first character
                     // says what a line is, whatever the line says.
-                    @for (i, line) in d.unified.lines().enumerate() {
+                    @for (i, line) in d.unified.split_terminator('\n').enumerate() {
                         @let line = visible(line);
                         @if i < 2 { span.head { (line) } "\n" }
                         @else if line.starts_with('+') { ins { (line) } "\n" }
@@ -130,9 +135,12 @@ fn file(f: &FileChange) -> Markup {
 /// A toolkit's text with its control and direction-changing characters written out
 /// (`\u{202e}`): what a reviewer reads is what the bytes say.
 fn visible(s: &str) -> String {
+    // Controls, and the format and separator characters that draw nothing or move text:
+    // soft hyphen, zero widths, marks, line and paragraph separators, embeddings, isolates.
     let hidden = |c: char| {
         (c.is_control() && c != '\t')
-            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{061c}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+            || matches!(c, '\u{00ad}' | '\u{061c}' | '\u{180e}' | '\u{200b}'..='\u{200f}'
+                | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{206f}' | '\u{feff}' | '\u{fff9}'..='\u{fffb}')
     };
     if !s.chars().any(hidden) {
         return s.to_owned();
@@ -161,5 +169,9 @@ mod tests {
         assert_eq!(visible("run.sh"), "run.sh");
         assert_eq!(visible("evil\u{202e}hs.nur"), "evil\\u{202e}hs.nur");
         assert_eq!(visible("a\u{1b}[31mb\tc"), "a\\u{1b}[31mb\tc");
+        assert_eq!(
+            visible("run\u{200b}.sh\u{2028}-x\r"),
+            "run\\u{200b}.sh\\u{2028}-x\\u{d}"
+        );
     }
 }

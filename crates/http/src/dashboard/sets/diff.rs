@@ -45,6 +45,10 @@ pub async fn page(
             p { a href={ "/sets/" (d.id) } { "Back to the set" } }
             section aria-labelledby="diff" {
                 h2 id="diff" { "What a workspace of revision " (d.to) " serves differently" }
+                @if !d.conflicts_after.is_empty() {
+                    p.warn { "Revision " (d.to) " has launch conflicts, refused at open until settled: "
+                        @for (i, n) in d.conflicts_after.iter().enumerate() { @if i > 0 { ", " } code { (n) } } "." }
+                }
                 (pin_diff::changes(from_to, &d.changes, &d.serving_from, &old))
             }
         },

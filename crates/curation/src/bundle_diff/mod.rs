@@ -21,6 +21,9 @@ use std::time::{Duration, Instant};
 /// The most file changes listed in one diff (the rest counted per skill, not listed; a
 /// skill's scripts are listed before its other files).
 pub const MAX_FILES: usize = 2_000;
+/// The most scripts listed in one diff, apart from the other files: no number of other
+/// files changed can push a script out of the list.
+pub const MAX_SCRIPTS: usize = 2_000;
 /// The longest `SKILL.md` diff kept, in bytes (cut at a line).
 pub const MAX_TEXT_DIFF: usize = 64 * 1024;
 /// The time one `SKILL.md` diff may take before it settles for a coarser answer.
@@ -90,12 +93,16 @@ pub struct SkillChange {
     pub digest_before: Option<Digest>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub digest_after: Option<Digest>,
-    /// Every file that differs (of an added or removed skill: none; its folder is one).
+    /// Every file that differs (of an added or removed skill: all of its files), scripts
+    /// first.
     pub files: Vec<FileChange>,
     /// How many of the files that differ are scripts (listed or not).
     pub scripts_changed: usize,
-    /// Files that differ past [`MAX_FILES`], not listed.
+    /// Files that differ past [`MAX_FILES`] (or scripts past [`MAX_SCRIPTS`]), not listed.
     pub files_left_out: usize,
+    /// Its `SKILL.md` changed, but its diff was left out past [`MAX_TEXT_DIFFS`].
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub skill_md_left_out: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub skill_md: Option<TextDiff>,
     pub problems_before: Vec<Problem>,
@@ -182,6 +189,7 @@ pub fn compare(store: &Store, before: &Skills, after: &Skills) -> Result<Changes
         store,
         budget: WalkBudget::default(),
         listed: 0,
+        scripts_listed: 0,
         left_out: 0,
         text_bytes: 0,
         text_until: Instant::now() + TEXT_DIFFS_TIME,
@@ -197,6 +205,9 @@ pub fn compare(store: &Store, before: &Skills, after: &Skills) -> Result<Changes
     let renames = renames(&removed, &added);
     let mut skills = Vec::new();
     let mut unchanged = 0;
+    // Changed and renamed skills first: they have the budget of text diffs before the added
+    // and removed ones, whose SKILL.md is diffed against nothing.
+    let mut whole = Vec::new();
     for (name, a) in after {
         match before.get(name) {
             Some(b) if b.digest == a.digest => unchanged += 1,
@@ -205,13 +216,16 @@ pub fn compare(store: &Store, before: &Skills, after: &Skills) -> Result<Changes
                 Some((from, b)) => {
                     skills.push(walk.changed(Change::Renamed, (from, b), (name, a))?)
                 }
-                None => skills.push(walk.whole(Change::Added, name, a)?),
+                None => whole.push((Change::Added, name, a)),
             },
         }
     }
-    let renamed: Vec<&String> = renames.values().map(|(n, _)| n).collect();
-    for (name, b) in removed.iter().filter(|(n, _)| !renamed.contains(&n)) {
-        skills.push(walk.whole(Change::Removed, name, b)?);
+    let renamed: std::collections::HashSet<&String> = renames.values().map(|(n, _)| n).collect();
+    for (name, b) in removed.iter().filter(|(n, _)| !renamed.contains(n)) {
+        whole.push((Change::Removed, name, b));
+    }
+    for (change, name, info) in whole {
+        skills.push(walk.whole(change, name, info)?);
     }
     skills.sort_by(|x, y| x.name.cmp(&y.name));
     let broken = |m: &Skills| m.values().filter(|i| !i.problems.is_empty()).count();
@@ -280,8 +294,10 @@ type Listing = BTreeMap<String, (Kind, u64, Digest)>;
 struct Walk<'a> {
     store: &'a Store,
     budget: WalkBudget,
-    /// File changes listed so far, and left out past [`MAX_FILES`].
+    /// Other files' changes and scripts' listed so far, and changes left out past
+    /// [`MAX_FILES`] and [`MAX_SCRIPTS`].
     listed: usize,
+    scripts_listed: usize,
     left_out: usize,
     /// The text diffs' bytes so far, when they must end, and how many were left out.
     text_bytes: usize,
@@ -317,10 +333,12 @@ impl Walk<'_> {
     ) -> Result<SkillChange> {
         let (old, new) = (self.files(&b.digest)?, self.files(&a.digest)?);
         let (files, scripts_changed, files_left_out) = self.list(&old, &new);
+        let texts_left_out = self.texts_left_out;
         let skill_md = match (old.get("SKILL.md"), new.get("SKILL.md")) {
             (Some(o), Some(n)) if o.2 != n.2 => self.text_diff(Some(&o.2), Some(&n.2))?,
             _ => None,
         };
+        let skill_md_left_out = self.texts_left_out > texts_left_out;
         Ok(SkillChange {
             name: a_name.clone(),
             change,
@@ -331,6 +349,7 @@ impl Walk<'_> {
             scripts_changed,
             files_left_out,
             skill_md,
+            skill_md_left_out,
             problems_before: b.problems.clone(),
             problems_after: a.problems.clone(),
         })
@@ -349,11 +368,13 @@ impl Walk<'_> {
         };
         let (files, scripts_changed, files_left_out) = self.list(old, new);
         let md = these.get("SKILL.md").map(|f| &f.2);
+        let texts_left_out = self.texts_left_out;
         let skill_md = if added {
             self.text_diff(None, md)?
         } else {
             self.text_diff(md, None)?
         };
+        let skill_md_left_out = self.texts_left_out > texts_left_out;
         let (before, after) = if added {
             (None, Some(info))
         } else {
@@ -369,6 +390,7 @@ impl Walk<'_> {
             scripts_changed,
             files_left_out,
             skill_md,
+            skill_md_left_out,
             problems_before: before.map(|i| i.problems.clone()).unwrap_or_default(),
             problems_after: after.map(|i| i.problems.clone()).unwrap_or_default(),
         })
@@ -403,15 +425,22 @@ impl Walk<'_> {
                 })
             })
             .collect();
-        // Scripts first (stable: in path order within each kind).
-        all.sort_by_key(|f| !f.script);
-        let scripts = all.iter().filter(|f| f.script).count();
-        let room = MAX_FILES.saturating_sub(self.listed);
-        let left_out = all.len().saturating_sub(room);
-        all.truncate(room);
-        self.listed += all.len();
+        // Scripts first (stable: in path order within each kind), each kind within its own
+        // room: other files cannot push a script out of the list.
+        let (mut scripts, mut others): (Vec<FileChange>, Vec<FileChange>) =
+            all.drain(..).partition(|f| f.script);
+        let count = scripts.len();
+        let left_out = scripts
+            .len()
+            .saturating_sub(MAX_SCRIPTS - self.scripts_listed)
+            + others.len().saturating_sub(MAX_FILES - self.listed);
+        scripts.truncate(MAX_SCRIPTS - self.scripts_listed);
+        others.truncate(MAX_FILES - self.listed);
+        self.scripts_listed += scripts.len();
+        self.listed += others.len();
         self.left_out += left_out;
-        (all, scripts, left_out)
+        scripts.append(&mut others);
+        (scripts, count, left_out)
     }
 
     /// The diff of two `SKILL.md`s (none: empty), within the diff's budget of text diffs.
@@ -434,14 +463,20 @@ impl Walk<'_> {
             }
         };
         let (old, new) = (text(old)?, text(new)?);
-        let d = unified(&old, &new);
+        let d = unified(
+            &old,
+            &new,
+            MAX_TEXT_DIFF.min(MAX_TEXT_DIFFS - self.text_bytes),
+        );
         self.text_bytes += d.unified.len();
         Ok(Some(d))
     }
 }
 
-/// The unified diff of two texts (`a/SKILL.md` to `b/SKILL.md`), cut at [`MAX_TEXT_DIFF`].
-pub fn unified(old: &str, new: &str) -> TextDiff {
+/// The unified diff of two texts (`a/SKILL.md` to `b/SKILL.md`), cut at `cap` bytes (at
+/// a line, or within the first line that does not fit: a cut hunk's header counts what it
+/// had before the cut).
+pub fn unified(old: &str, new: &str, cap: usize) -> TextDiff {
     let diff = similar::TextDiff::configure()
         .deadline(Instant::now() + TEXT_DIFF_TIME)
         .diff_lines(old, new);
@@ -449,15 +484,13 @@ pub fn unified(old: &str, new: &str) -> TextDiff {
     let mut truncated = false;
     'hunks: for hunk in diff.unified_diff().context_radius(3).iter_hunks() {
         for line in hunk.to_string().split_inclusive('\n') {
-            if unified.len() + line.len() > MAX_TEXT_DIFF {
-                // A line longer than all the room left: what fits of it, then the cut.
-                let mut end = MAX_TEXT_DIFF
-                    .saturating_sub(unified.len() + 1)
-                    .min(line.len());
+            if unified.len() + line.len() > cap {
+                // What fits of the line that does not, then the cut.
+                let mut end = cap.saturating_sub(unified.len() + 1).min(line.len());
                 while !line.is_char_boundary(end) {
                     end -= 1;
                 }
-                if end > 0 && !line[..end].contains('\n') && unified.lines().count() <= 3 {
+                if end > 0 {
                     unified.push_str(&line[..end]);
                     unified.push('\n');
                 }
@@ -471,85 +504,4 @@ pub fn unified(old: &str, new: &str) -> TextDiff {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn info(digest: u8, description: &str) -> (String, Arc<SkillInfo>) {
-        let meta = cloud_harness_skills::skill::SkillMeta {
-            description: description.to_owned(),
-            ..Default::default()
-        };
-        let info = SkillInfo {
-            digest: Digest([digest; 32]),
-            meta,
-            warnings: Vec::new(),
-            problems: Vec::new(),
-            links: Default::default(),
-        };
-        (String::new(), Arc::new(info))
-    }
-
-    fn named(name: &str, (_, i): (String, Arc<SkillInfo>)) -> (String, Arc<SkillInfo>) {
-        (name.to_owned(), i)
-    }
-
-    #[test]
-    fn renames_pair_identical_folders_first_then_descriptions_only_one_skill_has() {
-        let removed = vec![
-            named("a-old", info(1, "Shared.")),
-            named("b-old", info(2, "Deploys.")),
-            named("c-old", info(3, "Same words.")),
-            named("d-old", info(4, "Same words.")),
-        ];
-        let added = vec![
-            // Takes b-old's description, but a-old's folder: a-old is its rename.
-            named("a-new", info(1, "Deploys.")),
-            // b-old's description is left to it alone.
-            named("b-new", info(9, "Deploys.")),
-            // Two removed skills have this description: no rename.
-            named("c-new", info(8, "Same words.")),
-        ];
-        let got: BTreeMap<String, String> = renames(&removed, &added)
-            .into_iter()
-            .map(|(a, (b, _))| (a, b))
-            .collect();
-        assert_eq!(
-            got,
-            BTreeMap::from([
-                ("a-new".to_owned(), "a-old".to_owned()),
-                ("b-new".to_owned(), "b-old".to_owned()),
-            ])
-        );
-        // Many skills of one description pair none, in time linear in them.
-        let many: Vec<_> = (0..20_000u32)
-            .map(|i| named(&format!("s{i}"), info((i % 200) as u8, "Generic.")))
-            .collect();
-        let others: Vec<_> = (0..20_000u32)
-            .map(|i| named(&format!("t{i}"), info(250, "Generic.")))
-            .collect();
-        assert!(renames(&many, &others).is_empty());
-    }
-
-    #[test]
-    fn a_unified_diff_has_its_context_and_is_cut_at_a_line() {
-        let d = unified("a\nb\nc\n", "a\nB\nc\n");
-        assert_eq!(
-            d.unified,
-            "--- a/SKILL.md\n+++ b/SKILL.md\n@@ -1,3 +1,3 @@\n a\n-b\n+B\n c\n"
-        );
-        assert!(!d.truncated);
-        let old: String = (0..20_000).map(|i| format!("line {i}\n")).collect();
-        let new: String = (0..20_000).map(|i| format!("LINE {i}\n")).collect();
-        let d = unified(&old, &new);
-        assert!(d.truncated && d.unified.len() <= MAX_TEXT_DIFF && d.unified.ends_with('\n'));
-        // One line longer than the room: its start is shown.
-        let long = format!("{}\n", "é".repeat(MAX_TEXT_DIFF));
-        let d = unified("", &long);
-        assert!(
-            d.truncated && d.unified.len() <= MAX_TEXT_DIFF,
-            "{}",
-            d.unified.len()
-        );
-        assert!(d.unified.contains("+ééé"), "{}", &d.unified[..80]);
-    }
-}
+mod tests;
