@@ -409,6 +409,17 @@ CREATE INDEX usage_daily_skill ON usage_daily (toolkit, skill, day);
 "#,
         )],
     },
+    Migration {
+        version: 14,
+        description: "the usage view's index: each skill's days with who used them and how much, read without the rows",
+        parts: &[Both(
+            r#"
+DROP INDEX usage_daily_skill;
+CREATE INDEX usage_daily_view ON usage_daily
+    (toolkit, skill, day, source, principal, workspace, uses, failures, last_at);
+"#,
+        )],
+    },
 ];
 
 /// The newest version this binary knows.
