@@ -18,6 +18,23 @@ fn skill_md(name: &str, description: &str, body: &str) -> Node {
     ))
 }
 
+/// A workspace opened through MCP on `toolkit`: its id.
+fn open_on(w: &support::api::World, key: &str, toolkit: Value) -> String {
+    let session = mcp_session(w.server.addr, &w.operator);
+    let opened = tool(
+        w.server.addr,
+        &w.operator,
+        &session,
+        "workspace_open",
+        json!({"idempotencyKey": key, "toolkits": [toolkit]}),
+    );
+    assert_eq!(opened["isError"], false, "{opened}");
+    opened["structuredContent"]["workspace"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 fn exec(text: &str) -> Node {
     Node::Exec(text.as_bytes().to_vec())
 }
@@ -181,19 +198,11 @@ fn a_pin_move_is_shown_skill_by_skill_and_file_by_file_before_it_is_made() {
         Some(json!({"id": "team/kit", "name": "Team kit", "description": "The team's skills.", "url": url, "commit": first})),
     );
     // A workspace opened on the pin serves the first commit's bundle.
-    let session = mcp_session(w.server.addr, &w.operator);
-    let opened = tool(
-        w.server.addr,
-        &w.operator,
-        &session,
-        "workspace_open",
-        json!({"idempotencyKey": "on-the-pin", "toolkits": [{"kind": "preset", "id": "team/kit"}]}),
+    let ws = open_on(
+        &w,
+        "on-the-pin",
+        json!({"kind": "preset", "id": "team/kit"}),
     );
-    assert_eq!(opened["isError"], false, "{opened}");
-    let ws = opened["structuredContent"]["workspace"]
-        .as_str()
-        .unwrap()
-        .to_owned();
 
     let answer = w.op(
         "POST",
@@ -414,19 +423,7 @@ fn a_sets_new_revision_is_shown_as_the_skills_its_workspaces_would_serve() {
         "{refused}"
     );
     // A workspace of revision 1, then revision 2: the second commit, fmt excluded.
-    let session = mcp_session(w.server.addr, &w.operator);
-    let opened = tool(
-        w.server.addr,
-        &w.operator,
-        &session,
-        "workspace_open",
-        json!({"idempotencyKey": "set-1", "toolkits": [{"kind": "set", "id": "team"}]}),
-    );
-    assert_eq!(opened["isError"], false, "{opened}");
-    let ws = opened["structuredContent"]["workspace"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let ws = open_on(&w, "set-1", json!({"kind": "set", "id": "team"}));
     w.op(
         "PUT",
         "/api/v1/sets/team",

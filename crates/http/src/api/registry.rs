@@ -245,8 +245,9 @@ struct Compare {
     from: Option<String>,
 }
 
-/// What moving the pin would change, skill by skill, and which open workspaces serve the
-/// bundle it would move from (they keep it until they reopen: a pin is read at open).
+/// What moving the pin would change, skill by skill, and which open workspaces were opened on
+/// the entry at the commit it would move from (they keep it until they reopen: a pin is read
+/// at open).
 pub async fn diff(
     axum::extract::State(api): State,
     Extension(who): Extension<Identity>,
