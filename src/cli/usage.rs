@@ -58,24 +58,11 @@ pub enum UsageCommand {
 pub fn run(store: &Store, home: &HomeArg, command: UsageCommand) -> Result<u8> {
     let db = home.db()?;
     let now = cloud_harness_control::state::now_ms();
-    let start = |page: &PageArgs| -> Result<(usize, Option<(String, String)>)> {
-        let limit = report::page_size(Some(page.limit))?;
-        let after = page
-            .after
-            .as_deref()
-            .map(report::cursor_value)
-            .transpose()?;
-        Ok((limit, after))
-    };
     match command {
         UsageCommand::Skills { period, page } => {
             let p = Period::last(period.days, now)?;
-            let (limit, after) = start(&page)?;
-            let limit = report::page_fits(limit, p.days);
-            let after = after.as_ref().map(|(t, s)| (t.as_str(), s.as_str()));
-            let toolkit = period.toolkit.as_deref();
-            let found = report::skills(&db, &p.since, &p.until, toolkit, after, limit + 1)?;
-            let (skills, next) = report::paged(found, limit, |s| (&s.toolkit, &s.skill));
+            let (toolkit, after) = (period.toolkit.as_deref(), page.after.as_deref());
+            let (skills, next) = report::skills_page(&db, &p, toolkit, after, Some(page.limit))?;
             print(json!({ "since": p.since, "until": p.until, "skills": skills, "next": next }));
         }
         UsageCommand::Totals { period } => {
@@ -85,18 +72,15 @@ pub fn run(store: &Store, home: &HomeArg, command: UsageCommand) -> Result<u8> {
         }
         UsageCommand::Unused { period, page } => {
             let p = Period::last(period.days, now)?;
-            let (limit, after) = start(&page)?;
-            let after = after.as_ref().map(|(t, s)| (t.as_str(), s.as_str()));
-            let found = unused_skills::unused(
+            let (skills, next) = unused_skills::page(
                 &Library::default(),
                 store,
                 &db,
-                &p.since,
+                &p,
                 period.toolkit.as_deref(),
-                after,
-                limit + 1,
+                page.after.as_deref(),
+                Some(page.limit),
             )?;
-            let (skills, next) = report::paged(found, limit, |s| (&s.toolkit, &s.skill));
             print(json!({ "since": p.since, "until": p.until, "skills": skills, "next": next }));
         }
     }

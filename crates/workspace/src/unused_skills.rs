@@ -78,3 +78,22 @@ pub fn unused(
     }
     Ok(out)
 }
+
+/// A page of [`unused`] over `period` after the cursor `after`, of `limit` (1 to
+/// [`report::MAX_PAGE`], 100 if not said), and the next page's cursor: what the API and the
+/// CLI answer.
+pub fn page(
+    library: &Library,
+    store: &Store,
+    db: &Db,
+    period: &report::Period,
+    toolkit: Option<&str>,
+    after: Option<&str>,
+    limit: Option<usize>,
+) -> Result<(Vec<Unused>, Option<String>)> {
+    let limit = report::page_size(limit)?;
+    let after = after.map(report::cursor_value).transpose()?;
+    let after = after.as_ref().map(|(t, s)| (t.as_str(), s.as_str()));
+    let found = unused(library, store, db, &period.since, toolkit, after, limit + 1)?;
+    Ok(report::paged(found, limit, |s| (&s.toolkit, &s.skill)))
+}

@@ -3,6 +3,7 @@
 //! and, for the tests, the raw days and events (unbounded: not for a request). The view's
 //! answers are bounded: a page's skill-days, the days of the period, one toolkit's skills.
 
+use super::stored::DAY_MS;
 use super::{Key, Source};
 use crate::params;
 use crate::state::Db;
@@ -126,9 +127,9 @@ macro_rules! page_range {
 
 /// The skills used from `since` to `until` (`YYYY-MM-DD`), of `toolkit` alone if named, in
 /// the database's (toolkit, skill) order after `after`, at most `limit` (one more than
-/// [`MAX_PAGE`] at most: a caller asks one more to learn whether there is more). Three
+/// [`MAX_PAGE`] at most: a caller asks one more to learn whether there is more). Two
 /// queries: the page's skills with their distinct principals and workspaces, their uses by
-/// source, their uses by day; the last two over the page's range of skills alone.
+/// source and day over the page's range of skills alone.
 pub fn skills(
     db: &Db,
     since: &str,
@@ -182,18 +183,20 @@ pub fn skills(
         .map(|(i, s)| ((s.toolkit.clone(), s.skill.clone()), i))
         .collect();
     let range = params![since, until, toolkit, first.0, first.1, last.0, last.1];
-    let by_source: Vec<(String, String, String, i64, i64, i64)> = db.with(|c| {
+    // Per day and source in one pass over the range: at most the page's skill-days times the
+    // sources.
+    let rows: Vec<(String, String, String, String, i64, i64, i64)> = db.with(|c| {
         let mut q = c.prepare_cached(concat!(
-            "SELECT toolkit, skill, source, CAST(SUM(uses) AS BIGINT), CAST(SUM(failures) AS BIGINT), MAX(last_at)",
+            "SELECT toolkit, skill, day, source, CAST(SUM(uses) AS BIGINT), CAST(SUM(failures) AS BIGINT), MAX(last_at)",
             page_range!(),
-            "GROUP BY toolkit, skill, source"
+            "GROUP BY toolkit, skill, day, source"
         ))?;
         let rows = q.query_map(range, |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?))
         })?;
         rows.collect()
     })?;
-    for (toolkit, skill, source, uses, failures, last) in by_source {
+    for (toolkit, skill, day, source, uses, failures, last) in rows {
         let Some(&i) = at.get(&(toolkit, skill)) else {
             continue;
         };
@@ -204,24 +207,22 @@ pub fn skills(
             s.run_failures += failures;
         }
         s.last_used = s.last_used.max(last);
-    }
-    let by_day: Vec<(String, String, String, i64)> = db.with(|c| {
-        let mut q = c.prepare_cached(concat!(
-            "SELECT toolkit, skill, day, CAST(SUM(uses) AS BIGINT)",
-            page_range!(),
-            "GROUP BY toolkit, skill, day"
-        ))?;
-        let rows = q.query_map(range, |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
-        rows.collect()
-    })?;
-    for (toolkit, skill, day, uses) in by_day {
-        if let Some(&i) = at.get(&(toolkit, skill)) {
-            out[i].days.push((day, uses));
+        match s.days.last_mut() {
+            Some((d, n)) if *d == day => *n += uses,
+            _ => s.days.push((day, uses)),
         }
     }
     for s in &mut out {
-        // Byte order, which `YYYY-MM-DD` sorts as dates in.
+        // Byte order, which `YYYY-MM-DD` sorts as dates in (the rows came in the
+        // database's); a day's sources that came apart are merged.
         s.days.sort();
+        s.days.dedup_by(|b, a| {
+            let same = a.0 == b.0;
+            if same {
+                a.1 += b.1;
+            }
+            same
+        });
     }
     Ok(out)
 }
@@ -292,8 +293,6 @@ pub fn period(since: &str, until: &str) -> Vec<String> {
     }
     out
 }
-
-const DAY_MS: i64 = 24 * 3600 * 1000;
 
 /// Midnight UTC of `day` (`YYYY-MM-DD`), in milliseconds since the Unix epoch.
 fn ms_of(day: &str) -> Option<i64> {
@@ -400,6 +399,23 @@ pub fn cursor_value(cursor: &str) -> Result<(String, String)> {
                 "not a cursor this server gave",
             )
         })
+}
+
+/// A page of the skills used in `period` (of `toolkit` alone if named), after the cursor
+/// `after`, of `limit` (1 to [`MAX_PAGE`], 100 if not said; fewer over a long period), and
+/// the next page's cursor: what the API and the CLI answer.
+pub fn skills_page(
+    db: &Db,
+    period: &Period,
+    toolkit: Option<&str>,
+    after: Option<&str>,
+    limit: Option<usize>,
+) -> Result<(Vec<SkillUse>, Option<String>)> {
+    let limit = page_fits(page_size(limit)?, period.days);
+    let after = after.map(cursor_value).transpose()?;
+    let after = after.as_ref().map(|(t, s)| (t.as_str(), s.as_str()));
+    let found = skills(db, &period.since, &period.until, toolkit, after, limit + 1)?;
+    Ok(paged(found, limit, |s| (&s.toolkit, &s.skill)))
 }
 
 /// A page of `limit` from `found` (which holds one more when there is more), and the

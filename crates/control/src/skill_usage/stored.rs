@@ -26,7 +26,8 @@ impl Default for Retention {
     }
 }
 
-const DAY_MS: i64 = 24 * 3600 * 1000;
+/// A day, in milliseconds.
+pub(crate) const DAY_MS: i64 = 24 * 3600 * 1000;
 
 /// The UTC day of `ms` (milliseconds since the Unix epoch), `YYYY-MM-DD`.
 pub fn day_of(ms: i64) -> String {

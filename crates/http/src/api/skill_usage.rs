@@ -33,9 +33,8 @@ impl Asked {
         self.toolkit.as_deref().filter(|t| !t.is_empty())
     }
 
-    fn after(&self) -> Result<Option<(String, String)>> {
-        let after = self.after.as_deref().filter(|a| !a.is_empty());
-        after.map(report::cursor_value).transpose()
+    fn after(&self) -> Option<&str> {
+        self.after.as_deref().filter(|a| !a.is_empty())
     }
 }
 
@@ -45,32 +44,24 @@ pub fn skills(
     asked: &Asked,
 ) -> Result<(Period, Vec<report::SkillUse>, Option<String>)> {
     let period = asked.period()?;
-    let limit = report::page_fits(report::page_size(asked.limit)?, period.days);
-    let after = asked.after()?;
-    let after = after.as_ref().map(|(t, s)| (t.as_str(), s.as_str()));
     let db = api.workspaces.db();
-    let (since, until) = (&period.since, &period.until);
-    let found = report::skills(db, since, until, asked.toolkit(), after, limit + 1)?;
-    let (page, next) = report::paged(found, limit, |s| (&s.toolkit, &s.skill));
+    let (page, next) =
+        report::skills_page(db, &period, asked.toolkit(), asked.after(), asked.limit)?;
     Ok((period, page, next))
 }
 
 /// The library's skills not used in the period, a page of them, and the next page's cursor.
 pub fn unused(api: &super::Api, asked: &Asked) -> Result<(Period, Vec<Unused>, Option<String>)> {
     let period = asked.period()?;
-    let limit = report::page_size(asked.limit)?;
-    let after = asked.after()?;
-    let after = after.as_ref().map(|(t, s)| (t.as_str(), s.as_str()));
-    let found = unused_skills::unused(
+    let (page, next) = unused_skills::page(
         &api.library,
         api.workspaces.store(),
         api.workspaces.db(),
-        &period.since,
+        &period,
         asked.toolkit(),
-        after,
-        limit + 1,
+        asked.after(),
+        asked.limit,
     )?;
-    let (page, next) = report::paged(found, limit, |s| (&s.toolkit, &s.skill));
     Ok((period, page, next))
 }
 

@@ -11,7 +11,7 @@ use axum::extract::{Query, State};
 use axum::response::Response;
 use axum::Extension;
 use cloud_harness_auth::{Identity, Role};
-use cloud_harness_control::skill_usage::report::{self, SkillUse};
+use cloud_harness_control::skill_usage::report::SkillUse;
 use cloud_harness_error::{Code, Error};
 use cloud_harness_workspace::unused_skills::Unused;
 use maud::{html, Markup};
@@ -88,7 +88,8 @@ pub async fn page(
         }
         format!("/usage?{}", q.finish())
     };
-    let days_of_period = report::period(&period.since, &period.until);
+    // The period's days, as the totals have them.
+    let days_of_period: Vec<String> = totals.iter().map(|t| t.day.clone()).collect();
     layout::page(
         "Usage",
         "/usage",
