@@ -136,7 +136,7 @@ fn used_table(skills: &[SkillUse], period: &[String]) -> Markup {
             table.usage { thead { tr {
                 th scope="col" { "Skill" } th scope="col" { "Toolkit" }
                 @for (_, name) in chart::SOURCES { th scope="col" { (capitalized(name)) } }
-                th scope="col" { "Failed runs" } th scope="col" { "Last used (UTC)" }
+                th scope="col" { "Failed runs" } th scope="col" { "Last used" }
                 th scope="col" { "Principals" } th scope="col" { "Workspaces" } th scope="col" { "Per day" }
             } }
                 tbody { @for s in skills { tr {
@@ -144,7 +144,7 @@ fn used_table(skills: &[SkillUse], period: &[String]) -> Markup {
                     td { (s.toolkit) }
                     @for (source, _) in chart::SOURCES { td.n { (n(s, source)) } }
                     td.n { (failure_rate(s.run_failures, n(s, "run"))) }
-                    td.when { (when(s.last_used)) }
+                    td.when { (layout::when(s.last_used)) }
                     td.n { (s.principals) }
                     td.n { (s.workspaces) }
                     td { (chart::sparkline(period, &s.days)) }
@@ -165,13 +165,13 @@ fn unused_table(skills: &[Unused], days: u64, one_toolkit: bool, more: bool) -> 
             p { "Skills of the library no workspace used in the last " (days) " days"
                 @if more { " (a page of them)" } ":" }
             table.usage { thead { tr {
-                th scope="col" { "Skill" } th scope="col" { "Toolkit" } th scope="col" { "Newest commit in the store" } th scope="col" { "Last used (UTC)" }
+                th scope="col" { "Skill" } th scope="col" { "Toolkit" } th scope="col" { "Newest commit in the store" } th scope="col" { "Last used" }
             } }
                 tbody { @for s in skills { tr {
                     th scope="row" { a href={ "/library?q=" (query_value(&s.skill)) } { (s.skill) } }
                     td { (s.toolkit) @if s.name != s.toolkit { br; small { (s.name) } } }
                     td { @if let Some(c) = &s.commit { code { (c.get(..12).unwrap_or(c)) } } }
-                    td.when { @match s.last_used { Some(at) => (when(at)), None => span.hint { "not in the days kept" } } }
+                    td.when { @match s.last_used { Some(at) => (layout::when(at)), None => span.hint { "not in the days kept" } } }
                 } } }
             }
         }
@@ -197,21 +197,12 @@ fn failure_rate(failures: i64, runs: i64) -> String {
     format!("{failures} of {runs} ({}%)", failures * 100 / runs)
 }
 
-/// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM`, UTC.
-fn when(ms: i64) -> String {
-    let day = cloud_harness_control::skill_usage::stored::day_of(ms);
-    let minutes = ms.rem_euclid(24 * 3600 * 1000) / 60_000;
-    format!("{day} {:02}:{:02}", minutes / 60, minutes % 60)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn times_and_rates_read_as_people_write_them() {
-        assert_eq!(when(0), "1970-01-01 00:00");
-        assert_eq!(when(1_796_000_000_000), "2026-11-30 00:53");
+    fn rates_and_names_read_as_people_write_them() {
         assert_eq!(failure_rate(1, 2), "1 of 2 (50%)");
         assert_eq!(failure_rate(0, 0), "–");
         assert_eq!(capitalized("mount loads"), "Mount loads");
