@@ -996,21 +996,22 @@ fn sigkill_leaves_no_hung_mount_and_a_restart_works() {
     let fx = Fixture::new();
     let (mnt, mut daemon) = fx.mount();
     assert!(mnt.join("tdd/SKILL.md").exists());
-    // Folders opened (by the prewarm, and here): fusermount's auto-unmount alone would now
+    // Folders opened (by the prewarm, and here): fusermount's auto-unmount alone may now
     // leave the dead mount in place (its check opens the mount point, which no longer asks
-    // the daemon), so the guard must detach it.
+    // the daemon), so the guard must be there to detach it.
     prewarm_line(&daemon);
     assert!(names(&mnt).contains(&"tdd".to_owned()));
     let mut child = daemon.child.take().unwrap();
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
-    // fusermount3's helper does the unmount once the daemon is gone: on a loaded machine (a
-    // build beside the tests) that once took over 5 s.
-    wait_for("the auto-unmount", LIVE_DEADLINE, || !is_mounted(&mnt));
+    // The guard or fusermount3's auto-unmount (which CI once saw come first) detaches it once
+    // the daemon is gone: on a loaded machine (a build beside the tests) that once took over
+    // 5 s. Either way the guard says what it found.
+    wait_for("the unmount", LIVE_DEADLINE, || !is_mounted(&mnt));
     wait_for("the guard's line", LIVE_DEADLINE, || {
-        daemon
-            .log_text()
-            .contains("ended without unmounting; detached 1 mount(s)")
+        let log = daemon.log_text();
+        log.contains("ended without unmounting; detached 1 mount(s)")
+            || log.contains("ended without unmounting; its 1 mount(s) were detached already")
     });
     assert!(
         fs::read_dir(&mnt).unwrap().next().is_none(),

@@ -83,9 +83,19 @@ pub fn guard() -> u8 {
         return 2;
     }
     match guard::watch(std::io::stdin().lock()) {
-        Ok(0) => 0,
-        Ok(n) => {
-            eprintln!("cloud-harness: the daemon ended without unmounting; detached {n} mount(s)");
+        Ok(guard::Ended {
+            detached: 0,
+            named: 0,
+        }) => 0,
+        Ok(guard::Ended { detached: 0, named }) => {
+            // fusermount's auto-unmount was first: said, so the end is never silent.
+            eprintln!("cloud-harness: the daemon ended without unmounting; its {named} mount(s) were detached already");
+            0
+        }
+        Ok(guard::Ended { detached, .. }) => {
+            eprintln!(
+                "cloud-harness: the daemon ended without unmounting; detached {detached} mount(s)"
+            );
             0
         }
         Err(e) => {

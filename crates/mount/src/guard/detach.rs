@@ -13,12 +13,23 @@ const MAX_RECORD: u64 = 4096 + 32;
 /// Mounts one guard keeps at most: far beyond what a server holds (two per workspace).
 const MAX_MOUNTS: usize = 1 << 20;
 
+/// What the guard found at the end of its daemon's records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ended {
+    /// Mounts still named (the daemon never said it unmounted them).
+    pub named: usize,
+    /// Mounts and folder binds the guard detached; a named mount already gone (fusermount's
+    /// auto-unmount can be first) is not counted.
+    pub detached: usize,
+}
+
 /// The guard's side: reads records from `input` until end of file, then detaches every mount
-/// still named. How many it detached.
+/// still named.
 /// A read error is no end of file: the daemon may still serve, so nothing is detached (the
 /// next server's start sweeps what is left).
-pub fn watch(input: impl Read) -> io::Result<usize> {
+pub fn watch(input: impl Read) -> io::Result<Ended> {
     let (named, folders) = named(input)?;
+    let still_named = named.len();
     // One read of the mount table for them all: a server's guard may name thousands.
     let table = match mount_table::mounts() {
         Ok(table) => Some(table),
@@ -49,7 +60,10 @@ pub fn watch(input: impl Read) -> io::Result<usize> {
     if !folders.is_empty() {
         detached += detach_folders(&folders);
     }
-    Ok(detached)
+    Ok(Ended {
+        named: still_named,
+        detached,
+    })
 }
 
 /// The binds of folders onto themselves, once their mounts are gone, undone as their server
@@ -202,7 +216,13 @@ mod tests {
             ]
         );
         // Nothing named is mounted: the guard detaches nothing and ends.
-        assert_eq!(watch(&input[..]).unwrap(), 0);
+        assert_eq!(
+            watch(&input[..]).unwrap(),
+            Ended {
+                named: 2,
+                detached: 0
+            }
+        );
     }
 
     #[test]

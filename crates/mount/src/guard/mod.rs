@@ -29,7 +29,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Mutex;
 
 mod detach;
-pub use detach::{sweep, watch, MOUNT_NAMES};
+pub use detach::{sweep, watch, Ended, MOUNT_NAMES};
 
 /// The daemon's side: the guard process, started at the first mount it is told of and again,
 /// told of every mount still watched, if it dies.
