@@ -45,6 +45,7 @@ fn a_bucketed_preset_through_a_mirror() {
         id: "mattpocock/skills".into(),
         scope: None,
         version: Some(commit.clone()),
+        label: None,
     });
     let t = spec.resolve(p.hosts()).unwrap();
     let a = p.acquire(&t).unwrap();
@@ -137,6 +138,7 @@ fn a_flat_preset_keeps_sibling_links_and_executable_scripts() {
         id: "obra/superpowers".into(),
         scope: None,
         version: None,
+        label: None,
     });
     let t = spec.resolve(p.hosts()).unwrap();
     assert_eq!(t.session_start_skill.as_deref(), Some("using-superpowers"));
@@ -326,6 +328,7 @@ fn a_tag_version_is_resolved_once_then_pinned() {
         id: "obra/superpowers".into(),
         scope: None,
         version: Some("v1.0".into()),
+        label: None,
     });
     let t = spec.resolve(p.hosts()).unwrap();
     let a = p.acquire(&t).unwrap();

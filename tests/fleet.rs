@@ -525,6 +525,7 @@ fn a_tag_one_runner_resolved_starts_from_the_bucket_on_another() {
             id: "obra/superpowers".into(),
             scope: None,
             version: Some("v1.0".into()),
+            label: None,
         },
     );
     let (a, b) = (runner("store-a"), runner("store-b"));

@@ -343,6 +343,7 @@ fn a_mirror_off_the_allowlist_is_forbidden() {
         id: "obra/superpowers".into(),
         scope: None,
         version: None,
+        label: None,
     });
     let err = spec.resolve(&hosts).unwrap_err();
     assert_eq!(err.code, Code::Forbidden);

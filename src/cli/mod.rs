@@ -6,6 +6,7 @@ mod control;
 mod exec;
 mod fetch_pack;
 pub mod guard;
+mod labels;
 mod library;
 pub mod mount;
 mod prewarm;

@@ -85,6 +85,10 @@ pub enum RegistryCommand {
     Rollback { id: String },
     /// Ask the remote of ID for its default branch head and compare it with the pin.
     Check { id: String },
+    /// Version labels of an entry: names (`stable`) pointing at its commits, which opens
+    /// may name in place of a version; each move audited, with rollback and canaries.
+    #[command(subcommand)]
+    Label(super::labels::LabelCommand),
 }
 
 pub fn run(store: &Store, home: &HomeArg, cmd: RegistryCommand) -> Result<u8> {
@@ -189,6 +193,16 @@ pub fn run(store: &Store, home: &HomeArg, cmd: RegistryCommand) -> Result<u8> {
             &id,
             &actor()
         )?)),
+        RegistryCommand::Label(cmd) => {
+            // Only a move acquires (a removal too goes through it, and needs none).
+            let acquires = matches!(
+                cmd,
+                super::labels::LabelCommand::Move { .. }
+                    | super::labels::LabelCommand::Rollback { .. }
+            );
+            let provisioner = acquires.then(provisioner).transpose()?;
+            super::labels::run(&db, provisioner.as_ref(), true, cmd)?
+        }
         RegistryCommand::Check { id } => print(registry::check_updates(
             &db,
             &provisioner()?,

@@ -47,6 +47,10 @@ pub enum SetCommand {
     },
     /// The revisions of the set ID, newest first, with what changed.
     Revisions { id: String },
+    /// Version labels of a set: names (`stable`) pointing at its revisions, which opens may
+    /// name in place of a revision; each move audited, with rollback and canaries.
+    #[command(subcommand)]
+    Label(super::labels::LabelCommand),
 }
 
 fn members(texts: &[String]) -> Result<Vec<Value>> {
@@ -108,6 +112,7 @@ pub fn run(home: &HomeArg, cmd: SetCommand) -> Result<u8> {
             )?;
             print(json!(made));
         }
+        SetCommand::Label(cmd) => super::labels::run(&db, None, false, cmd)?,
         SetCommand::Revisions { id } => {
             print(json!({ "set": id, "revisions": sets::revisions(&db, &id)? }))
         }

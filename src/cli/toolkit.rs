@@ -86,6 +86,7 @@ impl AddArgs {
                 id: id.clone(),
                 scope,
                 version: self.version.clone(),
+                label: None,
             }));
         }
         let Some(url) = &self.url else {

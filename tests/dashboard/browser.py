@@ -479,6 +479,34 @@ with sync_playwright() as p:
         page.get_by_role("button", name="Roll back to the previous pin").click()
         expect(page.get_by_role("status")).to_contain_text("Rolled back: pinned at " + FIRST)
         assert api("/api/v1/registry/team/kit")["entry"]["pin"]["commit"] == FIRST
+        # A label: stable at the second commit with the first as a canary for a quarter of new
+        # workspaces; moved again without one, then rolled back to it.
+        move = page.get_by_role("form", name="Move a label")
+        move.get_by_label("Label", exact=True).fill("stable")
+        move.get_by_label("Commit", exact=True).fill(SECOND)
+        move.get_by_label("Canary commit (optional)").fill(FIRST)
+        move.get_by_label("Canary share, percent").fill("25")
+        move.get_by_role("button", name="Move label").click()
+        expect(page.get_by_role("status")).to_contain_text("The label stable is at revision 1")
+        row = page.get_by_role("row", name=re.compile("^stable 1"))
+        expect(row).to_contain_text(SECOND[:12])
+        expect(row).to_contain_text(FIRST[:12] + " to 25%")
+        expect(row.get_by_role("button", name="Roll back stable")).to_be_disabled()
+        on_label = mcp_ok("workspace_open", {"idempotencyKey": "dash-on-label", "toolkits": [{"kind": "preset", "id": "team/kit", "label": "stable"}]})
+        taken = on_label["toolkits"][0]
+        assert taken["label"]["name"] == "stable" and taken["label"]["revision"] == 1, taken
+        assert taken["commit"] == (FIRST if taken["label"].get("canary") else SECOND), taken
+        move = page.get_by_role("form", name="Move a label")
+        move.get_by_label("Label", exact=True).fill("stable")
+        move.get_by_label("Commit", exact=True).fill(FIRST)
+        move.get_by_role("button", name="Move label").click()
+        expect(page.get_by_role("status")).to_contain_text("The label stable is at revision 2")
+        expect(page.get_by_role("row", name=re.compile("^stable 2"))).to_contain_text("none")
+        page.get_by_role("button", name="Roll back stable").click()
+        expect(page.get_by_role("status")).to_contain_text("Rolled back: stable points where it did before (revision 3)")
+        assert api("/api/v1/registry/team/kit")["entry"]["labels"]["stable"] == {"revision": 3, "value": SECOND, "canary": {"value": FIRST, "percent": 25}}
+        audit(page, "registry with labels")
+        shot(page, "registry-labels")
         nav(page, "Registry")
         shot(page, "registry")
 

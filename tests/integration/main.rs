@@ -40,6 +40,8 @@ mod idle_pause;
 mod imports;
 #[path = "../inventory.rs"]
 mod inventory;
+#[path = "../labels.rs"]
+mod labels;
 #[path = "../launch_mounts.rs"]
 mod launch_mounts;
 #[path = "../library.rs"]

@@ -13,6 +13,8 @@ mod decisions;
 mod imports;
 #[path = "../inventory.rs"]
 mod inventory;
+#[path = "../labels.rs"]
+mod labels;
 #[path = "../provenance.rs"]
 mod provenance;
 #[path = "../registry.rs"]

@@ -14,6 +14,7 @@ pub mod hosts;
 pub(crate) mod ids;
 pub mod input;
 pub mod keyed_lock;
+pub mod labels;
 pub mod limits;
 pub mod metrics;
 pub mod operator;

@@ -4,6 +4,7 @@
 
 use crate::hosts::HostPolicy;
 use crate::input::{max_items, max_len};
+use crate::labels::{self, Taken};
 use crate::presets::registry::Registry;
 pub use crate::scope::Scope;
 use cloud_harness_error::{Code, Error, Result};
@@ -38,9 +39,12 @@ pub enum ToolkitSpec {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SetRef {
     pub id: String,
-    /// A revision of the set; absent: its latest.
+    /// A revision of the set; absent: its latest (or its label's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<i64>,
+    /// A version label of the set, in place of a revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,9 +53,13 @@ pub struct PresetSpec {
     pub id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<Scope>,
-    /// A commit id or a tag; absent: the default branch head, resolved and recorded.
+    /// A commit id or a tag; absent: the entry's pin (or its label's commit), else the default
+    /// branch head, resolved and recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// A version label of the entry (`stable`), in place of a version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -153,6 +161,9 @@ pub struct Toolkit {
     /// (`registry:<id>`, the entry's override); none: such a commit is refused.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allow_unreachable: Option<String>,
+    /// The entry's label the commit came from, as this open took it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<Taken>,
 }
 
 /// Parses one toolkit spec from JSON; errors name the field.
@@ -236,7 +247,18 @@ impl ToolkitSpec {
         match self {
             ToolkitSpec::Preset(p) => {
                 max_len("id", &p.id, MAX_NAME)?;
-                max_len("version", p.version.as_deref().unwrap_or(""), MAX_NAME)
+                max_len("version", p.version.as_deref().unwrap_or(""), MAX_NAME)?;
+                if let Some(label) = &p.label {
+                    labels::check_name("label", label)?;
+                    if p.version.is_some() {
+                        return Err(Error::field(
+                            Code::InvalidArgument,
+                            "label",
+                            "a preset names a version or a label, not both",
+                        ));
+                    }
+                }
+                Ok(())
             }
             ToolkitSpec::Set(s) => {
                 max_len("id", &s.id, 64)?;
@@ -246,6 +268,16 @@ impl ToolkitSpec {
                         "revision",
                         "a revision is 1 or more",
                     ));
+                }
+                if let Some(label) = &s.label {
+                    labels::check_name("label", label)?;
+                    if s.revision.is_some() {
+                        return Err(Error::field(
+                            Code::InvalidArgument,
+                            "label",
+                            "a set names a revision or a label, not both",
+                        ));
+                    }
                 }
                 Ok(())
             }
@@ -285,8 +317,20 @@ impl ToolkitSpec {
         self.resolve_in(hosts, Registry::shipped())
     }
 
-    /// The same, presets resolved in `registry`: one without a version is its entry's pin.
+    /// The same, presets resolved in `registry`: one without a version is its entry's pin;
+    /// one with a label, the label's commit (never its canary's: see [`Self::resolve_seeded`]).
     pub fn resolve_in(&self, hosts: &HostPolicy, registry: &Registry) -> Result<Toolkit> {
+        self.resolve_seeded(hosts, registry, None)
+    }
+
+    /// The same for an open: a label with a canary gives its canary's commit when `seed` (the
+    /// open's owner and idempotency key) falls in the canary's share.
+    pub fn resolve_seeded(
+        &self,
+        hosts: &HostPolicy,
+        registry: &Registry,
+        seed: Option<&str>,
+    ) -> Result<Toolkit> {
         self.check_sizes()?;
         match self {
             ToolkitSpec::Set(s) => Err(Error::field(
@@ -310,7 +354,32 @@ impl ToolkitSpec {
                     )
                 })?;
                 let preset = &entry.preset;
+                let mut label = None;
                 let revision = match p.version.as_deref() {
+                    None if p.label.is_some() => {
+                        let name = p.label.as_deref().unwrap_or_default();
+                        let point = entry.labels.get(name).ok_or_else(|| {
+                            let known: Vec<&str> =
+                                entry.labels.keys().map(String::as_str).collect();
+                            Error::field(
+                                Code::InvalidArgument,
+                                "label",
+                                format!(
+                                    "{} has no label {name:?} (its labels: {})",
+                                    preset.id,
+                                    if known.is_empty() {
+                                        "none".to_owned()
+                                    } else {
+                                        known.join(", ")
+                                    }
+                                ),
+                            )
+                        })?;
+                        let (commit, taken) =
+                            point.pick(&format!("registry:{}", preset.id), name, seed);
+                        label = Some(taken);
+                        Revision::Commit(commit.to_owned())
+                    }
                     None => match &entry.pin {
                         Some(pin) => Revision::Commit(pin.commit.clone()),
                         None => Revision::DefaultHead,
@@ -350,6 +419,7 @@ impl ToolkitSpec {
                     scope: p.scope.unwrap_or(preset.default_scope),
                     session_start_skill: preset.session_start_skill.clone(),
                     allow_unreachable,
+                    label,
                 })
             }
             ToolkitSpec::Git(g) => {
@@ -385,6 +455,7 @@ impl ToolkitSpec {
                     scope: g.scope.unwrap_or_default(),
                     session_start_skill: None,
                     allow_unreachable: None,
+                    label: None,
                 })
             }
         }
@@ -414,12 +485,22 @@ pub fn resolve_request_in(
     hosts: &HostPolicy,
     registry: &Registry,
 ) -> Result<Vec<Toolkit>> {
+    resolve_request_seeded(specs, hosts, registry, None)
+}
+
+/// The same for an open whose owner and idempotency key are `seed` (labels' canaries).
+pub fn resolve_request_seeded(
+    specs: &[ToolkitSpec],
+    hosts: &HostPolicy,
+    registry: &Registry,
+    seed: Option<&str>,
+) -> Result<Vec<Toolkit>> {
     max_items("toolkits", specs.len(), MAX_TOOLKITS)?;
     let mut seen = HashSet::new();
     let mut out = Vec::with_capacity(specs.len());
     for (i, spec) in specs.iter().enumerate() {
         let toolkit = spec
-            .resolve_in(hosts, registry)
+            .resolve_seeded(hosts, registry, seed)
             .map_err(|e| in_request(e, i))?;
         if !seen.insert(toolkit.instance_id.clone()) {
             let field = format!("toolkits[{i}].instanceId");

@@ -8,6 +8,7 @@
 pub mod bundle_diff;
 pub mod conflicts;
 pub mod decisions;
+pub mod labels;
 pub mod pin_diff;
 pub mod registry;
 pub mod sets;

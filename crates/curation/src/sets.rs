@@ -390,7 +390,10 @@ impl Expanded {
     }
 }
 
-pub fn expand(db: &Db, specs: &[ToolkitSpec]) -> Result<Expanded> {
+/// A request's toolkits with its sets expanded; a set named by its label takes the label's
+/// revision, its canary's when `seed` (the open's owner and idempotency key) falls in its
+/// share.
+pub fn expand(db: &Db, specs: &[ToolkitSpec], seed: Option<&str>) -> Result<Expanded> {
     let mut out = Expanded {
         specs: Vec::new(),
         origins: Vec::new(),
@@ -405,14 +408,35 @@ pub fn expand(db: &Db, specs: &[ToolkitSpec]) -> Result<Expanded> {
                         Error::field(Code::InvalidArgument, "revision", "a revision is 1 or more");
                     return Err(toolkit::in_request(e, i));
                 }
-                let set = get(db, &s.id, s.revision).map_err(|e| toolkit::in_request(e, i))?;
-                out.asked
-                    .push(Err(json!({ "set": s.id, "revision": s.revision })));
+                if s.label.is_some() && s.revision.is_some() {
+                    let e = Error::field(
+                        Code::InvalidArgument,
+                        "label",
+                        "a set names a revision or a label, not both",
+                    );
+                    return Err(toolkit::in_request(e, i));
+                }
+                let (revision, label) = match &s.label {
+                    Some(name) => {
+                        let (revision, taken) = label_revision(db, &s.id, name, seed)
+                            .map_err(|e| toolkit::in_request(e, i))?;
+                        (Some(revision), Some(taken))
+                    }
+                    None => (s.revision, None),
+                };
+                let set = get(db, &s.id, revision).map_err(|e| toolkit::in_request(e, i))?;
+                out.asked.push(Err(match &s.label {
+                    Some(name) => json!({ "set": s.id, "label": name }),
+                    None => json!({ "set": s.id, "revision": s.revision }),
+                }));
+                let mut origin = json!({ "id": set.id, "revision": set.revision });
+                if let Some(taken) = label {
+                    origin["label"] = json!(taken);
+                }
                 for m in set.members {
                     out.specs.push(m);
                     out.validation.push(set.validation);
-                    out.origins
-                        .push(Some(json!({ "id": set.id, "revision": set.revision })));
+                    out.origins.push(Some(origin.clone()));
                 }
             }
             other => {
@@ -424,4 +448,29 @@ pub fn expand(db: &Db, specs: &[ToolkitSpec]) -> Result<Expanded> {
         }
     }
     Ok(out)
+}
+
+/// The revision the label `name` of the set `id` gives an open with `seed`.
+fn label_revision(
+    db: &Db,
+    id: &str,
+    name: &str,
+    seed: Option<&str>,
+) -> Result<(i64, cloud_harness_control::labels::Taken)> {
+    use cloud_harness_control::labels;
+    check_id(id)?;
+    labels::check_name("label", name)?;
+    let target = labels::set_target(id);
+    let point = labels::current(db, &target, name)?.ok_or_else(|| {
+        Error::field(
+            Code::InvalidArgument,
+            "label",
+            format!("set {id:?} has no label {name:?}"),
+        )
+    })?;
+    let (value, taken) = point.pick(&target, name, seed);
+    let revision = value
+        .parse()
+        .map_err(|_| Error::internal(format!("label {name:?} of set {id:?} holds {value:?}")))?;
+    Ok((revision, taken))
 }

@@ -149,7 +149,7 @@ fn a_set_in_a_request_expands_into_its_members_in_place() {
         .into_iter()
         .map(|v| toolkit::spec_from_value(v).unwrap())
         .collect();
-    let expanded = sets::expand(&db, &request).unwrap();
+    let expanded = sets::expand(&db, &request, None).unwrap();
     let ids: Vec<String> = expanded
         .specs
         .iter()

@@ -109,12 +109,13 @@ fn build_tools() -> Vec<Tool> {
     let patterns = json!({ "type": "array", "maxItems": MAX_PATTERNS, "items": { "type": "string", "maxLength": MAX_PATTERN } });
     let toolkit = json!({
         "type": "object",
-        "description": "A preset {kind: \"preset\", id, scope?, version?}, a git toolkit {kind: \"git\", instanceId, url, ref?, scope?, subdirectory?, layout?, skills?}, or a skill set {kind: \"set\", id, revision?} (its members, as an operator defined them).",
+        "description": "A preset {kind: \"preset\", id, scope?, version? | label?}, a git toolkit {kind: \"git\", instanceId, url, ref?, scope?, subdirectory?, layout?, skills?}, or a skill set {kind: \"set\", id, revision? | label?} (its members, as an operator defined them).",
         "properties": {
             "kind": { "type": "string", "enum": ["preset", "git", "set"] },
             "id": { "type": "string", "maxLength": MAX_NAME, "description": "preset: its id, e.g. obra/superpowers; set: its id" },
             "revision": { "type": "integer", "minimum": 1, "description": "set: a revision; absent: its latest" },
             "version": { "type": "string", "maxLength": MAX_NAME, "description": "preset: a commit id or a tag; absent: the default branch head" },
+            "label": { "type": "string", "pattern": "^[a-z0-9][a-z0-9._-]{0,63}$", "maxLength": 64, "description": "preset or set: a version label an operator set (e.g. stable), in place of version or revision; the result names the commit or revision it gave" },
             "instanceId": { "type": "string", "pattern": "^[A-Za-z0-9_-]{1,80}$", "maxLength": 80, "description": "git: 1-80 letters, digits, - and _" },
             "url": { "type": "string", "maxLength": MAX_URL, "description": "git: an HTTPS URL on the allowed hosts" },
             "ref": { "type": "string", "pattern": "^([0-9a-f]{40}|[0-9a-f]{64})$", "maxLength": 64, "description": "git: an exact commit id (40 or 64 hex); absent: the default branch head" },

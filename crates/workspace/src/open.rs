@@ -9,7 +9,7 @@ use crate::session_start::{self, SessionStart};
 use crate::stack::OwnerBundle;
 use cloud_harness_control::principal::Principal;
 use cloud_harness_control::signatures::verdict::Verdict;
-use cloud_harness_control::toolkit::{self, Revision, Scope};
+use cloud_harness_control::toolkit::{self, Revision, Scope, ToolkitSpec};
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_executor::{self as executor, Executor, Kind, Places};
 use cloud_harness_provision::{fetch, Acquired};
@@ -63,10 +63,18 @@ impl Workspaces {
         let actor = who.name.as_str();
         let key = request.idempotency_key.clone();
         request::check_key(&key)?;
-        let expanded = cloud_harness_curation::sets::expand(&self.db, &request.toolkits)?;
+        // Labels' canaries are chosen by who opens and the key: the same request always
+        // lands on the same side.
+        let seed = format!("{actor}\n{key}");
+        let expanded =
+            cloud_harness_curation::sets::expand(&self.db, &request.toolkits, Some(&seed))?;
         let registry = cloud_harness_curation::registry::load(&self.db)?;
-        let mut toolkits =
-            toolkit::resolve_request_in(&expanded.specs, self.provisioner.hosts(), &registry)?;
+        let mut toolkits = toolkit::resolve_request_seeded(
+            &expanded.specs,
+            self.provisioner.hosts(),
+            &registry,
+            Some(&seed),
+        )?;
         expanded.apply_validation(&mut toolkits);
         if !request.allow_toolkit_workspace_changes {
             if let Some((i, _)) = toolkits
@@ -89,6 +97,11 @@ impl Workspaces {
             .asked
             .iter()
             .map(|a| match a {
+                // A preset's pin or label as asked, not the commit it gave: the same request
+                // after the pin or the label moved replays the workspace it opened.
+                Ok(i) if matches!(&expanded.specs[*i], ToolkitSpec::Preset(p) if p.version.is_none()) => {
+                    serde_json::to_value(&expanded.specs[*i]).expect("specs serialize")
+                }
                 Ok(i) => serde_json::to_value(&toolkits[*i]).expect("toolkits serialize"),
                 Err(set) => set.clone(),
             })
@@ -461,6 +474,9 @@ impl Workspaces {
                     "reach": a.record.reach,
                     "allowedUnreachable": a.allowed_unreachable,
                 });
+                if let Some(label) = &t.label {
+                    listed["label"] = json!(label);
+                }
                 if let Some(v) = verdict {
                     listed["signature"] = json!(v);
                     listed["served"] = json!(v.served());

@@ -2,6 +2,7 @@
 //! (the shipped ones, and an operator's own, as the database has them).
 
 use super::{self as presets, Preset};
+use crate::labels::Point;
 use cloud_harness_skills::spec::Validation;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -34,6 +35,9 @@ pub struct Entry {
     /// reaches it (an operator's override, audited).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allow_unreachable: Option<String>,
+    /// Its version labels by name, each pointing at a commit.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, Point>,
 }
 
 /// The entries presets resolve against.
@@ -57,6 +61,7 @@ impl Registry {
                         pin: None,
                         validation: Validation::Warn,
                         allow_unreachable: None,
+                        labels: BTreeMap::new(),
                     };
                     (p.id.clone(), entry)
                 })
@@ -84,6 +89,7 @@ impl Registry {
                 shipped.pin = e.pin;
                 shipped.validation = e.validation;
                 shipped.allow_unreachable = e.allow_unreachable;
+                shipped.labels = e.labels;
             }
             _ => {
                 self.entries.insert(e.preset.id.clone(), e);

@@ -420,6 +420,31 @@ CREATE INDEX usage_daily_view ON usage_daily
 "#,
         )],
     },
+    Migration {
+        version: 15,
+        description: "version labels on registry entries and sets, each move a revision, with an optional canary",
+        parts: &[Both(
+            r#"
+CREATE TABLE labels (
+    id TEXT PRIMARY KEY,
+    target TEXT NOT NULL,
+    name TEXT NOT NULL,
+    revision BIGINT NOT NULL,
+    value TEXT,
+    canary_value TEXT,
+    canary_percent BIGINT,
+    actor TEXT NOT NULL,
+    reason TEXT,
+    created_at BIGINT NOT NULL,
+    superseded_at BIGINT,
+    UNIQUE (target, name, revision),
+    CHECK ((canary_value IS NULL) = (canary_percent IS NULL)),
+    CHECK (canary_percent IS NULL OR canary_percent BETWEEN 1 AND 99)
+);
+CREATE UNIQUE INDEX labels_current ON labels (target, name) WHERE superseded_at IS NULL;
+"#,
+        )],
+    },
 ];
 
 /// The newest version this binary knows.

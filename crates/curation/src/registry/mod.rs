@@ -114,12 +114,15 @@ pub fn load(db: &Db) -> Result<Registry> {
                 pin,
                 validation: validation_from(&r.get::<String>("validation")?),
                 allow_unreachable: r.get("allow_unreachable")?,
+                labels: Default::default(),
             })
         })?
         .collect::<state::DbResult<Vec<Entry>>>()
     })?;
+    let mut labels = cloud_harness_control::labels::of_entries(db)?;
     let mut registry = Registry::shipped().clone();
-    for e in entries {
+    for mut e in entries {
+        e.labels = labels.remove(&e.preset.id).unwrap_or_default();
         registry.put(e);
     }
     Ok(registry)
@@ -178,6 +181,7 @@ pub(crate) fn acquire(
         id: id.to_owned(),
         scope: None,
         version: Some(commit.to_owned()),
+        label: None,
     });
     let t = spec.resolve_in(provisioner.hosts(), registry)?;
     if !matches!(t.revision, toolkit::Revision::Commit(_)) {
@@ -389,6 +393,7 @@ pub fn add(db: &Db, provisioner: &Provisioner, new: NewEntry, actor: &str) -> Re
         pin: None,
         validation: new.validation,
         allow_unreachable: allow_unreachable.clone(),
+        labels: Default::default(),
     });
     let acquired = acquire(provisioner, &registry, &preset.id, &new.commit)?;
     let now = state::now_ms();
@@ -425,6 +430,7 @@ pub fn add(db: &Db, provisioner: &Provisioner, new: NewEntry, actor: &str) -> Re
         pin: Some(pin),
         validation: new.validation,
         allow_unreachable,
+        labels: Default::default(),
     })
 }
 

@@ -6,6 +6,7 @@ mod conflicts;
 mod decisions;
 mod imports;
 mod inventory;
+mod labels;
 mod openapi;
 pub(crate) mod registry;
 pub(crate) mod sets;
@@ -61,10 +62,35 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/api/v1/sets/{id}", get(sets::get).put(sets::edit))
         .route("/api/v1/sets/{id}/revisions", get(sets::revisions))
         .route("/api/v1/sets/{id}/diff", post(sets::diff))
+        .route("/api/v1/sets/{id}/labels", get(labels::set_list))
+        .route(
+            "/api/v1/sets/{id}/labels/{label}",
+            get(labels::set_history)
+                .put(labels::set_move)
+                .delete(labels::set_remove),
+        )
+        .route(
+            "/api/v1/sets/{id}/labels/{label}/rollback",
+            post(labels::set_rollback),
+        )
         .route("/api/v1/registry", get(registry::list).post(registry::add))
         .route("/api/v1/registry/{owner}/{name}", get(registry::get))
         .route("/api/v1/registry/{owner}/{name}/pin", post(registry::pin))
         .route("/api/v1/registry/{owner}/{name}/diff", post(registry::diff))
+        .route(
+            "/api/v1/registry/{owner}/{name}/labels",
+            get(labels::entry_list),
+        )
+        .route(
+            "/api/v1/registry/{owner}/{name}/labels/{label}",
+            get(labels::entry_history)
+                .put(labels::entry_move)
+                .delete(labels::entry_remove),
+        )
+        .route(
+            "/api/v1/registry/{owner}/{name}/labels/{label}/rollback",
+            post(labels::entry_rollback),
+        )
         .route(
             "/api/v1/registry/{owner}/{name}/validation",
             put(registry::validation),

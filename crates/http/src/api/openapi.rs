@@ -52,9 +52,34 @@ pub fn spec() -> Value {
     let paths = doc["paths"]
         .as_object_mut()
         .expect("the paths are an object");
-    for (path, item) in usage_paths().as_object().expect("an object") {
+    for (path, item) in usage_paths()
+        .as_object()
+        .expect("an object")
+        .iter()
+        .chain(label_paths().as_object().expect("an object"))
+    {
         paths.insert(path.clone(), item.clone());
     }
+    let commit = json!({ "type": "string", "pattern": "^([0-9a-f]{40}|[0-9a-f]{64})$" });
+    let percent = json!({ "type": "integer", "minimum": 1, "maximum": 99, "description": "of the new workspaces, about this many in a hundred get the canary" });
+    let reason = json!({ "type": "string", "minLength": 1, "maxLength": 1000 });
+    let from = json!({ "type": "integer", "minimum": 0, "description": "the label's revision this move replaces, as seen (0: a new label): CONFLICT if it moved since" });
+    doc["components"]["schemas"]["MoveEntryLabel"] = json!({
+        "type": "object", "additionalProperties": false, "required": ["commit"],
+        "properties": {
+            "commit": commit,
+            "canary": { "type": "object", "additionalProperties": false, "required": ["commit", "percent"], "properties": { "commit": commit, "percent": percent } },
+            "reason": reason, "from": from
+        }
+    });
+    doc["components"]["schemas"]["MoveSetLabel"] = json!({
+        "type": "object", "additionalProperties": false, "required": ["revision"],
+        "properties": {
+            "revision": { "type": "integer", "minimum": 1 },
+            "canary": { "type": "object", "additionalProperties": false, "required": ["revision", "percent"], "properties": { "revision": { "type": "integer", "minimum": 1 }, "percent": percent } },
+            "reason": reason, "from": from
+        }
+    });
     doc["components"]["schemas"]["CompareRevisions"] = json!({
         "type": "object", "additionalProperties": false,
         "properties": { "from": { "type": "integer", "minimum": 1 }, "to": { "type": "integer", "minimum": 1 } }
@@ -76,6 +101,26 @@ fn usage_paths() -> Value {
         "/api/v1/usage/skills": { "get": op("(operators) the skills used over the last `days` (1 to 400, default 30), of one `toolkit` if named: uses by source (read, resource, run, mount), run failures, last used, distinct principals and workspaces, uses per day; a page of `limit` (1 to 500, default 100; at most 10,000 skill-days, so fewer over a long period), continued `after` the cursor `next`", None, "200", &[("days", "integer"), ("toolkit", "string"), ("after", "string"), ("limit", "integer")]) },
         "/api/v1/usage/totals": { "get": op("(operators) each day of the last `days` (1 to 400, default 30), of one `toolkit` if named: uses by source and run failures, days without a use included", None, "200", &[("days", "integer"), ("toolkit", "string")]) },
         "/api/v1/usage/unused": { "get": op("(operators) the library's skills not used in the last `days` (1 to 400, default 30), of one `toolkit` if named, with their last use if one is still kept; a page of `limit` (1 to 500, default 100), continued `after` the cursor `next`", None, "200", &[("days", "integer"), ("toolkit", "string"), ("after", "string"), ("limit", "integer")]) },
+    })
+}
+
+/// Version labels of entries and sets.
+fn label_paths() -> Value {
+    json!({
+        "/api/v1/registry/{owner}/{name}/labels": { "get": op("the entry's version labels, each with the commit it points at (and its canary's, with its share)", None, "200", &[]) },
+        "/api/v1/registry/{owner}/{name}/labels/{label}": {
+            "get": op("every revision of the label, newest first (at most 200)", None, "200", &[]),
+            "put": op("point the label at a commit (made if new), with an optional canary commit for a share of new workspaces; both acquired first; a new revision, audited", Some("MoveEntryLabel"), "200", &[]),
+            "delete": op("remove the label (a revision pointing nowhere: a rollback brings it back)", None, "200", &[]),
+        },
+        "/api/v1/registry/{owner}/{name}/labels/{label}/rollback": { "post": op("point the label where its revision before the current one pointed", None, "200", &[]) },
+        "/api/v1/sets/{id}/labels": { "get": op("the set's version labels, each with the revision it points at (and its canary's)", None, "200", &[]) },
+        "/api/v1/sets/{id}/labels/{label}": {
+            "get": op("every revision of the label, newest first (at most 200)", None, "200", &[]),
+            "put": op("point the label at a revision of the set (made if new), with an optional canary revision for a share of new workspaces; a new revision, audited", Some("MoveSetLabel"), "200", &[]),
+            "delete": op("remove the label", None, "200", &[]),
+        },
+        "/api/v1/sets/{id}/labels/{label}/rollback": { "post": op("point the label where its revision before the current one pointed", None, "200", &[]) },
     })
 }
 
@@ -175,7 +220,7 @@ fn the_rest() -> Value {
                         "id": { "type": "string", "pattern": "^[a-z0-9][a-z0-9-]{0,63}$" },
                         "description": { "type": "string", "maxLength": 1000 },
                         "validation": { "enum": ["warn", "refuse"], "description": "skills that break the Agent Skills specification: served with their problems (warn) or not served (refuse)" },
-                        "members": { "type": "array", "minItems": 1, "maxItems": cloud_harness_control::toolkit::MAX_TOOLKITS, "items": { "type": "object", "description": "a preset {kind: preset, id, version?, scope?} or a git toolkit pinned to a commit {kind: git, instanceId, url, ref, scope?, subdirectory?, layout?, skills?}" } }
+                        "members": { "type": "array", "minItems": 1, "maxItems": cloud_harness_control::toolkit::MAX_TOOLKITS, "items": { "type": "object", "description": "a preset {kind: preset, id, version? or label?, scope?} or a git toolkit pinned to a commit {kind: git, instanceId, url, ref, scope?, subdirectory?, layout?, skills?}" } }
                     }
                 },
                 "EditSet": {
@@ -251,6 +296,9 @@ fn with_parameter_bounds(mut spec: Value) -> Value {
                     (Some("tier"), _) => json!({ "type": "string", "enum": ["builtin", "store"] }),
                     (Some("digest"), Some("path")) => {
                         json!({ "type": "string", "pattern": "^(sha256:)?[0-9a-f]{64}$" })
+                    }
+                    (Some("label"), Some("path")) => {
+                        json!({ "type": "string", "pattern": "^[a-z0-9][a-z0-9._-]{0,63}$" })
                     }
                     (Some("id"), Some("path")) if path.starts_with("/api/v1/sets/") => {
                         json!({ "type": "string", "pattern": "^[a-z0-9][a-z0-9-]{0,63}$" })

@@ -8,6 +8,7 @@ mod audit;
 mod chart;
 mod conflicts;
 mod imports;
+mod labels;
 mod layout;
 mod library;
 mod markdown;
@@ -48,6 +49,14 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/registry/{owner}/{name}/check", post(registry::check))
         .route("/registry/{owner}/{name}/pin", post(registry::pin))
         .route("/registry/{owner}/{name}/diff", post(registry::diff))
+        .route(
+            "/registry/{owner}/{name}/labels",
+            post(registry::move_label),
+        )
+        .route(
+            "/registry/{owner}/{name}/labels/{label}/rollback",
+            post(registry::rollback_label),
+        )
         .route(
             "/registry/{owner}/{name}/rollback",
             post(registry::rollback),

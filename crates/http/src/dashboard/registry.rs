@@ -1,6 +1,6 @@
 //! `/registry`: the entries presets resolve against, each with its pin; an entry's page
 //! (`/registry/{owner}/{name}`) has its pin history, "check for updates", moving the pin and
-//! rolling it back; and a form adds an entry.
+//! rolling it back, and its version labels (`labels`); and a form adds an entry.
 
 use super::{blocking, check_csrf, layout};
 use crate::api::Api;
@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::{Extension, Form};
 use cloud_harness_auth::Identity;
 use cloud_harness_control::toolkit::Scope;
+use cloud_harness_curation::labels;
 use cloud_harness_curation::registry::{self, Entry, NewEntry, Pin};
 use cloud_harness_error::{Code, Error};
 use maud::{html, Markup};
@@ -45,6 +46,22 @@ pub(crate) struct PinForm {
     /// The pin the move replaces, as compared (the confirm form's).
     #[serde(default)]
     from: String,
+    #[serde(default)]
+    csrf: String,
+}
+
+#[derive(serde::Deserialize)]
+pub(crate) struct LabelForm {
+    #[serde(default)]
+    label: String,
+    #[serde(default)]
+    commit: String,
+    #[serde(default)]
+    canary: String,
+    #[serde(default)]
+    percent: String,
+    #[serde(default)]
+    reason: String,
     #[serde(default)]
     csrf: String,
 }
@@ -223,6 +240,7 @@ async fn render_entry(api: &Arc<Api>, who: &Identity, id: &str, notice: Markup) 
                     }
                 }
             }
+            (super::labels::section(who, &base, &entry.labels))
             h2 { "Pin history" }
             @if pins.is_empty() { p.empty { "Never pinned." } }
             table { thead { tr { th { "Commit" } th { "By" } th { "Reason" } th { "From" } th { "Until" } } }
@@ -350,6 +368,72 @@ pub async fn rollback(
     };
     act(api, who, entry, &form.csrf, work, |p| {
         html! { p role="status" { "Rolled back: pinned at " code { (p.commit) } " again." } }
+    })
+    .await
+}
+
+/// The label form: the label moved to its commit, with a canary if one is given.
+pub async fn move_label(
+    State(api): State<Arc<Api>>,
+    Extension(who): Extension<Identity>,
+    Path(entry): Path<(String, String)>,
+    Form(form): Form<LabelForm>,
+) -> Response {
+    let label = form.label.trim().to_owned();
+    let canary = form.canary.trim().to_owned();
+    let (percent, commit) = (
+        form.percent.trim().to_owned(),
+        form.commit.trim().to_owned(),
+    );
+    let reason = form.reason.trim().to_owned();
+    let work = move |ws: &cloud_harness_workspace::Workspaces, id: &str, actor: &str| {
+        let canary = match (canary.is_empty(), percent.is_empty()) {
+            (true, true) => None,
+            (false, false) => {
+                let percent = percent.parse::<u8>().map_err(|_| {
+                    Error::field(
+                        Code::InvalidArgument,
+                        "canary.percent",
+                        "a share from 1 to 99",
+                    )
+                })?;
+                Some((canary, percent))
+            }
+            _ => {
+                return Err(Error::field(
+                    Code::InvalidArgument,
+                    "canary",
+                    "give the canary's commit and its share together",
+                ))
+            }
+        };
+        let mv = labels::Move {
+            value: Some(commit),
+            canary,
+            reason: (!reason.is_empty()).then_some(reason),
+            from: None,
+        };
+        let target = labels::Target::Entry(id.to_owned());
+        labels::move_to(ws.db(), Some(ws.provisioner()), &target, &label, &mv, actor)
+    };
+    act(api, who, entry, &form.csrf, work, |l| {
+        html! { p role="status" { "The label " code { (l.name) } " is at revision " (l.revision) "." } }
+    })
+    .await
+}
+
+pub async fn rollback_label(
+    State(api): State<Arc<Api>>,
+    Extension(who): Extension<Identity>,
+    Path((owner, name, label)): Path<(String, String, String)>,
+    Form(form): Form<Csrf>,
+) -> Response {
+    let work = move |ws: &cloud_harness_workspace::Workspaces, id: &str, actor: &str| {
+        let target = labels::Target::Entry(id.to_owned());
+        labels::rollback(ws.db(), Some(ws.provisioner()), &target, &label, actor)
+    };
+    act(api, who, (owner, name), &form.csrf, work, |l| {
+        html! { p role="status" { "Rolled back: " code { (l.name) } " points where it did before (revision " (l.revision) ")." } }
     })
     .await
 }
