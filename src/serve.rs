@@ -72,6 +72,16 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     // Before the restored workspaces mount: whether their loads are counted.
     let usage = cloud_harness_control::skill_usage::flush::Settings::from_env()?;
     cloud_harness_control::skill_usage::set_enabled(usage.counting);
+    // Each use as a span too, where a collector is named (a use is seen only when counted).
+    use cloud_harness_control::skill_usage::spans;
+    let exporter = match spans::endpoint_from_env() {
+        Some(endpoint) if usage.counting => Some(spans::Exporter::start(&endpoint)?),
+        Some(_) => {
+            tracing::warn!("usage.otlp_endpoint is set but usage counting is off: no span is sent");
+            None
+        }
+        None => None,
+    };
     let provisioner = Provisioner::from_env(store.clone())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -141,6 +151,9 @@ pub fn run(store: &Store, args: &ServeArgs) -> Result<u8> {
     // After the unmounts: no load can be counted after the last flush.
     if let Some(flusher) = flusher {
         flusher.stop();
+    }
+    if let Some(exporter) = exporter {
+        exporter.stop();
     }
     // Work still on the blocking pool (an acquisition waiting on a slow server) is not waited
     // for: what it would publish is published whole or not at all.

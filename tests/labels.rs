@@ -149,21 +149,6 @@ fn a_label_moved_opened_on_and_rolled_back_leaves_a_replay_of_the_first_open_as_
     assert_eq!(replay["workspace"], one["workspace"], "{replay}");
     assert_eq!(replay["toolkits"][0]["commit"], json!(first));
 
-    // So does a request on the entry's pin after the pin moved.
-    let pinned = json!({"kind": "preset", "id": "team/kit"});
-    let on_pin = open(&w, &session, "on-the-pin", pinned.clone());
-    w.op(
-        "POST",
-        "/api/v1/registry/team/kit/pin",
-        Some(json!({"commit": second})),
-    );
-    let again = open(&w, &session, "on-the-pin", pinned);
-    assert_eq!(
-        (&again["workspace"], &again["toolkits"][0]["commit"]),
-        (&on_pin["workspace"], &json!(first)),
-        "{again}"
-    );
-
     let back = w.op(
         "POST",
         "/api/v1/registry/team/kit/labels/stable/rollback",
@@ -255,6 +240,15 @@ fn a_label_moved_opened_on_and_rolled_back_leaves_a_replay_of_the_first_open_as_
     assert_eq!(
         (&back["revision"], &back["value"]),
         (&json!(3), &json!(second))
+    );
+
+    // A request on a label removed since still finds the workspace it opened.
+    w.op("DELETE", "/api/v1/registry/team/kit/labels/stable", None);
+    let replay = open(&w, &session, "on-stable", stable());
+    assert_eq!(
+        (&replay["workspace"], &replay["toolkits"][0]["commit"]),
+        (&one["workspace"], &json!(first)),
+        "{replay}"
     );
 }
 
@@ -364,6 +358,50 @@ fn label_moves_that_cannot_be_made_are_refused_by_field_and_change_nothing() {
         assert_eq!(r["isError"], true, "{r}");
         assert!(r.to_string().contains(said), "{r}");
     }
+    for (body, field) in [
+        (json!({"commit": second, "reason": ""}), "reason"),
+        (json!({"commit": second, "from": -1}), "from"),
+    ] {
+        let (status, f) = refused("PUT", path, body.clone());
+        assert_eq!((status, f.as_str()), (400, field), "{body}");
+    }
+    // The same move again writes no revision.
+    let same = w.op("PUT", path, Some(json!({"commit": first})));
+    assert_eq!(same["revision"], 1, "{same}");
+
+    // A rollback names the revision it undoes: a second click on an old page undoes nothing.
+    w.op("PUT", path, Some(json!({"commit": second})));
+    let (status, f) = refused("POST", &format!("{path}/rollback?from=1"), json!({}));
+    assert_eq!((status, f.as_str()), (409, "from"));
+    let back = w.op("POST", &format!("{path}/rollback?from=2"), None);
+    assert_eq!(
+        (&back["revision"], &back["value"]),
+        (&json!(3), &json!(first))
+    );
+    let (status, _) = refused("POST", &format!("{path}/rollback?from=2"), json!({}));
+    assert_eq!(status, 409);
+
+    // At most 32 labels on an entry; a removed one makes room.
+    for i in 0..31 {
+        w.op(
+            "PUT",
+            &format!("/api/v1/registry/team/kit/labels/l{i}"),
+            Some(json!({"commit": first})),
+        );
+    }
+    let (status, v) = w.call(
+        "PUT",
+        "/api/v1/registry/team/kit/labels/one-more",
+        Some(&w.operator),
+        Some(&json!({"commit": first}).to_string()),
+    );
+    assert_eq!(v["code"], "RESOURCE_EXHAUSTED", "{status} {v}");
+    w.op("DELETE", "/api/v1/registry/team/kit/labels/l0", None);
+    w.op(
+        "PUT",
+        "/api/v1/registry/team/kit/labels/one-more",
+        Some(json!({"commit": first})),
+    );
 }
 
 #[test]
@@ -492,6 +530,28 @@ fn a_sets_label_opens_the_revision_it_points_at_and_a_member_may_name_an_entrys_
         "member-label",
         json!({"kind": "set", "id": "on-label"}),
     );
+    // While a set names it, the label stays.
+    let (status, v) = w.call(
+        "DELETE",
+        "/api/v1/registry/team/kit/labels/stable",
+        Some(&w.operator),
+        None,
+    );
+    assert_eq!(
+        (status, &v["details"]["field"]),
+        (409, &json!("label")),
+        "{v}"
+    );
+    assert!(v["message"].as_str().unwrap().contains("on-label"), "{v}");
+    // A set that does not exist is not found, label or not.
+    let none = tool(
+        w.server.addr,
+        &w.operator,
+        &session,
+        "workspace_open",
+        json!({"idempotencyKey": "no-set", "toolkits": [{"kind": "set", "id": "nope", "label": "stable"}]}),
+    );
+    assert!(none.to_string().contains("NOT_FOUND"), "{none}");
     let t = &on["toolkits"][0];
     assert_eq!(
         (&t["commit"], &t["label"]),

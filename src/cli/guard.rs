@@ -85,13 +85,15 @@ pub fn guard() -> u8 {
     match guard::watch(std::io::stdin().lock()) {
         Ok(guard::Ended {
             detached: 0,
-            named: 0,
-        }) => 0,
-        Ok(guard::Ended { detached: 0, named }) => {
+            named,
+            gone,
+        }) if named > 0 && gone == named => {
             // fusermount's auto-unmount was first: said, so the end is never silent.
             eprintln!("cloud-harness: the daemon ended without unmounting; its {named} mount(s) were detached already");
             0
         }
+        // Nothing named, or what could not be detached said already, one line each.
+        Ok(guard::Ended { detached: 0, .. }) => 0,
         Ok(guard::Ended { detached, .. }) => {
             eprintln!(
                 "cloud-harness: the daemon ended without unmounting; detached {detached} mount(s)"

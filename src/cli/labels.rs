@@ -32,8 +32,14 @@ pub enum LabelCommand {
         #[arg(long)]
         from: Option<i64>,
     },
-    /// Point NAME where its revision before the current one pointed.
-    Rollback { id: String, name: String },
+    /// Point NAME where it pointed before it last moved elsewhere.
+    Rollback {
+        id: String,
+        name: String,
+        /// The revision undone, as seen: refused if the label moved since.
+        #[arg(long)]
+        from: Option<i64>,
+    },
     /// Remove NAME (a rollback brings it back).
     Remove { id: String, name: String },
 }
@@ -96,11 +102,12 @@ pub fn run(
                 &actor()
             )?))
         }
-        LabelCommand::Rollback { id, name } => print(json!(labels::rollback(
+        LabelCommand::Rollback { id, name, from } => print(json!(labels::rollback(
             db,
             provisioner,
             &target(id),
             &name,
+            from,
             &actor()
         )?)),
         LabelCommand::Remove { id, name } => print(json!(labels::move_to(

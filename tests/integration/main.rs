@@ -76,3 +76,5 @@ mod skills_resources;
 mod spec;
 #[path = "../unmount_guard.rs"]
 mod unmount_guard;
+#[path = "../usage_spans.rs"]
+mod usage_spans;

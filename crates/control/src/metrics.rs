@@ -231,6 +231,7 @@ fn metrics() -> &'static Metrics {
 
         registry.register_collector(Box::new(Scraped));
         registry.register_collector(Box::new(crate::skill_usage::Series));
+        registry.register_collector(Box::new(crate::skill_usage::spans::Counters));
         *m.registry.lock().expect("metrics lock") = registry;
         m
     })

@@ -138,12 +138,19 @@ pub fn move_to(
     if mv
         .reason
         .as_deref()
-        .is_some_and(|r| r.len() > MAX_REASON || r.chars().any(char::is_control))
+        .is_some_and(|r| r.is_empty() || r.len() > MAX_REASON || r.chars().any(char::is_control))
     {
         return Err(Error::field(
             Code::InvalidArgument,
             "reason",
-            format!("at most {MAX_REASON} bytes without control characters"),
+            format!("1 to {MAX_REASON} bytes without control characters"),
+        ));
+    }
+    if mv.from.is_some_and(|f| f < 0) {
+        return Err(Error::field(
+            Code::InvalidArgument,
+            "from",
+            "a label's revision is 0 (none yet) or more",
         ));
     }
     if let Some((_, percent)) = &mv.canary {
@@ -167,8 +174,14 @@ pub fn move_to(
     if let Some(from) = mv.from.filter(|f| *f != before) {
         return Err(moved_since(name, from, before));
     }
-    if mv.value.is_none() && values::current(db, &target.key(), name)?.is_none() {
-        return Err(no_label(target, name));
+    let current = values::current(db, &target.key(), name)?;
+    if mv.value.is_none() {
+        if current.is_none() {
+            return Err(no_label(target, name));
+        }
+        if let Target::Entry(id) = target {
+            refuse_if_named_by_sets(db, id, name)?;
+        }
     }
     // Named as the API names them.
     let (field, canary_field) = match target {
@@ -197,6 +210,17 @@ pub fn move_to(
         }
         None => None,
     };
+    // The same place again is no move: a retried request writes no revision (which would
+    // make the next rollback a no-op).
+    if let Some(now) = current.filter(|c| Some(&c.value) == value.as_ref() && c.canary == canary) {
+        let revisions = history(db, target, name)?;
+        let newest = revisions
+            .into_iter()
+            .next()
+            .expect("a current label has a revision");
+        debug_assert_eq!(newest.revision, now.revision);
+        return Ok(newest);
+    }
     let label = Label {
         name: name.to_owned(),
         revision: before + 1,
@@ -207,22 +231,31 @@ pub fn move_to(
         created_at: state::now_ms(),
         superseded_at: None,
     };
-    write(db, target, &label, before)?;
+    write(db, target, &label, before, mv.from.is_some())?;
     Ok(label)
 }
 
 /// Points the label back where its revision before the current one pointed (as a new
 /// revision, audited like any move).
+/// With `from`, CONFLICT if the label is no longer at that revision (a second click on a
+/// page shown before the first rollback).
 pub fn rollback(
     db: &Db,
     provisioner: Option<&Provisioner>,
     target: &Target,
     name: &str,
+    from: Option<i64>,
     actor: &str,
 ) -> Result<Label> {
     let revisions = history(db, target, name)?;
     let (current, earlier) = revisions.split_first().expect("a history is never empty");
-    let Some(previous) = earlier.first() else {
+    if let Some(from) = from.filter(|f| *f != current.revision) {
+        return Err(moved_since(name, from, current.revision));
+    }
+    // The newest revision that pointed elsewhere: one that pointed at the same place (a
+    // move back and forth) is no rollback.
+    let elsewhere = |l: &&Label| l.value != current.value || l.canary != current.canary;
+    let Some(previous) = earlier.iter().find(elsewhere) else {
         return Err(Error::field(
             Code::Conflict,
             "label",
@@ -240,7 +273,15 @@ pub fn rollback(
 
 /// The new revision written, the current one superseded; CONFLICT if another move came
 /// first (the label's revision no longer `before`, or the same new revision written).
-fn write(db: &Db, target: &Target, label: &Label, before: i64) -> Result<()> {
+fn write(db: &Db, target: &Target, label: &Label, before: i64, asked_from: bool) -> Result<()> {
+    // Named as the caller would look for it: `from` if it gave one, else the label.
+    let moved = |now: i64| {
+        let mut e = moved_since(&label.name, before, now);
+        if !asked_from {
+            e.details["field"] = "label".into();
+        }
+        e
+    };
     let key = target.key();
     db.write(|tx| {
         let now: i64 = tx
@@ -251,12 +292,12 @@ fn write(db: &Db, target: &Target, label: &Label, before: i64) -> Result<()> {
             )
             .map_err(state::internal)?;
         if now != before {
-            return Err(moved_since(&label.name, before, now));
+            return Err(moved(now));
         }
         if before == 0 {
             let names: i64 = tx
                 .query_row(
-                    "SELECT COUNT(DISTINCT name) FROM labels WHERE target = $1",
+                    "SELECT COUNT(*) FROM labels WHERE target = $1 AND superseded_at IS NULL AND value IS NOT NULL",
                     params![key],
                     |r| r.get(0),
                 )
@@ -288,7 +329,7 @@ fn write(db: &Db, target: &Target, label: &Label, before: i64) -> Result<()> {
         )
         .map_err(|e| {
             if state::is_constraint(&e) {
-                moved_since(&label.name, before, before + 1)
+                moved(before + 1)
             } else {
                 state::internal(e)
             }
@@ -328,7 +369,7 @@ fn checked_value(
             let acquired =
                 registry::acquire(provisioner, &registry, id, value).map_err(|mut e| {
                     // An error of the commit itself names it as the move does.
-                    if e.details["field"].is_string() {
+                    if matches!(e.details["field"].as_str(), Some("commit" | "version")) {
                         e.details["field"] = field.into();
                     }
                     e
@@ -351,7 +392,9 @@ fn checked_value(
                     )
                 })?;
             sets::get(db, id, Some(revision)).map_err(|mut e| {
-                e.details["field"] = field.into();
+                if e.code == Code::NotFound {
+                    e.details["field"] = field.into();
+                }
                 e
             })?;
             Ok(revision.to_string())
@@ -387,4 +430,30 @@ fn moved_since(name: &str, from: i64, now: i64) -> Error {
         "from",
         format!("the label {name:?} moved since revision {from}: it is at revision {now}"),
     )
+}
+
+/// CONFLICT if the latest revision of a set names the entry's label `name` (its opens would
+/// be refused once the label is gone).
+fn refuse_if_named_by_sets(db: &Db, id: &str, name: &str) -> Result<()> {
+    use cloud_harness_control::toolkit::ToolkitSpec;
+    let naming: Vec<String> = sets::list(db)?
+        .into_iter()
+        .filter(|s| {
+            s.members.iter().any(
+                |m| matches!(m, ToolkitSpec::Preset(p) if p.id == id && p.label.as_deref() == Some(name)),
+            )
+        })
+        .map(|s| s.id)
+        .collect();
+    if naming.is_empty() {
+        return Ok(());
+    }
+    Err(Error::field(
+        Code::Conflict,
+        "label",
+        format!(
+            "the sets {} name {id}'s label {name:?}: edit them before removing it",
+            naming.join(", ")
+        ),
+    ))
 }

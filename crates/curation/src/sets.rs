@@ -374,10 +374,6 @@ pub struct Expanded {
     pub origins: Vec<Option<Value>>,
     /// For each of `specs`, the validation its set asks for (`warn` outside a set).
     pub validation: Vec<Validation>,
-    /// How the request names each toolkit it gave, for its digest: a set as asked (its id and
-    /// the revision asked for, if any), so that the same request after an edit of the set
-    /// replays the workspace it opened; any other toolkit by its index in `specs`.
-    pub asked: Vec<Result<usize, Value>>,
 }
 
 impl Expanded {
@@ -398,7 +394,6 @@ pub fn expand(db: &Db, specs: &[ToolkitSpec], seed: Option<&str>) -> Result<Expa
         specs: Vec::new(),
         origins: Vec::new(),
         validation: Vec::new(),
-        asked: Vec::new(),
     };
     for (i, spec) in specs.iter().enumerate() {
         match spec {
@@ -425,10 +420,6 @@ pub fn expand(db: &Db, specs: &[ToolkitSpec], seed: Option<&str>) -> Result<Expa
                     None => (s.revision, None),
                 };
                 let set = get(db, &s.id, revision).map_err(|e| toolkit::in_request(e, i))?;
-                out.asked.push(Err(match &s.label {
-                    Some(name) => json!({ "set": s.id, "label": name }),
-                    None => json!({ "set": s.id, "revision": s.revision }),
-                }));
                 let mut origin = json!({ "id": set.id, "revision": set.revision });
                 if let Some(taken) = label {
                     origin["label"] = json!(taken);
@@ -440,7 +431,6 @@ pub fn expand(db: &Db, specs: &[ToolkitSpec], seed: Option<&str>) -> Result<Expa
                 }
             }
             other => {
-                out.asked.push(Ok(out.specs.len()));
                 out.specs.push(other.clone());
                 out.origins.push(None);
                 out.validation.push(Validation::Warn);
@@ -458,8 +448,8 @@ fn label_revision(
     seed: Option<&str>,
 ) -> Result<(i64, cloud_harness_control::labels::Taken)> {
     use cloud_harness_control::labels;
-    check_id(id)?;
     labels::check_name("label", name)?;
+    get(db, id, None)?; // an unknown set is NOT_FOUND, as without a label
     let target = labels::set_target(id);
     let point = labels::current(db, &target, name)?.ok_or_else(|| {
         Error::field(

@@ -9,7 +9,7 @@ use crate::session_start::{self, SessionStart};
 use crate::stack::OwnerBundle;
 use cloud_harness_control::principal::Principal;
 use cloud_harness_control::signatures::verdict::Verdict;
-use cloud_harness_control::toolkit::{self, Revision, Scope, ToolkitSpec};
+use cloud_harness_control::toolkit::{self, Revision, Scope};
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_executor::{self as executor, Executor, Kind, Places};
 use cloud_harness_provision::{fetch, Acquired};
@@ -63,16 +63,42 @@ impl Workspaces {
         let actor = who.name.as_str();
         let key = request.idempotency_key.clone();
         request::check_key(&key)?;
+        let registry = cloud_harness_curation::registry::load(&self.db)?;
+        let forms = request::digest_forms(&request.toolkits, self.provisioner.hosts(), &registry)?;
+        let digest = request::request_digest(&request, &forms);
+        // One open per key at a time; the others then find its workspace.
+        self.key_locks.with(&format!("{actor}\n{key}"), || {
+            // A request seen before is answered before its sets and labels are looked up:
+            // they may have changed, or gone, since.
+            if self.holding_key(actor, &key).is_none() {
+                if let Some(bound) = keys::find(&self.db, actor, &key)? {
+                    return self.replay(&key, bound, digest);
+                }
+            }
+            self.open_unbound(&request, &registry, who, progress, digest)
+        })
+    }
+
+    /// [`Self::open_watched`] of a request whose key is not bound yet: its sets expanded, its
+    /// toolkits resolved (labels with their canaries), then opened.
+    fn open_unbound(
+        &self,
+        request: &OpenRequest,
+        registry: &cloud_harness_control::presets::registry::Registry,
+        who: &Principal,
+        progress: &Arc<OpenProgress>,
+        digest: Digest,
+    ) -> Result<Value> {
+        let actor = who.name.as_str();
         // Labels' canaries are chosen by who opens and the key: the same request always
         // lands on the same side.
-        let seed = format!("{actor}\n{key}");
+        let seed = format!("{actor}\n{}", request.idempotency_key);
         let expanded =
             cloud_harness_curation::sets::expand(&self.db, &request.toolkits, Some(&seed))?;
-        let registry = cloud_harness_curation::registry::load(&self.db)?;
         let mut toolkits = toolkit::resolve_request_seeded(
             &expanded.specs,
             self.provisioner.hosts(),
-            &registry,
+            registry,
             Some(&seed),
         )?;
         expanded.apply_validation(&mut toolkits);
@@ -93,31 +119,13 @@ impl Workspaces {
             Some(url) => Some(self.provisioner.hosts().check(url, "repositoryUrl")?),
             None => None,
         };
-        let asked: Vec<Value> = expanded
-            .asked
-            .iter()
-            .map(|a| match a {
-                // A preset's pin or label as asked, not the commit it gave: the same request
-                // after the pin or the label moved replays the workspace it opened.
-                Ok(i) if matches!(&expanded.specs[*i], ToolkitSpec::Preset(p) if p.version.is_none()) => {
-                    serde_json::to_value(&expanded.specs[*i]).expect("specs serialize")
-                }
-                Ok(i) => serde_json::to_value(&toolkits[*i]).expect("toolkits serialize"),
-                Err(set) => set.clone(),
-            })
-            .collect();
-        let digest = request::request_digest(&request, &asked);
-
-        // One open per key at a time; the others then find its workspace.
-        self.key_locks.with(&format!("{actor}\n{key}"), || {
-            let asked = Asked {
-                toolkits: &toolkits,
-                origins: &expanded.origins,
-                actor,
-                progress,
-            };
-            self.open_locked(&request, &asked, repo_url.as_deref(), digest)
-        })
+        let asked = Asked {
+            toolkits: &toolkits,
+            origins: &expanded.origins,
+            actor,
+            progress,
+        };
+        self.open_locked(request, &asked, repo_url.as_deref(), digest)
     }
 
     fn open_locked(

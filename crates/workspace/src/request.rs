@@ -1,7 +1,9 @@
 //! A `workspace_open` request: validated, and digested so that the same key with the same
 //! request can be recognized.
 
-use cloud_harness_control::toolkit::ToolkitSpec;
+use cloud_harness_control::hosts::HostPolicy;
+use cloud_harness_control::presets::registry::Registry;
+use cloud_harness_control::toolkit::{self, ToolkitSpec};
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_store::cas::Digest;
 use serde_json::json;
@@ -42,6 +44,34 @@ pub(crate) fn check_key(key: &str) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// How the digest names each of the request's toolkits: a set as asked (its id and the
+/// revision or label asked for: its members may change, the request stays the same), a preset
+/// named by a label as asked (the label may move), any other toolkit as it resolves (defaults
+/// filled in). No label is looked up, so a request is recognized even once its label is gone.
+pub fn digest_forms(
+    specs: &[ToolkitSpec],
+    hosts: &HostPolicy,
+    registry: &Registry,
+) -> Result<Vec<serde_json::Value>> {
+    specs
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| match spec {
+            ToolkitSpec::Set(s) => Ok(match &s.label {
+                Some(label) => json!({ "set": s.id, "label": label }),
+                None => json!({ "set": s.id, "revision": s.revision }),
+            }),
+            ToolkitSpec::Preset(p) if p.label.is_some() => {
+                Ok(serde_json::to_value(spec).expect("specs serialize"))
+            }
+            other => other
+                .resolve_in(hosts, registry)
+                .map(|t| serde_json::to_value(&t).expect("toolkits serialize"))
+                .map_err(|e| toolkit::in_request(e, i)),
+        })
+        .collect()
 }
 
 /// What makes two requests "the same": every field but the key, with the toolkits as they

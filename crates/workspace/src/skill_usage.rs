@@ -52,7 +52,7 @@ impl Workspace {
         failed: bool,
         took: Duration,
     ) {
-        skill_usage::record(&Use {
+        tell(&Use {
             source,
             workspace: &self.id,
             principal,
@@ -76,7 +76,7 @@ pub(crate) fn loads(id: &str, owner: &str, ns: Arc<Namespace>, origins: Arc<Orig
         }
         let generation = ns.generation();
         if let Some(origin) = origins.of(&generation, view, skill) {
-            skill_usage::record(&Use {
+            tell(&Use {
                 source: Source::Mount,
                 workspace: &id,
                 principal: &owner,
@@ -88,4 +88,10 @@ pub(crate) fn loads(id: &str, owner: &str, ns: Arc<Namespace>, origins: Arc<Orig
             });
         }
     }))
+}
+
+/// A use told to the tally, and to the span exporter when one runs.
+fn tell(u: &Use) {
+    skill_usage::record(u);
+    skill_usage::spans::offer(u);
 }

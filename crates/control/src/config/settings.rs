@@ -232,6 +232,12 @@ pub(crate) const SETTINGS: &[Setting] = &[
         "400",
     ),
     s(
+        "usage.otlp_endpoint",
+        "CLOUD_HARNESS_USAGE_OTLP_ENDPOINT",
+        Kind::Text,
+        "none: no span is sent",
+    ),
+    s(
         "workspace.idle_pause",
         "CLOUD_HARNESS_IDLE_PAUSE",
         Kind::Number,

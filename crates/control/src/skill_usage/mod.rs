@@ -11,6 +11,7 @@
 
 pub mod flush;
 pub mod report;
+pub mod spans;
 pub mod stored;
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,7 @@
 
 use super::{actor, answer, blocking, body, State};
 use axum::body::Bytes;
-use axum::extract::Path;
+use axum::extract::{Path, Query};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Extension;
@@ -89,21 +89,24 @@ async fn moved(
     answer(StatusCode::OK, done.map(|l| json!(l)))
 }
 
+/// `?from=N`: the revision the rollback undoes, as seen (CONFLICT if the label moved since).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct From {
+    from: Option<i64>,
+}
+
 async fn rolled_back(
     api: Arc<super::Api>,
     who: Identity,
     target: Target,
     label: String,
+    from: Option<i64>,
 ) -> Response {
     let ws = api.workspaces.clone();
     let done = blocking(move || {
-        labels::rollback(
-            ws.db(),
-            Some(ws.provisioner()),
-            &target,
-            &label,
-            &actor(&who),
-        )
+        let p = Some(ws.provisioner());
+        labels::rollback(ws.db(), p, &target, &label, from, &actor(&who))
     })
     .await;
     answer(StatusCode::OK, done.map(|l| json!(l)))
@@ -150,8 +153,9 @@ pub async fn entry_rollback(
     axum::extract::State(api): State,
     Extension(who): Extension<Identity>,
     Path((owner, name, label)): Path<(String, String, String)>,
+    Query(q): Query<From>,
 ) -> Response {
-    rolled_back(api, who, entry(&owner, &name), label).await
+    rolled_back(api, who, entry(&owner, &name), label, q.from).await
 }
 
 pub async fn set_list(axum::extract::State(api): State, Path(id): Path<String>) -> Response {
@@ -192,6 +196,7 @@ pub async fn set_rollback(
     axum::extract::State(api): State,
     Extension(who): Extension<Identity>,
     Path((id, label)): Path<(String, String)>,
+    Query(q): Query<From>,
 ) -> Response {
-    rolled_back(api, who, Target::Set(id), label).await
+    rolled_back(api, who, Target::Set(id), label, q.from).await
 }

@@ -113,14 +113,14 @@ fn label_paths() -> Value {
             "put": op("point the label at a commit (made if new), with an optional canary commit for a share of new workspaces; both acquired first; a new revision, audited", Some("MoveEntryLabel"), "200", &[]),
             "delete": op("remove the label (a revision pointing nowhere: a rollback brings it back)", None, "200", &[]),
         },
-        "/api/v1/registry/{owner}/{name}/labels/{label}/rollback": { "post": op("point the label where its revision before the current one pointed", None, "200", &[]) },
+        "/api/v1/registry/{owner}/{name}/labels/{label}/rollback": { "post": op("point the label where it pointed before it last moved elsewhere (a new revision); `from`, the revision undone as seen, else CONFLICT", None, "200", &[("from", "integer")]) },
         "/api/v1/sets/{id}/labels": { "get": op("the set's version labels, each with the revision it points at (and its canary's)", None, "200", &[]) },
         "/api/v1/sets/{id}/labels/{label}": {
             "get": op("every revision of the label, newest first (at most 200)", None, "200", &[]),
             "put": op("point the label at a revision of the set (made if new), with an optional canary revision for a share of new workspaces; a new revision, audited", Some("MoveSetLabel"), "200", &[]),
             "delete": op("remove the label", None, "200", &[]),
         },
-        "/api/v1/sets/{id}/labels/{label}/rollback": { "post": op("point the label where its revision before the current one pointed", None, "200", &[]) },
+        "/api/v1/sets/{id}/labels/{label}/rollback": { "post": op("point the label where it pointed before it last moved elsewhere (a new revision); `from`, the revision undone as seen, else CONFLICT", None, "200", &[("from", "integer")]) },
     })
 }
 
@@ -297,6 +297,7 @@ fn with_parameter_bounds(mut spec: Value) -> Value {
                     (Some("digest"), Some("path")) => {
                         json!({ "type": "string", "pattern": "^(sha256:)?[0-9a-f]{64}$" })
                     }
+                    (Some("from"), Some("query")) => json!({ "type": "integer", "minimum": 0 }),
                     (Some("label"), Some("path")) => {
                         json!({ "type": "string", "pattern": "^[a-z0-9][a-z0-9._-]{0,63}$" })
                     }

@@ -30,6 +30,7 @@ pub fn section(who: &Identity, base: &str, labels: &BTreeMap<String, Point>) -> 
                         @if operator { td {
                             form method="post" action={ (base) "/labels/" (name) "/rollback" } {
                                 (layout::csrf(who))
+                                input type="hidden" name="from" value=(p.revision);
                                 button type="submit" disabled[p.revision < 2] aria-label={ "Roll back " (name) } { "Roll back" }
                             }
                         } }

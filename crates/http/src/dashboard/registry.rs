@@ -422,18 +422,39 @@ pub async fn move_label(
     .await
 }
 
+#[derive(serde::Deserialize)]
+pub(crate) struct RollbackForm {
+    /// The revision shown: a second click on an old page is CONFLICT, not a second rollback.
+    #[serde(default)]
+    from: String,
+    #[serde(default)]
+    csrf: String,
+}
+
 pub async fn rollback_label(
     State(api): State<Arc<Api>>,
     Extension(who): Extension<Identity>,
     Path((owner, name, label)): Path<(String, String, String)>,
-    Form(form): Form<Csrf>,
+    Form(form): Form<RollbackForm>,
 ) -> Response {
+    let from = form.from.trim().parse::<i64>().ok();
     let work = move |ws: &cloud_harness_workspace::Workspaces, id: &str, actor: &str| {
         let target = labels::Target::Entry(id.to_owned());
-        labels::rollback(ws.db(), Some(ws.provisioner()), &target, &label, actor)
+        labels::rollback(
+            ws.db(),
+            Some(ws.provisioner()),
+            &target,
+            &label,
+            from,
+            actor,
+        )
     };
     act(api, who, (owner, name), &form.csrf, work, |l| {
-        html! { p role="status" { "Rolled back: " code { (l.name) } " points where it did before (revision " (l.revision) ")." } }
+        html! { p role="status" {
+            "Rolled back: " code { (l.name) }
+            @if l.value.is_some() { " points where it did before (revision " (l.revision) ")." }
+            @else { " is removed again, as it was before (revision " (l.revision) ")." }
+        } }
     })
     .await
 }

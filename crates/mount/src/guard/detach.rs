@@ -18,8 +18,10 @@ const MAX_MOUNTS: usize = 1 << 20;
 pub struct Ended {
     /// Mounts still named (the daemon never said it unmounted them).
     pub named: usize,
-    /// Mounts and folder binds the guard detached; a named mount already gone (fusermount's
-    /// auto-unmount can be first) is not counted.
+    /// Named mounts the mount table no longer showed (fusermount's auto-unmount can be
+    /// first), or showed someone else's mount at.
+    pub gone: usize,
+    /// Mounts and folder binds the guard detached.
     pub detached: usize,
 }
 
@@ -40,7 +42,7 @@ pub fn watch(input: impl Read) -> io::Result<Ended> {
             None
         }
     };
-    let mut detached = 0;
+    let (mut detached, mut gone) = (0, 0);
     for (point, id) in named {
         if let Some(table) = &table {
             let now = mount_table::topmost_mount(table, &point);
@@ -49,7 +51,8 @@ pub fn watch(input: impl Read) -> io::Result<Ended> {
                 None => now.is_some_and(Mount::is_ours),
             };
             if !still {
-                continue; // unmounted already (or never made), or someone else's mount now
+                gone += 1; // unmounted already (or never made), or someone else's mount now
+                continue;
             }
         }
         match crate::fuse::unmount(&point) {
@@ -62,6 +65,7 @@ pub fn watch(input: impl Read) -> io::Result<Ended> {
     }
     Ok(Ended {
         named: still_named,
+        gone,
         detached,
     })
 }
@@ -220,6 +224,7 @@ mod tests {
             watch(&input[..]).unwrap(),
             Ended {
                 named: 2,
+                gone: 2,
                 detached: 0
             }
         );
