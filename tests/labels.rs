@@ -402,6 +402,14 @@ fn label_moves_that_cannot_be_made_are_refused_by_field_and_change_nothing() {
         "/api/v1/registry/team/kit/labels/one-more",
         Some(json!({"commit": first})),
     );
+    // Brought back by a move (or a rollback), a removed label needs room as a new one does.
+    let (status, v) = w.call(
+        "PUT",
+        "/api/v1/registry/team/kit/labels/l0",
+        Some(&w.operator),
+        Some(&json!({"commit": first}).to_string()),
+    );
+    assert_eq!(v["code"], "RESOURCE_EXHAUSTED", "{status} {v}");
 }
 
 #[test]

@@ -164,15 +164,15 @@ fn a_skill_read_reaches_the_collector_as_a_span_and_a_refusing_collector_stops_n
     support::wait::until("a refused request", Duration::from_secs(20), || {
         c.bodies.lock().unwrap().len() > before
     });
-    let metrics = w
-        .http
-        .get(w.url("/metrics"))
-        .bearer_auth(&w.operator)
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
     let counter = |name: &str| -> u64 {
+        let metrics = w
+            .http
+            .get(w.url("/metrics"))
+            .bearer_auth(&w.operator)
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
         metrics
             .lines()
             .find_map(|l| l.strip_prefix(&format!("{name}_total ")))
@@ -180,6 +180,10 @@ fn a_skill_read_reaches_the_collector_as_a_span_and_a_refusing_collector_stops_n
             .parse()
             .unwrap()
     };
+    // The refused spans are counted as given up; those taken before, as sent.
+    support::wait::until("the spans given up", Duration::from_secs(10), || {
+        counter("cloud_harness_skill_spans_dropped") >= 1
+    });
     assert!(counter("cloud_harness_skill_spans_sent") >= 1);
     support::wait::until("the server's warning", Duration::from_secs(10), || {
         w.server

@@ -89,7 +89,7 @@ pub fn guard() -> u8 {
             gone,
         }) if named > 0 && gone == named => {
             // fusermount's auto-unmount was first: said, so the end is never silent.
-            eprintln!("cloud-harness: the daemon ended without unmounting; its {named} mount(s) were detached already");
+            eprintln!("cloud-harness: the daemon ended without unmounting; its {named} mount(s) were no longer mounted (detached already)");
             0
         }
         // Nothing named, or what could not be detached said already, one line each.

@@ -126,7 +126,7 @@ pub fn of_entries(db: &Db) -> Result<BTreeMap<String, BTreeMap<String, Point>>> 
     let rows = db.with(|c| {
         c.prepare_cached(
             "SELECT target, name, revision, value, canary_value, canary_percent FROM labels
-             WHERE superseded_at IS NULL AND target >= 'registry:' AND target < 'registry;' AND value IS NOT NULL",
+             WHERE superseded_at IS NULL AND target LIKE 'registry:%' AND value IS NOT NULL",
         )?
         .query_map(params![], |r| {
             Ok((

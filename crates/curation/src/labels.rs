@@ -213,13 +213,10 @@ pub fn move_to(
     // The same place again is no move: a retried request writes no revision (which would
     // make the next rollback a no-op).
     if let Some(now) = current.filter(|c| Some(&c.value) == value.as_ref() && c.canary == canary) {
-        let revisions = history(db, target, name)?;
-        let newest = revisions
+        return history(db, target, name)?
             .into_iter()
-            .next()
-            .expect("a current label has a revision");
-        debug_assert_eq!(newest.revision, now.revision);
-        return Ok(newest);
+            .find(|l| l.revision == now.revision && l.superseded_at.is_none())
+            .ok_or_else(|| moved_since(name, now.revision, now.revision + 1));
     }
     let label = Label {
         name: name.to_owned(),
@@ -235,7 +232,7 @@ pub fn move_to(
     Ok(label)
 }
 
-/// Points the label back where its revision before the current one pointed (as a new
+/// Points the label back where it pointed before it last moved elsewhere (as a new
 /// revision, audited like any move).
 /// With `from`, CONFLICT if the label is no longer at that revision (a second click on a
 /// page shown before the first rollback).
@@ -294,7 +291,15 @@ fn write(db: &Db, target: &Target, label: &Label, before: i64, asked_from: bool)
         if now != before {
             return Err(moved(now));
         }
-        if before == 0 {
+        // A label coming into force (new, or back after a removal) needs room.
+        let in_force: bool = tx
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM labels WHERE target = $1 AND name = $2 AND superseded_at IS NULL AND value IS NOT NULL)",
+                params![key, label.name],
+                |r| r.get(0),
+            )
+            .map_err(state::internal)?;
+        if !in_force && label.value.is_some() {
             let names: i64 = tx
                 .query_row(
                     "SELECT COUNT(*) FROM labels WHERE target = $1 AND superseded_at IS NULL AND value IS NOT NULL",

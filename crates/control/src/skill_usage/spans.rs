@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// Spans waiting to be sent.
-pub const MAX_QUEUED: usize = 8192;
+pub const MAX_QUEUED: usize = 4096;
 /// Spans in one request.
 pub const MAX_BATCH: usize = 512;
 /// How often the queue is sent.
@@ -103,11 +103,11 @@ pub fn offer(u: &Use) {
 }
 
 fn offer_at(u: &Use, now_ms: i64) {
-    let mut q = queue();
-    if q.len() >= MAX_QUEUED {
+    if queue().len() >= MAX_QUEUED {
         QUEUE.dropped.fetch_add(1, Ordering::Relaxed);
         return;
     }
+    // Made outside the lock: the FUSE threads hold it for a push only.
     let end_ns = u64::try_from(now_ms).unwrap_or(0).saturating_mul(1_000_000);
     let mut ids = [0u8; 24];
     getrandom::fill(&mut ids).expect("the kernel's random numbers");
@@ -124,6 +124,11 @@ fn offer_at(u: &Use, now_ms: i64) {
         u.file,
     ]
     .map(|f| field(f).to_owned());
+    let mut q = queue();
+    if q.len() >= MAX_QUEUED {
+        QUEUE.dropped.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
     q.push_back(Span {
         fields,
         failed: u.failed,
@@ -212,8 +217,12 @@ impl Exporter {
                     "usage.otlp_endpoint: {endpoint:?} is not an http:// or https:// URL"
                 ))
             })?;
+        // Straight to the collector: not through the egress proxy (`HTTPS_PROXY` is the
+        // toolkits' way out), and no redirect followed.
         let client = reqwest::blocking::Client::builder()
             .timeout(TIMEOUT)
+            .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| Error::internal(format!("the OTLP client: {e}")))?;
         QUEUE.on.store(true, Ordering::Relaxed);
@@ -237,16 +246,21 @@ impl Exporter {
                             break;
                         }
                         let n = batch.len() as u64;
-                        match send(&client, &url, &batch) {
-                            Ok(()) => QUEUE.sent.fetch_add(n, Ordering::Relaxed),
-                            Err(e) => {
-                                if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
-                                    warned = Some(std::time::Instant::now());
-                                    tracing::warn!(error = %e, "the OTLP collector did not take the skill usage spans; given up");
-                                }
-                                QUEUE.dropped.fetch_add(n, Ordering::Relaxed)
+                        if let Err(e) = send(&client, &url, &batch) {
+                            if warned.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+                                warned = Some(std::time::Instant::now());
+                                tracing::warn!(error = %e, "the OTLP collector did not take the skill usage spans; given up");
                             }
-                        };
+                            QUEUE.dropped.fetch_add(n, Ordering::Relaxed);
+                            // The rest waits for the next tick (the queue's bound holds it);
+                            // a stopping server gives it up rather than wait on each batch.
+                            if last {
+                                let left = std::mem::take(&mut *queue()).len() as u64;
+                                QUEUE.dropped.fetch_add(left, Ordering::Relaxed);
+                            }
+                            break;
+                        }
+                        QUEUE.sent.fetch_add(n, Ordering::Relaxed);
                     }
                     if last {
                         return;
@@ -260,13 +274,14 @@ impl Exporter {
         })
     }
 
-    /// Sends what is queued, ends the thread and turns spans off.
+    /// Turns spans off, sends what is queued (giving it up at the first request the
+    /// collector does not take) and ends the thread.
     pub fn stop(mut self) {
+        QUEUE.on.store(false, Ordering::Relaxed);
         let _ = self.stop.send(());
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        QUEUE.on.store(false, Ordering::Relaxed);
     }
 }
 
