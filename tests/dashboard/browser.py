@@ -354,6 +354,17 @@ with sync_playwright() as p:
         expect(page.get_by_role("article", name="fmt added")).to_be_visible()
         audit(page, "set diff")
         page.get_by_role("link", name="Back to the set").click()
+        # A label on the set: stable at revision 1, then 2, rolled back to 1.
+        for revision in ["1", "2"]:
+            move = page.get_by_role("form", name="Move a label")
+            move.get_by_label("Label", exact=True).fill("stable")
+            move.get_by_label("Revision of the set", exact=True).fill(revision)
+            move.get_by_role("button", name="Move label").click()
+            expect(page.get_by_role("row", name=re.compile("^stable " + revision + " " + revision))).to_be_visible()
+        page.get_by_role("button", name="Roll back stable").click()
+        expect(page.get_by_role("status")).to_contain_text("Rolled back: stable points where it did before (revision 3)")
+        assert api("/api/v1/sets/team/labels")["labels"][0]["value"] == "1"
+        page.get_by_role("link", name="Back to the set").click()
 
         # Open a workspace of the set through MCP; it shows with its tiers.
         opened = mcp_ok("workspace_open", {"idempotencyKey": "dash-set", "toolkits": [{"kind": "set", "id": "team"}]})

@@ -44,6 +44,11 @@ pub fn router(api: Arc<Api>) -> Router {
         .route("/sets/new", get(sets::new).post(sets::create))
         .route("/sets/{id}", get(sets::show).post(sets::update))
         .route("/sets/{id}/diff", post(sets::diff::page))
+        .route("/sets/{id}/labels", post(sets::labels::move_label))
+        .route(
+            "/sets/{id}/labels/{label}/rollback",
+            post(sets::labels::rollback_label),
+        )
         .route("/registry", get(registry::list).post(registry::add))
         .route("/registry/{owner}/{name}", get(registry::entry))
         .route("/registry/{owner}/{name}/check", post(registry::check))

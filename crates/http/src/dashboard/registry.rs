@@ -2,6 +2,7 @@
 //! (`/registry/{owner}/{name}`) has its pin history, "check for updates", moving the pin and
 //! rolling it back, and its version labels (`labels`); and a form adds an entry.
 
+use super::labels::{rolled_back, Kind, LabelForm, RollbackForm, Shown};
 use super::{blocking, check_csrf, layout};
 use crate::api::Api;
 use axum::extract::{Path, State};
@@ -46,22 +47,6 @@ pub(crate) struct PinForm {
     /// The pin the move replaces, as compared (the confirm form's).
     #[serde(default)]
     from: String,
-    #[serde(default)]
-    csrf: String,
-}
-
-#[derive(serde::Deserialize)]
-pub(crate) struct LabelForm {
-    #[serde(default)]
-    label: String,
-    #[serde(default)]
-    commit: String,
-    #[serde(default)]
-    canary: String,
-    #[serde(default)]
-    percent: String,
-    #[serde(default)]
-    reason: String,
     #[serde(default)]
     csrf: String,
 }
@@ -240,7 +225,7 @@ async fn render_entry(api: &Arc<Api>, who: &Identity, id: &str, notice: Markup) 
                     }
                 }
             }
-            (super::labels::section(who, &base, &entry.labels))
+            (super::labels::section(who, &base, Kind::Entry, &shown_labels(&entry)))
             h2 { "Pin history" }
             @if pins.is_empty() { p.empty { "Never pinned." } }
             table { thead { tr { th { "Commit" } th { "By" } th { "Reason" } th { "From" } th { "Until" } } }
@@ -379,56 +364,23 @@ pub async fn move_label(
     Path(entry): Path<(String, String)>,
     Form(form): Form<LabelForm>,
 ) -> Response {
+    let mv = form.to_move(Kind::Entry);
     let label = form.label.trim().to_owned();
-    let canary = form.canary.trim().to_owned();
-    let (percent, commit) = (
-        form.percent.trim().to_owned(),
-        form.commit.trim().to_owned(),
-    );
-    let reason = form.reason.trim().to_owned();
     let work = move |ws: &cloud_harness_workspace::Workspaces, id: &str, actor: &str| {
-        let canary = match (canary.is_empty(), percent.is_empty()) {
-            (true, true) => None,
-            (false, false) => {
-                let percent = percent.parse::<u8>().map_err(|_| {
-                    Error::field(
-                        Code::InvalidArgument,
-                        "canary.percent",
-                        "a share from 1 to 99",
-                    )
-                })?;
-                Some((canary, percent))
-            }
-            _ => {
-                return Err(Error::field(
-                    Code::InvalidArgument,
-                    "canary",
-                    "give the canary's commit and its share together",
-                ))
-            }
-        };
-        let mv = labels::Move {
-            value: Some(commit),
-            canary,
-            reason: (!reason.is_empty()).then_some(reason),
-            from: None,
-        };
         let target = labels::Target::Entry(id.to_owned());
-        labels::move_to(ws.db(), Some(ws.provisioner()), &target, &label, &mv, actor)
+        labels::move_to(
+            ws.db(),
+            Some(ws.provisioner()),
+            &target,
+            &label,
+            &mv?,
+            actor,
+        )
     };
     act(api, who, entry, &form.csrf, work, |l| {
         html! { p role="status" { "The label " code { (l.name) } " is at revision " (l.revision) "." } }
     })
     .await
-}
-
-#[derive(serde::Deserialize)]
-pub(crate) struct RollbackForm {
-    /// The revision shown: a second click on an old page is CONFLICT, not a second rollback.
-    #[serde(default)]
-    from: String,
-    #[serde(default)]
-    csrf: String,
 }
 
 pub async fn rollback_label(
@@ -437,7 +389,7 @@ pub async fn rollback_label(
     Path((owner, name, label)): Path<(String, String, String)>,
     Form(form): Form<RollbackForm>,
 ) -> Response {
-    let from = form.from.trim().parse::<i64>().ok();
+    let from = form.from();
     let work = move |ws: &cloud_harness_workspace::Workspaces, id: &str, actor: &str| {
         let target = labels::Target::Entry(id.to_owned());
         labels::rollback(
@@ -450,11 +402,21 @@ pub async fn rollback_label(
         )
     };
     act(api, who, (owner, name), &form.csrf, work, |l| {
-        html! { p role="status" {
-            "Rolled back: " code { (l.name) }
-            @if l.value.is_some() { " points where it did before (revision " (l.revision) ")." }
-            @else { " is removed again, as it was before (revision " (l.revision) ")." }
-        } }
+        rolled_back(&l)
     })
     .await
+}
+
+/// The entry's labels as the page shows them.
+fn shown_labels(entry: &Entry) -> Vec<Shown<'_>> {
+    entry
+        .labels
+        .iter()
+        .map(|(name, p)| Shown {
+            name,
+            revision: p.revision,
+            value: &p.value,
+            canary: p.canary.as_ref(),
+        })
+        .collect()
 }

@@ -4,6 +4,7 @@
 
 pub(super) mod diff;
 mod form;
+pub(super) mod labels;
 mod revisions;
 
 use super::{blocking, check_csrf, layout, tiers};
@@ -215,14 +216,18 @@ async fn render(
     let data = blocking(move || {
         let registry = cloud_harness_curation::registry::load(a.workspaces.db())?;
         let ids: Vec<String> = registry.ids().into_iter().map(str::to_owned).collect();
-        let history = match &shown {
-            Some(id) => history(a.workspaces.db(), id)?,
-            None => Vec::new(),
+        let (history, labels) = match &shown {
+            Some(id) => {
+                let target = cloud_harness_curation::labels::Target::Set(id.clone());
+                let labels = cloud_harness_curation::labels::list(a.workspaces.db(), &target)?;
+                (history(a.workspaces.db(), id)?, labels)
+            }
+            None => (Vec::new(), Vec::new()),
         };
-        Ok((ids, history))
+        Ok((ids, history, labels))
     })
     .await;
-    let (entries, history) = match data {
+    let (entries, history, labels) = match data {
         Ok(d) => d,
         Err(e) => return layout::error(who, &e),
     };
@@ -281,6 +286,7 @@ async fn render(
             @if let Some(p) = &preview { (preview_section(p)) }
             @if let Some(c) = &current {
                 @if !layout::operator(who) { (members_table(c)) }
+                (super::labels::section(who, &action, super::labels::Kind::Set, &shown_labels(&labels)))
                 h2 { "Revisions" }
                 ol.revisions reversed { @for (r, changes) in &history { li { (revision_item(who, &c.id, r, changes)) } } }
             }
@@ -353,4 +359,19 @@ fn preview_section(p: &Preview) -> Markup {
             (tiers::drawing(&p.index, "What the set would serve"))
         }
     }
+}
+
+/// The set's labels as the page shows them.
+fn shown_labels(labels: &[cloud_harness_curation::labels::Label]) -> Vec<super::labels::Shown<'_>> {
+    labels
+        .iter()
+        .filter_map(|l| {
+            Some(super::labels::Shown {
+                name: &l.name,
+                revision: l.revision,
+                value: l.value.as_deref()?,
+                canary: l.canary.as_ref(),
+            })
+        })
+        .collect()
 }
