@@ -292,6 +292,11 @@ fn pages_carry_the_csp_and_a_form_without_the_session_token_changes_nothing() {
             "/approvals",
             format!("digest={}", "sha256:".to_owned() + &"a".repeat(64)),
         ),
+        (
+            "/registry/mattpocock/skills/labels",
+            format!("label=forged&commit={}", f.first),
+        ),
+        ("/sets/team/labels", "label=forged&revision=1".to_owned()),
     ];
     for (path, body) in &forged {
         assert_eq!(

@@ -354,16 +354,24 @@ with sync_playwright() as p:
         expect(page.get_by_role("article", name="fmt added")).to_be_visible()
         audit(page, "set diff")
         page.get_by_role("link", name="Back to the set").click()
-        # A label on the set: stable at revision 1, then 2, rolled back to 1.
-        for revision in ["1", "2"]:
+        # A label on the set: stable at revision 2, then 1, rolled back to 2; a revision the
+        # set does not have is said on its page.
+        for label_revision, revision in [("1", "2"), ("2", "1")]:
             move = page.get_by_role("form", name="Move a label")
             move.get_by_label("Label", exact=True).fill("stable")
             move.get_by_label("Revision of the set", exact=True).fill(revision)
             move.get_by_role("button", name="Move label").click()
-            expect(page.get_by_role("row", name=re.compile("^stable " + revision + " " + revision))).to_be_visible()
+            expect(page.get_by_role("row", name=re.compile(f"^stable {label_revision} {revision} none"))).to_be_visible()
+        move = page.get_by_role("form", name="Move a label")
+        move.get_by_label("Label", exact=True).fill("stable")
+        move.get_by_label("Revision of the set", exact=True).fill("9")
+        move.get_by_role("button", name="Move label").click()
+        expect(page.get_by_role("alert")).to_contain_text("no revision 9")
+        expect(page.get_by_role("heading", name="Set team")).to_be_visible()
         page.get_by_role("button", name="Roll back stable").click()
-        expect(page.get_by_role("status")).to_contain_text("Rolled back: stable points where it did before (revision 3)")
-        assert api("/api/v1/sets/team/labels")["labels"][0]["value"] == "1"
+        expect(page.get_by_role("status")).to_contain_text("Rolled back: stable points where it did before (label revision 3)")
+        audit(page, "set label rolled back")
+        assert api("/api/v1/sets/team/labels")["labels"][0]["value"] == "2"
         page.get_by_role("link", name="Back to the set").click()
 
         # Open a workspace of the set through MCP; it shows with its tiers.
@@ -498,7 +506,7 @@ with sync_playwright() as p:
         move.get_by_label("Canary commit (optional)").fill(FIRST)
         move.get_by_label("Canary share, percent").fill("25")
         move.get_by_role("button", name="Move label").click()
-        expect(page.get_by_role("status")).to_contain_text("The label stable is at revision 1")
+        expect(page.get_by_role("status")).to_contain_text("The label stable is at label revision 1")
         row = page.get_by_role("row", name=re.compile("^stable 1"))
         expect(row).to_contain_text(SECOND[:12])
         expect(row).to_contain_text(FIRST[:12] + " to 25%")
@@ -511,10 +519,10 @@ with sync_playwright() as p:
         move.get_by_label("Label", exact=True).fill("stable")
         move.get_by_label("Commit", exact=True).fill(FIRST)
         move.get_by_role("button", name="Move label").click()
-        expect(page.get_by_role("status")).to_contain_text("The label stable is at revision 2")
+        expect(page.get_by_role("status")).to_contain_text("The label stable is at label revision 2")
         expect(page.get_by_role("row", name=re.compile("^stable 2"))).to_contain_text("none")
         page.get_by_role("button", name="Roll back stable").click()
-        expect(page.get_by_role("status")).to_contain_text("Rolled back: stable points where it did before (revision 3)")
+        expect(page.get_by_role("status")).to_contain_text("Rolled back: stable points where it did before (label revision 3)")
         assert api("/api/v1/registry/team/kit")["entry"]["labels"]["stable"] == {"revision": 3, "value": SECOND, "canary": {"value": FIRST, "percent": 25}}
         audit(page, "registry with labels")
         shot(page, "registry-labels")

@@ -3,15 +3,13 @@
 //! specs together. Every violation is an INVALID_ARGUMENT or FORBIDDEN error whose details name
 //! the field.
 
-use super::spec::{
-    check_instance_id, check_ref, check_subdirectory, is_hex_commit, Revision, Toolkit,
-    ToolkitSpec, MAX_TOOLKITS,
-};
+use super::spec::{is_hex_commit, Revision, Toolkit, ToolkitSpec, MAX_TOOLKITS};
 use crate::hosts::HostPolicy;
 use crate::input::max_items;
 use crate::presets::registry::Registry;
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_skills::discovery::Layout;
+use cloud_harness_skills::relpath;
 use std::collections::HashSet;
 
 impl ToolkitSpec {
@@ -217,4 +215,36 @@ pub fn resolve_request_seeded(
         out.push(toolkit);
     }
     Ok(out)
+}
+
+fn check_instance_id(id: &str) -> Result<()> {
+    let ok = (1..=80).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::field(
+            Code::InvalidArgument,
+            "instanceId",
+            format!("{id:?} must be 1-80 letters, digits, `-` or `_`"),
+        ))
+    }
+}
+
+fn check_ref(field: &str, r: &str) -> Result<Revision> {
+    if is_hex_commit(r) {
+        return Ok(Revision::Commit(r.to_owned()));
+    }
+    Err(Error::field(
+        Code::InvalidArgument,
+        field,
+        format!("{r:?} is not an exact commit id (40 or 64 lowercase hex digits); branch names move and are refused"),
+    ))
+}
+
+/// A relative path inside the repository, normalized to `a/b`.
+fn check_subdirectory(sub: &str) -> Result<String> {
+    Ok(relpath::segments(sub, "subdirectory", "the repository")?.join("/"))
 }

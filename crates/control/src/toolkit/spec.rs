@@ -6,7 +6,6 @@ use crate::labels::{self, Taken};
 pub use crate::scope::Scope;
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_skills::discovery::Layout;
-use cloud_harness_skills::relpath;
 use serde::{Deserialize, Serialize};
 
 /// Ceilings of a spec's fields, enforced before anything else and stated in the tools' schemas.
@@ -203,38 +202,6 @@ pub fn spec_from_value(mut value: serde_json::Value) -> Result<ToolkitSpec> {
 /// A full commit id: 40 (SHA-1) or 64 (SHA-256) lowercase hex digits.
 pub fn is_hex_commit(s: &str) -> bool {
     (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-}
-
-pub(super) fn check_instance_id(id: &str) -> Result<()> {
-    let ok = (1..=80).contains(&id.len())
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::field(
-            Code::InvalidArgument,
-            "instanceId",
-            format!("{id:?} must be 1-80 letters, digits, `-` or `_`"),
-        ))
-    }
-}
-
-pub(super) fn check_ref(field: &str, r: &str) -> Result<Revision> {
-    if is_hex_commit(r) {
-        return Ok(Revision::Commit(r.to_owned()));
-    }
-    Err(Error::field(
-        Code::InvalidArgument,
-        field,
-        format!("{r:?} is not an exact commit id (40 or 64 lowercase hex digits); branch names move and are refused"),
-    ))
-}
-
-/// A relative path inside the repository, normalized to `a/b`.
-pub(super) fn check_subdirectory(sub: &str) -> Result<String> {
-    Ok(relpath::segments(sub, "subdirectory", "the repository")?.join("/"))
 }
 
 impl ToolkitSpec {

@@ -172,7 +172,7 @@ impl RollbackForm {
 pub fn rolled_back(l: &cloud_harness_curation::labels::Label) -> Markup {
     html! { p role="status" {
         "Rolled back: " code { (l.name) }
-        @if l.value.is_some() { " points where it did before (revision " (l.revision) ")." }
-        @else { " is removed again, as it was before (revision " (l.revision) ")." }
+        @if l.value.is_some() { " points where it did before (label revision " (l.revision) ")." }
+        @else { " is removed again, as it was before (label revision " (l.revision) ")." }
     } }
 }

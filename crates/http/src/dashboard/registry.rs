@@ -378,7 +378,7 @@ pub async fn move_label(
         )
     };
     act(api, who, entry, &form.csrf, work, |l| {
-        html! { p role="status" { "The label " code { (l.name) } " is at revision " (l.revision) "." } }
+        html! { p role="status" { "The label " code { (l.name) } " is at label revision " (l.revision) "." } }
     })
     .await
 }

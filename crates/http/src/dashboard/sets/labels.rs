@@ -1,5 +1,6 @@
 //! A set's version labels, moved and rolled back from its page (`POST /sets/{id}/labels`,
-//! `POST /sets/{id}/labels/{label}/rollback`); the page shows them again, or the error.
+//! `POST /sets/{id}/labels/{label}/rollback`): the page again (or what came of a rollback),
+//! an error said on the set's page.
 
 use crate::api::Api;
 use crate::dashboard::labels::{rolled_back, Kind, LabelForm, RollbackForm};
@@ -30,7 +31,7 @@ pub async fn move_label(
     let target = Target::Set(id.clone());
     match blocking(move || labels::move_to(&db, None, &target, &label, &mv?, &actor)).await {
         Ok(_) => Redirect::to(&format!("/sets/{id}#labels")).into_response(),
-        Err(e) => layout::error(&who, &e),
+        Err(e) => super::with_error(&api, &who, &id, e).await,
     }
 }
 
@@ -55,6 +56,6 @@ pub async fn rollback_label(
                 p { a href={ "/sets/" (id) "#labels" } { "Back to the set" } }
             },
         ),
-        Err(e) => layout::error(&who, &e),
+        Err(e) => super::with_error(&api, &who, &id, e).await,
     }
 }

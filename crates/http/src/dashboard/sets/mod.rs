@@ -86,6 +86,26 @@ pub async fn show(
         Ok(s) => s,
         Err(e) => return layout::error(&who, &e),
     };
+    shown_page(&api, &who, current, &shown, None).await
+}
+
+/// The set's page at its latest revision, with what an action on it ran into.
+pub(super) async fn with_error(api: &Arc<Api>, who: &Identity, id: &str, e: Error) -> Response {
+    let (db, asked) = (api.workspaces.db().clone(), id.to_owned());
+    match blocking(move || sets::get(&db, &asked, None)).await {
+        Ok(current) => shown_page(api, who, current.clone(), &current, Some(e)).await,
+        Err(_) => layout::error(who, &e),
+    }
+}
+
+/// The set's page: `current` its latest revision, `shown` the one filling the form.
+async fn shown_page(
+    api: &Arc<Api>,
+    who: &Identity,
+    current: Revision,
+    shown: &Revision,
+    error: Option<Error>,
+) -> Response {
     // An older revision fills the form: saving it makes a new revision with its members.
     let form = SetForm {
         id: current.id.clone(),
@@ -95,7 +115,7 @@ pub async fn show(
         rows: shown.members.iter().map(Row::of).collect(),
         ..SetForm::default()
     };
-    render(&api, &who, form, Some(current), None, None).await
+    render(api, who, form, Some(current), None, error).await
 }
 
 /// `POST /sets/new`: preview, or make the set.
