@@ -2,9 +2,9 @@
 //! (`/api/v1/sets/{id}/labels`): listed, a label's history, moved (`PUT`, made if new),
 //! removed (`DELETE`), rolled back.
 
-use super::{actor, answer, blocking, body, State};
+use super::{actor, answer, blocking, body, query, Query, State};
 use axum::body::Bytes;
-use axum::extract::{Path, Query};
+use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Extension;
@@ -101,10 +101,11 @@ async fn rolled_back(
     who: Identity,
     target: Target,
     label: String,
-    from: Option<i64>,
+    from: Query<From>,
 ) -> Response {
     let ws = api.workspaces.clone();
     let done = blocking(move || {
+        let from = query(from)?.from;
         let p = Some(ws.provisioner());
         labels::rollback(ws.db(), p, &target, &label, from, &actor(&who))
     })
@@ -153,9 +154,9 @@ pub async fn entry_rollback(
     axum::extract::State(api): State,
     Extension(who): Extension<Identity>,
     Path((owner, name, label)): Path<(String, String, String)>,
-    Query(q): Query<From>,
+    from: Query<From>,
 ) -> Response {
-    rolled_back(api, who, entry(&owner, &name), label, q.from).await
+    rolled_back(api, who, entry(&owner, &name), label, from).await
 }
 
 pub async fn set_list(axum::extract::State(api): State, Path(id): Path<String>) -> Response {
@@ -196,7 +197,7 @@ pub async fn set_rollback(
     axum::extract::State(api): State,
     Extension(who): Extension<Identity>,
     Path((id, label)): Path<(String, String)>,
-    Query(q): Query<From>,
+    from: Query<From>,
 ) -> Response {
-    rolled_back(api, who, Target::Set(id), label, q.from).await
+    rolled_back(api, who, Target::Set(id), label, from).await
 }
