@@ -108,14 +108,7 @@ fn an_idle_workspace_pauses_and_resumes_with_the_same_files_and_runs() {
         (&json!(false), &json!(false)),
         "{other}"
     );
-    let metrics = w
-        .http
-        .get(w.url("/metrics"))
-        .bearer_auth(&w.operator)
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let metrics = w.metrics();
     assert!(
         metrics.contains("cloud_harness_paused_workspaces 1"),
         "{metrics}"

@@ -7,7 +7,7 @@ use crate::support;
 use serde_json::{json, Value};
 use std::process::Command;
 use std::time::{Duration, Instant};
-use support::api::{mcp_session, tool, world_of, World, BIN};
+use support::api::{mcp_session, tool, world_of, BIN};
 use support::http::{server_in, server_mounting};
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
@@ -178,17 +178,6 @@ fn warm_kit(tmp: &tempfile::TempDir) -> Value {
     serde_json::to_value(support::warm_toolkit(&store, &src, "kit")).unwrap()
 }
 
-fn metrics(w: &World) -> String {
-    let r = w
-        .http
-        .get(w.url("/metrics"))
-        .bearer_auth(&w.operator)
-        .send()
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    r.text().unwrap()
-}
-
 #[test]
 fn metrics_move_with_the_work() {
     let tmp = tempfile::tempdir().unwrap();
@@ -206,7 +195,7 @@ fn metrics_move_with_the_work() {
     // Operators only.
     let anonymous = w.http.get(w.url("/metrics")).send().unwrap();
     assert_eq!(anonymous.status().as_u16(), 401);
-    let before = metrics(&w);
+    let before = w.metrics();
     assert!(
         before.contains("# TYPE cloud_harness_warm_starts counter"),
         "{before}"
@@ -235,7 +224,7 @@ fn metrics_move_with_the_work() {
     );
     assert_eq!(refused["isError"], true, "{refused}");
 
-    let after = metrics(&w);
+    let after = w.metrics();
     let moved = |name: &str, labels: &[(&str, &str)]| {
         value(&after, name, labels) - value(&before, name, labels)
     };

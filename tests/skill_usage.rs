@@ -150,14 +150,7 @@ fn uses_from_every_source_are_counted_per_toolkit_file_and_day() {
     assert_eq!(std::fs::read(&guide).unwrap(), first);
 
     // Per toolkit, in /metrics at once.
-    let metrics = w
-        .http
-        .get(w.url("/metrics"))
-        .bearer_auth(&w.operator)
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let metrics = w.metrics();
     let series = |name: &str, source: Option<&str>| -> Option<f64> {
         let labels = match source {
             Some(s) => format!("{{toolkit=\"{url}\",source=\"{s}\"}}"),

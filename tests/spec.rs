@@ -463,14 +463,7 @@ fn an_import_the_library_the_metrics_and_the_registry_api_say_it() {
         .collect();
     assert_eq!(listed, with_problems, "{found}");
 
-    let metrics = w
-        .http
-        .get(w.url("/metrics"))
-        .bearer_auth(&w.operator)
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let metrics = w.metrics();
     let line = metrics
         .lines()
         .find(|l| l.starts_with("cloud_harness_skill_problems_total{rule=\"name-folder\"}"))

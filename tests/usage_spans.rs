@@ -165,14 +165,7 @@ fn a_skill_read_reaches_the_collector_as_a_span_and_a_refusing_collector_stops_n
         c.bodies.lock().unwrap().len() > before
     });
     let counter = |name: &str| -> u64 {
-        let metrics = w
-            .http
-            .get(w.url("/metrics"))
-            .bearer_auth(&w.operator)
-            .send()
-            .unwrap()
-            .text()
-            .unwrap();
+        let metrics = w.metrics();
         metrics
             .lines()
             .find_map(|l| l.strip_prefix(&format!("{name}_total ")))

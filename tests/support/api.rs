@@ -162,6 +162,18 @@ impl World {
         v
     }
 
+    /// `/metrics`, as the operator reads it.
+    pub fn metrics(&self) -> String {
+        let r = self
+            .http
+            .get(self.url("/metrics"))
+            .bearer_auth(&self.operator)
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        r.text().unwrap()
+    }
+
     /// The CLI on this server's home; its exit code and output.
     pub fn cli(&self, args: &[&str]) -> (i32, String) {
         self.cli_with(args, &[])
