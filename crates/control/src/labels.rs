@@ -4,7 +4,7 @@
 //! value and the choice an open makes.
 
 use crate::params;
-use crate::state::{self, Db};
+use crate::state::{self, Db, Optional};
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_store::cas::Digest;
 use serde::Serialize;
@@ -153,10 +153,10 @@ pub fn current(db: &Db, target: &str, name: &str) -> Result<Option<Point>> {
             "SELECT revision, value, canary_value, canary_percent FROM labels
              WHERE target = $1 AND name = $2 AND superseded_at IS NULL",
         )?
-        .query_map(params![target, name], point_of)?
-        .collect::<state::DbResult<Vec<_>>>()
+        .query_row(params![target, name], point_of)
+        .optional()
     })?;
-    Ok(row.into_iter().next().flatten())
+    Ok(row.flatten())
 }
 
 /// The label's newest revision (0: it was never made).

@@ -134,7 +134,7 @@ pub fn move_to(
     actor: &str,
 ) -> Result<Label> {
     values::check_name("label", name)?;
-    exists(db, target)?;
+    let registry = exists(db, target)?;
     if mv
         .reason
         .as_deref()
@@ -191,11 +191,11 @@ pub fn move_to(
     let value = mv
         .value
         .as_deref()
-        .map(|v| checked_value(db, provisioner, target, field, v))
+        .map(|v| checked_value(db, provisioner, registry.as_ref(), target, field, v))
         .transpose()?;
     let canary = match &mv.canary {
         Some((v, percent)) => {
-            let v = checked_value(db, provisioner, target, canary_field, v)?;
+            let v = checked_value(db, provisioner, registry.as_ref(), target, canary_field, v)?;
             if Some(&v) == value.as_ref() {
                 return Err(Error::field(
                     Code::InvalidArgument,
@@ -212,6 +212,7 @@ pub fn move_to(
     };
     // The same place again is no move: a retried request writes no revision (which would
     // make the next rollback a no-op).
+    let in_force = current.is_some();
     if let Some(now) = current.filter(|c| Some(&c.value) == value.as_ref() && c.canary == canary) {
         return history(db, target, name)?
             .into_iter()
@@ -228,7 +229,7 @@ pub fn move_to(
         created_at: state::now_ms(),
         superseded_at: None,
     };
-    write(db, target, &label, before, mv.from.is_some())?;
+    write(db, target, &label, before, in_force, mv.from.is_some())?;
     Ok(label)
 }
 
@@ -269,8 +270,16 @@ pub fn rollback(
 }
 
 /// The new revision written, the current one superseded; CONFLICT if another move came
-/// first (the label's revision no longer `before`, or the same new revision written).
-fn write(db: &Db, target: &Target, label: &Label, before: i64, asked_from: bool) -> Result<()> {
+/// first (the label's revision no longer `before`, or the same new revision written). While
+/// the revision is still `before`, the label is in force as it was read (`in_force`).
+fn write(
+    db: &Db,
+    target: &Target,
+    label: &Label,
+    before: i64,
+    in_force: bool,
+    asked_from: bool,
+) -> Result<()> {
     // Named as the caller would look for it: `from` if it gave one, else the label.
     let moved = |now: i64| {
         let mut e = moved_since(&label.name, before, now);
@@ -292,13 +301,6 @@ fn write(db: &Db, target: &Target, label: &Label, before: i64, asked_from: bool)
             return Err(moved(now));
         }
         // A label coming into force (new, or back after a removal) needs room.
-        let in_force: bool = tx
-            .query_row(
-                "SELECT EXISTS (SELECT 1 FROM labels WHERE target = $1 AND name = $2 AND superseded_at IS NULL AND value IS NOT NULL)",
-                params![key, label.name],
-                |r| r.get(0),
-            )
-            .map_err(state::internal)?;
         if !in_force && label.value.is_some() {
             let names: i64 = tx
                 .query_row(
@@ -355,6 +357,7 @@ fn write(db: &Db, target: &Target, label: &Label, before: i64, asked_from: bool)
 fn checked_value(
     db: &Db,
     provisioner: Option<&Provisioner>,
+    registry: Option<&Registry>,
     target: &Target,
     field: &str,
     value: &str,
@@ -368,11 +371,13 @@ fn checked_value(
                     "must be an exact commit id (40 or 64 lowercase hex digits)",
                 ));
             }
-            let provisioner = provisioner
-                .ok_or_else(|| Error::internal("moving an entry's label needs a provisioner"))?;
-            let registry: Registry = registry::load(db)?;
+            let (Some(provisioner), Some(registry)) = (provisioner, registry) else {
+                return Err(Error::internal(
+                    "moving an entry's label needs a provisioner and the registry",
+                ));
+            };
             let acquired =
-                registry::acquire(provisioner, &registry, id, value).map_err(|mut e| {
+                registry::acquire(provisioner, registry, id, value).map_err(|mut e| {
                     // An error of the commit itself names it as the move does.
                     if matches!(e.details["field"].as_str(), Some("commit" | "version")) {
                         e.details["field"] = field.into();
@@ -407,14 +412,15 @@ fn checked_value(
     }
 }
 
-/// The entry or set exists.
-fn exists(db: &Db, target: &Target) -> Result<()> {
+/// The entry or set exists; for an entry, the registry it was found in.
+fn exists(db: &Db, target: &Target) -> Result<Option<Registry>> {
     match target {
-        Target::Entry(id) => registry::load(db)?
-            .find(id)
-            .map(|_| ())
-            .ok_or_else(|| registry::unknown(id)),
-        Target::Set(id) => sets::get(db, id, None).map(|_| ()),
+        Target::Entry(id) => {
+            let registry = registry::load(db)?;
+            registry.find(id).ok_or_else(|| registry::unknown(id))?;
+            Ok(Some(registry))
+        }
+        Target::Set(id) => sets::get(db, id, None).map(|_| None),
     }
 }
 

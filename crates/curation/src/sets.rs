@@ -398,19 +398,7 @@ pub fn expand(db: &Db, specs: &[ToolkitSpec], seed: Option<&str>) -> Result<Expa
     for (i, spec) in specs.iter().enumerate() {
         match spec {
             ToolkitSpec::Set(s) => {
-                if s.revision.is_some_and(|r| r < 1) {
-                    let e =
-                        Error::field(Code::InvalidArgument, "revision", "a revision is 1 or more");
-                    return Err(toolkit::in_request(e, i));
-                }
-                if s.label.is_some() && s.revision.is_some() {
-                    let e = Error::field(
-                        Code::InvalidArgument,
-                        "label",
-                        "a set names a revision or a label, not both",
-                    );
-                    return Err(toolkit::in_request(e, i));
-                }
+                s.check().map_err(|e| toolkit::in_request(e, i))?;
                 let (revision, label) = match &s.label {
                     Some(name) => {
                         let (revision, taken) = label_revision(db, &s.id, name, seed)
@@ -440,7 +428,7 @@ pub fn expand(db: &Db, specs: &[ToolkitSpec], seed: Option<&str>) -> Result<Expa
     Ok(out)
 }
 
-/// The revision the label `name` of the set `id` gives an open with `seed`.
+/// The revision the label `name` (checked) of the set `id` gives an open with `seed`.
 fn label_revision(
     db: &Db,
     id: &str,
@@ -448,7 +436,6 @@ fn label_revision(
     seed: Option<&str>,
 ) -> Result<(i64, cloud_harness_control::labels::Taken)> {
     use cloud_harness_control::labels;
-    labels::check_name("label", name)?;
     get(db, id, None)?; // an unknown set is NOT_FOUND, as without a label
     let target = labels::set_target(id);
     let point = labels::current(db, &target, name)?.ok_or_else(|| {

@@ -74,9 +74,8 @@ pub fn digest_forms(
         .collect()
 }
 
-/// What makes two requests "the same": every field but the key, with the toolkits as they
-/// resolve (defaults filled in, presets expanded), so spelling a default out changes nothing;
-/// a set as it was asked for (its members may change; the request stays the same).
+/// What makes two requests "the same": every field but the key, with the toolkits in their
+/// [`digest_forms`].
 pub fn request_digest(request: &OpenRequest, toolkits: &[serde_json::Value]) -> Digest {
     let mut canonical = json!({
         "repositoryUrl": request.repository_url,

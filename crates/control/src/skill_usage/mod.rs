@@ -90,6 +90,23 @@ pub struct Use<'a> {
     pub duration_ms: u64,
 }
 
+impl Use<'_> {
+    /// What names the use, in the order a [`Key`] holds it (and a span sends it).
+    pub fn fields(&self) -> [&str; 9] {
+        [
+            self.source.as_str(),
+            self.workspace,
+            self.principal,
+            &self.origin.toolkit,
+            &self.origin.commit,
+            &self.origin.bundle,
+            &self.origin.tier,
+            self.skill,
+            self.file,
+        ]
+    }
+}
+
 /// What was counted of one key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Tally {
@@ -109,7 +126,7 @@ impl Tally {
     }
 }
 
-/// A use's key, its fields in [`Key::FIELDS`] order.
+/// A use's key, its fields in [`Use::fields`] order.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Key {
     pub source: Source,
@@ -216,17 +233,7 @@ pub fn record(u: &Use) {
         duration_ms: u.duration_ms,
         last_ms: now,
     };
-    let fields = [
-        u.source.as_str(),
-        u.workspace,
-        u.principal,
-        &u.origin.toolkit,
-        &u.origin.commit,
-        &u.origin.bundle,
-        &u.origin.tier,
-        u.skill,
-        u.file,
-    ];
+    let fields = u.fields();
     thread_local! {
         static JOINED: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
     }

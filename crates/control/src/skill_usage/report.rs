@@ -207,14 +207,11 @@ pub fn skills(
             s.run_failures += failures;
         }
         s.last_used = s.last_used.max(last);
-        match s.days.last_mut() {
-            Some((d, n)) if *d == day => *n += uses,
-            _ => s.days.push((day, uses)),
-        }
+        s.days.push((day, uses));
     }
     for s in &mut out {
         // Byte order, which `YYYY-MM-DD` sorts as dates in (the rows came in the
-        // database's); a day's sources that came apart are merged.
+        // database's); a day's rows, one per source, merged.
         s.days.sort();
         s.days.dedup_by(|b, a| {
             let same = a.0 == b.0;

@@ -30,8 +30,7 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 /// One use, as its span says it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Span {
-    /// The use's fields: source, workspace, principal, toolkit, commit, bundle, tier, skill,
-    /// file (each cut as the tally cuts it).
+    /// The use's fields ([`Use::fields`], each cut as the tally cuts it).
     fields: [String; 9],
     failed: bool,
     start_ns: u64,
@@ -112,18 +111,7 @@ fn offer_at(u: &Use, now_ms: i64) {
     let mut ids = [0u8; 24];
     getrandom::fill(&mut ids).expect("the kernel's random numbers");
     let (trace, span) = ids.split_at(16);
-    let fields = [
-        u.source.as_str(),
-        u.workspace,
-        u.principal,
-        &u.origin.toolkit,
-        &u.origin.commit,
-        &u.origin.bundle,
-        &u.origin.tier,
-        u.skill,
-        u.file,
-    ]
-    .map(|f| field(f).to_owned());
+    let fields = u.fields().map(|f| field(f).to_owned());
     let mut q = queue();
     if q.len() >= MAX_QUEUED {
         QUEUE.dropped.fetch_add(1, Ordering::Relaxed);

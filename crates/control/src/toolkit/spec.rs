@@ -204,6 +204,31 @@ pub fn is_hex_commit(s: &str) -> bool {
     (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
+impl SetRef {
+    /// Its id within its ceiling, a revision of 1 or more, or a label's name (not both).
+    pub fn check(&self) -> Result<()> {
+        max_len("id", &self.id, 64)?;
+        if self.revision.is_some_and(|r| r < 1) {
+            return Err(Error::field(
+                Code::InvalidArgument,
+                "revision",
+                "a revision is 1 or more",
+            ));
+        }
+        if let Some(label) = &self.label {
+            labels::check_name("label", label)?;
+            if self.revision.is_some() {
+                return Err(Error::field(
+                    Code::InvalidArgument,
+                    "label",
+                    "a set names a revision or a label, not both",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl ToolkitSpec {
     /// Every string and list of the spec within its ceiling.
     pub(super) fn check_sizes(&self) -> Result<()> {
@@ -223,27 +248,7 @@ impl ToolkitSpec {
                 }
                 Ok(())
             }
-            ToolkitSpec::Set(s) => {
-                max_len("id", &s.id, 64)?;
-                if s.revision.is_some_and(|r| r < 1) {
-                    return Err(Error::field(
-                        Code::InvalidArgument,
-                        "revision",
-                        "a revision is 1 or more",
-                    ));
-                }
-                if let Some(label) = &s.label {
-                    labels::check_name("label", label)?;
-                    if s.revision.is_some() {
-                        return Err(Error::field(
-                            Code::InvalidArgument,
-                            "label",
-                            "a set names a revision or a label, not both",
-                        ));
-                    }
-                }
-                Ok(())
-            }
+            ToolkitSpec::Set(s) => s.check(),
             ToolkitSpec::Git(g) => {
                 max_len("url", &g.url, MAX_URL)?;
                 max_len("instanceId", &g.instance_id, 80)?;
