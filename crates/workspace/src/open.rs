@@ -1,14 +1,11 @@
 //! Opening a workspace: the request checked, the project cloned, the toolkits acquired and
 //! materialized, the tier stack built and mounted, the executor made, the result recorded.
 
-use super::{
-    keys, materialize, record, request, Cleanup, OpenRequest, Record, Workspace, Workspaces,
-};
+use super::{keys, materialize, record, request, Cleanup, OpenRequest, Record, Workspaces};
 use crate::progress::OpenProgress;
 use crate::session_start::{self, SessionStart};
 use crate::stack::OwnerBundle;
 use cloud_harness_control::principal::Principal;
-use cloud_harness_control::signatures::verdict::Verdict;
 use cloud_harness_control::toolkit::{self, Revision, Scope};
 use cloud_harness_error::{Code, Error, Result};
 use cloud_harness_executor::{self as executor, Executor, Kind, Places};
@@ -232,53 +229,6 @@ impl Workspaces {
         opened
     }
 
-    /// The answer to a request whose key is bound already: the workspace it opened, if the
-    /// request is the same.
-    fn replay(&self, key: &str, bound: keys::Bound, digest: Digest) -> Result<Value> {
-        let keys::Bound {
-            digest: existing_digest,
-            workspace,
-            opening,
-            runner,
-        } = bound;
-        {
-            if existing_digest != digest {
-                return Err(Error::conflict(format!(
-                    "idempotencyKey {key:?} was used for a different request (workspace {workspace}); use a new key for a new request"
-                ))
-                .with_details(json!({ "field": "idempotencyKey", "workspace": workspace })));
-            }
-            if runner != self.db.runner() {
-                // A fleet shares one database: the workspace is on another runner's disk.
-                return Err(Error::conflict(format!(
-                    "idempotencyKey {key:?} belongs to workspace {workspace} on runner {runner}; send the request to that runner"
-                ))
-                .with_details(json!({ "field": "idempotencyKey", "workspace": workspace, "runner": runner })));
-            }
-            if opening {
-                return Err(Error::conflict(format!(
-                    "idempotencyKey {key:?} is opening workspace {workspace} in another process; ask again when it is done"
-                ))
-                .with_details(json!({ "field": "idempotencyKey", "workspace": workspace })));
-            }
-            // One key owns at most one workspace: one that could not be served again after a
-            // restart keeps its key until it is closed.
-            match self.get(&workspace) {
-                // The same answer again, mounts and all: a paused workspace resumes first.
-                Ok(ws) => self.used(&ws).map(|()| ws.record.result.clone()),
-                Err(_) => {
-                    let why = self
-                        .failure(&workspace)
-                        .map_or("the server's log says why".to_owned(), |f| f.reason);
-                    Err(Error::conflict(format!(
-                        "idempotencyKey {key:?} belongs to workspace {workspace}, which could not be served again after a restart ({why}); close it with workspace_close to free the key"
-                    ))
-                    .with_details(json!({ "field": "idempotencyKey", "workspace": workspace })))
-                }
-            }
-        }
-    }
-
     fn open_new(
         &self,
         request: &OpenRequest,
@@ -451,88 +401,6 @@ impl Workspaces {
             .insert(id, Arc::new(ws));
         self.catalogue_changed(&owner);
         Ok(result)
-    }
-
-    /// What `workspace_open` returns (and returns again for the same key).
-    fn open_result(
-        &self,
-        ws: &Workspace,
-        acquired: &[(toolkit::Toolkit, Acquired)],
-        verdicts: &[Option<Verdict>],
-        repository: Value,
-        warnings: Vec<String>,
-    ) -> Value {
-        let toolkits: Vec<Value> = acquired
-            .iter()
-            .zip(verdicts)
-            .map(|((t, a), verdict)| {
-                let mut listed = json!({
-                    "instanceId": t.instance_id,
-                    "preset": t.preset,
-                    "scope": t.scope,
-                    "url": a.record.key.url,
-                    "commit": a.record.key.commit,
-                    "bundle": a.record.bundle,
-                    "manifest": a.record.manifest,
-                    "skillCount": a.record.skills,
-                    "warnings": a.record.warnings,
-                    "skipped": a.record.skipped,
-                    "warm": a.warm,
-                    "mode": a.mode,
-                    "reach": a.record.reach,
-                    "allowedUnreachable": a.allowed_unreachable,
-                });
-                if let Some(label) = &t.label {
-                    listed["label"] = json!(label);
-                }
-                if let Some(v) = verdict {
-                    listed["signature"] = json!(v);
-                    listed["served"] = json!(v.served());
-                }
-                listed
-            })
-            .collect();
-        let g = ws.merged.generation();
-        let index = &g.index;
-        let skills: Vec<Value> = index
-            .winners()
-            .map(|c| ws.skill_json(index, c, true))
-            .collect();
-        let mut shadowed = Vec::new();
-        for r in index.resolutions() {
-            if let Some(w) = &r.winner {
-                for s in &r.shadowed {
-                    let mut v = ws.skill_json(index, s, false);
-                    v["shadowedBy"] = json!({ "tier": w.tier, "toolkit": ws.toolkit_of(index, w) });
-                    shadowed.push(v);
-                }
-            }
-        }
-        let settled: Vec<Value> = index
-            .resolutions()
-            .iter()
-            .filter(|r| r.settled_by_override)
-            .map(|r| json!({ "skill": r.name, "winner": r.winner.as_ref().map(|w| index.source(w).id.clone()), "settledBy": "operator override" }))
-            .collect();
-        let session_start = &ws.record.session_start;
-        let paths = ws.executor.as_ref().map(|e| e.paths());
-        json!({
-            "workspace": ws.id,
-            "path": paths.as_ref().map(|p| p.workspace.clone()),
-            "repository": repository,
-            "skillsMount": ws.skills_root(),
-            "ownerSkillsMount": ws.skills_root().and(paths.as_ref().map(|p| p.owner_skills())),
-            "executor": ws.executor.as_ref().map(|e| e.describe()),
-            "generation": g.digest(),
-            "provisioning": self.provisioner.provisioning(),
-            "toolkits": toolkits,
-            "skills": skills,
-            "shadowed": shadowed,
-            "conflicts": settled,
-            "skipped": super::listing::skipped(&json!(toolkits), index, None),
-            "sessionStart": if session_start.is_empty() { Value::Null } else { json!(session_start) },
-            "warnings": warnings,
-        })
     }
 }
 
