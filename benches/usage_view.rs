@@ -33,6 +33,12 @@ fn fill(db: &Db) {
              FROM n",
             params![NOW_MS],
         )?;
+        // Each skill with its last day, as the flushes keep it (and migration 16 fills it).
+        c.execute(
+            "INSERT INTO usage_skills (toolkit, skill, last_day)
+             SELECT toolkit, skill, MAX(day) FROM usage_daily GROUP BY toolkit, skill",
+            params![],
+        )?;
         Ok(())
     })
     .unwrap();

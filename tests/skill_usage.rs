@@ -7,7 +7,7 @@
 
 use crate::support;
 
-use cloud_harness_control::skill_usage::{report, stored};
+use cloud_harness_control::skill_usage::{report, stored, Key, Source, Tally};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -331,15 +331,27 @@ fn uses_from_every_source_are_counted_per_toolkit_file_and_day() {
     );
     assert_eq!(kit_unused["skills"], json!([]), "{kit_unused}");
     let long_ago = cloud_harness_control::state::now_ms() - 10 * 24 * 3600 * 1000;
-    db.write(|c| {
-        c.execute(
-            "INSERT INTO usage_daily (day, source, workspace, principal, toolkit, commit_id, bundle, tier, skill, uses, failures, duration_ms, last_at)
-             VALUES ($1, 'read', 'ws-old', 'someone', 'cloud-harness', '', '', 'builtin', 'cloud-harness-skills', 1, 0, 0, $2)",
-            cloud_harness_control::params![stored::day_of(long_ago), long_ago],
-        )?;
-        Ok(())
-    })
-    .unwrap();
+    // (Written as a flush writes it: the day's row and the skill's last day.)
+    let old_use = Key {
+        source: Source::Read,
+        workspace: "ws-old".into(),
+        principal: "someone".into(),
+        toolkit: "cloud-harness".into(),
+        commit: String::new(),
+        bundle: String::new(),
+        tier: "builtin".into(),
+        skill: "cloud-harness-skills".into(),
+        file: "SKILL.md".into(),
+    };
+    let tally = Tally {
+        uses: 1,
+        failures: 0,
+        duration_ms: 0,
+        last_ms: long_ago,
+    };
+    stored::flush(&db, vec![(old_use, tally)])
+        .map_err(|(e, _)| e)
+        .unwrap();
     let unused = |days: u32| -> BTreeMap<String, serde_json::Value> {
         let page = w.op(
             "GET",
@@ -506,6 +518,8 @@ fn pages_of_skills_hold_each_skill_once_in_the_databases_order() {
         db.write(|c| {
             c.execute_batch(
                 "ALTER TABLE usage_daily ALTER COLUMN toolkit TYPE TEXT COLLATE \"und-x-icu\",
+                 ALTER COLUMN skill TYPE TEXT COLLATE \"und-x-icu\";
+                 ALTER TABLE usage_skills ALTER COLUMN toolkit TYPE TEXT COLLATE \"und-x-icu\",
                  ALTER COLUMN skill TYPE TEXT COLLATE \"und-x-icu\"",
             )?;
             Ok(())

@@ -113,14 +113,16 @@ pub fn page_fits(limit: usize, days: usize) -> usize {
         .min((MAX_PAGE_DAYS / days.max(1)).max(1))
 }
 
-/// The rows of a page's skills: from `$1` to `$2`, of toolkit `$3` if not null, from
-/// (`$4`, `$5`) to (`$6`, `$7`) in the database's order.
-macro_rules! page_range {
+/// The daily rows of the skills used from `$1` to `$2`, of toolkit `$3` if not null: each
+/// skill of `usage_skills` whose last day is in the period, joined to its rows of the period
+/// (a seek of the `usage_daily_view` index each), so a short period reads its own days, not
+/// every day kept. (`CROSS JOIN` keeps SQLite's planner from driving the join from the days,
+/// which reads every row of the period and sorts them; PostgreSQL's plans it as a join.)
+macro_rules! period_rows {
     () => {
-        " FROM usage_daily
-          WHERE day >= $1 AND day <= $2 AND (CAST($3 AS TEXT) IS NULL OR toolkit = $3)
-            AND toolkit >= $4 AND (toolkit > $4 OR skill >= $5)
-            AND toolkit <= $6 AND (toolkit < $6 OR skill <= $7)
+        " FROM usage_skills k CROSS JOIN usage_daily d
+          WHERE d.toolkit = k.toolkit AND d.skill = k.skill AND d.day >= $1 AND d.day <= $2
+            AND k.last_day >= $1 AND (CAST($3 AS TEXT) IS NULL OR k.toolkit = $3)
           "
     };
 }
@@ -140,15 +142,14 @@ pub fn skills(
 ) -> Result<Vec<SkillUse>> {
     let limit = limit.clamp(1, MAX_PAGE + 1) as i64;
     let (after_toolkit, after_skill) = after.unwrap_or(("", ""));
-    // (The cursor as a range the (toolkit, skill, day) index can seek.)
+    // (The cursor as a range of `usage_skills`' key, which the walk seeks.)
     let pairs: Vec<(String, String, i64, i64)> = db.with(|c| {
-        let mut q = c.prepare_cached(
-            "SELECT toolkit, skill, COUNT(DISTINCT principal), COUNT(DISTINCT workspace)
-             FROM usage_daily
-             WHERE day >= $1 AND day <= $2 AND (CAST($3 AS TEXT) IS NULL OR toolkit = $3)
-               AND toolkit >= $4 AND (toolkit > $4 OR skill > $5)
-             GROUP BY toolkit, skill ORDER BY toolkit, skill LIMIT $6",
-        )?;
+        let mut q = c.prepare_cached(concat!(
+            "SELECT k.toolkit, k.skill, COUNT(DISTINCT d.principal), COUNT(DISTINCT d.workspace)",
+            period_rows!(),
+            "AND k.toolkit >= $4 AND (k.toolkit > $4 OR k.skill > $5)
+             GROUP BY k.toolkit, k.skill ORDER BY k.toolkit, k.skill LIMIT $6"
+        ))?;
         let rows = q.query_map(
             params![since, until, toolkit, after_toolkit, after_skill, limit],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
@@ -187,9 +188,11 @@ pub fn skills(
     // sources.
     let rows: Vec<(String, String, String, String, i64, i64, i64)> = db.with(|c| {
         let mut q = c.prepare_cached(concat!(
-            "SELECT toolkit, skill, day, source, CAST(SUM(uses) AS BIGINT), CAST(SUM(failures) AS BIGINT), MAX(last_at)",
-            page_range!(),
-            "GROUP BY toolkit, skill, day, source"
+            "SELECT k.toolkit, k.skill, d.day, d.source, CAST(SUM(d.uses) AS BIGINT), CAST(SUM(d.failures) AS BIGINT), MAX(d.last_at)",
+            period_rows!(),
+            "AND k.toolkit >= $4 AND (k.toolkit > $4 OR k.skill >= $5)
+             AND k.toolkit <= $6 AND (k.toolkit < $6 OR k.skill <= $7)
+             GROUP BY k.toolkit, k.skill, d.day, d.source"
         ))?;
         let rows = q.query_map(range, |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?))
@@ -313,7 +316,7 @@ fn ms_of(day: &str) -> Option<i64> {
 pub fn used_since(db: &Db, toolkit: &str, since: &str) -> Result<HashSet<String>> {
     db.with(|c| {
         let mut q = c.prepare_cached(
-            "SELECT DISTINCT skill FROM usage_daily WHERE toolkit = $1 AND day >= $2",
+            "SELECT skill FROM usage_skills WHERE toolkit = $1 AND last_day >= $2",
         )?;
         let rows = q.query_map(params![toolkit, since], |r| r.get(0))?;
         rows.collect()

@@ -93,13 +93,25 @@ fn write_chunk(tx: &Conn, chunk: &Batch) -> Result<()> {
         day.2 = day.2.saturating_add(duration);
         day.3 = day.3.max(t.last_ms);
     }
-    upsert(tx, EVENTS, EVENTS_CONFLICT, events)?;
+    upsert(tx, EVENTS, EVENTS_CONFLICT, WIDTH, events)?;
     let mut daily: Vec<Box<dyn Param>> = Vec::with_capacity(merged.len() * WIDTH);
+    // Each skill's last day among the chunk's (the id is day, source, …, toolkit at 4, skill at 8).
+    let mut skills: BTreeMap<(String, String), String> = BTreeMap::new();
     for (id, (uses, failures, duration, last)) in merged {
+        let day = skills.entry((id[4].clone(), id[8].clone())).or_default();
+        if id[0] > *day {
+            day.clone_from(&id[0]);
+        }
         daily.extend(id.into_iter().map(|f| Box::new(f) as Box<dyn Param>));
         daily.extend([uses, failures, duration, last].map(|n| Box::new(n) as Box<dyn Param>));
     }
-    upsert(tx, DAILY, DAILY_CONFLICT, daily)
+    upsert(tx, DAILY, DAILY_CONFLICT, WIDTH, daily)?;
+    let skills: Vec<Box<dyn Param>> = skills
+        .into_iter()
+        .flat_map(|((toolkit, skill), day)| [toolkit, skill, day])
+        .map(|f| Box::new(f) as Box<dyn Param>)
+        .collect();
+    upsert(tx, SKILLS, SKILLS_CONFLICT, 3, skills)
 }
 
 const EVENTS: &str = "INSERT INTO usage_events (at, source, workspace, principal, toolkit, commit_id, bundle, tier, skill, file, uses, failures, duration_ms) VALUES";
@@ -113,22 +125,33 @@ const DAILY_CONFLICT: &str = "ON CONFLICT (day, source, workspace, principal, to
    failures = usage_daily.failures + excluded.failures,
    duration_ms = usage_daily.duration_ms + excluded.duration_ms,
    last_at = CASE WHEN excluded.last_at > usage_daily.last_at THEN excluded.last_at ELSE usage_daily.last_at END";
+// (Written only when the day is newer: a skill's row is not rewritten by every flush.)
+const SKILLS: &str = "INSERT INTO usage_skills (toolkit, skill, last_day) VALUES";
+const SKILLS_CONFLICT: &str =
+    "ON CONFLICT (toolkit, skill) DO UPDATE SET last_day = excluded.last_day
+   WHERE excluded.last_day > usage_skills.last_day";
 
-/// Both tables' rows have this many columns.
+/// The events' and the days' rows have this many columns.
 const WIDTH: usize = 13;
 /// The statements' sizes, in rows: a few statements of a few shapes, each prepared once per
 /// connection, rather than one of a new shape for each chunk.
 const SIZES: [usize; 4] = [64, 16, 4, 1];
 
-/// `params` ([`WIDTH`] a row) upserted by `insert … VALUES (…), … conflict`, in statements of
+/// `params` (`width` a row) upserted by `insert … VALUES (…), … conflict`, in statements of
 /// [`SIZES`] rows.
-fn upsert(tx: &Conn, insert: &str, conflict: &str, params: Vec<Box<dyn Param>>) -> Result<()> {
+fn upsert(
+    tx: &Conn,
+    insert: &str,
+    conflict: &str,
+    width: usize,
+    params: Vec<Box<dyn Param>>,
+) -> Result<()> {
     let mut at = 0;
-    let rows_in = params.len() / WIDTH;
+    let rows_in = params.len() / width;
     for size in SIZES {
         while rows_in - at >= size {
-            let sql = format!("{insert} {} {conflict}", rows(size, WIDTH));
-            let slice = &params[at * WIDTH..(at + size) * WIDTH];
+            let sql = format!("{insert} {} {conflict}", rows(size, width));
+            let slice = &params[at * width..(at + size) * width];
             let refs: Vec<&dyn Param> = slice.iter().map(|p| p.as_ref()).collect();
             tx.execute(&sql, &refs).map_err(state::internal)?;
             at += size;
@@ -191,6 +214,14 @@ pub fn retain(db: &Db, retention: Retention, now_ms: i64) -> Result<(u64, u64)> 
         "DELETE FROM usage_daily WHERE day = (SELECT MIN(day) FROM usage_daily WHERE day < $1)",
         &days_before,
     )?;
+    // A skill whose last day is gone has no daily row left (a flush writes today's).
+    db.write(|tx| {
+        tx.execute(
+            "DELETE FROM usage_skills WHERE last_day < $1",
+            &[&days_before as &dyn Param],
+        )
+        .map_err(state::internal)
+    })?;
     Ok((events, days))
 }
 

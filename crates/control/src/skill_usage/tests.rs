@@ -207,6 +207,78 @@ fn flushes_roll_up_per_day_and_the_retention_keeps_days_longer_than_events() {
     assert_eq!(summed("2026-01-01"), all[2..].to_vec());
 }
 
+/// A page of skills lists those used in its period, with the period's days alone; a skill's
+/// last day follows its flushes (an older day does not move it back) and the retention.
+#[test]
+fn a_period_lists_the_skills_used_in_it_and_the_retention_forgets_skills_with_no_day_left() {
+    use super::report::{skills, used_since};
+    use super::stored::{flush, retain, Retention};
+    let home = tempfile::tempdir().unwrap();
+    let db = crate::state::Db::open_sqlite(home.path()).unwrap();
+    const DAY: i64 = 86_400_000;
+    let d1 = 1_796_126_400_000; // 2026-12-01, noon UTC.
+    let flush = |batch: Batch| flush(&db, batch).map_err(|(e, _)| e).unwrap();
+    let of = |skill: &str| Key {
+        skill: skill.to_owned(),
+        ..key(Source::Read, "ws-1", "SKILL.md")
+    };
+    flush(vec![(of("old"), at(d1 - 10 * DAY, 4, 0))]);
+    flush(vec![
+        (of("tdd"), at(d1, 3, 0)),
+        (of("tdd"), at(d1 + DAY, 2, 0)),
+    ]);
+    // An older day of `tdd`, flushed later.
+    flush(vec![(of("tdd"), at(d1 - 5 * DAY, 1, 0))]);
+    let listed = |since: &str| -> Vec<(String, Vec<(String, i64)>)> {
+        skills(&db, since, "2026-12-02", None, None, 10)
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.skill, s.days))
+            .collect()
+    };
+    let tdd_days = vec![("2026-12-01".to_owned(), 3), ("2026-12-02".to_owned(), 2)];
+    assert_eq!(
+        listed("2026-12-01"),
+        vec![("tdd".to_owned(), tdd_days.clone())]
+    );
+    let mut all_tdd = vec![("2026-11-26".to_owned(), 1)];
+    all_tdd.extend(tdd_days);
+    assert_eq!(
+        listed("2026-11-01"),
+        vec![
+            ("old".to_owned(), vec![("2026-11-21".to_owned(), 4)]),
+            ("tdd".to_owned(), all_tdd)
+        ]
+    );
+    let toolkit = "https://git.example/acme/kit";
+    let used = |since: &str| -> Vec<String> {
+        let mut v: Vec<String> = used_since(&db, toolkit, since)
+            .unwrap()
+            .into_iter()
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(used("2026-12-02"), ["tdd"]);
+    assert_eq!(used("2026-11-22"), ["tdd"]);
+    assert_eq!(used("2026-11-21"), ["old", "tdd"]);
+    // A retention of 3 days at 2026-12-03: `old`'s day goes, and `old` with it.
+    let retention = Retention {
+        events_days: 1,
+        daily_days: 3,
+    };
+    retain(&db, retention, d1 + 2 * DAY).unwrap();
+    assert_eq!(used("2026-01-01"), ["tdd"]);
+    let kept: i64 = db
+        .with(|c| {
+            c.query_row("SELECT COUNT(*) FROM usage_skills", crate::params![], |r| {
+                r.get(0)
+            })
+        })
+        .unwrap();
+    assert_eq!(kept, 1);
+}
+
 /// More keys than a transaction takes are written in several; a flush the database refuses
 /// is put back for the next one, then, told to give up, counted as dropped.
 #[test]

@@ -445,6 +445,22 @@ CREATE UNIQUE INDEX labels_current ON labels (target, name) WHERE superseded_at 
 "#,
         )],
     },
+    Migration {
+        version: 16,
+        description: "the skills the daily rows hold, each with its last day: a period's page of the usage view walks these and seeks each one's days",
+        parts: &[Both(
+            r#"
+CREATE TABLE usage_skills (
+    toolkit TEXT NOT NULL,
+    skill TEXT NOT NULL,
+    last_day TEXT NOT NULL,
+    PRIMARY KEY (toolkit, skill)
+);
+INSERT INTO usage_skills (toolkit, skill, last_day)
+    SELECT toolkit, skill, MAX(day) FROM usage_daily GROUP BY toolkit, skill;
+"#,
+        )],
+    },
 ];
 
 /// The newest version this binary knows.
