@@ -130,8 +130,8 @@ macro_rules! period_rows {
 /// The skills used from `since` to `until` (`YYYY-MM-DD`), of `toolkit` alone if named, in
 /// the database's (toolkit, skill) order after `after`, at most `limit` (one more than
 /// [`MAX_PAGE`] at most: a caller asks one more to learn whether there is more). Two
-/// queries: the page's skills with their distinct principals and workspaces, their uses by
-/// source and day over the page's range of skills alone.
+/// queries: the page's skills with their distinct principals and workspaces, then their uses
+/// by source and day, from the page's first skill to its last.
 pub fn skills(
     db: &Db,
     since: &str,

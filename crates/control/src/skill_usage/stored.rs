@@ -1,9 +1,10 @@
 //! Skill uses in the state database: each flush adds its counts to the hour's row of
 //! `usage_events` (one per key and hour, the file named) and to the day's row of
 //! `usage_daily` (per source, workspace, principal, toolkit, commit, bundle, tier and skill),
-//! a few hundred keys a transaction. The retention deletes events older than
+//! a few hundred keys a transaction, and moves the skill's last day in `usage_skills` (what
+//! the usage view walks) forward. The retention deletes events older than
 //! `usage.retention_days` and daily rows older than `usage.daily_retention_days`, an hour or a
-//! day at a time: the days outlive the events they sum.
+//! day at a time (the days outlive the events they sum), then the skills with no day left.
 
 use super::{Batch, Key};
 use crate::state::{self, Conn, Db, Param};
@@ -214,11 +215,26 @@ pub fn retain(db: &Db, retention: Retention, now_ms: i64) -> Result<(u64, u64)> 
         "DELETE FROM usage_daily WHERE day = (SELECT MIN(day) FROM usage_daily WHERE day < $1)",
         &days_before,
     )?;
-    // A skill whose last day is gone has no daily row left (a flush writes today's).
+    let recent = day_of(now_ms - DAY_MS);
     db.write(|tx| {
+        // A skill whose last day is gone, and no day of it left (a put-back batch may have
+        // written an old day since the deletes).
         tx.execute(
-            "DELETE FROM usage_skills WHERE last_day < $1",
+            "DELETE FROM usage_skills WHERE last_day < $1 AND NOT EXISTS
+               (SELECT 1 FROM usage_daily d
+                WHERE d.toolkit = usage_skills.toolkit AND d.skill = usage_skills.skill)",
             &[&days_before as &dyn Param],
+        )
+        .map_err(state::internal)?;
+        // The last two days' rows folded in: a runner of a fleet still on an older binary
+        // writes days but not `usage_skills`; its uses are in the view within the hour.
+        tx.execute(
+            "INSERT INTO usage_skills (toolkit, skill, last_day)
+             SELECT toolkit, skill, MAX(day) FROM usage_daily WHERE day >= $1
+             GROUP BY toolkit, skill
+             ON CONFLICT (toolkit, skill) DO UPDATE SET last_day = excluded.last_day
+               WHERE excluded.last_day > usage_skills.last_day",
+            &[&recent as &dyn Param],
         )
         .map_err(state::internal)
     })?;

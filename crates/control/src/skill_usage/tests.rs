@@ -277,6 +277,21 @@ fn a_period_lists_the_skills_used_in_it_and_the_retention_forgets_skills_with_no
         })
         .unwrap();
     assert_eq!(kept, 1);
+    // A day written as a runner on an older binary writes it (no `usage_skills`): in the
+    // view after the next retention.
+    db.write(|c| {
+        c.execute(
+            "INSERT INTO usage_daily (day, source, workspace, principal, toolkit, commit_id, bundle, tier, skill, uses, failures, duration_ms, last_at)
+             VALUES ('2026-12-03', 'read', 'ws-9', 'token:bob', $1, 'c0ffee', 'sha256:00', 'owner', 'legacy', 1, 0, 0, $2)",
+            crate::params![toolkit, d1 + 2 * DAY],
+        )?;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(used("2026-12-03"), Vec::<String>::new());
+    retain(&db, retention, d1 + 2 * DAY + 3_600_000).unwrap();
+    assert_eq!(used("2026-12-03"), ["legacy"]);
+    assert_eq!(used("2026-01-01"), ["legacy", "tdd"]);
 }
 
 /// More keys than a transaction takes are written in several; a flush the database refuses
