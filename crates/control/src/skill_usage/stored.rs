@@ -215,10 +215,9 @@ pub fn retain(db: &Db, retention: Retention, now_ms: i64) -> Result<(u64, u64)> 
         "DELETE FROM usage_daily WHERE day = (SELECT MIN(day) FROM usage_daily WHERE day < $1)",
         &days_before,
     )?;
-    let recent = day_of(now_ms - DAY_MS);
     db.write(|tx| {
-        // A skill whose last day is gone, and no day of it left (a put-back batch may have
-        // written an old day since the deletes).
+        // A skill whose last day is gone goes if no day of it is left; one that kept a day
+        // (written by a runner on an older binary, say) has its last day read again.
         tx.execute(
             "DELETE FROM usage_skills WHERE last_day < $1 AND NOT EXISTS
                (SELECT 1 FROM usage_daily d
@@ -226,19 +225,44 @@ pub fn retain(db: &Db, retention: Retention, now_ms: i64) -> Result<(u64, u64)> 
             &[&days_before as &dyn Param],
         )
         .map_err(state::internal)?;
-        // The last two days' rows folded in: a runner of a fleet still on an older binary
-        // writes days but not `usage_skills`; its uses are in the view within the hour.
         tx.execute(
-            "INSERT INTO usage_skills (toolkit, skill, last_day)
-             SELECT toolkit, skill, MAX(day) FROM usage_daily WHERE day >= $1
-             GROUP BY toolkit, skill
-             ON CONFLICT (toolkit, skill) DO UPDATE SET last_day = excluded.last_day
-               WHERE excluded.last_day > usage_skills.last_day",
-            &[&recent as &dyn Param],
+            "UPDATE usage_skills SET last_day =
+               (SELECT MAX(d.day) FROM usage_daily d
+                WHERE d.toolkit = usage_skills.toolkit AND d.skill = usage_skills.skill)
+             WHERE last_day < $1",
+            &[&days_before as &dyn Param],
         )
         .map_err(state::internal)
     })?;
+    fold_recent(db, now_ms)?;
     Ok((events, days))
+}
+
+/// Yesterday's and today's daily rows folded into `usage_skills`: a runner of a fleet still on
+/// a binary older than migration 16 writes days only. Read outside the write lock (`day IN`:
+/// a seek of the two days, which SQLite's planner does not make of a `>=`), written a
+/// [`CHUNK`] of skills a transaction; a last day only ever moves forward.
+fn fold_recent(db: &Db, now_ms: i64) -> Result<()> {
+    let (yesterday, today) = (day_of(now_ms - DAY_MS), day_of(now_ms));
+    let skills: Vec<(String, String, String)> = db.with(|c| {
+        let mut q = c.prepare_cached(
+            "SELECT toolkit, skill, MAX(day) FROM usage_daily WHERE day IN ($1, $2)
+             GROUP BY toolkit, skill",
+        )?;
+        let rows = q.query_map(crate::params![yesterday, today], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?;
+        rows.collect()
+    })?;
+    for chunk in skills.chunks(CHUNK) {
+        let fields: Vec<Box<dyn Param>> = chunk
+            .iter()
+            .flat_map(|(toolkit, skill, day)| [toolkit, skill, day])
+            .map(|f| Box::new(f.clone()) as Box<dyn Param>)
+            .collect();
+        db.write(|tx| upsert(tx, SKILLS, SKILLS_CONFLICT, 3, fields))?;
+    }
+    Ok(())
 }
 
 /// Runs `delete` (the oldest bucket before `before`) a transaction at a time until it deletes

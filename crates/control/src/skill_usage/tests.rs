@@ -292,6 +292,20 @@ fn a_period_lists_the_skills_used_in_it_and_the_retention_forgets_skills_with_no
     retain(&db, retention, d1 + 2 * DAY + 3_600_000).unwrap();
     assert_eq!(used("2026-12-03"), ["legacy"]);
     assert_eq!(used("2026-01-01"), ["legacy", "tdd"]);
+    // A skill whose last day is past the retention but which kept a later day (written
+    // without `usage_skills`, older than the fold's two days) stays, its last day read again.
+    flush(vec![(of("kept"), at(d1 - 10 * DAY, 1, 0))]);
+    db.write(|c| {
+        c.execute(
+            "INSERT INTO usage_daily (day, source, workspace, principal, toolkit, commit_id, bundle, tier, skill, uses, failures, duration_ms, last_at)
+             VALUES ('2026-12-01', 'read', 'ws-9', 'token:bob', $1, 'c0ffee', 'sha256:00', 'owner', 'kept', 1, 0, 0, $2)",
+            crate::params![toolkit, d1],
+        )?;
+        Ok(())
+    })
+    .unwrap();
+    retain(&db, retention, d1 + 2 * DAY + 7_200_000).unwrap();
+    assert_eq!(used("2026-12-01"), ["kept", "legacy", "tdd"]);
 }
 
 /// More keys than a transaction takes are written in several; a flush the database refuses
