@@ -107,12 +107,16 @@ fn write_chunk(tx: &Conn, chunk: &Batch) -> Result<()> {
         daily.extend([uses, failures, duration, last].map(|n| Box::new(n) as Box<dyn Param>));
     }
     upsert(tx, DAILY, DAILY_CONFLICT, WIDTH, daily)?;
-    let skills: Vec<Box<dyn Param>> = skills
-        .into_iter()
-        .flat_map(|((toolkit, skill), day)| [toolkit, skill, day])
+    upsert_skills(tx, skills.into_iter().map(|((t, s), day)| (t, s, day)))
+}
+
+/// Each (toolkit, skill, day) made the skill's last day if it is newer.
+fn upsert_skills(tx: &Conn, skills: impl Iterator<Item = (String, String, String)>) -> Result<()> {
+    let fields: Vec<Box<dyn Param>> = skills
+        .flat_map(|(toolkit, skill, day)| [toolkit, skill, day])
         .map(|f| Box::new(f) as Box<dyn Param>)
         .collect();
-    upsert(tx, SKILLS, SKILLS_CONFLICT, 3, skills)
+    upsert(tx, SKILLS, SKILLS_CONFLICT, 3, fields)
 }
 
 const EVENTS: &str = "INSERT INTO usage_events (at, source, workspace, principal, toolkit, commit_id, bundle, tier, skill, file, uses, failures, duration_ms) VALUES";
@@ -255,12 +259,7 @@ fn fold_recent(db: &Db, now_ms: i64) -> Result<()> {
         rows.collect()
     })?;
     for chunk in skills.chunks(CHUNK) {
-        let fields: Vec<Box<dyn Param>> = chunk
-            .iter()
-            .flat_map(|(toolkit, skill, day)| [toolkit, skill, day])
-            .map(|f| Box::new(f.clone()) as Box<dyn Param>)
-            .collect();
-        db.write(|tx| upsert(tx, SKILLS, SKILLS_CONFLICT, 3, fields))?;
+        db.write(|tx| upsert_skills(tx, chunk.iter().cloned()))?;
     }
     Ok(())
 }

@@ -215,18 +215,27 @@ impl SetRef {
                 "a revision is 1 or more",
             ));
         }
-        if let Some(label) = &self.label {
-            labels::check_name("label", label)?;
-            if self.revision.is_some() {
-                return Err(Error::field(
-                    Code::InvalidArgument,
-                    "label",
-                    "a set names a revision or a label, not both",
-                ));
-            }
-        }
-        Ok(())
+        label_alone(
+            self.label.as_deref(),
+            self.revision.is_some(),
+            "a set names a revision",
+        )
     }
+}
+
+/// A label's name checked, and refused beside the value it stands for (`pinned`): `names` says
+/// what the spec names instead ("a set names a revision").
+fn label_alone(label: Option<&str>, pinned: bool, names: &str) -> Result<()> {
+    let Some(label) = label else { return Ok(()) };
+    labels::check_name("label", label)?;
+    if pinned {
+        return Err(Error::field(
+            Code::InvalidArgument,
+            "label",
+            format!("{names} or a label, not both"),
+        ));
+    }
+    Ok(())
 }
 
 impl ToolkitSpec {
@@ -236,17 +245,11 @@ impl ToolkitSpec {
             ToolkitSpec::Preset(p) => {
                 max_len("id", &p.id, MAX_NAME)?;
                 max_len("version", p.version.as_deref().unwrap_or(""), MAX_NAME)?;
-                if let Some(label) = &p.label {
-                    labels::check_name("label", label)?;
-                    if p.version.is_some() {
-                        return Err(Error::field(
-                            Code::InvalidArgument,
-                            "label",
-                            "a preset names a version or a label, not both",
-                        ));
-                    }
-                }
-                Ok(())
+                label_alone(
+                    p.label.as_deref(),
+                    p.version.is_some(),
+                    "a preset names a version",
+                )
             }
             ToolkitSpec::Set(s) => s.check(),
             ToolkitSpec::Git(g) => {
